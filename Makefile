@@ -1,0 +1,48 @@
+# Two commands matter: `make demo` and `make test` (see README.md).
+# Both create .venv on first use.  torch is installed first (2.13.0, a CPU build
+# on machines without CUDA) only when none is importable; every later pip call is
+# pinned to the torch that is present through .venv/constraints.txt, so no step
+# can pull a different (multi-GB) torch.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+TORCH_DEFAULT := 2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast build bench bench-quick clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+
+$(STAMP): $(VENV)/bin/python pyproject.toml setup.py requirements-dev.txt
+	@if ! $(PY) -c "import torch" >/dev/null 2>&1; then \
+		echo "streammem: no torch found, installing torch==$(TORCH_DEFAULT)"; \
+		$(PIP) install -q "torch==$(TORCH_DEFAULT)"; \
+	fi
+	@$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/constraints.txt
+	@echo "streammem: pinned $$(cat $(VENV)/constraints.txt) for every later install"
+	$(PIP) install -q -c $(VENV)/constraints.txt -r requirements-dev.txt
+	$(PIP) install -q -c $(VENV)/constraints.txt --no-build-isolation --no-deps -e .
+	@touch $(STAMP)
+
+# Incremental rebuild of the native modules after C++/CUDA edits.
+build: $(STAMP)
+	$(PY) setup.py -q build_ext --inplace -j 2
+
+demo: build
+	$(VENV)/bin/streammem run
+
+# CPU fallback test mode: Triton kernels run through its interpreter, the C++
+# extension must be importable (a broken build fails the suite, not skips it).
+test: build
+	TRITON_INTERPRET=1 STREAMMEM_REQUIRE_CPP=1 $(PY) -m pytest -q -p no:cacheprovider tests
+
+bench: build
+	$(PY) bench/run.py
+
+bench-quick: build
+	$(PY) bench/run.py --quick
+
+clean:
+	rm -rf build $(VENV) *.egg-info streammem_kernels/*.so

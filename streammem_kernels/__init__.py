@@ -1,0 +1,17 @@
+"""streammem-kernels: fast kernels for streaming video and dialogue memory.
+
+One public function per op, torch tensors in and out (numpy accepted), with
+``backend="auto" | "torch" | "cpp" | "triton" | "cuda"``.  See each op module's
+docstring for its shape contract.  Importing the package is cheap: native
+modules and Triton load lazily on first use.
+"""
+from ._dispatch import BACKENDS
+from .motion import MotionResult, motion_magnitude, select_frames
+
+__all__ = [
+    "BACKENDS",
+    "MotionResult",
+    "motion_magnitude",
+    "select_frames",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,78 @@
+"""Small validation and conversion helpers shared by every op.
+
+Public functions validate here, once, and raise ``ValueError`` naming the
+argument and what was expected.  Nothing here mutates the caller's tensors.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def as_tensor(x, name: str) -> torch.Tensor:
+    """Accept a torch tensor or anything numpy can hold; never copies a tensor."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray) or isinstance(x, (list, tuple)):
+        arr = np.asarray(x)
+        if arr.dtype == object:
+            raise ValueError(f"{name} must be a numeric array, got dtype object")
+        return torch.from_numpy(np.ascontiguousarray(arr))
+    raise ValueError(f"{name} must be a torch.Tensor or numpy array, got {type(x).__name__}")
+
+
+def check_rank(t: torch.Tensor, name: str, ranks: Iterable[int], shape_doc: str) -> None:
+    ranks = tuple(ranks)
+    if t.dim() not in ranks:
+        raise ValueError(f"{name} must have shape {shape_doc}, got a {t.dim()}-d tensor of shape {tuple(t.shape)}")
+
+
+def check_dtype(t: torch.Tensor, name: str, allowed: Iterable[torch.dtype]) -> None:
+    allowed = tuple(allowed)
+    if t.dtype not in allowed:
+        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
+        raise ValueError(f"{name} must have dtype in ({names}), got {str(t.dtype).replace('torch.', '')}")
+
+
+def check_nonempty(t: torch.Tensor, name: str) -> None:
+    if t.numel() == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
+
+
+def check_finite(t: torch.Tensor, name: str) -> None:
+    """Raise if a floating tensor holds NaN or Inf (integer tensors always pass)."""
+    if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} must be finite, found NaN or Inf")
+
+
+def check_int(value, name: str, *, minimum: int | None = None, odd: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if odd and value % 2 == 0:
+        raise ValueError(f"{name} must be odd, got {value}")
+    return value
+
+
+def check_float(value, name: str, *, low=None, high=None, low_open=False, high_open=False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if low is not None and (value <= low if low_open else value < low):
+        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}")
+    if high is not None and (value >= high if high_open else value > high):
+        raise ValueError(f"{name} must be {'<' if high_open else '<='} {high}, got {value}")
+    return value
+
+
+def contiguous_cpu_numpy(t: torch.Tensor) -> np.ndarray:
+    """Zero-copy numpy view of a CPU tensor (copies only when non-contiguous)."""
+    return t.detach().contiguous().numpy()

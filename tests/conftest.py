@@ -1,0 +1,40 @@
+"""Shared test configuration.
+
+CPU fallback test mode: ``make test`` sets ``TRITON_INTERPRET=1`` so every Triton
+kernel runs through the interpreter on CPU tensors, and
+``STREAMMEM_REQUIRE_CPP=1`` so a broken C++ build fails the suite instead of
+being skipped.
+"""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def cpu_backends(op) -> list[str]:
+    """Backends of `op` to compare against the reference on CPU tensors."""
+    names = ["torch"]
+    if "cpp" in op.impls:
+        reasons = op.reasons("cpp", torch.device("cpu"))
+        if not reasons:
+            names.append("cpp")
+        elif os.environ.get("STREAMMEM_REQUIRE_CPP") == "1":
+            raise RuntimeError("C++ backend required but unavailable: " + "; ".join(reasons))
+    if "triton" in op.impls and not op.reasons("triton", torch.device("cpu")):
+        names.append("triton")
+    return names
+
+
+def gpu_backends(op) -> list[str]:
+    if not torch.cuda.is_available():
+        return []
+    return [b for b in ("torch", "triton", "cuda") if b in op.impls and not op.reasons(b, torch.device("cuda"))]
+
+
+@pytest.fixture(autouse=True)
+def _no_backend_override(monkeypatch):
+    # Tests choose backends explicitly; a user's STREAMMEM_BACKEND must not leak in.
+    monkeypatch.delenv("STREAMMEM_BACKEND", raising=False)
