@@ -6,10 +6,14 @@ docstring for its shape contract.  Importing the package is cheap: native
 modules and Triton load lazily on first use.
 """
 from ._dispatch import BACKENDS
+from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
 from .motion import MotionResult, motion_magnitude, select_frames
 
 __all__ = [
     "BACKENDS",
+    "KMeansResult",
+    "batched_kmeans",
+    "kmeans_frames",
     "MotionResult",
     "motion_magnitude",
     "select_frames",

@@ -1,0 +1,334 @@
+// Batched Lloyd k-means, CPU kernel.
+//
+// Contract (streammem_kernels/kmeans.py is the spec):
+//   lloyd(points (B,N,D) f32, weights (B,N) f32, lengths (B,) i64,
+//         centres (B,k,D) f32 initial, tol (B,) f64 absolute shift threshold,
+//         iters, cosine)
+//     -> (centroids (B,k,D) f32, labels (B,N) i64, inertia (B,) f32, n_iter (B,) i64)
+//
+// One Lloyd iteration is ONE pass over the points: each point's scores against
+// all centres (||c||^2 - 2 x.c, or -x.c for cosine) are computed, the argmin
+// taken, and the point is immediately added (float64) into its cluster's sum
+// while it is still in cache, together with its direct float64 distance to
+// that centre (needed for empty-cluster re-seeding and the inertia).  Memory
+// traffic is one read of the points per iteration, which is what matters for
+// the StreamChat shape (N = 40 frames of D = 65,536).
+//
+// Scores: for k >= 16 a register-tiled kernel (4 points x 16 centres, centres
+// transposed to (D, k16) so the inner loop is a broadcast-FMA over 16 lanes);
+// for small k a per-centre dot product blocked over D so a point's block stays
+// in L1 while all k centres stream past it.
+//
+// Threads: OpenMP over problems when there are at least 2 per thread (each
+// problem then runs serially, no synchronisation); otherwise problem by
+// problem with the points split in contiguous ranges per thread, each thread
+// owning float64 sums that are added in thread order (deterministic for a
+// fixed thread count).
+#include "common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+namespace streammem {
+namespace {
+
+constexpr int kTilePoints = 4;
+constexpr int kTileCentres = 16;
+constexpr int64_t kDotBlock = 2048;  // floats of a point kept in L1 while the centres stream
+
+struct Centres {
+  const float* c;      // (k, D)
+  const float* sq;     // (k,) ||c||^2
+  const float* ct;     // (D, kp) transposed, zero-padded; null for the small-k path
+  int64_t kp;
+};
+
+// scores[p * kp + j] for the rows[0..3] (tiled path).
+STREAMMEM_HOT void scores_tiled(const float* const* rows, int64_t D, const Centres& cs, float* scores) {
+  for (int64_t j0 = 0; j0 < cs.kp; j0 += kTileCentres) {
+    float acc[kTilePoints][kTileCentres];
+    for (int p = 0; p < kTilePoints; ++p)
+      for (int q = 0; q < kTileCentres; ++q) acc[p][q] = 0.0f;
+    const float* r0 = rows[0];
+    const float* r1 = rows[1];
+    const float* r2 = rows[2];
+    const float* r3 = rows[3];
+    for (int64_t d = 0; d < D; ++d) {
+      const float* crow = cs.ct + d * cs.kp + j0;
+      const float x0 = r0[d], x1 = r1[d], x2 = r2[d], x3 = r3[d];
+#pragma omp simd
+      for (int q = 0; q < kTileCentres; ++q) {
+        const float cv = crow[q];
+        acc[0][q] += x0 * cv;
+        acc[1][q] += x1 * cv;
+        acc[2][q] += x2 * cv;
+        acc[3][q] += x3 * cv;
+      }
+    }
+    for (int p = 0; p < kTilePoints; ++p)
+      for (int q = 0; q < kTileCentres; ++q) scores[p * cs.kp + j0 + q] = acc[p][q];
+  }
+}
+
+// dots[j] = x . c_j for one point (small-k path), blocked over D.
+STREAMMEM_HOT void dots_blocked(const float* __restrict x, int64_t D, int64_t k, const float* __restrict c,
+                                float* __restrict dots) {
+  for (int64_t j = 0; j < k; ++j) dots[j] = 0.0f;
+  for (int64_t d0 = 0; d0 < D; d0 += kDotBlock) {
+    const int64_t len = std::min(kDotBlock, D - d0);
+    const float* xb = x + d0;
+    for (int64_t j = 0; j < k; ++j) {
+      const float* cb = c + j * D + d0;
+      float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t d = 0; d < len; ++d) s += xb[d] * cb[d];
+      dots[j] += s;
+    }
+  }
+}
+
+// Direct float64 distance of x to centre c (||x - c||^2, or 1 - x.c), and when
+// `sums` is given, sums += w * x (float64).
+STREAMMEM_HOT double own_distance_accumulate(const float* __restrict x, const float* __restrict c, int64_t D,
+                                             bool cosine, double w, double* __restrict sums) {
+  double acc = 0.0;
+  if (cosine) {
+#pragma omp simd reduction(+ : acc)
+    for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(x[d]) * static_cast<double>(c[d]);
+    acc = 1.0 - acc;
+  } else {
+#pragma omp simd reduction(+ : acc)
+    for (int64_t d = 0; d < D; ++d) {
+      const double diff = static_cast<double>(x[d]) - static_cast<double>(c[d]);
+      acc += diff * diff;
+    }
+  }
+  if (sums) {
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) sums[d] += w * static_cast<double>(x[d]);
+  }
+  return acc;
+}
+
+inline int64_t best_centre(const float* scores, int64_t k, const float* sq, bool cosine) {
+  // Strict comparison: ties go to the lowest centre index (torch.argmin/argmax agree).
+  int64_t best = 0;
+  float best_score = cosine ? -scores[0] : sq[0] - 2.0f * scores[0];
+  for (int64_t j = 1; j < k; ++j) {
+    const float s = cosine ? -scores[j] : sq[j] - 2.0f * scores[j];
+    if (s < best_score) {
+      best_score = s;
+      best = j;
+    }
+  }
+  return best;
+}
+
+// Assign points [i0, i1) of one problem; accumulate into sums/mass when given.
+void assign_range(const float* x, const float* w, int64_t i0, int64_t i1, int64_t D, int64_t k,
+                  const Centres& cs, bool cosine, int64_t* labels, double* pdist, double* sums, double* mass) {
+  std::vector<float> scores(static_cast<size_t>(kTilePoints * std::max(cs.kp, k)));
+  auto finish_point = [&](int64_t i, const float* point_scores) {
+    const int64_t lab = best_centre(point_scores, k, cs.sq, cosine);
+    labels[i] = lab;
+    const double wi = w[i];
+    pdist[i] = own_distance_accumulate(x + i * D, cs.c + lab * D, D, cosine, wi, sums ? sums + lab * D : nullptr);
+    if (mass) mass[lab] += wi;
+  };
+  if (cs.ct) {
+    for (int64_t i = i0; i < i1; i += kTilePoints) {
+      const int64_t np = std::min<int64_t>(kTilePoints, i1 - i);
+      const float* rows[kTilePoints];
+      for (int p = 0; p < kTilePoints; ++p) rows[p] = x + (i + std::min<int64_t>(p, np - 1)) * D;
+      scores_tiled(rows, D, cs, scores.data());
+      for (int64_t p = 0; p < np; ++p) finish_point(i + p, scores.data() + p * cs.kp);
+    }
+  } else {
+    for (int64_t i = i0; i < i1; ++i) {
+      dots_blocked(x + i * D, D, k, cs.c, scores.data());
+      finish_point(i, scores.data());
+    }
+  }
+}
+
+struct Workspace {
+  std::vector<float> sq, ct, next;
+  std::vector<double> sums, mass, pdist;
+  std::vector<int64_t> order;
+};
+
+void prepare_centres(const float* c, int64_t k, int64_t D, Workspace& ws, Centres& cs) {
+  ws.sq.assign(k, 0.0f);
+  for (int64_t j = 0; j < k; ++j) {
+    double s = 0.0;
+    for (int64_t d = 0; d < D; ++d) s += static_cast<double>(c[j * D + d]) * c[j * D + d];
+    ws.sq[j] = static_cast<float>(s);
+  }
+  cs.c = c;
+  cs.sq = ws.sq.data();
+  if (k >= kTileCentres) {
+    const int64_t kp = (k + kTileCentres - 1) / kTileCentres * kTileCentres;
+    ws.ct.assign(static_cast<size_t>(D * kp), 0.0f);
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t d = 0; d < D; ++d) ws.ct[d * kp + j] = c[j * D + d];
+    cs.ct = ws.ct.data();
+    cs.kp = kp;
+  } else {
+    cs.ct = nullptr;
+    cs.kp = k;
+  }
+}
+
+// One pass over the n valid points with `threads` threads (1 = serial).
+void run_pass(const float* x, const float* w, int64_t n, int64_t D, int64_t k, const Centres& cs, bool cosine,
+              bool accumulate, int threads, int64_t* labels, Workspace& ws) {
+  if (accumulate) {
+    ws.sums.assign(static_cast<size_t>(threads * k * D), 0.0);
+    ws.mass.assign(static_cast<size_t>(threads * k), 0.0);
+  }
+  auto range = [&](int t) {
+    const int64_t i0 = n * t / threads, i1 = n * (t + 1) / threads;
+    assign_range(x, w, i0, i1, D, k, cs, cosine, labels, ws.pdist.data(),
+                 accumulate ? ws.sums.data() + t * k * D : nullptr, accumulate ? ws.mass.data() + t * k : nullptr);
+  };
+  if (threads == 1) {
+    range(0);
+    return;
+  }
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+  for (int t = 0; t < threads; ++t) range(t);
+  if (accumulate) {
+    for (int t = 1; t < threads; ++t) {
+      const double* s = ws.sums.data() + t * k * D;
+      for (int64_t e = 0; e < k * D; ++e) ws.sums[e] += s[e];
+      for (int64_t j = 0; j < k; ++j) ws.mass[j] += ws.mass[t * k + j];
+    }
+  }
+}
+
+// New centres from the float64 sums, empty clusters re-seeded; returns the total squared shift.
+double update_centres(const float* x, int64_t n, int64_t D, int64_t k, bool cosine, float* centres, Workspace& ws) {
+  ws.next.resize(static_cast<size_t>(k * D));
+  std::vector<int64_t> empty;
+  for (int64_t j = 0; j < k; ++j) {
+    const double* s = ws.sums.data() + j * D;
+    double scale = 0.0;
+    if (cosine) {
+      double norm2 = 0.0;
+      for (int64_t d = 0; d < D; ++d) norm2 += s[d] * s[d];
+      if (ws.mass[j] > 0.0 && norm2 > 0.0) scale = 1.0 / std::sqrt(norm2);
+    } else if (ws.mass[j] > 0.0) {
+      scale = 1.0 / ws.mass[j];
+    }
+    if (scale == 0.0) {
+      empty.push_back(j);
+      continue;
+    }
+    float* out = ws.next.data() + j * D;
+    for (int64_t d = 0; d < D; ++d) out[d] = static_cast<float>(s[d] * scale);
+  }
+  if (!empty.empty()) {
+    // Farthest points from their own centre, decreasing distance, ties by lowest index.
+    ws.order.resize(n);
+    std::iota(ws.order.begin(), ws.order.end(), int64_t{0});
+    const double* dist = ws.pdist.data();
+    const size_t m = empty.size();
+    std::partial_sort(ws.order.begin(), ws.order.begin() + m, ws.order.end(), [dist](int64_t a, int64_t b) {
+      return dist[a] > dist[b] || (dist[a] == dist[b] && a < b);
+    });
+    for (size_t e = 0; e < m; ++e)
+      std::memcpy(ws.next.data() + empty[e] * D, x + ws.order[e] * D, sizeof(float) * D);
+  }
+  double shift = 0.0;
+  for (int64_t e = 0; e < k * D; ++e) {
+    const double diff = static_cast<double>(ws.next[e]) - static_cast<double>(centres[e]);
+    shift += diff * diff;
+  }
+  std::memcpy(centres, ws.next.data(), sizeof(float) * k * D);
+  return shift;
+}
+
+void solve_problem(const float* x, const float* w, int64_t n, int64_t N, int64_t D, int64_t k, double tol,
+                   int iters, bool cosine, int threads, float* centres, int64_t* labels, float* inertia,
+                   int64_t* n_iter) {
+  Workspace ws;
+  ws.pdist.assign(n, 0.0);
+  Centres cs{};
+  int64_t done = 0;
+  for (int it = 0; it < iters; ++it) {
+    prepare_centres(centres, k, D, ws, cs);
+    run_pass(x, w, n, D, k, cs, cosine, true, threads, labels, ws);
+    const double shift = update_centres(x, n, D, k, cosine, centres, ws);
+    ++done;
+    if (shift <= tol) break;
+  }
+  // Final assignment so labels match the returned centres; inertia from direct distances.
+  prepare_centres(centres, k, D, ws, cs);
+  run_pass(x, w, n, D, k, cs, cosine, false, threads, labels, ws);
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += static_cast<double>(w[i]) * ws.pdist[i];
+  for (int64_t i = n; i < N; ++i) labels[i] = -1;
+  *inertia = static_cast<float>(total);
+  *n_iter = done;
+}
+
+py::tuple lloyd(carray<float> points, carray<float> weights, carray<int64_t> lengths, carray<float> init,
+                carray<double> tol, int iters, bool cosine) {
+  require(points.ndim() == 3, "points must be (B, N, D)");
+  const int64_t B = points.shape(0), N = points.shape(1), D = points.shape(2);
+  require(init.ndim() == 3 && init.shape(0) == B && init.shape(2) == D, "centres must be (B, k, D)");
+  const int64_t k = init.shape(1);
+  require(weights.ndim() == 2 && weights.shape(0) == B && weights.shape(1) == N, "weights must be (B, N)");
+  require(lengths.ndim() == 1 && lengths.shape(0) == B, "lengths must be (B,)");
+  require(tol.ndim() == 1 && tol.shape(0) == B, "tol must be (B,)");
+  require(iters >= 1 && k >= 1 && D >= 1, "iters, k and D must be >= 1");
+  const int64_t* len = lengths.data();
+  for (int64_t b = 0; b < B; ++b) require(len[b] >= k && len[b] <= N, "lengths must lie in [k, N]");
+
+  carray<float> centroids({B, k, D});
+  carray<int64_t> labels({B, N});
+  carray<float> inertia(B);
+  carray<int64_t> n_iter(B);
+  std::memcpy(centroids.mutable_data(), init.data(), sizeof(float) * B * k * D);
+  const float* x = points.data();
+  const float* w = weights.data();
+  const double* t = tol.data();
+  float* c = centroids.mutable_data();
+  int64_t* lab = labels.mutable_data();
+  float* inr = inertia.mutable_data();
+  int64_t* nit = n_iter.mutable_data();
+  const int threads = max_threads();
+  {
+    py::gil_scoped_release nogil;
+    if (threads > 1 && B >= 2 * threads) {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int64_t b = 0; b < B; ++b)
+        solve_problem(x + b * N * D, w + b * N, len[b], N, D, k, t[b], iters, cosine, 1, c + b * k * D,
+                      lab + b * N, inr + b, nit + b);
+    } else {
+      for (int64_t b = 0; b < B; ++b) {
+        // Split points across threads only when each thread gets a useful share.
+        const int inner = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, len[b] * D * k / 4096)));
+        solve_problem(x + b * N * D, w + b * N, len[b], N, D, k, t[b], iters, cosine, inner, c + b * k * D,
+                      lab + b * N, inr + b, nit + b);
+      }
+    }
+  }
+  return py::make_tuple(centroids, labels, inertia, n_iter);
+}
+
+}  // namespace
+}  // namespace streammem
+
+PYBIND11_MODULE(_cpu_kmeans, m) {
+  namespace py = pybind11;
+  m.doc() = "Batched Lloyd k-means (fused assign + accumulate CPU kernel); see streammem_kernels/kmeans.py";
+  m.def("lloyd", &streammem::lloyd, py::arg("points"), py::arg("weights"), py::arg("lengths"), py::arg("centres"),
+        py::arg("tol"), py::arg("iters"), py::arg("cosine"),
+        "(B,N,D) points, (B,N) weights, (B,) lengths, (B,k,D) initial centres, (B,) tol -> "
+        "(centroids, labels, inertia, n_iter)");
+}
