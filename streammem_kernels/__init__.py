@@ -7,6 +7,7 @@ modules and Triton load lazily on first use.
 """
 from ._dispatch import BACKENDS
 from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
+from .logprobs import divergence_point, linear_token_logprobs, token_logprobs
 from .motion import MotionResult, motion_magnitude, select_frames
 
 __all__ = [
@@ -17,5 +18,8 @@ __all__ = [
     "MotionResult",
     "motion_magnitude",
     "select_frames",
+    "token_logprobs",
+    "linear_token_logprobs",
+    "divergence_point",
 ]
 __version__ = "0.1.0"

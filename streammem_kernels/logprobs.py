@@ -1,0 +1,457 @@
+"""Gathered token log-probabilities and the caption divergence point.
+
+StreamRAG's Knowledge Extraction Accelerator (sec. 3.3) re-scores the previous
+event's caption under the new event's prompt and keeps the caption up to the
+first sharp drop in token log-probability.  Three kernels serve it:
+
+* ``token_logprobs(logits, targets)`` -- ``log p(target)`` per position from
+  given logits, through an online log-sum-exp over vocabulary tiles, so no
+  ``(T, V)`` log-softmax is ever materialised;
+* ``linear_token_logprobs(hidden, weight, targets, bias)`` -- the same from the
+  last hidden states and the LM head, without materialising the ``(T, V)``
+  logits either: the vocabulary is walked in tiles, each tile's logits come
+  from one matmul, and a running max / running sum of exponentials plus a
+  gather of the target logit are all that survive a tile (as in
+  cut-cross-entropy);
+* ``divergence_point(logprobs, delta, alpha, beta, lengths)`` -- the paper's
+  Eq. 9-10, batched.
+
+Numerics shared by every backend: logits (and, for the linear form, the
+products ``hidden @ weight.T``) are accumulated in float32 whatever the input
+dtype (float16/bfloat16 are upcast on load); the result is float32, or float64
+for float64 input (torch backend only).  ``-inf`` logits are allowed (masked
+vocabulary entries); NaN or ``+inf`` anywhere in a row makes that row's result
+NaN inside the kernels, and the public functions turn that into a
+``ValueError`` instead of returning NaN silently.
+
+Divergence-point convention (0-indexed).  Caption tokens ``c[0..L-1]``;
+``lp[j] = log p(c[j] | prefix, c[0..j-1])``.  For ``j`` from ``delta+1`` to
+``L-1``, ``mu_j = mean(lp[j-delta .. j-1])``; the divergence point ``o`` is the
+first ``j`` with ``mu_j - lp[j] > max(alpha * |mu_j|, beta)``; the kept prefix
+is ``c[0..o-1]``.  When no ``j`` qualifies (including ``L <= delta + 1``),
+``o = L``.  Means and comparisons are evaluated in float64.
+
+Backends: ``torch`` (row-chunked / vocabulary-chunked PyTorch; the plain
+``*_reference`` functions below are the spec the tests compare against),
+``cpp`` (OpenMP over rows or vocabulary tiles, a packed AVX2 micro-kernel for
+the linear form), ``triton`` (one program per row / per (row block, vocabulary
+split) with ``tl.dot`` tiles).  ``divergence_point`` is O(L) per caption and has
+``torch`` and ``cpp`` backends only.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from ._dispatch import Op, load_native
+from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank
+
+__all__ = [
+    "token_logprobs",
+    "linear_token_logprobs",
+    "divergence_point",
+    "token_logprobs_reference",
+    "linear_token_logprobs_reference",
+    "divergence_point_reference",
+]
+
+_LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_TARGET_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
+
+# Working-set budget of the chunked torch paths (float32 elements per chunk):
+# 2**22 floats = 16 MiB, a few such temporaries at once.
+_TORCH_CHUNK_ELEMS = 1 << 22
+
+
+# --------------------------------------------------------------------------
+# Public functions: contract, validation, preparation
+# --------------------------------------------------------------------------
+def token_logprobs(logits, targets, *, backend: str = "auto") -> torch.Tensor:
+    """Log-probability of each target token under ``softmax(logits)``.
+
+    Parameters
+    ----------
+    logits : (T, V) or (B, T, V) tensor or array, float32/float16/bfloat16
+        (float64 on the torch backend).  Any strides; rows are read in place
+        when the vocabulary dimension is contiguous.  Not modified.
+    targets : (T,) or (B, T) integer tensor or array
+        Token ids in ``[0, V)``; shape ``logits.shape[:-1]``.
+    backend : {"auto", "torch", "cpp", "triton"}
+
+    Returns
+    -------
+    (T,) or (B, T) float32 tensor (float64 for float64 logits):
+    ``log_softmax(logits.float(), -1).gather(-1, targets)``, computed with an
+    online log-sum-exp, with O(T) extra memory on the cpp/triton backends.
+    """
+    logits = as_tensor(logits, "logits")
+    targets = as_tensor(targets, "targets")
+    check_rank(logits, "logits", (2, 3), "(T, V) or (B, T, V)")
+    check_dtype(logits, "logits", _LOGIT_DTYPES)
+    check_nonempty(logits, "logits")
+    vocab = logits.shape[-1]
+    rows2d = _as_rows(logits)
+    flat_targets = _check_targets(targets, logits.shape[:-1], vocab, logits.device, "logits.shape[:-1]")
+    name = TOKEN_LOGPROBS.select(backend, logits.device, dtype=logits.dtype)
+    out = torch.ops.streammem.token_logprobs(rows2d, flat_targets, name)
+    _raise_on_nan(out, "logits")
+    return out.reshape(logits.shape[:-1])
+
+
+def linear_token_logprobs(hidden, weight, targets, bias=None, *, backend: str = "auto") -> torch.Tensor:
+    """Log-probability of each target token under ``softmax(hidden @ weight.T + bias)``.
+
+    Parameters
+    ----------
+    hidden : (T, H) or (B, T, H) tensor or array, float32/float16/bfloat16
+        (float64 on the torch backend): last hidden states.  Not modified.
+    weight : (V, H) tensor or array, same dtype as ``hidden``: the LM head.
+    targets : (T,) or (B, T) integer tensor or array, ids in ``[0, V)``.
+    bias : (V,) tensor or array, optional, same dtype as ``hidden``.
+    backend : {"auto", "torch", "cpp", "triton"}
+
+    Returns
+    -------
+    (T,) or (B, T) float32 tensor (float64 for float64 input):
+    ``log_softmax(hidden.float() @ weight.float().T + bias, -1).gather(targets)``.
+    No backend materialises the ``(T, V)`` logits; the torch backend holds one
+    ``(T, V_chunk)`` float32 tile at a time, cpp/triton only O(T) state.
+
+    Notes
+    -----
+    On CPU, ``auto`` picks the torch backend (an MKL/oneDNN GEMM per vocabulary
+    chunk), which measured faster than the C++ micro-kernel on the 2-core
+    reference machine at every benchmarked size at the same O(T) extra memory
+    (see bench/RESULTS.md); ``backend="cpp"`` still selects the C++ kernel.
+    """
+    hidden = as_tensor(hidden, "hidden")
+    weight = as_tensor(weight, "weight")
+    targets = as_tensor(targets, "targets")
+    check_rank(hidden, "hidden", (2, 3), "(T, H) or (B, T, H)")
+    check_dtype(hidden, "hidden", _LOGIT_DTYPES)
+    check_nonempty(hidden, "hidden")
+    check_rank(weight, "weight", (2,), "(V, H)")
+    check_nonempty(weight, "weight")
+    if weight.dtype != hidden.dtype:
+        raise ValueError(f"weight must have the dtype of hidden ({hidden.dtype}), got {weight.dtype}")
+    if weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(
+            f"weight must have shape (V, H) with H = hidden.shape[-1] = {hidden.shape[-1]}, got {tuple(weight.shape)}"
+        )
+    if weight.device != hidden.device:
+        raise ValueError(f"weight must be on the device of hidden ({hidden.device}), got {weight.device}")
+    vocab = weight.shape[0]
+    if bias is not None:
+        bias = as_tensor(bias, "bias")
+        if bias.shape != (vocab,):
+            raise ValueError(f"bias must have shape (V,) = ({vocab},), got {tuple(bias.shape)}")
+        if bias.dtype != hidden.dtype or bias.device != hidden.device:
+            raise ValueError(f"bias must have the dtype and device of hidden ({hidden.dtype}, {hidden.device})")
+        check_finite(bias, "bias")
+    check_finite(hidden, "hidden")
+    rows2d = hidden.reshape(-1, hidden.shape[-1])
+    flat_targets = _check_targets(targets, hidden.shape[:-1], vocab, hidden.device, "hidden.shape[:-1]")
+    name = _select_linear(backend, hidden.device, hidden.dtype)
+    out = torch.ops.streammem.linear_token_logprobs(rows2d, weight, bias, flat_targets, name)
+    _raise_on_nan(out, "weight")
+    return out.reshape(hidden.shape[:-1])
+
+
+def divergence_point(logprobs, *, delta: int = 20, alpha: float = 0.85, beta: float = 1.0, lengths=None,
+                     backend: str = "auto") -> torch.Tensor:
+    """First position whose log-probability drops sharply below its moving average (Eq. 9-10).
+
+    Parameters
+    ----------
+    logprobs : (L,) or (B, L) floating tensor or array
+        ``lp[j] = log p(c[j] | prefix, c[0..j-1])`` of each caption token
+        (batched captions right-padded to a common L).  Must be finite within
+        each caption's length.
+    delta : int >= 1
+        Moving-average window (the paper's delta = 20).
+    alpha : float in (0, 1)
+        Relative drop threshold (0.85).
+    beta : float > 0
+        Absolute drop threshold in nats (1.0).
+    lengths : (B,) integer tensor or array, optional
+        Caption lengths in ``[0, L]``; default: every caption has length L.
+        Only valid for 2-D ``logprobs``.
+    backend : {"auto", "torch", "cpp"}
+
+    Returns
+    -------
+    int64 tensor, 0-d for (L,) input, (B,) for (B, L): the divergence point o
+    (the number of caption tokens to keep), ``o = length`` when no position
+    qualifies.  See the module docstring for the exact convention.
+    """
+    logprobs = as_tensor(logprobs, "logprobs")
+    check_rank(logprobs, "logprobs", (1, 2), "(L,) or (B, L)")
+    check_dtype(logprobs, "logprobs", _LOGIT_DTYPES)
+    delta = check_int(delta, "delta", minimum=1)
+    alpha = check_float(alpha, "alpha", low=0.0, high=1.0, low_open=True, high_open=True)
+    beta = check_float(beta, "beta", low=0.0, low_open=True)
+    single = logprobs.dim() == 1
+    lp2d = logprobs.reshape(1, -1) if single else logprobs
+    batch, max_len = lp2d.shape
+    if lengths is None:
+        lens = torch.full((batch,), max_len, dtype=torch.int64, device=lp2d.device)
+    else:
+        if single:
+            raise ValueError("lengths is only accepted with batched (B, L) logprobs")
+        lens = as_tensor(lengths, "lengths")
+        check_dtype(lens, "lengths", _TARGET_DTYPES)
+        if lens.shape != (batch,):
+            raise ValueError(f"lengths must have shape (B,) = ({batch},), got {tuple(lens.shape)}")
+        lens = lens.to(device=lp2d.device, dtype=torch.int64)
+        if lens.numel() and (int(lens.min()) < 0 or int(lens.max()) > max_len):
+            raise ValueError(f"lengths must lie in [0, L] = [0, {max_len}]")
+    valid = torch.arange(max_len, device=lp2d.device)[None, :] < lens[:, None]
+    check_finite(lp2d[valid], "logprobs (within lengths)")
+    lp64 = lp2d.to(torch.float64).contiguous()
+    name = DIVERGENCE_POINT.select(backend, lp64.device)
+    out = torch.ops.streammem.divergence_point(lp64, lens.contiguous(), delta, alpha, beta, name)
+    return out[0] if single else out
+
+
+def _as_rows(logits: torch.Tensor) -> torch.Tensor:
+    """(N, V) view of the logits rows; copies only when the vocabulary dim is strided."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    return rows
+
+
+def _check_targets(targets: torch.Tensor, expected_shape, vocab: int, device, shape_doc: str) -> torch.Tensor:
+    check_dtype(targets, "targets", _TARGET_DTYPES)
+    if tuple(targets.shape) != tuple(expected_shape):
+        raise ValueError(f"targets must have shape {shape_doc} = {tuple(expected_shape)}, got {tuple(targets.shape)}")
+    flat = targets.reshape(-1).to(device=device, dtype=torch.int64).contiguous()
+    if flat.numel():
+        low, high = int(flat.min()), int(flat.max())
+        if low < 0 or high >= vocab:
+            raise ValueError(f"targets must be token ids in [0, V) = [0, {vocab}), got values in [{low}, {high}]")
+    return flat
+
+
+def _raise_on_nan(out: torch.Tensor, source: str) -> None:
+    # A NaN or +inf anywhere in a row poisons that row's running sum, so checking
+    # the O(T) output replaces an O(T*V) scan (and its (T, V) boolean mask).
+    if out.numel() and bool(torch.isnan(out).any()):
+        rows = torch.nonzero(torch.isnan(out.reshape(-1))).flatten()[:5].tolist()
+        raise ValueError(
+            f"{source} must be finite: rows {rows} produced NaN (a NaN or +inf logit, or a row that is all -inf)"
+        )
+
+
+def _select_linear(backend: str, device: torch.device, dtype: torch.dtype) -> str:
+    # MKL's GEMM per vocabulary chunk beats our C++ micro-kernel on CPU (measured,
+    # bench/RESULTS.md), so `auto` on CPU prefers the chunked torch path; the
+    # STREAMMEM_BACKEND override and explicit requests still go through Op.select.
+    if (backend in (None, "auto") and device.type == "cpu"
+            and os.environ.get("STREAMMEM_BACKEND", "auto").strip().lower() in ("", "auto")):
+        return "torch"
+    return LINEAR_TOKEN_LOGPROBS.select(backend, device, dtype=dtype)
+
+
+# --------------------------------------------------------------------------
+# References (the spec; materialise everything, used by the tests)
+# --------------------------------------------------------------------------
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def token_logprobs_reference(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits.float(), -1).gather(-1, targets)`` (materialises (T, V))."""
+    x = logits.to(_compute_dtype(logits.dtype))
+    return torch.log_softmax(x, dim=-1).gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
+
+
+def linear_token_logprobs_reference(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Plain logits -> log_softmax -> gather in float32 (float64 for float64 input)."""
+    cdt = _compute_dtype(hidden.dtype)
+    logits = hidden.to(cdt) @ weight.to(cdt).T
+    if bias is not None:
+        logits = logits + bias.to(cdt)
+    return token_logprobs_reference(logits, targets)
+
+
+def divergence_point_reference(logprobs: torch.Tensor, delta: int = 20, alpha: float = 0.85, beta: float = 1.0,
+                               lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Vectorised Eq. 9-10 over (B, L) float64 log-probs; see the module docstring."""
+    lp = logprobs.to(torch.float64)
+    batch, max_len = lp.shape
+    if lengths is None:
+        lengths = torch.full((batch,), max_len, dtype=torch.int64, device=lp.device)
+    lengths = lengths.to(torch.int64)
+    out = lengths.clone()
+    if max_len <= delta + 1:
+        return out
+    # windows[:, s] = lp[s .. s+delta-1], so mu_j is the mean of windows[:, j-delta].
+    windows = lp.unfold(1, delta, 1)
+    j = torch.arange(delta + 1, max_len, device=lp.device)
+    mu = windows[:, j - delta].sum(-1) / delta
+    drop = mu - lp[:, j]
+    threshold = torch.clamp(alpha * mu.abs(), min=beta)
+    hit = (drop > threshold) & (j[None, :] < lengths[:, None])
+    any_hit = hit.any(dim=1)
+    first = j[hit.to(torch.int8).argmax(dim=1)]
+    return torch.where(any_hit, first, out)
+
+
+# --------------------------------------------------------------------------
+# Custom ops (work under torch.compile; opcheck-tested)
+# --------------------------------------------------------------------------
+@torch.library.custom_op("streammem::token_logprobs", mutates_args=())
+def _token_logprobs_op(logits: torch.Tensor, targets: torch.Tensor, backend: str) -> torch.Tensor:
+    """Core op: logits (N, V) with unit vocabulary stride, targets (N,) int64 in range."""
+    return TOKEN_LOGPROBS.impls[backend](logits, targets)
+
+
+@_token_logprobs_op.register_fake
+def _(logits, targets, backend):
+    return logits.new_empty((logits.shape[0],), dtype=_compute_dtype(logits.dtype))
+
+
+@torch.library.custom_op("streammem::linear_token_logprobs", mutates_args=())
+def _linear_token_logprobs_op(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                              targets: torch.Tensor, backend: str) -> torch.Tensor:
+    """Core op: hidden (N, H), weight (V, H), bias (V,) or None, targets (N,) int64 in range."""
+    return LINEAR_TOKEN_LOGPROBS.impls[backend](hidden, weight, bias, targets)
+
+
+@_linear_token_logprobs_op.register_fake
+def _(hidden, weight, bias, targets, backend):
+    return hidden.new_empty((hidden.shape[0],), dtype=_compute_dtype(hidden.dtype))
+
+
+@torch.library.custom_op("streammem::divergence_point", mutates_args=())
+def _divergence_point_op(logprobs: torch.Tensor, lengths: torch.Tensor, delta: int, alpha: float, beta: float,
+                         backend: str) -> torch.Tensor:
+    """Core op: contiguous (B, L) float64 log-probs, (B,) int64 lengths -> (B,) int64."""
+    return DIVERGENCE_POINT.impls[backend](logprobs, lengths, delta, alpha, beta)
+
+
+@_divergence_point_op.register_fake
+def _(logprobs, lengths, delta, alpha, beta, backend):
+    return logprobs.new_empty((logprobs.shape[0],), dtype=torch.int64)
+
+
+# --------------------------------------------------------------------------
+# Backend: torch (chunked so memory stays bounded; same math as the reference)
+# --------------------------------------------------------------------------
+def _token_logprobs_torch(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    cdt = _compute_dtype(logits.dtype)
+    n_rows, vocab = logits.shape
+    out = torch.empty(n_rows, dtype=cdt, device=logits.device)
+    step = max(1, _TORCH_CHUNK_ELEMS // vocab)
+    for r0 in range(0, n_rows, step):
+        x = logits[r0:r0 + step].to(cdt)
+        target_logit = x.gather(1, targets[r0:r0 + step, None]).squeeze(1)
+        out[r0:r0 + step] = target_logit - torch.logsumexp(x, dim=1)
+    return out
+
+
+def _linear_token_logprobs_torch(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                                 targets: torch.Tensor) -> torch.Tensor:
+    cdt = _compute_dtype(hidden.dtype)
+    n_rows = hidden.shape[0]
+    vocab = weight.shape[0]
+    h = hidden.to(cdt)
+    # Online log-sum-exp over vocabulary chunks: only (N, chunk) logits live at a time.
+    running_max = torch.full((n_rows,), float("-inf"), dtype=cdt, device=hidden.device)
+    running_sum = torch.zeros(n_rows, dtype=cdt, device=hidden.device)
+    target_logit = torch.zeros(n_rows, dtype=cdt, device=hidden.device)
+    step = max(256, _TORCH_CHUNK_ELEMS // max(n_rows, 1))
+    for v0 in range(0, vocab, step):
+        w = weight[v0:v0 + step].to(cdt)
+        logits = h @ w.T
+        if bias is not None:
+            logits += bias[v0:v0 + step].to(cdt)
+        tile_max = logits.max(dim=1).values
+        new_max = torch.maximum(running_max, tile_max)
+        # exp(-inf - finite) = 0 on the first chunk; an all -inf row yields NaN -> ValueError.
+        running_sum = running_sum * torch.exp(running_max - new_max) + torch.exp(logits - new_max[:, None]).sum(1)
+        running_max = new_max
+        local = targets - v0
+        in_tile = (local >= 0) & (local < logits.shape[1])
+        picked = logits.gather(1, local.clamp(0, logits.shape[1] - 1)[:, None]).squeeze(1)
+        target_logit = torch.where(in_tile, picked, target_logit)
+    return target_logit - running_max - torch.log(running_sum)
+
+
+def _divergence_point_torch(logprobs, lengths, delta, alpha, beta):
+    return divergence_point_reference(logprobs, delta, alpha, beta, lengths)
+
+
+# --------------------------------------------------------------------------
+# Backend: C++ (csrc/cpu/logprobs.cpp)
+# --------------------------------------------------------------------------
+def _raw_numpy(t: torch.Tensor):
+    """numpy view for the C++ module: 16-bit floats travel as raw uint16 bits."""
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return t.view(torch.int16).numpy()
+    return t.numpy()
+
+
+_DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def _token_logprobs_cpp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    mod, _ = load_native("cpu", "logprobs")
+    out = mod.token_logprobs(_raw_numpy(logits), _DTYPE_CODE[logits.dtype], targets.numpy())
+    return torch.from_numpy(out)
+
+
+def _linear_token_logprobs_cpp(hidden, weight, bias, targets):
+    mod, _ = load_native("cpu", "logprobs")
+    hidden = hidden.contiguous()
+    weight = weight.contiguous()
+    bias_np = None if bias is None else _raw_numpy(bias.contiguous())
+    out = mod.linear_token_logprobs(_raw_numpy(hidden), _raw_numpy(weight), bias_np, _DTYPE_CODE[hidden.dtype],
+                                    targets.numpy())
+    return torch.from_numpy(out)
+
+
+def _divergence_point_cpp(logprobs, lengths, delta, alpha, beta):
+    mod, _ = load_native("cpu", "logprobs")
+    return torch.from_numpy(mod.divergence_point(logprobs.numpy(), lengths.numpy(), int(delta), float(alpha),
+                                                 float(beta)))
+
+
+# --------------------------------------------------------------------------
+# Backend: Triton (streammem_kernels/_logprobs_triton.py)
+# --------------------------------------------------------------------------
+def _token_logprobs_triton(logits, targets):
+    from ._logprobs_triton import token_logprobs_triton
+
+    return token_logprobs_triton(logits, targets)
+
+
+def _linear_token_logprobs_triton(hidden, weight, bias, targets):
+    from ._logprobs_triton import linear_token_logprobs_triton
+
+    return linear_token_logprobs_triton(hidden, weight, bias, targets)
+
+
+def _kernel_dtype_reasons(device, dtype=None, **_):
+    if dtype is not None and dtype not in _KERNEL_DTYPES:
+        return [f"dtype {dtype} is not supported (float32, float16, bfloat16 only); use backend='torch'"]
+    return []
+
+
+TOKEN_LOGPROBS = Op(
+    "logprobs",
+    {"torch": _token_logprobs_torch, "cpp": _token_logprobs_cpp, "triton": _token_logprobs_triton},
+    extra_reasons={"cpp": _kernel_dtype_reasons, "triton": _kernel_dtype_reasons},
+)
+LINEAR_TOKEN_LOGPROBS = Op(
+    "logprobs",
+    {"torch": _linear_token_logprobs_torch, "cpp": _linear_token_logprobs_cpp,
+     "triton": _linear_token_logprobs_triton},
+    extra_reasons={"cpp": _kernel_dtype_reasons, "triton": _kernel_dtype_reasons},
+)
+DIVERGENCE_POINT = Op("logprobs", {"torch": _divergence_point_torch, "cpp": _divergence_point_cpp})
