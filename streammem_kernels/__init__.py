@@ -6,12 +6,18 @@ docstring for its shape contract.  Importing the package is cheap: native
 modules and Triton load lazily on first use.
 """
 from ._dispatch import BACKENDS
+from .boundaries import Event, StreamingSegmenter, adjacent_cosine, depth_scores, detect_boundaries
 from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
 from .logprobs import divergence_point, linear_token_logprobs, token_logprobs
 from .motion import MotionResult, motion_magnitude, select_frames
 
 __all__ = [
     "BACKENDS",
+    "Event",
+    "StreamingSegmenter",
+    "adjacent_cosine",
+    "depth_scores",
+    "detect_boundaries",
     "KMeansResult",
     "batched_kmeans",
     "kmeans_frames",

@@ -1,0 +1,257 @@
+// Depth-score event boundaries, CPU kernels (OpenMP over streams).
+//
+// Contract (streammem_kernels/boundaries.py is the spec):
+//   adjacent_cosine(x (B,T,D) float32)                       -> (B,T-1) float32
+//   depth_scores(sim (B,M) float32, peak)                     -> (B,M) float64
+//   window_choices(sim (B,M), window, tau, min_depth, peak)   -> (B,M-window+1) int64
+//   scan_events(sims (B,M), choices (B,P), window, max_event, drift) -> (B,M+1) uint8
+//
+// adjacent_cosine is one pass over the features: frame t+1's squared norm and
+// its dot with frame t are accumulated in the same loop (frame t is still in L1),
+// in double with a fixed lane layout, so a pair gives bit-identical results
+// whether it comes from an offline (B,T,D) block or a streaming (B,2,D) pair.
+// The decisions run in double with FMA contraction off, in the same operation
+// order as the torch reference, so backends agree exactly.
+#include "common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace streammem {
+namespace {
+
+constexpr int kLanes = 8;  // independent accumulators: vectorisable without reassociation
+
+// dot(a, b) and |b|^2, double accumulation in kLanes lanes combined in a fixed order.
+STREAMMEM_HOT __attribute__((noinline)) void pair_terms(const float* __restrict a, const float* __restrict b,
+                                                        int64_t D, double* dot_out, double* nb_out) {
+  double dot[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  double nb[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int64_t body = D - D % kLanes;
+  for (int64_t d = 0; d < body; d += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const double x = a[d + l], y = b[d + l];
+      dot[l] += x * y;
+      nb[l] += y * y;
+    }
+  }
+  for (int64_t d = body; d < D; ++d) {
+    const double x = a[d], y = b[d];
+    dot[d - body] += x * y;
+    nb[d - body] += y * y;
+  }
+  *dot_out = ((dot[0] + dot[1]) + (dot[2] + dot[3])) + ((dot[4] + dot[5]) + (dot[6] + dot[7]));
+  *nb_out = ((nb[0] + nb[1]) + (nb[2] + nb[3])) + ((nb[4] + nb[5]) + (nb[6] + nb[7]));
+}
+
+inline float cosine_from_terms(double dot, double na, double nb) {
+  if (!(na > 0.0) || !(nb > 0.0)) return 0.0f;
+  const double c = dot / (std::sqrt(na) * std::sqrt(nb));
+  return static_cast<float>(std::min(1.0, std::max(-1.0, c)));
+}
+
+// Cosines of the pairs (t, t+1) for t in [t0, t1) of one stream.
+void cosine_run(const float* x, int64_t D, int64_t t0, int64_t t1, float* out) {
+  double unused, na, nb, dot;
+  pair_terms(x + t0 * D, x + t0 * D, D, &unused, &na);
+  for (int64_t t = t0; t < t1; ++t) {
+    pair_terms(x + t * D, x + (t + 1) * D, D, &dot, &nb);
+    out[t] = cosine_from_terms(dot, na, nb);
+    na = nb;
+  }
+}
+
+py::array_t<float> adjacent_cosine(carray<float> features) {
+  require(features.ndim() == 3, "features must be (B, T, D)");
+  const int64_t B = features.shape(0), T = features.shape(1), D = features.shape(2);
+  const int64_t M = std::max<int64_t>(T - 1, 0);
+  py::array_t<float> out({B, M});
+  const float* x = features.data();
+  float* o = out.mutable_data();
+  if (M == 0) return out;
+  // Work items: (stream, time chunk); chunks only split a stream when there
+  // are fewer streams than threads (each chunk recomputes one norm).
+  const int64_t threads = max_threads();
+  const int64_t chunks = B >= threads ? 1 : std::min<int64_t>(M, (threads + B - 1) / B);
+  const int64_t per = (M + chunks - 1) / chunks;
+  {
+    py::gil_scoped_release release;
+#pragma omp parallel for schedule(static)
+    for (int64_t item = 0; item < B * chunks; ++item) {
+      const int64_t s = item / chunks, c = item % chunks;
+      const int64_t t0 = c * per, t1 = std::min(M, t0 + per);
+      if (t0 < t1) cosine_run(x + s * T * D, D, t0, t1, o + s * M);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+
+namespace {
+
+// Depth scores of s[0..M-1] with peaks searched inside it; left/right are scratch.
+void depth_row(const float* s, int64_t M, int peak, double* left, double* right, double* depth) {
+  left[0] = s[0];
+  for (int64_t i = 1; i < M; ++i) {
+    const double v = s[i];
+    if (peak == 0) left[i] = (static_cast<double>(s[i - 1]) >= v) ? left[i - 1] : v;
+    else left[i] = std::max(left[i - 1], v);
+  }
+  right[M - 1] = s[M - 1];
+  for (int64_t i = M - 2; i >= 0; --i) {
+    const double v = s[i];
+    if (peak == 0) right[i] = (static_cast<double>(s[i + 1]) >= v) ? right[i + 1] : v;
+    else right[i] = std::max(right[i + 1], v);
+  }
+  for (int64_t i = 0; i < M; ++i) {
+    const double v = s[i];
+    depth[i] = 0.5 * ((left[i] - v) + (right[i] - v));
+  }
+}
+
+// The window rule on one full window of `w` similarities: relative index or -1.
+int64_t window_choice(const float* s, int64_t w, double tau, double min_depth, int peak, double* scratch) {
+  double* left = scratch;
+  double* right = scratch + w;
+  double* d = scratch + 2 * w;
+  depth_row(s, w, peak, left, right, d);
+  double total = 0.0, lo = d[0], hi = d[0];
+  for (int64_t i = 0; i < w; ++i) {
+    total = total + d[i];
+    lo = std::min(lo, d[i]);
+    hi = std::max(hi, d[i]);
+  }
+  if (!(hi > lo)) return -1;  // sigma = 0: every depth is equal
+  const double mu = total / static_cast<double>(w);
+  double sq = 0.0;
+  for (int64_t i = 0; i < w; ++i) {
+    const double diff = d[i] - mu;
+    const double term = diff * diff;
+    sq = sq + term;
+  }
+  const double sigma = std::sqrt(sq / static_cast<double>(w));
+  const double spread = tau * sigma;
+  const double threshold = mu + spread;
+  int64_t best = -1;
+  for (int64_t i = 0; i < w; ++i) {
+    if (d[i] > threshold && d[i] > min_depth && (best < 0 || d[i] > d[best])) best = i;
+  }
+  return best;
+}
+
+py::array_t<double> depth_scores(carray<float> sim, int peak) {
+  require(sim.ndim() == 2, "sim must be (B, M)");
+  require(peak == 0 || peak == 1, "peak must be 0 (climb) or 1 (max)");
+  const int64_t B = sim.shape(0), M = sim.shape(1);
+  py::array_t<double> out({B, M});
+  const float* s = sim.data();
+  double* o = out.mutable_data();
+  if (M == 0) return out;
+  py::gil_scoped_release release;
+#pragma omp parallel
+  {
+    std::vector<double> scratch(2 * M);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < B; ++b) depth_row(s + b * M, M, peak, scratch.data(), scratch.data() + M, o + b * M);
+  }
+  return out;
+}
+
+py::array_t<int64_t> window_choices(carray<float> sim, int64_t window, double tau, double min_depth, int peak) {
+  require(sim.ndim() == 2, "sim must be (B, M)");
+  require(window >= 2, "window must be >= 2");
+  require(peak == 0 || peak == 1, "peak must be 0 (climb) or 1 (max)");
+  const int64_t B = sim.shape(0), M = sim.shape(1);
+  const int64_t P = std::max<int64_t>(M - window + 1, 0);
+  py::array_t<int64_t> out({B, P});
+  const float* s = sim.data();
+  int64_t* o = out.mutable_data();
+  if (P == 0 || B == 0) return out;
+  py::gil_scoped_release release;
+#pragma omp parallel
+  {
+    std::vector<double> scratch(3 * window);
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < B * P; ++item) {
+      const int64_t b = item / P, p = item % P;
+      o[item] = window_choice(s + b * M + p, window, tau, min_depth, peak, scratch.data());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+#pragma GCC pop_options
+
+namespace {
+
+// The streaming state machine over all frames of each stream (boundaries.py's
+// _scan_events_torch is the spec).  drift is NaN outside drift mode.
+py::array_t<uint8_t> scan_events(carray<float> sims, carray<int64_t> choices, int64_t window, int64_t max_event,
+                                 double drift) {
+  require(sims.ndim() == 2 && choices.ndim() == 2, "sims and choices must be 2-d");
+  const int64_t B = sims.shape(0), M = sims.shape(1), T = M + 1;
+  const int64_t P = choices.shape(1);
+  const bool drift_mode = drift == drift;
+  require(drift_mode || P == std::max<int64_t>(M - window + 1, 0), "choices must be (B, M - window + 1)");
+  py::array_t<uint8_t> out({B, T});
+  const float* s = sims.data();
+  const int64_t* ch = choices.data();
+  uint8_t* o = out.mutable_data();
+  py::gil_scoped_release release;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < B; ++b) {
+    uint8_t* ends = o + b * T;
+    const float* row = s + b * M;
+    std::fill(ends, ends + T, 0);
+    int64_t last_end = -1, in_window = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      in_window = std::min(in_window + 1, window + 1);
+      if (drift_mode) {
+        if (t >= 1 && in_window >= 2 && static_cast<double>(row[t - 1]) < drift) {
+          ends[t - 1] = 1;
+          last_end = t - 1;
+          in_window = 1;
+        }
+      } else if (t >= window && in_window == window + 1) {
+        const int64_t c = ch[b * P + (t - window)];
+        if (c >= 0) {
+          const int64_t boundary = t - window + c;
+          ends[boundary] = 1;
+          last_end = boundary;
+          in_window = t - boundary;
+        }
+      }
+      if (max_event > 0 && t - last_end >= max_event) {
+        ends[t] = 1;
+        last_end = t;
+        in_window = 0;
+      }
+    }
+    if (T > 0) ends[T - 1] = 1;
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace streammem
+
+PYBIND11_MODULE(_cpu_boundaries, m) {
+  namespace py = pybind11;
+  m.doc() = "Depth-score event boundaries (CPU kernels); see streammem_kernels/boundaries.py";
+  m.def("adjacent_cosine", &streammem::adjacent_cosine, py::arg("features"),
+        "(B,T,D) float32 -> (B,T-1) float32 adjacent cosine similarities");
+  m.def("depth_scores", &streammem::depth_scores, py::arg("sim"), py::arg("peak"),
+        "(B,M) float32 -> (B,M) float64 depth scores (peak 0 = climb, 1 = max)");
+  m.def("window_choices", &streammem::window_choices, py::arg("sim"), py::arg("window"), py::arg("tau"),
+        py::arg("min_depth"), py::arg("peak"), "(B,M) -> (B,M-window+1) int64 window-relative choice or -1");
+  m.def("scan_events", &streammem::scan_events, py::arg("sims"), py::arg("choices"), py::arg("window"),
+        py::arg("max_event"), py::arg("drift"), "sequential event scan -> (B,M+1) uint8 event ends");
+}
