@@ -10,6 +10,7 @@ from .boundaries import Event, StreamingSegmenter, adjacent_cosine, depth_scores
 from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
 from .logprobs import divergence_point, linear_token_logprobs, token_logprobs
 from .motion import MotionResult, motion_magnitude, select_frames
+from .tree import CosineTree, TopKResult, TreePathResult, cosine_topk, tree_search
 
 __all__ = [
     "BACKENDS",
@@ -24,6 +25,11 @@ __all__ = [
     "MotionResult",
     "motion_magnitude",
     "select_frames",
+    "CosineTree",
+    "TopKResult",
+    "TreePathResult",
+    "cosine_topk",
+    "tree_search",
     "token_logprobs",
     "linear_token_logprobs",
     "divergence_point",

@@ -1,0 +1,968 @@
+"""Cosine memory tree: a growable hierarchical store, greedy / beam traversal,
+and exact (optionally segmented) cosine top-k.
+
+StreamChat keeps long-term memory as a tree whose leaves are chunks; every g
+consecutive nodes of a level get a parent, and a question walks down choosing
+at each level the child with the highest cosine similarity (its Algorithm 1).
+ProStream walks Scene -> Event -> unit keeping the top 5 scenes, the top 10
+events and ranking units by cos(q, v) * utility with a minimum similarity.
+VideoAgent retrieves, per query, the most similar frame inside one segment.
+
+Storage (:class:`CosineTree`) is a set of flat tensors, never Python node
+objects:
+
+* ``embeddings (num_nodes, D)`` float32, L2-normalised on insertion (a zero
+  vector stays zero and scores 0 against everything);
+* ``level (num_nodes,)`` int64: 0 for leaves, ``1 + max(level of children)``;
+* ``parent (num_nodes,)`` int64, -1 for the current roots;
+* children in CSR form: node i's children are
+  ``child_idx[child_ptr[i]:child_ptr[i+1]]`` in chronological (ascending id)
+  order.  A parent is always appended after its children, which must be
+  current roots, so a node's children are written once, at creation, and stay
+  contiguous: ``child_ptr`` grows with the node count, ``child_idx`` with the
+  number of edges;
+* ``utility (num_nodes,)`` float32 (default 1) and ``payload (num_nodes,)``
+  int64 (default -1), which the caller maps to its own objects.
+
+Node ids are append-only and stable.  Removal can be added later without
+changing this layout: a tombstone mask next to ``parent`` (searches skip dead
+nodes), and a compaction that renumbers live nodes in id order -- which keeps
+every CSR child run ascending -- and returns the old -> new id map.
+
+Scores are ``dot(q / |q|, v / |v|)`` in float32 (a vector whose squared norm
+is 0 in float32 is treated as the zero vector).  Every ranking breaks ties
+toward the lower node id / key index.
+
+Searches (``tree_search``):
+
+* ``beam=1`` -- greedy, Algorithm 1: score all roots, take the best, then score
+  only that node's children and take the best, down to a leaf.  Returns the
+  path (root first, padded with -1 to ``height + 1``), the score of each node
+  on it (padded with -inf) and the best node seen with its score (the running
+  best starts at -inf, so all-negative similarities still return a node).
+  ``from_every_root=True`` descends from every root (the released StreamChat
+  code) and returns one path per root.
+* ``beam=b`` (int > 1) or ``beam=(b_1, b_2, ...)`` -- level-synchronous beam
+  search from the top level ``H`` down: the pool at level ``l`` is the roots of
+  level ``l`` plus the level-``l`` children of the nodes kept above; the
+  ``b`` best of the pool by cosine are kept (``b_1`` at level ``H``, ``b_2`` at
+  ``H - 1``, ...; the last width repeats for deeper levels) and their children
+  expanded.  The leaves reached are ranked by cosine, or cosine x utility with
+  ``use_utility=True``; leaves whose cosine is below ``min_score`` are dropped;
+  the top ``k`` come back, padded with -1 / -inf.  The beam is global per
+  level (ProStream's "10 events per scene" is ``b_2 = 10 * b_1`` here), so the
+  cost per query is O(depth x beam x branching), independent of the number
+  of leaves.
+
+Backends: ``torch`` (the reference: padded candidate matrices, gathered rows,
+one level at a time), ``cpp`` (the whole search per query in C++, OpenMP over
+queries), ``triton`` (the same level loop as the reference, with the
+gather-and-dot of each level's candidates in a Triton kernel, one program per
+query block).
+
+``cosine_topk(queries, keys, k, ranges=None)`` is exact exhaustive search.
+The ``cpp`` backend has two paths and picks one by a fixed rule
+(:func:`cosine_topk_uses_blas`): a fused one-pass C++ scan (key norms computed
+on the fly, running top-k per query) when there are few queries or the ranges
+are narrow, and for large exhaustive batches (``Q >= 8`` and the ranges
+covering at least half of the Q x N pairs) blocked ``torch.mm`` GEMMs (the CPU
+BLAS) whose score blocks a C++ running top-k consumes.  ``triton`` is a
+blocked GEMM with the running top-k in registers.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from ._dispatch import Op, load_native
+from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank
+
+__all__ = [
+    "CosineTree",
+    "TopKResult",
+    "TreePathResult",
+    "tree_search",
+    "cosine_topk",
+    "cosine_topk_uses_blas",
+]
+
+_FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_INT_INPUTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+_FORMAT = "streammem.CosineTree"
+_FORMAT_VERSION = 1
+# Candidate rows gathered per chunk by the torch reference: bounds the
+# (queries x candidates x D) temporary to 16M floats (64 MB).
+_GATHER_BUDGET = 1 << 24
+# BLAS path of cosine_topk: score block of at most 16M floats per GEMM.
+_BLAS_BLOCK_BUDGET = 1 << 24
+BLAS_MIN_QUERIES = 8
+
+
+class TopKResult(NamedTuple):
+    """Top-k per query.
+
+    Attributes
+    ----------
+    ids : (Q, k) int64
+        Node ids (tree) or key indices, best first; -1 where fewer qualify.
+    scores : (Q, k) float32
+        Cosine (or cosine x utility); -inf where ``ids`` is -1.
+    """
+
+    ids: torch.Tensor
+    scores: torch.Tensor
+
+
+class TreePathResult(NamedTuple):
+    """Greedy descent(s) of ``tree_search(beam=1)``.
+
+    Shapes are for ``from_every_root=False``; with ``from_every_root=True`` a
+    root axis R (roots in ascending id order) follows the query axis.
+
+    Attributes
+    ----------
+    path : (Q, H+1) int64
+        Node ids from the chosen root down to a leaf, padded with -1.
+    path_scores : (Q, H+1) float32
+        Cosine of each node on the path, padded with -inf.
+    best_node : (Q,) int64
+        The best-scoring node seen (first on the path among equals).
+    best_score : (Q,) float32
+    """
+
+    path: torch.Tensor
+    path_scores: torch.Tensor
+    best_node: torch.Tensor
+    best_score: torch.Tensor
+
+
+def _unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """Rows scaled to unit L2 norm in float32; zero rows stay zero (never NaN)."""
+    x = x.to(torch.float32)
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return torch.where(norm > 0, x / torch.where(norm > 0, norm, torch.ones_like(norm)), torch.zeros_like(x))
+
+
+# --------------------------------------------------------------------------
+# Data structure
+# --------------------------------------------------------------------------
+class CosineTree:
+    """Growable forest of L2-normalised embeddings with CSR children.
+
+    Parameters
+    ----------
+    dim : int
+        Embedding dimension D >= 1.
+    capacity : int
+        Initial node capacity; storage doubles when full (amortised O(1) append).
+    device : torch.device or str
+        Where the tensors live (searches run there).
+
+    The tensor properties (``embeddings``, ``level``, ``parent``, ``child_ptr``,
+    ``child_idx``, ``utility``, ``payload``, ``roots``) are views of the live
+    prefix of the storage: read them, do not write them.
+    """
+
+    def __init__(self, dim: int, *, capacity: int = 1024, device="cpu"):
+        self._dim = check_int(dim, "dim", minimum=1)
+        capacity = check_int(capacity, "capacity", minimum=1)
+        self._device = torch.device(device)
+        self._n = 0
+        self._n_edges = 0
+        self._alloc_nodes(capacity)
+        self._child_idx = torch.empty(capacity, dtype=torch.int64, device=self._device)
+        # Current roots per level, in insertion (= ascending id) order; dicts
+        # give O(1) removal and ordered iteration for grow()'s "oldest g".
+        self._roots_by_level: list[dict[int, None]] = []
+        self._roots_cache: torch.Tensor | None = None
+
+    # ---- storage -------------------------------------------------------
+    def _alloc_nodes(self, capacity: int) -> None:
+        dev = self._device
+        self._emb = torch.zeros((capacity, self._dim), dtype=torch.float32, device=dev)
+        self._level = torch.zeros(capacity, dtype=torch.int64, device=dev)
+        self._parent = torch.full((capacity,), -1, dtype=torch.int64, device=dev)
+        self._child_ptr = torch.zeros(capacity + 1, dtype=torch.int64, device=dev)
+        self._utility = torch.ones(capacity, dtype=torch.float32, device=dev)
+        self._payload = torch.full((capacity,), -1, dtype=torch.int64, device=dev)
+
+    def _reserve(self, extra_nodes: int, extra_edges: int) -> None:
+        need = self._n + extra_nodes
+        cap = self._emb.shape[0]
+        if need > cap:
+            new_cap = max(need, 2 * cap)
+            old = (self._emb, self._level, self._parent, self._utility, self._payload, self._child_ptr)
+            self._alloc_nodes(new_cap)
+            n = self._n
+            new = (self._emb, self._level, self._parent, self._utility, self._payload, self._child_ptr)
+            for dst, src in zip(new[:-1], old[:-1]):
+                dst[:n] = src[:n]
+            self._child_ptr[: n + 1] = old[-1][: n + 1]  # CSR offsets have one more entry than nodes
+        need_e = self._n_edges + extra_edges
+        if need_e > self._child_idx.shape[0]:
+            grown = torch.empty(max(need_e, 2 * self._child_idx.shape[0]), dtype=torch.int64, device=self._device)
+            grown[: self._n_edges] = self._child_idx[: self._n_edges]
+            self._child_idx = grown
+
+    def _root_dict(self, level: int) -> dict[int, None]:
+        while len(self._roots_by_level) <= level:
+            self._roots_by_level.append({})
+        return self._roots_by_level[level]
+
+    # ---- read-only views -------------------------------------------------
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def num_nodes(self) -> int:
+        return self._n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def embeddings(self) -> torch.Tensor:
+        """(num_nodes, D) float32, unit rows (or zero rows)."""
+        return self._emb[: self._n]
+
+    @property
+    def level(self) -> torch.Tensor:
+        return self._level[: self._n]
+
+    @property
+    def parent(self) -> torch.Tensor:
+        return self._parent[: self._n]
+
+    @property
+    def child_ptr(self) -> torch.Tensor:
+        """(num_nodes + 1,) int64 CSR offsets into ``child_idx``."""
+        return self._child_ptr[: self._n + 1]
+
+    @property
+    def child_idx(self) -> torch.Tensor:
+        return self._child_idx[: self._n_edges]
+
+    @property
+    def utility(self) -> torch.Tensor:
+        return self._utility[: self._n]
+
+    @property
+    def payload(self) -> torch.Tensor:
+        return self._payload[: self._n]
+
+    @property
+    def roots(self) -> torch.Tensor:
+        """(R,) int64 current roots in ascending id order (a forest)."""
+        if self._roots_cache is None:
+            ids = sorted(i for d in self._roots_by_level for i in d)
+            self._roots_cache = torch.tensor(ids, dtype=torch.int64, device=self._device)
+        return self._roots_cache
+
+    @property
+    def height(self) -> int:
+        """Largest level in the tree (0 when every node is a leaf); -1 when empty."""
+        for lvl in range(len(self._roots_by_level) - 1, -1, -1):
+            if self._roots_by_level[lvl]:
+                return lvl
+        return -1
+
+    def roots_at(self, level: int) -> list[int]:
+        """Current roots of one level, oldest first."""
+        if level < 0 or level >= len(self._roots_by_level):
+            return []
+        return list(self._roots_by_level[level])
+
+    def children(self, node: int) -> torch.Tensor:
+        node = self._check_node(node, "node")
+        return self._child_idx[self._child_ptr[node] : self._child_ptr[node + 1]]
+
+    def _check_node(self, node, name: str) -> int:
+        node = check_int(node, name, minimum=0)
+        if node >= self._n:
+            raise ValueError(f"{name} must be a node id < num_nodes={self._n}, got {node}")
+        return node
+
+    # ---- growth ------------------------------------------------------------
+    def _prepare_rows(self, emb, name: str) -> torch.Tensor:
+        emb = as_tensor(emb, name)
+        check_rank(emb, name, (1, 2), "(D,) or (n, D)")
+        check_dtype(emb, name, _FLOAT_INPUTS)
+        if emb.dim() == 1:
+            emb = emb[None]
+        if emb.shape[1] != self._dim:
+            raise ValueError(f"{name} must have D={self._dim} columns, got shape {tuple(emb.shape)}")
+        check_finite(emb, name)
+        return _unit_rows(emb.to(self._device))
+
+    def _prepare_payload(self, payload, n: int) -> torch.Tensor:
+        if payload is None:
+            return torch.full((n,), -1, dtype=torch.int64, device=self._device)
+        if isinstance(payload, (int, np.integer)) and not isinstance(payload, bool):
+            payload = [int(payload)]
+        payload = as_tensor(payload, "payload")
+        check_dtype(payload, "payload", _INT_INPUTS)
+        payload = payload.reshape(-1)
+        if payload.numel() != n:
+            raise ValueError(f"payload must hold one id per new node ({n}), got {payload.numel()}")
+        return payload.to(device=self._device, dtype=torch.int64)
+
+    def add_leaves(self, emb, payload=None) -> torch.Tensor:
+        """Append leaves (each a new root at level 0).
+
+        Parameters
+        ----------
+        emb : (n, D) or (D,) float tensor or array
+            Embeddings; normalised on insertion, not modified.
+        payload : (n,) int, optional
+            Caller ids (default -1).
+
+        Returns
+        -------
+        (n,) int64 ids of the new leaves.
+        """
+        rows = self._prepare_rows(emb, "emb")
+        n = rows.shape[0]
+        pay = self._prepare_payload(payload, n)
+        self._reserve(n, 0)
+        lo, hi = self._n, self._n + n
+        self._emb[lo:hi] = rows
+        self._level[lo:hi] = 0
+        self._parent[lo:hi] = -1
+        self._child_ptr[lo + 1 : hi + 1] = self._n_edges
+        self._utility[lo:hi] = 1.0
+        self._payload[lo:hi] = pay
+        self._n = hi
+        self._root_dict(0).update(dict.fromkeys(range(lo, hi)))
+        self._roots_cache = None
+        return torch.arange(lo, hi, dtype=torch.int64, device=self._device)
+
+    def add_parent(self, child_ids, emb, payload=None) -> int:
+        """Append one parent over current roots ``child_ids`` (they stop being roots).
+
+        Parameters
+        ----------
+        child_ids : (m,) int, m >= 1, distinct current roots
+        emb : (D,) float embedding of the parent (normalised on insertion)
+        payload : int, optional
+
+        Returns
+        -------
+        int id of the new node, at level ``1 + max(level[child_ids])``.
+        """
+        children = as_tensor(child_ids, "child_ids")
+        check_dtype(children, "child_ids", _INT_INPUTS)
+        children = children.reshape(-1).to(torch.int64).cpu()
+        check_nonempty(children, "child_ids")
+        ids = sorted(int(c) for c in children)
+        if len(set(ids)) != len(ids):
+            raise ValueError("child_ids must be distinct")
+        for c in ids:
+            if c < 0 or c >= self._n:
+                raise ValueError(f"child_ids must be node ids in [0, {self._n}), got {c}")
+            if int(self._parent[c]) != -1:
+                raise ValueError(f"child_ids must be current roots; node {c} already has parent {int(self._parent[c])}")
+        rows = self._prepare_rows(emb, "emb")
+        if rows.shape[0] != 1:
+            raise ValueError(f"emb must be one embedding of shape (D,), got shape {tuple(rows.shape)}")
+        pay = self._prepare_payload(payload, 1)
+        return int(self._append_parents([ids], rows, pay)[0])
+
+    def _append_parents(self, groups: list[list[int]], rows: torch.Tensor, pay: torch.Tensor) -> torch.Tensor:
+        """Append one parent per group (ascending, validated current roots)."""
+        p = len(groups)
+        sizes = [len(g) for g in groups]
+        flat = [c for g in groups for c in g]
+        self._reserve(p, len(flat))
+        lo, hi = self._n, self._n + p
+        flat_t = torch.tensor(flat, dtype=torch.int64, device=self._device)
+        child_levels = self._level[flat_t].tolist()
+        levels, pos = [], 0
+        for s in sizes:
+            levels.append(1 + max(child_levels[pos : pos + s]))
+            pos += s
+        new_ids = torch.arange(lo, hi, dtype=torch.int64, device=self._device)
+        self._emb[lo:hi] = rows
+        self._level[lo:hi] = torch.tensor(levels, dtype=torch.int64, device=self._device)
+        self._parent[lo:hi] = -1
+        self._parent[flat_t] = torch.repeat_interleave(new_ids, torch.tensor(sizes, device=self._device))
+        e0 = self._n_edges
+        self._child_idx[e0 : e0 + len(flat)] = flat_t
+        self._child_ptr[lo + 1 : hi + 1] = e0 + torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0).to(
+            self._device
+        )
+        self._utility[lo:hi] = 1.0
+        self._payload[lo:hi] = pay
+        self._n, self._n_edges = hi, e0 + len(flat)
+        for c, lvl in zip(flat, child_levels):
+            del self._roots_by_level[lvl][c]
+        for node, lvl in zip(range(lo, hi), levels):
+            self._root_dict(lvl)[node] = None
+        self._roots_cache = None
+        return new_ids
+
+    def set_utility(self, ids, values) -> None:
+        """Set ``utility[ids] = values`` (values finite; a scalar broadcasts)."""
+        ids = as_tensor(ids, "ids")
+        check_dtype(ids, "ids", _INT_INPUTS)
+        ids = ids.reshape(-1).to(device=self._device, dtype=torch.int64)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self._n):
+            raise ValueError(f"ids must be node ids in [0, {self._n})")
+        if isinstance(values, (int, float, np.integer, np.floating)) and not isinstance(values, bool):
+            values = torch.full((ids.numel(),), float(values))
+        values = as_tensor(values, "values")
+        check_dtype(values, "values", _FLOAT_INPUTS + _INT_INPUTS)
+        values = values.reshape(-1)
+        if values.numel() != ids.numel():
+            raise ValueError(f"values must hold one value per id ({ids.numel()}), got {values.numel()}")
+        values = values.to(torch.float32)
+        check_finite(values, "values")
+        self._utility[ids] = values.to(self._device)
+
+    def grow(self, group: int, parent_embed: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        """StreamChat's chronological grouping.
+
+        While some level has at least ``group`` roots, the oldest ``group``
+        roots of the lowest such level get a parent whose embedding is
+        ``parent_embed(child_ids)`` (a (D,) tensor; default: the normalised
+        mean of the children's embeddings).  Call it after every new leaf or
+        once after many; the resulting tree is the same.
+
+        Returns
+        -------
+        (p,) int64 ids of the parents created, in creation order.
+        """
+        group = check_int(group, "group", minimum=2)
+        if parent_embed is not None and not callable(parent_embed):
+            raise ValueError(f"parent_embed must be callable or None, got {type(parent_embed).__name__}")
+        created = []
+        lvl = 0
+        # Adding parents at level l only adds roots at levels > l, so sweeping
+        # the levels upward once equals the "lowest level first" loop.
+        while lvl < len(self._roots_by_level):
+            roots = self._roots_by_level[lvl]
+            n_groups = len(roots) // group
+            if n_groups:
+                oldest = list(roots)[: n_groups * group]
+                groups = [oldest[i * group : (i + 1) * group] for i in range(n_groups)]
+                if parent_embed is None:
+                    idx = torch.tensor(oldest, dtype=torch.int64, device=self._device)
+                    rows = _unit_rows(self._emb[idx].view(n_groups, group, self._dim).mean(dim=1))
+                else:
+                    outs = []
+                    for g in groups:
+                        out = as_tensor(parent_embed(torch.tensor(g, dtype=torch.int64, device=self._device)),
+                                        "parent_embed(child_ids)")
+                        if out.reshape(-1).shape[0] != self._dim:
+                            raise ValueError(
+                                f"parent_embed(child_ids) must return a (D,)={self._dim} embedding, "
+                                f"got shape {tuple(out.shape)}"
+                            )
+                        outs.append(out.reshape(-1))
+                    rows = self._prepare_rows(torch.stack(outs), "parent_embed(child_ids)")
+                pay = torch.full((n_groups,), -1, dtype=torch.int64, device=self._device)
+                created.append(self._append_parents(groups, rows, pay))
+            lvl += 1
+        if not created:
+            return torch.empty(0, dtype=torch.int64, device=self._device)
+        return torch.cat(created)
+
+    # ---- persistence ---------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "format": _FORMAT,
+            "version": _FORMAT_VERSION,
+            "dim": self._dim,
+            "embeddings": self.embeddings.cpu().clone(),
+            "level": self.level.cpu().clone(),
+            "parent": self.parent.cpu().clone(),
+            "child_ptr": self.child_ptr.cpu().clone(),
+            "child_idx": self.child_idx.cpu().clone(),
+            "utility": self.utility.cpu().clone(),
+            "payload": self.payload.cpu().clone(),
+        }
+
+    def save(self, path) -> None:
+        """Write the tree to one file (``torch.save`` of its tensors)."""
+        torch.save(self.state_dict(), path)
+
+    @classmethod
+    def load(cls, path, *, device="cpu") -> "CosineTree":
+        """Read a tree written by :meth:`save`; node ids are preserved."""
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or state.get("format") != _FORMAT:
+            raise ValueError(f"path does not hold a saved CosineTree: {path}")
+        if state.get("version") != _FORMAT_VERSION:
+            raise ValueError(f"unsupported CosineTree format version {state.get('version')}")
+        n = state["embeddings"].shape[0]
+        n_edges = state["child_idx"].shape[0]
+        tree = cls(int(state["dim"]), capacity=max(n, 1), device=device)
+        tree._reserve(0, n_edges)
+        dev = tree._device
+        tree._emb[:n] = state["embeddings"].to(dev, torch.float32)
+        tree._level[:n] = state["level"].to(dev)
+        tree._parent[:n] = state["parent"].to(dev)
+        tree._child_ptr[: n + 1] = state["child_ptr"].to(dev)
+        tree._child_idx[:n_edges] = state["child_idx"].to(dev)
+        tree._utility[:n] = state["utility"].to(dev)
+        tree._payload[:n] = state["payload"].to(dev)
+        tree._n, tree._n_edges = n, n_edges
+        parent = state["parent"].tolist()
+        level = state["level"].tolist()
+        for node in range(n):
+            if parent[node] == -1:
+                tree._root_dict(level[node])[node] = None
+        return tree
+
+    def __repr__(self) -> str:
+        return (f"CosineTree(dim={self._dim}, num_nodes={self._n}, roots={len(self.roots)}, "
+                f"height={self.height}, device={self._device})")
+
+
+# --------------------------------------------------------------------------
+# Public functions: contract, validation, preparation
+# --------------------------------------------------------------------------
+def _prepare_queries(queries, dim: int, device: torch.device, name: str = "queries") -> torch.Tensor:
+    queries = as_tensor(queries, name)
+    check_rank(queries, name, (2,), "(Q, D)")
+    check_dtype(queries, name, _FLOAT_INPUTS)
+    if queries.shape[0] < 1:
+        raise ValueError(f"{name} must hold at least one query, got shape {tuple(queries.shape)}")
+    if queries.shape[1] != dim:
+        raise ValueError(f"{name} must have D={dim} columns to match, got shape {tuple(queries.shape)}")
+    check_finite(queries, name)
+    if queries.device != device:
+        raise ValueError(f"{name} must be on {device}, got {queries.device}")
+    return _unit_rows(queries).contiguous()
+
+
+def _beam_widths(beam, height: int) -> list[int]:
+    """Width per level from the top (index 0 is level ``height``)."""
+    if isinstance(beam, (int, np.integer)) and not isinstance(beam, bool):
+        widths = [check_int(beam, "beam", minimum=1)]
+    elif isinstance(beam, (tuple, list)) and len(beam) > 0:
+        widths = [check_int(b, f"beam[{i}]", minimum=1) for i, b in enumerate(beam)]
+    else:
+        raise ValueError(f"beam must be an int >= 1 or a non-empty tuple of ints >= 1, got {beam!r}")
+    return [widths[min(i, len(widths) - 1)] for i in range(max(height, 0))]
+
+
+def tree_search(tree: CosineTree, queries, *, beam=1, k: int = 1, min_score: float | None = None,
+                use_utility: bool = False, from_every_root: bool = False, backend: str = "auto"):
+    """Batched greedy or beam descent of a :class:`CosineTree`.
+
+    Parameters
+    ----------
+    tree : CosineTree
+        Non-empty tree; its tensors are not modified.
+    queries : (Q, D) float tensor or array
+        Normalised internally (zero queries score 0 everywhere).
+    beam : int or tuple of int
+        ``1``: greedy (Algorithm 1), returns :class:`TreePathResult`.
+        ``b > 1`` or ``(b_1, b_2, ...)``: beam search (widths from the top
+        level down, the last repeating), returns :class:`TopKResult`.  Use
+        ``(1,)`` for a width-1 beam that returns top-k leaves.
+    k : int
+        Leaves returned per query (beam search).
+    min_score : float, optional
+        Leaves with cosine below it are dropped (beam search).
+    use_utility : bool
+        Rank leaves by cosine x utility (beam search).
+    from_every_root : bool
+        Greedy only: descend from every root; results get a root axis.
+    backend : {"auto", "torch", "cpp", "triton", "cuda"}
+
+    Returns
+    -------
+    TreePathResult (greedy) or TopKResult (beam), on the tree's device.
+    """
+    if not isinstance(tree, CosineTree):
+        raise ValueError(f"tree must be a CosineTree, got {type(tree).__name__}")
+    if tree.num_nodes == 0:
+        raise ValueError("tree must not be empty (add leaves first)")
+    q = _prepare_queries(queries, tree.dim, tree.device)
+    k = check_int(k, "k", minimum=1)
+    for flag, name in ((use_utility, "use_utility"), (from_every_root, "from_every_root")):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be a bool, got {flag!r}")
+    min_val = float("-inf") if min_score is None else check_float(min_score, "min_score")
+    height = tree.height
+    greedy = isinstance(beam, (int, np.integer)) and not isinstance(beam, bool) and int(beam) == 1
+    widths = _beam_widths(beam, height)
+    arrays = (tree.embeddings, tree.child_ptr, tree.child_idx, tree.roots)
+    name = TREE_SEARCH.select(backend, tree.device)
+    if greedy:
+        if k != 1 or min_score is not None or use_utility:
+            raise ValueError(
+                "beam=1 is greedy search (one path, no leaf ranking); k, min_score and use_utility "
+                "need beam search: pass beam=(1,) or a wider beam"
+            )
+        return TreePathResult(*torch.ops.streammem.tree_greedy(*arrays, q, height, from_every_root, name))
+    if from_every_root:
+        raise ValueError("from_every_root applies to greedy search (beam=1) only")
+    ids, scores = torch.ops.streammem.tree_beam(
+        *arrays, tree.level, tree.utility, q, widths, k, min_val, use_utility, name
+    )
+    return TopKResult(ids, scores)
+
+
+def _prepare_ranges(ranges, num_queries: int, num_keys: int, device) -> torch.Tensor:
+    if ranges is None:
+        out = torch.empty((num_queries, 2), dtype=torch.int64, device=device)
+        out[:, 0], out[:, 1] = 0, num_keys
+        return out
+    ranges = as_tensor(ranges, "ranges")
+    check_dtype(ranges, "ranges", _INT_INPUTS)
+    if ranges.dim() != 2 or ranges.shape != (num_queries, 2):
+        raise ValueError(f"ranges must have shape (Q, 2)=({num_queries}, 2), got {tuple(ranges.shape)}")
+    ranges = ranges.to(device=device, dtype=torch.int64).contiguous()
+    start, end = ranges[:, 0], ranges[:, 1]
+    if bool(((start < 0) | (end > num_keys) | (start > end)).any()):
+        raise ValueError(f"ranges must satisfy 0 <= start <= end <= N={num_keys} for every query")
+    return ranges
+
+
+def cosine_topk_uses_blas(num_queries: int, num_keys: int, ranges: torch.Tensor | None = None) -> bool:
+    """The rule by which the C++ backend of :func:`cosine_topk` uses the CPU BLAS.
+
+    Blocked ``torch.mm`` + C++ running top-k when ``Q >= 8`` and the ranges
+    cover at least half of the Q x N (query, key) pairs; otherwise the fused
+    one-pass C++ scan, whose cost is proportional to the pairs in range.
+    """
+    if num_queries < BLAS_MIN_QUERIES:
+        return False
+    if ranges is None:
+        return True
+    covered = int((ranges[:, 1] - ranges[:, 0]).sum())
+    return 2 * covered >= num_queries * num_keys
+
+
+def cosine_topk(queries, keys, k: int, *, ranges=None, backend: str = "auto") -> TopKResult:
+    """Exact top-k keys by cosine similarity for every query.
+
+    Parameters
+    ----------
+    queries : (Q, D) float tensor or array
+    keys : (N, D) float tensor or array, N >= 1
+        Not normalised beforehand (the kernels divide by the norms); zero keys
+        score 0.
+    k : int >= 1
+        Results per query; positions beyond the keys in range hold -1 / -inf.
+    ranges : (Q, 2) int, optional
+        Query q only considers ``keys[ranges[q, 0]:ranges[q, 1]]`` (indices
+        stay global); ``0 <= start <= end <= N``.
+    backend : {"auto", "torch", "cpp", "triton", "cuda"}
+
+    Returns
+    -------
+    TopKResult with ``ids (Q, k)`` int64 and ``scores (Q, k)`` float32, best
+    first, ties toward the lower index.
+    """
+    keys = as_tensor(keys, "keys")
+    check_rank(keys, "keys", (2,), "(N, D)")
+    check_dtype(keys, "keys", _FLOAT_INPUTS)
+    if keys.shape[0] < 1 or keys.shape[1] < 1:
+        raise ValueError(f"keys must hold at least one key of dimension >= 1, got shape {tuple(keys.shape)}")
+    check_finite(keys, "keys")
+    q = _prepare_queries(queries, keys.shape[1], keys.device)
+    k = check_int(k, "k", minimum=1)
+    r = _prepare_ranges(ranges, q.shape[0], keys.shape[0], keys.device)
+    keys = keys.to(torch.float32).contiguous()
+    name = COSINE_TOPK.select(backend, keys.device)
+    ids, scores = torch.ops.streammem.cosine_topk(q, keys, k, r, name)
+    return TopKResult(ids, scores)
+
+
+# --------------------------------------------------------------------------
+# Custom ops (work under torch.compile; opcheck-tested)
+# --------------------------------------------------------------------------
+@torch.library.custom_op("streammem::tree_greedy", mutates_args=())
+def tree_greedy(embeddings: torch.Tensor, child_ptr: torch.Tensor, child_idx: torch.Tensor, roots: torch.Tensor,
+                queries: torch.Tensor, height: int, from_every_root: bool,
+                backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Core greedy descent on prepared input (unit float32 queries).
+
+    Returns path (S, H+1), path_scores (S, H+1), best_node (S,), best_score (S,)
+    with S = Q, or (Q, R, H+1) ... with ``from_every_root``.
+    """
+    return tuple(TREE_SEARCH.impls[backend]["greedy"](embeddings, child_ptr, child_idx, roots, queries, height,
+                                                       from_every_root))
+
+
+@tree_greedy.register_fake
+def _(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root, backend):
+    lead = (queries.shape[0], roots.shape[0]) if from_every_root else (queries.shape[0],)
+    return (
+        queries.new_empty(lead + (height + 1,), dtype=torch.int64),
+        queries.new_empty(lead + (height + 1,), dtype=torch.float32),
+        queries.new_empty(lead, dtype=torch.int64),
+        queries.new_empty(lead, dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("streammem::tree_beam", mutates_args=())
+def tree_beam(embeddings: torch.Tensor, child_ptr: torch.Tensor, child_idx: torch.Tensor, roots: torch.Tensor,
+              level: torch.Tensor, utility: torch.Tensor, queries: torch.Tensor, widths: list[int], k: int,
+              min_score: float, use_utility: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Core beam search; ``widths[i]`` is the beam at level ``height - i``."""
+    return tuple(TREE_SEARCH.impls[backend]["beam"](embeddings, child_ptr, child_idx, roots, level, utility,
+                                                     queries, list(widths), k, min_score, use_utility))
+
+
+@tree_beam.register_fake
+def _(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, k, min_score, use_utility, backend):
+    q = queries.shape[0]
+    return queries.new_empty((q, k), dtype=torch.int64), queries.new_empty((q, k), dtype=torch.float32)
+
+
+@torch.library.custom_op("streammem::cosine_topk", mutates_args=())
+def cosine_topk_op(queries: torch.Tensor, keys: torch.Tensor, k: int, ranges: torch.Tensor,
+                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Core exact top-k: unit float32 queries (Q, D), raw float32 keys (N, D), ranges (Q, 2)."""
+    return tuple(COSINE_TOPK.impls[backend](queries, keys, k, ranges))
+
+
+@cosine_topk_op.register_fake
+def _(queries, keys, k, ranges, backend):
+    q = queries.shape[0]
+    return queries.new_empty((q, k), dtype=torch.int64), queries.new_empty((q, k), dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------
+# Backend: torch reference (the spec)
+# --------------------------------------------------------------------------
+def _score_candidates_torch(queries: torch.Tensor, embeddings: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    """scores[s, c] = queries[s] . embeddings[cand[s, c]]; -inf where cand < 0."""
+    s_rows, c = cand.shape
+    out = torch.full((s_rows, c), float("-inf"), dtype=torch.float32, device=queries.device)
+    if c == 0:
+        return out
+    chunk = max(1, _GATHER_BUDGET // max(1, c * embeddings.shape[1]))
+    for lo in range(0, s_rows, chunk):
+        ids = cand[lo : lo + chunk]
+        rows = embeddings[ids.clamp_min(0)]  # (chunk, C, D)
+        dots = torch.einsum("sd,scd->sc", queries[lo : lo + chunk], rows)
+        out[lo : lo + chunk] = torch.where(ids >= 0, dots, out[lo : lo + chunk])
+    return out
+
+
+def _children_of(nodes: torch.Tensor, child_ptr: torch.Tensor, child_idx: torch.Tensor) -> torch.Tensor:
+    """(S, C) padded (-1) children of nodes (S, B) (-1 entries have none), in order."""
+    s_rows = nodes.shape[0]
+    flat = nodes.reshape(-1)
+    safe = flat.clamp_min(0)
+    start = child_ptr[safe]
+    count = torch.where(flat >= 0, child_ptr[safe + 1] - start, torch.zeros_like(start))
+    width = int(count.max()) if count.numel() else 0
+    if width == 0:
+        return torch.full((s_rows, 0), -1, dtype=torch.int64, device=nodes.device)
+    offs = torch.arange(width, device=nodes.device)
+    valid = offs[None, :] < count[:, None]
+    pos = (start[:, None] + offs[None, :]).clamp_max(max(child_idx.numel() - 1, 0))
+    kids = torch.where(valid, child_idx[pos], torch.full_like(pos, -1))
+    return kids.reshape(s_rows, -1)
+
+
+def _pack_left(ids: torch.Tensor) -> torch.Tensor:
+    """Move valid (>= 0) ids to the front of each row, keep their order, trim."""
+    order = torch.argsort((ids < 0).to(torch.int8), dim=1, stable=True)
+    packed = ids.gather(1, order)
+    width = int((ids >= 0).sum(1).max()) if ids.numel() else 0
+    return packed[:, :width]
+
+
+def _topk_low_id(ids: torch.Tensor, scores: torch.Tensor, k: int):
+    """Top-k of each row by (score desc, id asc); -inf scores count as absent."""
+    s_rows = ids.shape[0]
+    key = torch.where(ids >= 0, ids, torch.full_like(ids, torch.iinfo(torch.int64).max))
+    by_id = torch.argsort(key, dim=1, stable=True)
+    ids, scores = ids.gather(1, by_id), scores.gather(1, by_id)
+    order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k]
+    top_ids, top_scores = ids.gather(1, order), scores.gather(1, order)
+    top_ids = torch.where(torch.isfinite(top_scores), top_ids, torch.full_like(top_ids, -1))
+    if top_ids.shape[1] < k:
+        pad = k - top_ids.shape[1]
+        top_ids = torch.cat([top_ids, top_ids.new_full((s_rows, pad), -1)], 1)
+        top_scores = torch.cat([top_scores, top_scores.new_full((s_rows, pad), float("-inf"))], 1)
+    return top_ids, top_scores
+
+
+def _greedy_levels(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root, score_fn):
+    """Greedy descent, one level per step; ``score_fn(queries, emb, cand)`` scores candidates."""
+    num_q, num_r = queries.shape[0], roots.shape[0]
+    dev = queries.device
+    root_scores = score_fn(queries, embeddings, roots.expand(num_q, num_r).contiguous())
+    if from_every_root:
+        query_of = torch.arange(num_q, device=dev).repeat_interleave(num_r)
+        cur = roots.repeat(num_q)
+        cur_score = root_scores.reshape(-1)
+    else:
+        query_of = torch.arange(num_q, device=dev)
+        best = torch.argmax(root_scores, dim=1)  # first maximum: the lowest root id
+        cur = roots[best]
+        cur_score = root_scores.gather(1, best[:, None])[:, 0]
+    rows = cur.shape[0]
+    path = torch.full((rows, height + 1), -1, dtype=torch.int64, device=dev)
+    path_scores = torch.full((rows, height + 1), float("-inf"), dtype=torch.float32, device=dev)
+    path[:, 0], path_scores[:, 0] = cur, cur_score
+    row_queries = queries[query_of]
+    for step in range(1, height + 1):
+        kids = _children_of(cur[:, None], child_ptr, child_idx)
+        if kids.shape[1] == 0:
+            break
+        active = kids[:, 0] >= 0
+        scores = score_fn(row_queries, embeddings, kids)
+        best = torch.argmax(scores, dim=1)
+        nxt = kids.gather(1, best[:, None])[:, 0]
+        nxt_score = scores.gather(1, best[:, None])[:, 0]
+        path[:, step] = torch.where(active, nxt, path[:, step])
+        path_scores[:, step] = torch.where(active, nxt_score, path_scores[:, step])
+        cur = torch.where(active, nxt, torch.full_like(nxt, -1))
+    best_pos = torch.argmax(path_scores, dim=1)  # running best from -inf, strict '>': first maximum
+    best_node = path.gather(1, best_pos[:, None])[:, 0]
+    best_score = path_scores.gather(1, best_pos[:, None])[:, 0]
+    if from_every_root:
+        shape = (num_q, num_r)
+        return (path.view(*shape, -1), path_scores.view(*shape, -1), best_node.view(shape), best_score.view(shape))
+    return path, path_scores, best_node, best_score
+
+
+def _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, k, min_score,
+                 use_utility, score_fn):
+    """Level-synchronous beam search; ``score_fn`` scores padded candidate ids."""
+    num_q = queries.shape[0]
+    height = len(widths)
+    pending = roots.expand(num_q, roots.shape[0]).contiguous()  # discovered, not yet processed
+    for step, width in enumerate(widths):
+        lvl = height - step
+        at_level = (pending >= 0) & (level[pending.clamp_min(0)] == lvl)
+        if not bool(at_level.any()):
+            continue
+        pool = torch.where(at_level, pending, torch.full_like(pending, -1))
+        pool = _pack_left(pool)
+        kept, _ = _topk_low_id(pool, score_fn(queries, embeddings, pool), width)
+        rest = torch.where(at_level, torch.full_like(pending, -1), pending)
+        pending = _pack_left(torch.cat([rest, _children_of(kept, child_ptr, child_idx)], 1))
+    cos = score_fn(queries, embeddings, pending)
+    rank = cos * utility[pending.clamp_min(0)] if use_utility else cos
+    rank = torch.where((pending >= 0) & (cos >= min_score), rank, torch.full_like(rank, float("-inf")))
+    return _topk_low_id(pending, rank, k)
+
+
+def _greedy_torch(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root):
+    return _greedy_levels(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root,
+                          _score_candidates_torch)
+
+
+def _beam_torch(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, k, min_score,
+                use_utility):
+    return _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, k, min_score,
+                        use_utility, _score_candidates_torch)
+
+
+def _cosine_topk_torch(queries, keys, k, ranges):
+    scores = queries @ _unit_rows(keys).T  # (Q, N)
+    idx = torch.arange(keys.shape[0], device=keys.device)
+    inside = (idx[None, :] >= ranges[:, :1]) & (idx[None, :] < ranges[:, 1:])
+    scores = torch.where(inside, scores, torch.full_like(scores, float("-inf")))
+    return _topk_low_id(idx.expand_as(scores), scores, k)
+
+
+# --------------------------------------------------------------------------
+# Backend: C++ (csrc/cpu/tree.cpp)
+# --------------------------------------------------------------------------
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().contiguous().numpy()
+
+
+def _greedy_cpp(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root):
+    mod, _ = load_native("cpu", "tree")
+    out = mod.greedy(_np(embeddings), _np(child_ptr), _np(child_idx), _np(roots), _np(queries), int(height),
+                     bool(from_every_root))
+    lead = (queries.shape[0], roots.shape[0]) if from_every_root else (queries.shape[0],)
+    return tuple(torch.from_numpy(a).reshape(lead + a.shape[1:]) for a in out)
+
+
+def _beam_cpp(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, k, min_score, use_utility):
+    mod, _ = load_native("cpu", "tree")
+    ids, scores = mod.beam(_np(embeddings), _np(child_ptr), _np(child_idx), _np(roots), _np(level), _np(utility),
+                           _np(queries), np.asarray(widths, dtype=np.int64), int(k), float(min_score),
+                           bool(use_utility))
+    return torch.from_numpy(ids), torch.from_numpy(scores)
+
+
+def _cosine_topk_cpp_fused(queries, keys, k, ranges):
+    mod, _ = load_native("cpu", "tree")
+    ids, scores = mod.cosine_topk(_np(queries), _np(keys), int(k), _np(ranges))
+    return torch.from_numpy(ids), torch.from_numpy(scores)
+
+
+def _cosine_topk_cpp_blas(queries, keys, k, ranges):
+    """Blocked torch.mm (CPU BLAS) score blocks consumed by a C++ running top-k."""
+    mod, _ = load_native("cpu", "tree")
+    num_q, num_k = queries.shape[0], keys.shape[0]
+    inv_norm = torch.linalg.vector_norm(keys, dim=1)
+    inv_norm = torch.where(inv_norm > 0, 1.0 / torch.where(inv_norm > 0, inv_norm, 1.0), 0.0).contiguous()
+    ids = np.full((num_q, k), -1, dtype=np.int64)
+    scores = np.full((num_q, k), -np.inf, dtype=np.float32)
+    block = max(256, _BLAS_BLOCK_BUDGET // num_q)
+    ranges_np, inv_np = _np(ranges), inv_norm.numpy()
+    for lo in range(0, num_k, block):
+        hi = min(num_k, lo + block)
+        dots = torch.mm(queries, keys[lo:hi].T)
+        mod.topk_merge(dots.numpy(), inv_np[lo:hi], lo, ranges_np, ids, scores)
+    return torch.from_numpy(ids), torch.from_numpy(scores)
+
+
+def _cosine_topk_cpp(queries, keys, k, ranges):
+    if cosine_topk_uses_blas(queries.shape[0], keys.shape[0], ranges):
+        return _cosine_topk_cpp_blas(queries, keys, k, ranges)
+    return _cosine_topk_cpp_fused(queries, keys, k, ranges)
+
+
+# --------------------------------------------------------------------------
+# Backend: Triton (streammem_kernels/_tree_triton.py)
+# --------------------------------------------------------------------------
+def _score_candidates_triton(queries, embeddings, cand):
+    from ._tree_triton import gather_dot_triton
+
+    return gather_dot_triton(queries, embeddings, cand)
+
+
+def _greedy_triton(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root):
+    return _greedy_levels(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root,
+                          _score_candidates_triton)
+
+
+def _beam_triton(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, k, min_score,
+                 use_utility):
+    return _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, k, min_score,
+                        use_utility, _score_candidates_triton)
+
+
+def _cosine_topk_triton(queries, keys, k, ranges):
+    from ._tree_triton import cosine_topk_triton
+
+    return cosine_topk_triton(queries, keys, k, ranges)
+
+
+TREE_SEARCH = Op(
+    "tree",
+    {
+        "torch": {"greedy": _greedy_torch, "beam": _beam_torch},
+        "cpp": {"greedy": _greedy_cpp, "beam": _beam_cpp},
+        "triton": {"greedy": _greedy_triton, "beam": _beam_triton},
+    },
+)
+
+COSINE_TOPK = Op(
+    "tree",
+    {"torch": _cosine_topk_torch, "cpp": _cosine_topk_cpp, "triton": _cosine_topk_triton},
+)
