@@ -1,0 +1,231 @@
+"""Triton kernels of the depth-score event boundaries (see boundaries.py for the contract).
+
+* ``adjacent_cosine``: one program per (stream, time tile); the tile's frames
+  and their successors are streamed once over D in float32, dot and both
+  squared norms fused in the same loop.  Tile sizes depend only on D, so a
+  pair gives the same bits in an offline block and in a streaming (B, 2, D)
+  pair.
+* ``window_choices``: one program per (stream, tile of window positions); the
+  window is a (positions, window) tile, the climbing peaks are segmented scans
+  (``tl.associative_scan`` with a reset flag), the rule runs in float64.
+* ``window_depth``: one program per block of rows, a sequential sweep over the
+  row (peaks search the whole row, so it is not tiled).
+* ``scan_events``: the streaming state machine, one program per stream block,
+  sequential over time and vectorised over the block's streams.
+
+Launches pass ``enable_fp_fusion=False`` so ``mu + tau * sigma`` rounds like
+the reference (no FMA), which keeps decisions identical across backends.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_COS_BLOCK_T = 16
+_CHOICE_BLOCK_P = 32
+_ROW_BLOCK = 16
+_SCAN_BLOCK_B = 32
+
+
+@triton.jit
+def _adjacent_cosine_kernel(x_ptr, out_ptr, T, D, M,
+                            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    stream = tl.program_id(0)
+    tile = tl.program_id(1)
+    t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = t < M
+    base = x_ptr + stream.to(tl.int64) * T * D
+    dot = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
+    norm_a = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
+    norm_b = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        m = t_ok[:, None] & (d < D)[None, :]
+        offs = t[:, None].to(tl.int64) * D + d[None, :]
+        a = tl.load(base + offs, mask=m, other=0.0).to(tl.float32)
+        b = tl.load(base + offs + D, mask=m, other=0.0).to(tl.float32)
+        dot += a * b
+        norm_a += a * a
+        norm_b += b * b
+    dot_s = tl.sum(dot, axis=1)
+    na = tl.sum(norm_a, axis=1)
+    nb = tl.sum(norm_b, axis=1)
+    nonzero = (na > 0.0) & (nb > 0.0)
+    denom = tl.where(nonzero, tl.sqrt(na) * tl.sqrt(nb), 1.0)
+    cos = tl.minimum(tl.maximum(dot_s / denom, -1.0), 1.0)
+    cos = tl.where(nonzero, cos, 0.0)
+    tl.store(out_ptr + stream.to(tl.int64) * M + t, cos, mask=t_ok)
+
+
+def adjacent_cosine_triton(x: torch.Tensor) -> torch.Tensor:
+    B, T, D = x.shape
+    M = max(T - 1, 0)
+    out = torch.empty((B, M), dtype=torch.float32, device=x.device)
+    if M == 0 or B == 0:
+        return out
+    block_d = min(triton.next_power_of_2(D), 128)
+    grid = (B, triton.cdiv(M, _COS_BLOCK_T))
+    _adjacent_cosine_kernel[grid](x, out, T, D, M, BLOCK_T=_COS_BLOCK_T, BLOCK_D=block_d)
+    return out
+
+
+@triton.jit
+def _keep_unless_reset(value_a, reset_a, value_b, reset_b):
+    # Segmented "last reset value" scan: b is the newer element.
+    return tl.where(reset_b != 0, value_b, value_a), reset_a | reset_b
+
+
+@triton.jit
+def _larger(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _window_choices_kernel(sim_ptr, out_ptr, M, P, tau, min_depth,
+                           WINDOW: tl.constexpr, W_PAD: tl.constexpr, CLIMB: tl.constexpr,
+                           BLOCK_P: tl.constexpr):
+    stream = tl.program_id(0)
+    tile = tl.program_id(1)
+    p = tile * BLOCK_P + tl.arange(0, BLOCK_P)
+    i = tl.arange(0, W_PAD)
+    p_ok = p < P
+    valid = p_ok[:, None] & (i < WINDOW)[None, :]
+    row = sim_ptr + stream.to(tl.int64) * M
+    idx = p[:, None] + i[None, :]
+    s = tl.load(row + idx, mask=valid, other=0.0).to(tl.float64)
+    if CLIMB:
+        has_prev = valid & (i > 0)[None, :]
+        prev = tl.load(row + idx - 1, mask=has_prev, other=0.0).to(tl.float64)
+        reset_l = (~has_prev | (prev < s)).to(tl.int32)
+        left, _ = tl.associative_scan((s, reset_l), 1, _keep_unless_reset)
+        has_next = valid & (i < WINDOW - 1)[None, :]
+        nxt = tl.load(row + idx + 1, mask=has_next, other=0.0).to(tl.float64)
+        reset_r = (~has_next | (nxt < s)).to(tl.int32)
+        right, _ = tl.associative_scan((s, reset_r), 1, _keep_unless_reset, reverse=True)
+    else:
+        lowest = tl.where(valid, s, float("-inf"))
+        left = tl.associative_scan(lowest, 1, _larger)
+        right = tl.associative_scan(lowest, 1, _larger, reverse=True)
+    depth = 0.5 * ((left - s) + (right - s))
+    depth = tl.where(valid, depth, 0.0)
+    mu = tl.sum(depth, axis=1) / WINDOW
+    diff = tl.where(valid, depth - mu[:, None], 0.0)
+    sigma = tl.sqrt(tl.sum(diff * diff, axis=1) / WINDOW)
+    hi = tl.max(tl.where(valid, depth, float("-inf")), axis=1)
+    lo = tl.min(tl.where(valid, depth, float("inf")), axis=1)
+    threshold = mu + tau * sigma
+    cand = valid & (depth > threshold[:, None]) & (depth > min_depth) & (hi > lo)[:, None]
+    score = tl.where(cand, depth, -1.0)
+    best = tl.max(score, axis=1)
+    first = tl.min(tl.where(cand & (score == best[:, None]), i[None, :], W_PAD), axis=1)
+    choice = tl.where(best >= 0.0, first, -1).to(tl.int64)
+    tl.store(out_ptr + stream.to(tl.int64) * P + p, choice, mask=p_ok)
+
+
+def window_choices_triton(sim: torch.Tensor, window: int, tau: float, min_depth: float, peak_code: int):
+    B, M = sim.shape
+    P = max(M - window + 1, 0)
+    out = torch.empty((B, P), dtype=torch.int64, device=sim.device)
+    if P == 0 or B == 0:
+        return out
+    sim = sim.contiguous()
+    grid = (B, triton.cdiv(P, _CHOICE_BLOCK_P))
+    _window_choices_kernel[grid](sim, out, M, P, float(tau), float(min_depth), WINDOW=window,
+                                 W_PAD=triton.next_power_of_2(window), CLIMB=peak_code == 0,
+                                 BLOCK_P=_CHOICE_BLOCK_P, enable_fp_fusion=False)
+    return out
+
+
+@triton.jit
+def _window_depth_kernel(sim_ptr, out_ptr, B, M, CLIMB: tl.constexpr, BLOCK_B: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    ok = rows < B
+    base = rows.to(tl.int64) * M
+    # Left peaks, stored in the output, then the right sweep finishes each depth.
+    peak = tl.load(sim_ptr + base, mask=ok, other=0.0).to(tl.float64)
+    prev = peak
+    tl.store(out_ptr + base, peak, mask=ok)
+    for i in range(1, M):
+        s = tl.load(sim_ptr + base + i, mask=ok, other=0.0).to(tl.float64)
+        if CLIMB:
+            peak = tl.where(prev >= s, peak, s)
+        else:
+            peak = tl.maximum(peak, s)
+        prev = s
+        tl.store(out_ptr + base + i, peak, mask=ok)
+    peak = tl.load(sim_ptr + base + (M - 1), mask=ok, other=0.0).to(tl.float64)
+    nxt = peak
+    for j in range(0, M):
+        i = M - 1 - j
+        s = tl.load(sim_ptr + base + i, mask=ok, other=0.0).to(tl.float64)
+        if CLIMB:
+            peak = tl.where(nxt >= s, peak, s)
+        else:
+            peak = tl.maximum(peak, s)
+        nxt = s
+        left = tl.load(out_ptr + base + i, mask=ok, other=0.0)
+        tl.store(out_ptr + base + i, 0.5 * ((left - s) + (peak - s)), mask=ok)
+
+
+def window_depth_triton(sim: torch.Tensor, peak_code: int) -> torch.Tensor:
+    B, M = sim.shape
+    out = torch.empty((B, M), dtype=torch.float64, device=sim.device)
+    if M == 0 or B == 0:
+        return out
+    grid = (triton.cdiv(B, _ROW_BLOCK),)
+    _window_depth_kernel[grid](sim.contiguous(), out, B, M, CLIMB=peak_code == 0, BLOCK_B=_ROW_BLOCK,
+                               enable_fp_fusion=False)
+    return out
+
+
+@triton.jit
+def _scan_events_kernel(sims_ptr, choices_ptr, ends_ptr, B, T, P, window, max_event, drift,
+                        DRIFT_MODE: tl.constexpr, BLOCK_B: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    ok = rows < B
+    rows64 = rows.to(tl.int64)
+    M = T - 1
+    last_end = tl.full((BLOCK_B,), -1, tl.int64)
+    in_window = tl.zeros((BLOCK_B,), tl.int64)
+    for t in range(0, T):
+        in_window = tl.minimum(in_window + 1, window + 1)
+        if DRIFT_MODE:
+            if t >= 1:
+                s = tl.load(sims_ptr + rows64 * M + (t - 1), mask=ok, other=1.0)
+                cut = ok & (in_window >= 2) & (s < drift)
+                tl.store(ends_ptr + rows64 * T + (t - 1), tl.full((BLOCK_B,), 1, tl.int8), mask=cut)
+                last_end = tl.where(cut, t - 1, last_end)
+                in_window = tl.where(cut, 1, in_window)
+        else:
+            if t >= window:
+                choice = tl.load(choices_ptr + rows64 * P + (t - window), mask=ok, other=-1)
+                cut = ok & (in_window == window + 1) & (choice >= 0)
+                boundary = t - window + choice
+                tl.store(ends_ptr + rows64 * T + boundary, tl.full((BLOCK_B,), 1, tl.int8), mask=cut)
+                last_end = tl.where(cut, boundary, last_end)
+                in_window = tl.where(cut, t - boundary, in_window)
+        if max_event > 0:
+            cap = ok & ((t - last_end) >= max_event)
+            tl.store(ends_ptr + rows64 * T + t, tl.full((BLOCK_B,), 1, tl.int8), mask=cap)
+            last_end = tl.where(cap, t, last_end)
+            in_window = tl.where(cap, 0, in_window)
+    tl.store(ends_ptr + rows64 * T + (T - 1), tl.full((BLOCK_B,), 1, tl.int8), mask=ok)
+
+
+def scan_events_triton(sims: torch.Tensor, choices: torch.Tensor, window: int, max_event: int, drift: float):
+    B, M = sims.shape
+    T = M + 1
+    ends = torch.zeros((B, T), dtype=torch.int8, device=sims.device)
+    if B == 0:
+        return ends.bool()
+    drift_mode = drift == drift
+    P = choices.shape[1]
+    if P == 0:  # the kernel needs a valid pointer even when no window ever fills
+        choices = torch.full((B, 1), -1, dtype=torch.int64, device=sims.device)
+        P = 1
+    grid = (triton.cdiv(B, _SCAN_BLOCK_B),)
+    _scan_events_kernel[grid](sims.contiguous(), choices.contiguous(), ends, B, T, P, window, max_event,
+                              float(drift) if drift_mode else 0.0, DRIFT_MODE=drift_mode,
+                              BLOCK_B=_SCAN_BLOCK_B)
+    return ends.bool()
