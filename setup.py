@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def cpu_extensions():
-    cflags = ["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno"]
+    cflags = ["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno", "-fno-trapping-math"]
     if os.environ.get("STREAMMEM_MARCH_NATIVE") == "1":
         cflags.append("-march=native")
     exts = []
@@ -42,7 +42,7 @@ def cpu_extensions():
                 [src],
                 include_dirs=[os.path.join("csrc", "cpu")],
                 depends=glob.glob(os.path.join("csrc", "cpu", "*.h")),
-                extra_compile_args=cflags,
+                extra_compile_args=list(cflags),  # Pybind11Extension appends to it
                 extra_link_args=["-fopenmp"],
                 cxx_std=17,
             )

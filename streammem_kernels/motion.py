@@ -124,6 +124,17 @@ def select_frames(frames, threshold: float, *, reference: str = "previous", size
 
 def _prepare(frames, size, window, min_eig):
     """Validate and convert to contiguous gray (T, H, W): uint8 kept, else float32."""
+    if isinstance(frames, (list, tuple)):
+        frames = [as_tensor(f, f"frames[{i}]") for i, f in enumerate(frames)]
+        if not frames:
+            raise ValueError("frames must not be empty")
+        for i, f in enumerate(frames):
+            if f.shape != frames[0].shape or f.dtype != frames[0].dtype:
+                raise ValueError(
+                    f"frames[{i}] has shape {tuple(f.shape)} and dtype {f.dtype}, expected the shape "
+                    f"{tuple(frames[0].shape)} and dtype {frames[0].dtype} of frames[0]"
+                )
+        frames = torch.stack(frames)
     frames = as_tensor(frames, "frames")
     check_rank(frames, "frames", (3, 4), "(T, H, W) or (T, H, W, C)")
     check_dtype(frames, "frames", _FRAME_DTYPES)

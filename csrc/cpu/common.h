@@ -1,0 +1,43 @@
+// Shared helpers for the CPU kernels (pybind11 + OpenMP).
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <stdexcept>
+#include <string>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace streammem {
+
+namespace py = pybind11;
+
+// Hot loops are compiled twice, for x86-64-v3 (AVX2+FMA: Haswell, Zen and newer) and for the
+// baseline ISA, and the loader picks one; this keeps -march=native opt-in.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define STREAMMEM_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define STREAMMEM_HOT
+#endif
+
+inline int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// Contiguous array of a fixed dtype: pybind11 copies non-contiguous input and
+// takes contiguous input zero-copy (the Python side always passes contiguous).
+template <typename T>
+using carray = py::array_t<T, py::array::c_style>;
+
+inline void require(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument(what);
+}
+
+}  // namespace streammem

@@ -1,0 +1,268 @@
+// Lucas-Kanade motion magnitude, fused CPU kernel.
+//
+// Contract (see streammem_kernels/motion.py, which is the spec):
+//   lk_flow(gray (T,H,W) uint8|float32, window (odd >= 3, or 0 = global),
+//           min_eig) -> (flow_px (T-1,) float32, mean_uv (T-1,2) float32)
+//
+// One pass per (pair, row strip): for each gradient row, the five structure
+// products Ix^2, IxIy, Iy^2, IxIt, IyIt are computed once into a ring of
+// `window` rows; running column sums over the ring give the vertical box sum,
+// a direct w-tap horizontal sum gives the window sum, then the closed-form 2x2
+// solve and the reduction.  Nothing of size (H, W) is ever allocated.
+// OpenMP runs over (pair, strip) work items; strips only split a pair when
+// there are fewer pairs than threads.
+#include "common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace streammem {
+namespace {
+
+constexpr int kLanes = 8;  // independent accumulators so the reductions vectorise
+
+struct PairSums {
+  double mag = 0, u = 0, v = 0, count = 0;  // window mode
+  double s[5] = {0, 0, 0, 0, 0};            // global mode: summed products
+};
+
+template <typename T>
+STREAMMEM_HOT void product_row(const T* __restrict prev, const T* __restrict cur, int64_t W, int64_t g,
+                               float scale, float* __restrict mean_rows, float* __restrict out) {
+  // Gradient row g (image row g+1).  mean_rows: 3 x W scratch.
+  const float half = 0.5f * scale;
+  for (int k = 0; k < 3; ++k) {
+    const T* p = prev + (g + k) * W;
+    const T* c = cur + (g + k) * W;
+    float* m = mean_rows + k * W;
+    for (int64_t x = 0; x < W; ++x) m[x] = (static_cast<float>(p[x]) + static_cast<float>(c[x])) * half;
+  }
+  const float* m0 = mean_rows;
+  const float* m1 = mean_rows + W;
+  const float* m2 = mean_rows + 2 * W;
+  const T* pc = prev + (g + 1) * W + 1;
+  const T* cc = cur + (g + 1) * W + 1;
+  const int64_t Wg = W - 2;
+  float* pxx = out;
+  float* pxy = out + Wg;
+  float* pyy = out + 2 * Wg;
+  float* pxt = out + 3 * Wg;
+  float* pyt = out + 4 * Wg;
+  for (int64_t x = 0; x < Wg; ++x) {
+    // Sobel / 8: intensity change per pixel.
+    const float ix = ((m0[x + 2] - m0[x]) + 2.0f * (m1[x + 2] - m1[x]) + (m2[x + 2] - m2[x])) * 0.125f;
+    const float iy = ((m2[x] - m0[x]) + 2.0f * (m2[x + 1] - m0[x + 1]) + (m2[x + 2] - m0[x + 2])) * 0.125f;
+    const float it = (static_cast<float>(cc[x]) - static_cast<float>(pc[x])) * scale;
+    pxx[x] = ix * ix;
+    pxy[x] = ix * iy;
+    pyy[x] = iy * iy;
+    pxt[x] = ix * it;
+    pyt[x] = iy * it;
+  }
+}
+
+STREAMMEM_HOT void add_rows(float* __restrict acc, const float* __restrict row, int64_t n, float sign) {
+  for (int64_t x = 0; x < n; ++x) acc[x] += sign * row[x];
+}
+
+STREAMMEM_HOT double lane_sum(const float* __restrict v, int64_t n) {
+  float acc[kLanes] = {0};
+  int64_t x = 0;
+  for (; x + kLanes <= n; x += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += v[x + l];
+  double total = 0;
+  for (; x < n; ++x) total += v[x];
+  for (int l = 0; l < kLanes; ++l) total += acc[l];
+  return total;
+}
+
+template <int W>
+STREAMMEM_HOT void box_row(const float* __restrict src, float* __restrict dst, int64_t n) {
+  for (int64_t x = 0; x < n; ++x) {
+    float acc = src[x];
+    for (int k = 1; k < W; ++k) acc += src[x + k];
+    dst[x] = acc;
+  }
+}
+
+// Closed-form 2x2 solve of each pixel's window sums.  A separate function with
+// plain restrict pointers so the loop vectorises.
+STREAMMEM_HOT void solve_pixels(const float* __restrict sa, const float* __restrict sb, const float* __restrict sc,
+                                const float* __restrict sx, const float* __restrict sy, float* __restrict mag,
+                                float* __restrict us, float* __restrict vs, float* __restrict ns, int64_t Wo,
+                                float inv_area, float min_eig) {
+  for (int64_t x = 0; x < Wo; ++x) {
+    const float a = sa[x] * inv_area, b = sb[x] * inv_area, c = sc[x] * inv_area;
+    const float bx = -sx[x] * inv_area, by = -sy[x] * inv_area;
+    const float det = a * c - b * b;
+    const float lmax = 0.5f * ((a + c) + std::sqrt((a - c) * (a - c) + 4.0f * b * b));
+    // Branch-free (float masks) so the loop vectorises; same decisions as the
+    // reference: valid iff lambda_max > 0 and det / lambda_max > min_eig.
+    const float lmin = det / (lmax > 0.0f ? lmax : 1.0f);
+    const float validf = (lmax > 0.0f && lmin > min_eig) ? 1.0f : 0.0f;
+    const float inv_det = validf / (validf != 0.0f ? det : 1.0f);
+    const float u = (c * bx - b * by) * inv_det;
+    const float v = (a * by - b * bx) * inv_det;
+    mag[x] = std::sqrt(u * u + v * v);
+    us[x] = u;
+    vs[x] = v;
+    ns[x] = validf;
+  }
+}
+
+// Window sums of one output row from the column sums, solve, and reduce.
+// scratch holds 5 + 4 rows of Wo floats.
+STREAMMEM_HOT void solve_row(const float* __restrict col, int64_t Wg, int w, float inv_area, float min_eig,
+                             float* __restrict scratch, PairSums& out) {
+  const int64_t Wo = Wg - w + 1;
+  for (int c = 0; c < 5; ++c) {
+    float* __restrict dst = scratch + c * Wo;
+    const float* __restrict src = col + c * Wg;
+    switch (w) {  // fixed tap counts unroll into straight vector code
+      case 3: box_row<3>(src, dst, Wo); break;
+      case 5: box_row<5>(src, dst, Wo); break;
+      case 7: box_row<7>(src, dst, Wo); break;
+      case 9: box_row<9>(src, dst, Wo); break;
+      default:
+        for (int64_t x = 0; x < Wo; ++x) dst[x] = src[x];
+        for (int k = 1; k < w; ++k)
+          for (int64_t x = 0; x < Wo; ++x) dst[x] += src[x + k];
+    }
+  }
+  float* mag = scratch + 5 * Wo;
+  float* us = scratch + 6 * Wo;
+  float* vs = scratch + 7 * Wo;
+  float* ns = scratch + 8 * Wo;
+  solve_pixels(scratch, scratch + Wo, scratch + 2 * Wo, scratch + 3 * Wo, scratch + 4 * Wo, mag, us, vs, ns, Wo,
+               inv_area, min_eig);
+  out.mag += lane_sum(mag, Wo);
+  out.u += lane_sum(us, Wo);
+  out.v += lane_sum(vs, Wo);
+  out.count += lane_sum(ns, Wo);
+}
+
+STREAMMEM_HOT void sum_row(const float* __restrict prod, int64_t Wg, PairSums& out) {
+  for (int c = 0; c < 5; ++c) out.s[c] += lane_sum(prod + c * Wg, Wg);
+}
+
+// Output rows [r0, r1) of one pair (window-output coordinates; global mode:
+// gradient rows).
+template <typename T>
+void run_strip(const T* prev, const T* cur, int64_t H, int64_t W, int w, float scale, float min_eig, int64_t r0,
+               int64_t r1, PairSums& out) {
+  const int64_t Wg = W - 2;
+  std::vector<float> mean_rows(3 * W);
+  if (w == 0) {
+    std::vector<float> prod(5 * Wg);
+    for (int64_t g = r0; g < r1; ++g) {
+      product_row(prev, cur, W, g, scale, mean_rows.data(), prod.data());
+      sum_row(prod.data(), Wg, out);
+    }
+    return;
+  }
+  const int64_t Wo = Wg - w + 1;
+  std::vector<float> ring(static_cast<size_t>(w) * 5 * Wg);  // the last w product rows
+  std::vector<float> col(5 * Wg, 0.0f);                      // vertical box sums
+  std::vector<float> scratch(9 * Wo);
+  const float inv_area = 1.0f / static_cast<float>(w * w);
+  auto slot = [&](int64_t g) { return ring.data() + (g % w) * 5 * Wg; };
+  for (int64_t g = r0; g < r0 + w - 1; ++g) {
+    product_row(prev, cur, W, g, scale, mean_rows.data(), slot(g));
+    add_rows(col.data(), slot(g), 5 * Wg, 1.0f);
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t g = r + w - 1;
+    product_row(prev, cur, W, g, scale, mean_rows.data(), slot(g));
+    add_rows(col.data(), slot(g), 5 * Wg, 1.0f);
+    solve_row(col.data(), Wg, w, inv_area, min_eig, scratch.data(), out);
+    add_rows(col.data(), slot(r), 5 * Wg, -1.0f);
+  }
+}
+
+void solve_global(const PairSums& s, double npix, float min_eig, float* flow, float* uv) {
+  const float a = static_cast<float>(s.s[0] / npix), b = static_cast<float>(s.s[1] / npix);
+  const float c = static_cast<float>(s.s[2] / npix);
+  const float bx = static_cast<float>(-s.s[3] / npix), by = static_cast<float>(-s.s[4] / npix);
+  const float det = a * c - b * b;
+  const float lmax = 0.5f * ((a + c) + std::sqrt((a - c) * (a - c) + 4.0f * b * b));
+  const float lmin = lmax > 0.0f ? det / lmax : 0.0f;
+  float u = 0.0f, v = 0.0f;
+  if (lmin > min_eig) {
+    u = (c * bx - b * by) / det;
+    v = (a * by - b * bx) / det;
+  }
+  *flow = std::sqrt(u * u + v * v);
+  uv[0] = u;
+  uv[1] = v;
+}
+
+template <typename T>
+py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, float scale) {
+  require(gray.ndim() == 3, "gray must be (T, H, W)");
+  const int64_t T_ = gray.shape(0), H = gray.shape(1), W = gray.shape(2);
+  require(T_ >= 2, "gray must hold at least 2 frames");
+  require(window == 0 || (window >= 3 && window % 2 == 1), "window must be 0 or odd >= 3");
+  const int w = window;
+  require(H >= (w ? w : 1) + 2 && W >= (w ? w : 1) + 2, "frames too small for the window");
+  const int64_t pairs = T_ - 1;
+  const int64_t out_rows = w ? (H - 2 - w + 1) : (H - 2);
+  const int threads = max_threads();
+  const int64_t strips = std::min<int64_t>(out_rows, std::max<int64_t>(1, (2 * threads + pairs - 1) / pairs));
+  const int64_t items = pairs * strips;
+
+  carray<float> flow_px(pairs);
+  carray<float> mean_uv({pairs, static_cast<int64_t>(2)});
+  const T* base = gray.data();
+  float* flow = flow_px.mutable_data();
+  float* uv = mean_uv.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    std::vector<PairSums> partial(items);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t p = item / strips, s = item % strips;
+      const int64_t r0 = out_rows * s / strips, r1 = out_rows * (s + 1) / strips;
+      run_strip<T>(base + p * H * W, base + (p + 1) * H * W, H, W, w, scale, min_eig, r0, r1, partial[item]);
+    }
+    for (int64_t p = 0; p < pairs; ++p) {
+      PairSums total;
+      for (int64_t s = 0; s < strips; ++s) {
+        const PairSums& q = partial[p * strips + s];
+        total.mag += q.mag;
+        total.u += q.u;
+        total.v += q.v;
+        total.count += q.count;
+        for (int c = 0; c < 5; ++c) total.s[c] += q.s[c];
+      }
+      if (w == 0) {
+        solve_global(total, static_cast<double>(H - 2) * static_cast<double>(W - 2), min_eig, flow + p, uv + 2 * p);
+      } else {
+        const double n = std::max(total.count, 1.0);
+        flow[p] = static_cast<float>(total.mag / n);
+        uv[2 * p] = static_cast<float>(total.u / n);
+        uv[2 * p + 1] = static_cast<float>(total.v / n);
+      }
+    }
+  }
+  return py::make_tuple(flow_px, mean_uv);
+}
+
+py::tuple lk_flow(py::array gray, int window, float min_eig) {
+  if (py::isinstance<carray<uint8_t>>(gray) && gray.dtype().is(py::dtype::of<uint8_t>()))
+    return lk_flow_impl<uint8_t>(gray.cast<carray<uint8_t>>(), window, min_eig, 1.0f / 255.0f);
+  if (gray.dtype().is(py::dtype::of<float>()))
+    return lk_flow_impl<float>(gray.cast<carray<float>>(), window, min_eig, 1.0f);
+  throw std::invalid_argument("gray must be uint8 or float32");
+}
+
+}  // namespace
+}  // namespace streammem
+
+PYBIND11_MODULE(_cpu_motion, m) {
+  namespace py = pybind11;
+  m.doc() = "Lucas-Kanade motion magnitude (fused CPU kernel); see streammem_kernels/motion.py";
+  m.def("lk_flow", &streammem::lk_flow, py::arg("gray"), py::arg("window"), py::arg("min_eig"),
+        "(T,H,W) uint8|float32 gray -> (flow_px (T-1,), mean_uv (T-1,2))");
+}
