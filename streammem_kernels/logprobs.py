@@ -350,8 +350,11 @@ def _token_logprobs_torch(logits: torch.Tensor, targets: torch.Tensor) -> torch.
     step = max(1, _TORCH_CHUNK_ELEMS // vocab)
     for r0 in range(0, n_rows, step):
         x = logits[r0:r0 + step].to(cdt)
-        target_logit = x.gather(1, targets[r0:r0 + step, None]).squeeze(1)
-        out[r0:r0 + step] = target_logit - torch.logsumexp(x, dim=1)
+        row_max = x.max(dim=1, keepdim=True).values
+        target_logit = x.gather(1, targets[r0:r0 + step, None])
+        # (target - max) first: exact for |logits| ~ 1e4, where logsumexp would round.
+        lse_shifted = torch.log(torch.exp(x - row_max).sum(dim=1, keepdim=True))
+        out[r0:r0 + step] = ((target_logit - row_max) - lse_shifted).squeeze(1)
     return out
 
 

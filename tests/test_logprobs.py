@@ -1,0 +1,326 @@
+"""token_logprobs / linear_token_logprobs / divergence_point against their references."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import cpu_backends
+from streammem_kernels import divergence_point, linear_token_logprobs, token_logprobs
+from streammem_kernels.logprobs import (
+    DIVERGENCE_POINT,
+    LINEAR_TOKEN_LOGPROBS,
+    TOKEN_LOGPROBS,
+    divergence_point_reference,
+    linear_token_logprobs_reference,
+    token_logprobs_reference,
+)
+
+TOKEN_BACKENDS = cpu_backends(TOKEN_LOGPROBS)
+LINEAR_BACKENDS = cpu_backends(LINEAR_TOKEN_LOGPROBS)
+DIV_BACKENDS = cpu_backends(DIVERGENCE_POINT)
+
+# (dtype, atol): inputs are upcast exactly, so every dtype is compared with the
+# float32 reference computed from the same (rounded) inputs; the only error is
+# float32 summation order and the kernels' polynomial exp.
+TOLERANCES = [(torch.float32, 1e-5), (torch.float16, 2e-5), (torch.bfloat16, 2e-5)]
+
+
+def _small_for(backend, size):
+    # The Triton interpreter costs ~0.5 ms per program instance: keep its grids small.
+    return min(size, 12) if backend == "triton" else size
+
+
+# --------------------------------------------------------------------------
+# token_logprobs
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", TOKEN_BACKENDS)
+@pytest.mark.parametrize("dtype,atol", TOLERANCES)
+@pytest.mark.parametrize("rows,vocab", [(1, 1), (1, 7), (3, 423), (17, 1031), (40, 2049)])
+def test_token_logprobs_matches_reference(backend, dtype, atol, rows, vocab):
+    g = torch.Generator().manual_seed(rows * 1000 + vocab)
+    rows = _small_for(backend, rows)
+    logits = (torch.randn(rows, vocab, generator=g) * 4).to(dtype)
+    targets = torch.randint(0, vocab, (rows,), generator=g)
+    expected = token_logprobs_reference(logits, targets)
+    got = token_logprobs(logits, targets, backend=backend)
+    assert got.dtype == torch.float32 and got.shape == (rows,)
+    torch.testing.assert_close(got, expected, atol=atol, rtol=1e-5)
+    if vocab == 1:
+        assert torch.all(got == 0)
+
+
+@pytest.mark.parametrize("backend", TOKEN_BACKENDS)
+def test_token_logprobs_batched_and_sliced(backend):
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(2, 9, 700, generator=g) * 3
+    logits = base[:, ::2, 50:650]  # strided rows, vocabulary dim still unit-stride
+    targets = torch.randint(0, 600, (2, 5), generator=g)
+    expected = token_logprobs_reference(logits, targets)
+    snapshot = base.clone()
+    got = token_logprobs(logits, targets, backend=backend)
+    assert got.shape == (2, 5)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(base, snapshot)
+    # a transposed view (vocabulary not unit-stride) is copied, not misread
+    tview = base[0].T.contiguous().T[:, :600]
+    torch.testing.assert_close(token_logprobs(tview, targets[0, :1].expand(9).contiguous(), backend=backend),
+                               token_logprobs_reference(tview, targets[0, :1].expand(9)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", TOKEN_BACKENDS)
+def test_token_logprobs_extreme_logits(backend):
+    vocab = 301
+    logits = torch.zeros(4, vocab)
+    logits[0, 5] = 1e4  # dominant target: log p = 0
+    logits[1, 5] = 1e4  # dominant other token: log p(target 7) = -1e4
+    logits[2] = -1e4
+    logits[2, :3] = 1e4  # three tied maxima: log p = -log 3
+    logits[3, ::2] = -1e4
+    targets = torch.tensor([5, 7, 1, 0])
+    got = token_logprobs(logits, targets, backend=backend)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, token_logprobs_reference(logits, targets), atol=1e-5, rtol=1e-6)
+    assert got[0] == pytest.approx(0.0, abs=1e-6)
+    assert got[1] == pytest.approx(-1e4, rel=1e-6)
+    assert got[2] == pytest.approx(-math.log(3), abs=1e-6)
+
+
+@pytest.mark.parametrize("backend", TOKEN_BACKENDS)
+def test_token_logprobs_masked_vocabulary(backend):
+    logits = torch.randn(3, 200)
+    logits[:, 100:] = float("-inf")  # masked entries are allowed
+    logits[1, :50] = float("-inf")  # a whole first tile of -inf must not poison the sum
+    targets = torch.tensor([3, 60, 150])
+    got = token_logprobs(logits, targets, backend=backend)
+    expected = token_logprobs_reference(logits, targets)
+    torch.testing.assert_close(got[:2], expected[:2], atol=1e-5, rtol=1e-5)
+    assert got[2] == float("-inf")
+
+
+@pytest.mark.parametrize("backend", TOKEN_BACKENDS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_token_logprobs_rejects_nan(backend, bad):
+    logits = torch.randn(3, 50)
+    logits[1, 17] = bad
+    with pytest.raises(ValueError, match="rows \\[1\\]"):
+        token_logprobs(logits, torch.tensor([0, 1, 2]), backend=backend)
+
+
+def test_token_logprobs_validation():
+    logits = torch.randn(4, 10)
+    with pytest.raises(ValueError, match="targets must have shape"):
+        token_logprobs(logits, torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="token ids in \\[0, V\\)"):
+        token_logprobs(logits, torch.tensor([0, 1, 10, 2]))
+    with pytest.raises(ValueError, match="token ids in \\[0, V\\)"):
+        token_logprobs(logits, torch.tensor([0, -1, 1, 2]))
+    with pytest.raises(ValueError, match="targets must have dtype"):
+        token_logprobs(logits, torch.zeros(4))
+    with pytest.raises(ValueError, match="logits must have shape"):
+        token_logprobs(torch.randn(10), torch.zeros((), dtype=torch.long))
+    with pytest.raises(ValueError, match="logits must have dtype"):
+        token_logprobs(torch.zeros(4, 10, dtype=torch.int32), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="float32, float16, bfloat16 only"):
+        token_logprobs(logits.double(), torch.zeros(4, dtype=torch.long), backend="cpp")
+
+
+def test_token_logprobs_numpy_and_float64():
+    logits = np.random.default_rng(0).normal(size=(5, 33))
+    targets = np.arange(5)
+    got = token_logprobs(logits, targets, backend="torch")
+    assert got.dtype == torch.float64
+    expected = logits[np.arange(5), targets] - np.log(np.exp(logits).sum(1))
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12)
+
+
+def test_token_logprobs_opcheck():
+    logits = torch.randn(6, 129)
+    targets = torch.randint(0, 129, (6,))
+    for backend in TOKEN_BACKENDS:
+        if backend != "triton":
+            torch.library.opcheck(torch.ops.streammem.token_logprobs.default, (logits, targets, backend))
+
+
+# --------------------------------------------------------------------------
+# linear_token_logprobs
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", LINEAR_BACKENDS)
+@pytest.mark.parametrize("dtype,atol", TOLERANCES)
+@pytest.mark.parametrize("rows,vocab,width,with_bias", [
+    (1, 1, 8, False), (1, 5, 3, True), (7, 131, 33, False), (13, 517, 64, True), (40, 1000, 96, False),
+])
+def test_linear_token_logprobs_matches_reference(backend, dtype, atol, rows, vocab, width, with_bias):
+    g = torch.Generator().manual_seed(rows * 7 + vocab + width)
+    rows = _small_for(backend, rows)
+    hidden = torch.randn(rows, width, generator=g).to(dtype)
+    weight = (torch.randn(vocab, width, generator=g) / math.sqrt(width) * 3).to(dtype)
+    bias = torch.randn(vocab, generator=g).to(dtype) if with_bias else None
+    targets = torch.randint(0, vocab, (rows,), generator=g)
+    expected = linear_token_logprobs_reference(hidden, weight, targets, bias)
+    got = linear_token_logprobs(hidden, weight, targets, bias, backend=backend)
+    assert got.dtype == torch.float32 and got.shape == (rows,)
+    torch.testing.assert_close(got, expected, atol=atol * 3, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", LINEAR_BACKENDS)
+def test_linear_token_logprobs_batched_sliced_extreme(backend):
+    g = torch.Generator().manual_seed(5)
+    width, vocab = 24, 300
+    hidden = torch.randn(2, 11, width * 2, generator=g)[:, ::3, ::2]  # (2, 4, 24), non-contiguous
+    weight = torch.randn(vocab, width, generator=g)
+    weight[7] *= 1e3  # logits around +-1e4 for some rows
+    targets = torch.randint(0, vocab, (2, 4), generator=g)
+    targets[0, 0] = 7
+    snapshot = (hidden.clone(), weight.clone())
+    got = linear_token_logprobs(hidden, weight, targets, backend=backend)
+    expected = linear_token_logprobs_reference(hidden, weight, targets)
+    assert torch.isfinite(got).all() and got.shape == (2, 4)
+    torch.testing.assert_close(got, expected, atol=2e-3, rtol=1e-5)  # |logit| ~1e4: float32 ulp is 1e-3
+    assert torch.equal(hidden, snapshot[0]) and torch.equal(weight, snapshot[1])
+
+
+@pytest.mark.parametrize("backend", LINEAR_BACKENDS)
+def test_linear_token_logprobs_rejects_nan_weight(backend):
+    weight = torch.randn(50, 8)
+    weight[9, 3] = float("nan")
+    with pytest.raises(ValueError, match="weight must be finite"):
+        linear_token_logprobs(torch.randn(2, 8), weight, torch.tensor([0, 1]), backend=backend)
+
+
+def test_linear_token_logprobs_validation():
+    hidden, weight = torch.randn(3, 8), torch.randn(20, 8)
+    targets = torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match="weight must have shape \\(V, H\\)"):
+        linear_token_logprobs(hidden, torch.randn(20, 9), targets)
+    with pytest.raises(ValueError, match="weight must have the dtype"):
+        linear_token_logprobs(hidden, weight.half(), targets)
+    with pytest.raises(ValueError, match="bias must have shape"):
+        linear_token_logprobs(hidden, weight, targets, torch.zeros(19))
+    with pytest.raises(ValueError, match="hidden must be finite"):
+        linear_token_logprobs(torch.full((3, 8), float("nan")), weight, targets)
+    with pytest.raises(ValueError, match="token ids in \\[0, V\\)"):
+        linear_token_logprobs(hidden, weight, torch.tensor([0, 1, 20]))
+
+
+def test_linear_auto_on_cpu_is_the_chunked_torch_path(monkeypatch):
+    from streammem_kernels.logprobs import _select_linear
+
+    assert _select_linear("auto", torch.device("cpu"), torch.float32) == "torch"
+    monkeypatch.setenv("STREAMMEM_BACKEND", "torch")
+    assert _select_linear("auto", torch.device("cpu"), torch.float32) == "torch"
+
+
+def test_linear_token_logprobs_chunking_crosses_tiles(monkeypatch):
+    # Force many vocabulary chunks in the torch path (and its online rescaling).
+    import streammem_kernels.logprobs as lp
+
+    monkeypatch.setattr(lp, "_TORCH_CHUNK_ELEMS", 64)
+    hidden, weight = torch.randn(5, 16), torch.randn(1500, 16) * 2
+    targets = torch.tensor([0, 255, 256, 1023, 1499])
+    torch.testing.assert_close(linear_token_logprobs(hidden, weight, targets, backend="torch"),
+                               linear_token_logprobs_reference(hidden, weight, targets), atol=1e-5, rtol=1e-5)
+
+
+def test_linear_token_logprobs_opcheck():
+    hidden, weight, bias = torch.randn(5, 12), torch.randn(70, 12), torch.randn(70)
+    targets = torch.randint(0, 70, (5,))
+    for backend in LINEAR_BACKENDS:
+        if backend != "triton":
+            torch.library.opcheck(torch.ops.streammem.linear_token_logprobs.default,
+                                  (hidden, weight, bias, targets, backend))
+            torch.library.opcheck(torch.ops.streammem.linear_token_logprobs.default,
+                                  (hidden, weight, None, targets, backend))
+
+
+# --------------------------------------------------------------------------
+# divergence_point
+# --------------------------------------------------------------------------
+def plain_divergence_point(lp, delta, alpha, beta):
+    """The issue's convention written as plainly as possible."""
+    L = len(lp)
+    for j in range(delta + 1, L):
+        mu = sum(lp[j - delta:j]) / delta
+        if mu - lp[j] > max(alpha * abs(mu), beta):
+            return j
+    return L
+
+
+HAND_MADE = [
+    # name, lp, delta, alpha, beta, expected o
+    ("drop at first eligible j", [-0.5] * 4 + [-5.0] + [-0.5] * 3, 3, 0.85, 1.0, 4),
+    ("drop before eligibility ignored", [-0.5, -0.5, -9.0, -0.5, -0.5, -0.5, -0.5], 2, 0.85, 1.0, 7),
+    ("drop too small for beta", [-0.1] * 6 + [-0.9] + [-0.1] * 3, 3, 0.5, 1.0, 10),
+    ("drop too small for alpha", [-4.0] * 6 + [-6.0] + [-4.0] * 3, 3, 0.85, 1.0, 10),
+    ("same drop passes a smaller alpha", [-4.0] * 6 + [-6.0] + [-4.0] * 3, 3, 0.4, 1.0, 6),
+    ("no drop", [-1.0] * 30, 20, 0.85, 1.0, 30),
+    ("short caption L = delta + 1", [-0.1] * 20 + [-50.0], 20, 0.85, 1.0, 21),
+    ("L = delta + 2, drop at the last token", [-0.1] * 21 + [-50.0], 20, 0.85, 1.0, 21),
+    ("empty caption", [], 20, 0.85, 1.0, 0),
+    ("single token", [-3.0], 1, 0.85, 1.0, 1),
+    ("first of two drops", [-0.2] * 5 + [-4.0, -0.2, -0.2, -6.0], 2, 0.85, 1.0, 5),
+]
+
+
+@pytest.mark.parametrize("backend", DIV_BACKENDS)
+@pytest.mark.parametrize("name,lp,delta,alpha,beta,expected", HAND_MADE, ids=[h[0] for h in HAND_MADE])
+def test_divergence_point_hand_made(backend, name, lp, delta, alpha, beta, expected):
+    assert plain_divergence_point(lp, delta, alpha, beta) == expected
+    got = divergence_point(torch.tensor(lp, dtype=torch.float32), delta=delta, alpha=alpha, beta=beta,
+                           backend=backend)
+    assert got.dim() == 0 and got.dtype == torch.int64
+    assert int(got) == expected
+
+
+@pytest.mark.parametrize("backend", DIV_BACKENDS)
+def test_divergence_point_random_batched_with_lengths(backend):
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        batch, max_len = rng.integers(1, 6), rng.integers(0, 60)
+        delta = int(rng.integers(1, 8))
+        alpha, beta = float(rng.uniform(0.05, 0.95)), float(rng.uniform(0.05, 2.0))
+        lp = -np.abs(rng.standard_t(2, size=(batch, max_len)))
+        lengths = rng.integers(0, max_len + 1, size=batch)
+        got = divergence_point(torch.from_numpy(lp), delta=delta, alpha=alpha, beta=beta,
+                               lengths=torch.from_numpy(lengths), backend=backend)
+        expected = [plain_divergence_point(list(lp[b, :lengths[b]]), delta, alpha, beta) for b in range(batch)]
+        assert got.tolist() == expected, (trial, delta, alpha, beta)
+        ref = divergence_point_reference(torch.from_numpy(lp), delta, alpha, beta, torch.from_numpy(lengths))
+        assert ref.tolist() == expected
+
+
+def test_divergence_point_ignores_padding_past_length():
+    lp = torch.tensor([[-0.1] * 6 + [float("nan")] * 4])
+    assert divergence_point(lp, delta=2, lengths=torch.tensor([6])).tolist() == [6]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"delta": 0}, "delta must be >= 1"),
+    ({"alpha": 0.0}, "alpha must be >"),
+    ({"alpha": 1.0}, "alpha must be <"),
+    ({"beta": 0.0}, "beta must be >"),
+    ({"beta": -1.0}, "beta must be >"),
+])
+def test_divergence_point_rejects_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        divergence_point(torch.zeros(10), **kwargs)
+
+
+def test_divergence_point_rejects_bad_input():
+    with pytest.raises(ValueError, match="logprobs .*must be finite"):
+        divergence_point(torch.tensor([-1.0, float("nan"), -1.0]))
+    with pytest.raises(ValueError, match="lengths must lie in"):
+        divergence_point(torch.zeros(2, 5), lengths=torch.tensor([3, 6]))
+    with pytest.raises(ValueError, match="lengths must have shape"):
+        divergence_point(torch.zeros(2, 5), lengths=torch.tensor([3]))
+    with pytest.raises(ValueError, match="only accepted with batched"):
+        divergence_point(torch.zeros(5), lengths=torch.tensor([3]))
+    with pytest.raises(ValueError, match="logprobs must have shape"):
+        divergence_point(torch.zeros(2, 3, 4))
+
+
+def test_divergence_point_opcheck():
+    lp = -torch.rand(3, 30, dtype=torch.float64) * 3
+    lengths = torch.tensor([30, 12, 0])
+    for backend in DIV_BACKENDS:
+        torch.library.opcheck(torch.ops.streammem.divergence_point.default, (lp, lengths, 4, 0.5, 0.5, backend))
