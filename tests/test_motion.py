@@ -1,0 +1,315 @@
+"""Motion magnitude: every backend against the reference, ground-truth shifts,
+a real clip against OpenCV DIS, bad inputs, opcheck and torch.compile."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import cpu_backends
+from motion_baselines import seed_style_flow
+from streammem_kernels import motion_magnitude, select_frames
+from streammem_kernels.motion import LK_FLOW
+
+BACKENDS = cpu_backends(LK_FLOW)
+FAST = [b for b in BACKENDS if b != "triton"]  # the interpreter is ~0.5 ms per program
+
+# Tolerances per input dtype: every backend computes in float32 from the same
+# prepared input, so differences are float32 summation order only.
+TOL = {torch.uint8: (2e-5, 2e-4), torch.float32: (2e-5, 2e-4), torch.float16: (2e-5, 2e-4)}
+
+
+def smooth_texture(h, w, sigma=3.0, seed=0, pad=16):
+    """A smooth random texture in [0.1, 0.9], (h + 2 pad, w + 2 pad) float64."""
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.rand(h + 2 * pad, w + 2 * pad, generator=g, dtype=torch.float64)
+    fy = torch.fft.fftfreq(noise.shape[0], dtype=torch.float64)[:, None]
+    fx = torch.fft.fftfreq(noise.shape[1], dtype=torch.float64)[None, :]
+    lowpass = torch.exp(-2 * (math.pi * sigma) ** 2 * (fx**2 + fy**2))
+    tex = torch.fft.ifft2(torch.fft.fft2(noise) * lowpass).real
+    tex = (tex - tex.min()) / (tex.max() - tex.min())
+    return 0.1 + 0.8 * tex
+
+
+def fourier_shift(img, dx, dy):
+    """Content moved by (+dx, +dy) pixels (exact band-limited, periodic)."""
+    fy = torch.fft.fftfreq(img.shape[0], dtype=torch.float64)[:, None]
+    fx = torch.fft.fftfreq(img.shape[1], dtype=torch.float64)[None, :]
+    phase = torch.exp(-2j * math.pi * (fx * dx + fy * dy))
+    return torch.fft.ifft2(torch.fft.fft2(img) * phase).real
+
+
+def shifted_pair(dx, dy, h=96, w=96, sigma=3.0, seed=0, pad=16):
+    tex = smooth_texture(h, w, sigma, seed, pad)
+    moved = fourier_shift(tex, dx, dy)
+    crop = (slice(pad, pad + h), slice(pad, pad + w))  # drop the periodic wrap
+    return torch.stack((tex[crop], moved[crop])).float()
+
+
+def random_clip(t, h, w, channels=None, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shape = (t, h, w) if channels is None else (t, h, w, channels)
+    x = torch.rand(shape, generator=g)
+    # Smooth spatially so most windows are well conditioned but not all.
+    flat = x if channels is None else x.permute(0, 3, 1, 2).reshape(-1, h, w)
+    flat = F.avg_pool2d(flat[:, None], 3, 1, 1)[:, 0]
+    x = flat if channels is None else flat.reshape(t, channels, h, w).permute(0, 2, 3, 1).contiguous()
+    if dtype == torch.uint8:
+        return (x * 255).round().to(torch.uint8)
+    return x.to(dtype)
+
+
+# --------------------------------------------------------------------------
+# Every backend matches the reference
+# --------------------------------------------------------------------------
+GRID = [
+    # (T, H, W, channels, dtype, window)
+    (2, 17, 23, None, torch.float32, 3),
+    (2, 17, 23, None, torch.uint8, 5),
+    (3, 17, 23, 3, torch.uint8, 7),
+    (3, 17, 23, 3, torch.float32, None),
+    (2, 33, 19, None, torch.float16, 5),
+    (5, 40, 41, 1, torch.uint8, None),
+    (4, 31, 64, 3, torch.float32, 5),
+    (6, 9, 9, None, torch.float32, 5),  # smallest frame for window 5: 7x7 gradients -> 3x3 outputs
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", GRID, ids=lambda c: f"T{c[0]}_{c[1]}x{c[2]}_c{c[3]}_{str(c[4])[6:]}_w{c[5]}")
+def test_backends_match_reference(backend, case):
+    t, h, w, ch, dtype, window = case
+    if backend == "triton" and case not in GRID[:4]:
+        pytest.skip("interpreter is slow; the first four cases cover Triton's paths")
+    frames = random_clip(t, h, w, ch, dtype, seed=t * h + w)
+    ref = motion_magnitude(frames, window=window, backend="torch")
+    out = motion_magnitude(frames, window=window, backend=backend)
+    atol, rtol = TOL[dtype]
+    assert ref.flow_px.shape == (t - 1,) and ref.mean_uv.shape == (t - 1, 2)
+    assert (ref.flow_px > 0).all(), "the grid must exercise non-trivial flow"
+    torch.testing.assert_close(out.flow_px, ref.flow_px, atol=atol, rtol=rtol)
+    torch.testing.assert_close(out.mean_uv, ref.mean_uv, atol=atol, rtol=rtol)
+    torch.testing.assert_close(out.score, ref.flow_px / (1 + ref.flow_px), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_contiguous_input(backend):
+    base = random_clip(6, 40, 50, 3, torch.uint8, seed=3)
+    sliced = base[::2, 3:30, 5:45]  # strided in time and space
+    assert not sliced.is_contiguous()
+    ref = motion_magnitude(sliced.contiguous(), backend="torch")
+    out = motion_magnitude(sliced, backend=backend)
+    torch.testing.assert_close(out.flow_px, ref.flow_px, atol=2e-5, rtol=2e-4)
+    channels_last = random_clip(3, 20, 30, None, torch.float32, seed=5).transpose(1, 2)
+    ref = motion_magnitude(channels_last.contiguous(), backend="torch")
+    torch.testing.assert_close(motion_magnitude(channels_last, backend=backend).flow_px, ref.flow_px,
+                               atol=2e-5, rtol=2e-4)
+
+
+def test_numpy_and_list_inputs_match_tensor():
+    frames = random_clip(3, 20, 24, 3, torch.uint8, seed=9)
+    ref = motion_magnitude(frames, backend="torch").flow_px
+    torch.testing.assert_close(motion_magnitude(frames.numpy(), backend="torch").flow_px, ref)
+    torch.testing.assert_close(motion_magnitude([f.numpy() for f in frames], backend="torch").flow_px, ref)
+
+
+def test_input_not_mutated():
+    frames = random_clip(3, 20, 24, None, torch.float32, seed=4)
+    before = frames.clone()
+    for backend in BACKENDS:
+        motion_magnitude(frames, size=16, backend=backend)
+    assert torch.equal(frames, before)
+
+
+def test_closed_form_matches_linalg_solve_oracle():
+    """The seed-style unfold + linalg.solve baseline agrees with the closed form."""
+    frames = random_clip(4, 30, 36, None, torch.float32, seed=11)
+    oracle = seed_style_flow(frames, window=5)
+    for backend in FAST:
+        torch.testing.assert_close(motion_magnitude(frames, window=5, backend=backend).flow_px, oracle,
+                                   atol=1e-4, rtol=1e-3)
+
+
+# --------------------------------------------------------------------------
+# Ground truth: known sub-pixel shifts
+# --------------------------------------------------------------------------
+SHIFTS = [(d, 0.0) for d in (0.25, 0.5, 1.0)] + [(0.0, d) for d in (0.25, 0.5, 1.0)] + \
+         [(d / math.sqrt(2), d / math.sqrt(2)) for d in (0.25, 0.5, 1.0)]
+
+
+@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("dx,dy", SHIFTS, ids=lambda v: f"{v:.3f}")
+def test_known_shift_window_mode(backend, dx, dy):
+    pair = shifted_pair(dx, dy)
+    truth = math.hypot(dx, dy)
+    res = motion_magnitude(pair, window=5, backend=backend)
+    assert abs(float(res.flow_px[0]) - truth) <= 0.1 * truth + 0.02
+    u, v = res.mean_uv[0].tolist()
+    assert abs(u - dx) <= 0.1 * truth + 0.02 and abs(v - dy) <= 0.1 * truth + 0.02  # direction and sign
+
+
+@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("dx,dy", SHIFTS, ids=lambda v: f"{v:.3f}")
+def test_known_shift_global_mode(backend, dx, dy):
+    pair = shifted_pair(dx, dy)
+    truth = math.hypot(dx, dy)
+    u, v = motion_magnitude(pair, window=None, backend=backend).mean_uv[0].tolist()
+    assert abs(u - dx) <= 0.1 * truth + 0.02
+    assert abs(v - dy) <= 0.1 * truth + 0.02
+
+
+def test_known_shift_triton():
+    if "triton" not in BACKENDS:
+        pytest.skip("Triton not available")
+    pair = shifted_pair(0.5, 0.5, h=40, w=40)
+    truth = math.hypot(0.5, 0.5)
+    assert abs(float(motion_magnitude(pair, window=5, backend="triton").flow_px[0]) - truth) <= 0.1 * truth + 0.02
+
+
+def test_large_shifts_underestimated_but_monotone(record_property):
+    """Single-scale LK underestimates large shifts; the estimate must still grow."""
+    estimates = []
+    for d in (0.5, 1.0, 1.5, 3.0):
+        est = float(motion_magnitude(shifted_pair(d, 0.0), window=5, backend="torch").flow_px[0])
+        estimates.append(est)
+        record_property(f"flow_px_at_{d}px", round(est, 4))
+        record_property(f"rel_error_at_{d}px", round((est - d) / d, 4))
+    assert all(b > a for a, b in zip(estimates, estimates[1:])), estimates
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_identical_and_flat_frames_give_exact_zero(backend):
+    frame = random_clip(1, 20, 24, None, torch.float32, seed=2)[0]
+    same = torch.stack((frame, frame, frame))
+    res = motion_magnitude(same, backend=backend)
+    assert torch.equal(res.flow_px, torch.zeros(2)) and torch.equal(res.mean_uv, torch.zeros(2, 2))
+    flat = torch.full((3, 20, 24), 0.5)
+    flat[2] = 0.7  # a global brightness change on a flat image: no texture, no flow
+    for window in (5, None):
+        res = motion_magnitude(flat, window=window, backend=backend)
+        assert torch.isfinite(res.flow_px).all() and torch.equal(res.flow_px, torch.zeros(2))
+
+
+def test_size_resizes_long_side():
+    pair = shifted_pair(1.0, 0.0, h=64, w=128)
+    full = float(motion_magnitude(pair, backend="torch").flow_px[0])
+    half = float(motion_magnitude(pair, size=64, backend="torch").flow_px[0])
+    # Flow is measured in pixels of the working resolution: halving halves it.
+    assert abs(half - full / 2) < 0.1 * full
+
+
+# --------------------------------------------------------------------------
+# Real clip vs OpenCV DIS
+# --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bikes_224():
+    pytest.importorskip("cv2")
+    from streammem_kernels.samples import read_video, sample_video_path
+
+    return read_video(sample_video_path("bikes.mp4"), size=224, gray=True)
+
+
+def test_real_clip_rank_correlates_with_opencv_dis(bikes_224):
+    import cv2
+    from scipy.stats import spearmanr
+
+    frames = bikes_224
+    dis = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST)
+    dis_mag = []
+    for prev, cur in zip(frames[:-1], frames[1:]):
+        flow = dis.calc(prev, cur, None)
+        dis_mag.append(float(np.linalg.norm(flow, axis=2).mean()))
+    ours = motion_magnitude(frames, backend="auto").score.numpy()
+    rho = spearmanr(ours, dis_mag).statistic
+    assert rho >= 0.8, rho
+    ref = motion_magnitude(frames, backend="torch").score.numpy()  # the spec itself
+    assert spearmanr(ref, dis_mag).statistic >= 0.8
+
+
+def test_threshold_monotone_on_real_clip(bikes_224):
+    counts = [len(select_frames(bikes_224, t)) for t in (0.0, 0.13, 0.35, 0.58, 0.8, 0.99)]
+    assert all(b <= a for a, b in zip(counts, counts[1:])), counts
+    assert counts[0] > counts[-1], counts
+
+
+def test_select_frames_semantics():
+    tex = smooth_texture(48, 48)
+    still = tex[16:64, 16:64].float()
+    frames = [still, still, fourier_shift(tex, 1.0, 0.0)[16:64, 16:64].float(), still]
+    kept = select_frames(frames, 0.2, backend="torch")
+    assert kept == [0, 2, 3]  # frame 1 is a repeat; 2 moved; 3 moves back
+    # last_kept: slow drift accumulates against the last kept frame.
+    drift = [fourier_shift(tex, 0.15 * i, 0.0)[16:64, 16:64].float() for i in range(8)]
+    prev = select_frames(drift, 0.3, backend="torch")
+    last = select_frames(drift, 0.3, reference="last_kept", backend="torch")
+    assert prev == [0] and len(last) > 1 and last[0] == 0
+
+
+# --------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------
+BAD = [
+    (dict(frames=torch.zeros(5, 8)), "frames"),
+    (dict(frames=torch.zeros(2, 8, 8, 8, 1)), "frames"),
+    (dict(frames=torch.zeros(3, 16, 16, 2)), "channels"),
+    (dict(frames=torch.zeros(1, 16, 16)), "T >= 2"),
+    (dict(frames=torch.zeros(0, 16, 16)), "frames"),
+    (dict(frames=torch.zeros(3, 0, 16)), "empty"),
+    (dict(frames=torch.zeros(3, 16, 16, dtype=torch.int32)), "dtype"),
+    (dict(frames=torch.zeros(3, 16, 16, dtype=torch.bool)), "dtype"),
+    (dict(frames=torch.full((3, 16, 16), float("nan"))), "finite"),
+    (dict(frames=torch.full((3, 16, 16), float("inf"))), "finite"),
+    (dict(frames=torch.zeros(3, 16, 16), window=4), "odd"),
+    (dict(frames=torch.zeros(3, 16, 16), window=1), "window"),
+    (dict(frames=torch.zeros(3, 16, 16), window=2.0), "window"),
+    (dict(frames=torch.zeros(3, 16, 16), window=15), "at least"),
+    (dict(frames=torch.zeros(3, 16, 16), min_eig=-1.0), "min_eig"),
+    (dict(frames=torch.zeros(3, 16, 16), size=2), "size"),
+    (dict(frames=[np.zeros((16, 16)), np.zeros((16, 17))]), "frames\\[1\\]"),
+    (dict(frames="video.mp4"), "frames"),
+]
+
+
+@pytest.mark.parametrize("kwargs,match", BAD, ids=[m for _, m in BAD])
+def test_bad_input_raises_value_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        motion_magnitude(**kwargs)
+
+
+def test_select_frames_bad_arguments():
+    frames = torch.zeros(3, 16, 16)
+    with pytest.raises(ValueError, match="threshold"):
+        select_frames(frames, 1.5)
+    with pytest.raises(ValueError, match="reference"):
+        select_frames(frames, 0.5, reference="first")
+
+
+# --------------------------------------------------------------------------
+# Custom op: opcheck and torch.compile
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("window", [5, 0])
+def test_opcheck(backend, window):
+    gray = random_clip(3, 16, 18, None, torch.float32, seed=1)
+    torch.library.opcheck(torch.ops.streammem.lk_flow.default, (gray, window, 1e-5, backend))
+    gray_u8 = random_clip(3, 16, 18, None, torch.uint8, seed=1)
+    torch.library.opcheck(torch.ops.streammem.lk_flow.default, (gray_u8, window, 1e-5, backend))
+
+
+def test_torch_compile_on_cpu():
+    frames = random_clip(3, 20, 22, None, torch.float32, seed=6)
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def gate(gray):
+        flow_px, _ = torch.ops.streammem.lk_flow(gray, 5, 1e-5, "cpp" if "cpp" in BACKENDS else "torch")
+        return flow_px / (1 + flow_px)
+
+    torch.testing.assert_close(gate(frames), motion_magnitude(frames, backend="torch").score, atol=2e-5, rtol=2e-4)
+
+    @torch.compile(backend="aot_eager")  # validation graph-breaks; the op itself traces
+    def score(x):
+        return motion_magnitude(x).score * 2
+
+    torch.testing.assert_close(score(frames), motion_magnitude(frames, backend="torch").score * 2,
+                               atol=2e-5, rtol=2e-4)
