@@ -54,7 +54,7 @@ from typing import NamedTuple
 import torch
 
 from ._dispatch import Op, load_native
-from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_rank
+from ._utils import as_tensor, check_dtype, check_finite, check_finite_by_extremes, check_float, check_int, check_rank
 
 __all__ = ["KMeansResult", "batched_kmeans", "kmeans_frames", "lloyd"]
 
@@ -135,10 +135,9 @@ def batched_kmeans(x, k: int, *, iters: int = 10, tol: float = 1e-4, init="k-mea
     """
     points, point_weights, lengths_t, k, iters, tol, cosine = _prepare(x, k, iters, tol, metric, weights, lengths)
     centres = initial_centres(points, k, init, point_weights, lengths_t, seed, cosine)
-    tol_per_problem = tol * _mean_feature_variance(points, lengths_t)
     name = select_backend(backend, points, k)
     centroids, labels, inertia, n_iter = torch.ops.streammem.lloyd(
-        points, point_weights, lengths_t, centres, tol_per_problem, iters, cosine, name
+        points, point_weights, lengths_t, centres, tol, iters, cosine, name
     )
     return KMeansResult(centroids, labels, inertia, n_iter)
 
@@ -192,7 +191,7 @@ def _prepare(x, k, iters, tol, metric, weights, lengths):
         raise ValueError(f"x must have at least one feature (D >= 1), got shape {tuple(x.shape)}")
     if N == 0 or B == 0:
         raise ValueError(f"x must hold at least one problem with one point, got shape {tuple(x.shape)}")
-    check_finite(x, "x")
+    check_finite_by_extremes(x, "x")
     k = check_int(k, "k", minimum=1)
     iters = check_int(iters, "iters", minimum=1)
     tol = check_float(tol, "tol", low=0.0)
@@ -245,17 +244,21 @@ def _prepare(x, k, iters, tol, metric, weights, lengths):
     return points, point_weights, lengths_t, k, iters, tol, cosine
 
 
-def _mean_feature_variance(points: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """(B,) float64: mean over features of each problem's (unweighted, ddof 0) variance."""
+def mean_feature_variance(points: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """(B,) float64: mean over features of each problem's (unweighted, ddof 0) variance.
+
+    Two passes (mean, then squared deviations) in float64; the C++ kernel uses
+    one pass of float64 sums and sums of squares, equal to ~1e-12 relative.
+    """
     B, N, D = points.shape
     out = torch.empty(B, dtype=torch.float64, device=points.device)
     step = max(1, _CHUNK_ELEMENTS // max(1, N * D))
     for b0 in range(0, B, step):
         chunk = points[b0:b0 + step].double()
-        n = lengths[b0:b0 + step].to(torch.float64)
+        n = lengths[b0:b0 + step].to(torch.float64)[:, None]
         valid = (torch.arange(N, device=points.device)[None, :] < lengths[b0:b0 + step, None])[..., None]
-        mean = (chunk * valid).sum(dim=1) / n[:, None]
-        var = (((chunk - mean[:, None, :]) ** 2) * valid).sum(dim=1) / n[:, None]
+        mean = (chunk * valid).sum(dim=1) / n
+        var = (((chunk - mean[:, None, :]) ** 2) * valid).sum(dim=1) / n
         out[b0:b0 + step] = var.mean(dim=1)
     return out
 
@@ -334,13 +337,13 @@ def _kmeans_plus_plus(points, k, weights, generator, cosine) -> torch.Tensor:
 # --------------------------------------------------------------------------
 @torch.library.custom_op("streammem::lloyd", mutates_args=())
 def lloyd(points: torch.Tensor, weights: torch.Tensor, lengths: torch.Tensor, centres: torch.Tensor,
-          tol: torch.Tensor, iters: int, cosine: bool, backend: str
+          tol: float, iters: int, cosine: bool, backend: str
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Core op on prepared input.
 
     points (B,N,D) float32 contiguous (unit rows for cosine), weights (B,N)
     float32, lengths (B,) int64, centres (B,k,D) float32 initial centres, tol
-    (B,) float64 absolute shift thresholds.  Returns (centroids (B,k,D) float32,
+    relative shift threshold (x each problem's mean feature variance).  Returns (centroids (B,k,D) float32,
     labels (B,N) int64, inertia (B,) float32, n_iter (B,) int64).
     """
     return LLOYD.impls[backend](points, weights, lengths, centres, tol, iters, cosine)
@@ -438,18 +441,31 @@ def finish_update(points, labels, centres, sums, mass, cosine) -> torch.Tensor:
 
 def _lloyd_torch(points, weights, lengths, centres, tol, iters, cosine):
     B, N, D = points.shape
-    k = centres.shape[1]
     outs = []
     step = max(1, _CHUNK_ELEMENTS // max(1, N * D))  # problems per chunk: bounds the float64 scratch
     for b0 in range(0, B, step):
-        outs.append(_lloyd_torch_chunk(points[b0:b0 + step], weights[b0:b0 + step], lengths[b0:b0 + step],
-                                       centres[b0:b0 + step], tol[b0:b0 + step], iters, cosine, k))
+        outs.append(lloyd_loop(points[b0:b0 + step], weights[b0:b0 + step], lengths[b0:b0 + step],
+                               centres[b0:b0 + step], tol, iters, cosine, _assign_torch_kernel, centre_sums_torch))
     return tuple(torch.cat(parts) for parts in zip(*outs))
 
 
-def _lloyd_torch_chunk(points, weights, lengths, centres, tol, iters, cosine, k):
+def _assign_torch_kernel(points, centres, lengths, cosine):
+    valid = torch.arange(points.shape[1], device=points.device)[None, :] < lengths[:, None]
+    return assign_torch(points, centres, valid, cosine)
+
+
+def lloyd_loop(points, weights, lengths, centres, tol, iters, cosine, assign, centre_sums):
+    """Lloyd iterations with per-problem stopping, shared by the torch and Triton backends.
+
+    ``assign(points, centres, lengths, cosine) -> labels`` and
+    ``centre_sums(points, weights, labels, k) -> (sums, mass)`` are the hot
+    parts each backend provides; the rest (re-seeding, shift, stop, final
+    assignment, inertia) is this reference code.
+    """
     B, N, D = points.shape
+    k = centres.shape[1]
     valid = torch.arange(N, device=points.device)[None, :] < lengths[:, None]
+    tol = tol * mean_feature_variance(points, lengths)
     centres = centres.clone()
     active = torch.ones(B, dtype=torch.bool, device=points.device)
     n_iter = torch.zeros(B, dtype=torch.int64, device=points.device)
@@ -458,17 +474,17 @@ def _lloyd_torch_chunk(points, weights, lengths, centres, tol, iters, cosine, k)
         if idx.numel() == 0:
             break
         if idx.numel() == B:
-            x, w, v, c = points, weights, valid, centres
+            x, w, n, c = points, weights, lengths, centres
         else:
-            x, w, v, c = points[idx], weights[idx], valid[idx], centres[idx]
-        labels = assign_torch(x, c, v, cosine)
-        sums, mass = centre_sums_torch(x, w, labels, k)
-        new = finish_update(x, labels, c, sums, mass, cosine)
+            x, w, n, c = points[idx], weights[idx], lengths[idx], centres[idx]
+        labels = assign(x, c, n, cosine)
+        sums, mass = centre_sums(x, w, labels, k)
+        new = finish_update(x, labels, c, sums.double(), mass.double(), cosine)
         shift = ((new.double() - c.double()) ** 2).sum(dim=(1, 2))
         centres[idx] = new
         n_iter[idx] += 1
         active[idx] = shift > tol[idx]
-    labels = assign_torch(points, centres, valid, cosine)
+    labels = assign(points, centres, lengths, cosine)
     dist = distance_to_own_centre(points, centres, labels, cosine)
     inertia = (dist * weights.double() * valid).sum(dim=1).to(torch.float32)
     return centres, labels, inertia, n_iter
@@ -480,7 +496,7 @@ def _lloyd_torch_chunk(points, weights, lengths, centres, tol, iters, cosine, k)
 def _lloyd_cpp(points, weights, lengths, centres, tol, iters, cosine):
     mod, _ = load_native("cpu", "kmeans")
     c, labels, inertia, n_iter = mod.lloyd(points.numpy(), weights.numpy(), lengths.numpy(),
-                                           centres.contiguous().numpy(), tol.numpy(), int(iters), bool(cosine))
+                                           centres.contiguous().numpy(), float(tol), int(iters), bool(cosine))
     return torch.from_numpy(c), torch.from_numpy(labels), torch.from_numpy(inertia), torch.from_numpy(n_iter)
 
 
@@ -488,9 +504,9 @@ def _lloyd_cpp(points, weights, lengths, centres, tol, iters, cosine):
 # Backend: Triton
 # --------------------------------------------------------------------------
 def _lloyd_triton(points, weights, lengths, centres, tol, iters, cosine):
-    from ._kmeans_triton import lloyd_triton
+    from ._kmeans_triton import assign_triton, centre_sums_triton
 
-    return lloyd_triton(points, weights, lengths, centres, tol, iters, cosine)
+    return lloyd_loop(points, weights, lengths, centres, tol, iters, cosine, assign_triton, centre_sums_triton)
 
 
 def _blas_wins(n_points: int, k: int, dim: int) -> bool:
