@@ -15,6 +15,8 @@ pointers), every load masked, one launch configuration.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -22,7 +24,8 @@ import triton.language as tl
 _BLOCK_Q = 16
 _BLOCK_C = 16
 _BLOCK_N = 64
-_BLOCK_D = 32
+# The interpreter pays per operation, not per element: wider D tiles there.
+_BLOCK_D = 128 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else 32
 
 
 @triton.jit
@@ -92,9 +95,11 @@ def _cosine_topk_kernel(q_ptr, key_ptr, range_ptr, ids_ptr, scores_ptr, num_q, d
                          mask=key_ok[:, None] & d_ok[None, :], other=0.0)
             acc += tl.dot(qv, tl.trans(kv), input_precision="ieee")
             nsq += tl.sum(kv * kv, axis=1)
-        inv = tl.where(nsq > 0, 1.0 / tl.sqrt(tl.where(nsq > 0, nsq, 1.0)), 0.0)
+        # Correctly rounded sqrt and division, as in the reference normalisation.
+        norm = tl.sqrt_rn(tl.where(nsq > 0, nsq, 1.0))
+        cos = tl.where(nsq[None, :] > 0, tl.div_rn(acc, norm[None, :]), 0.0)
         inside = (keys[None, :] >= start[:, None]) & (keys[None, :] < end[:, None]) & row_ok[:, None]
-        tile = tl.where(inside, acc * inv[None, :], float("-inf"))
+        tile = tl.where(inside, cos, float("-inf"))
         # The k-th best so far (slot k-1; -inf while fewer than k are held).
         kth = tl.sum(tl.where(slot[None, :] == k - 1, best_s, 0.0), axis=1)
         kth = tl.where(tl.max(tl.where(slot[None, :] == k - 1, best_i, -1), axis=1) >= 0, kth, float("-inf"))

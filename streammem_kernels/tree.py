@@ -358,9 +358,9 @@ class CosineTree:
         int id of the new node, at level ``1 + max(level[child_ids])``.
         """
         children = as_tensor(child_ids, "child_ids")
+        check_nonempty(children, "child_ids")
         check_dtype(children, "child_ids", _INT_INPUTS)
         children = children.reshape(-1).to(torch.int64).cpu()
-        check_nonempty(children, "child_ids")
         ids = sorted(int(c) for c in children)
         if len(set(ids)) != len(ids):
             raise ValueError("child_ids must be distinct")
@@ -433,7 +433,8 @@ class CosineTree:
         roots of the lowest such level get a parent whose embedding is
         ``parent_embed(child_ids)`` (a (D,) tensor; default: the normalised
         mean of the children's embeddings).  Call it after every new leaf or
-        once after many; the resulting tree is the same.
+        once after many: the groups (and so the tree) are the same, only the
+        interleaving of leaf and parent ids differs.
 
         Returns
         -------
@@ -744,6 +745,10 @@ def _score_candidates_torch(queries: torch.Tensor, embeddings: torch.Tensor, can
     out = torch.full((s_rows, c), float("-inf"), dtype=torch.float32, device=queries.device)
     if c == 0:
         return out
+    if s_rows * embeddings.shape[0] <= _GATHER_BUDGET:
+        # Small trees: score every node once, then pick (cheaper than gathering rows).
+        dense = queries @ embeddings.T
+        return torch.where(cand >= 0, dense.gather(1, cand.clamp_min(0)), out)
     chunk = max(1, _GATHER_BUDGET // max(1, c * embeddings.shape[1]))
     for lo in range(0, s_rows, chunk):
         ids = cand[lo : lo + chunk]
@@ -908,16 +913,15 @@ def _cosine_topk_cpp_blas(queries, keys, k, ranges):
     """Blocked torch.mm (CPU BLAS) score blocks consumed by a C++ running top-k."""
     mod, _ = load_native("cpu", "tree")
     num_q, num_k = queries.shape[0], keys.shape[0]
-    inv_norm = torch.linalg.vector_norm(keys, dim=1)
-    inv_norm = torch.where(inv_norm > 0, 1.0 / torch.where(inv_norm > 0, inv_norm, 1.0), 0.0).contiguous()
+    key_norm = torch.linalg.vector_norm(keys, dim=1).contiguous()
     ids = np.full((num_q, k), -1, dtype=np.int64)
     scores = np.full((num_q, k), -np.inf, dtype=np.float32)
     block = max(256, _BLAS_BLOCK_BUDGET // num_q)
-    ranges_np, inv_np = _np(ranges), inv_norm.numpy()
+    ranges_np, norm_np = _np(ranges), key_norm.numpy()
     for lo in range(0, num_k, block):
         hi = min(num_k, lo + block)
         dots = torch.mm(queries, keys[lo:hi].T)
-        mod.topk_merge(dots.numpy(), inv_np[lo:hi], lo, ranges_np, ids, scores)
+        mod.topk_merge(dots.numpy(), norm_np[lo:hi], lo, ranges_np, ids, scores)
     return torch.from_numpy(ids), torch.from_numpy(scores)
 
 

@@ -12,7 +12,7 @@
 //   cosine_topk(queries (Q,D) f32 unit, keys (N,D) f32 raw, k, ranges (Q,2))
 //     -> ids (Q,k), scores (Q,k): one fused pass, key norms computed on the
 //        fly next to the dot products while the key row is in L1.
-//   topk_merge(dots (Q,B) f32, key_inv_norm (B,) f32, offset, ranges,
+//   topk_merge(dots (Q,B) f32, key_norm (B,) f32, offset, ranges,
 //              ids (Q,k) inout, scores (Q,k) inout): folds one score block of
 //        a BLAS GEMM into each query's running top-k.
 //
@@ -254,10 +254,12 @@ STREAMMEM_HOT void scan_keys(const float* __restrict Qm, const float* __restrict
     for (int64_t i = lo; i < hi; ++i) {
       const float* key = K + i * D;
       const float nsq = dot(key, key, D);
-      const float inv = nsq > 0.f ? 1.f / std::sqrt(nsq) : 0.f;
+      // Divide (not multiply by 1/norm) so that a key parallel to the query
+      // scores exactly like its normalised copy in the reference.
+      const float norm = std::sqrt(nsq);
       for (int64_t q = qb; q < qe; ++q) {
         if (i < ranges[2 * q] || i >= ranges[2 * q + 1]) continue;
-        const float s = dot(Qm + q * D, key, D) * inv;
+        const float s = nsq > 0.f ? dot(Qm + q * D, key, D) / norm : 0.f;
         TopK& t = tops[q - qb];
         if (t.admits(s, i)) t.push(s, i);
       }
@@ -316,14 +318,14 @@ py::tuple cosine_topk(carray<float> queries, carray<float> keys, int64_t k, carr
   return py::make_tuple(ids, scores);
 }
 
-void topk_merge(carray<float> dots, carray<float> key_inv_norm, int64_t offset, carray<int64_t> ranges,
+void topk_merge(carray<float> dots, carray<float> key_norm, int64_t offset, carray<int64_t> ranges,
                 py::array ids, py::array scores) {
   require(dots.ndim() == 2 && ids.ndim() == 2 && scores.ndim() == 2, "topk_merge: bad ranks");
   const int64_t Q = dots.shape(0), B = dots.shape(1), k = ids.shape(1);
   require(ids.shape(0) == Q && scores.shape(0) == Q && scores.shape(1) == k, "topk_merge: bad output shapes");
-  require(key_inv_norm.shape(0) == B && ranges.shape(0) == Q, "topk_merge: bad shapes");
+  require(key_norm.shape(0) == B && ranges.shape(0) == Q, "topk_merge: bad shapes");
   const float* Dm = dots.data();
-  const float* inv = key_inv_norm.data();
+  const float* norm = key_norm.data();
   const int64_t* rg = ranges.data();
   int64_t* I = inplace_ptr<int64_t>(ids, "ids");
   float* S = inplace_ptr<float>(scores, "scores");
@@ -334,7 +336,7 @@ void topk_merge(carray<float> dots, carray<float> key_inv_norm, int64_t offset, 
     TopK top(S + q * k, I + q * k, k);
     const float* row = Dm + q * B;
     for (int64_t j = lo; j < hi; ++j) {
-      const float s = row[j] * inv[j];
+      const float s = norm[j] > 0.f ? row[j] / norm[j] : 0.f;
       if (top.admits(s, offset + j)) top.push(s, offset + j);
     }
   }
@@ -354,6 +356,6 @@ PYBIND11_MODULE(_cpu_tree, m) {
         py::arg("min_score"), py::arg("use_utility"));
   m.def("cosine_topk", &streammem::cosine_topk, py::arg("queries"), py::arg("keys"), py::arg("k"),
         py::arg("ranges"));
-  m.def("topk_merge", &streammem::topk_merge, py::arg("dots"), py::arg("key_inv_norm"), py::arg("offset"),
+  m.def("topk_merge", &streammem::topk_merge, py::arg("dots"), py::arg("key_norm"), py::arg("offset"),
         py::arg("ranges"), py::arg("ids"), py::arg("scores"));
 }

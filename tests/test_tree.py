@@ -1,0 +1,502 @@
+"""Cosine memory tree: CosineTree growth, tree_search (greedy / beam), cosine_topk.
+
+Every backend is compared with the torch reference; the reference itself is
+checked against a plain-Python rendering of StreamChat's Algorithm 1 and
+against brute-force sorts.
+"""
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import cpu_backends
+from streammem_kernels import CosineTree, cosine_topk, tree_search
+from streammem_kernels.tree import (
+    COSINE_TOPK,
+    TREE_SEARCH,
+    _cosine_topk_cpp_blas,
+    _cosine_topk_cpp_fused,
+    _unit_rows,
+    cosine_topk_uses_blas,
+)
+
+TREE_BACKENDS = cpu_backends(TREE_SEARCH)
+TOPK_BACKENDS = cpu_backends(COSINE_TOPK)
+SCORE_ATOL = 2e-5  # float32 dot products of unit vectors, summed in different orders
+
+
+# --------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------
+def build_tree(n_leaves, group, dim, *, seed=0, leftover=0, grow_every=None):
+    """Leaves around chronological event centres, grown with `group`; then
+    `leftover` leaves appended without growing (an unbalanced forest)."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(max(1, n_leaves // 7 + 1), dim, generator=g)
+    emb = centres.repeat_interleave(7, 0)[:n_leaves] + 0.7 * torch.randn(n_leaves, dim, generator=g)
+    tree = CosineTree(dim, capacity=3)
+    if grow_every:
+        for lo in range(0, n_leaves, grow_every):
+            tree.add_leaves(emb[lo : lo + grow_every])
+            tree.grow(group)
+    else:
+        tree.add_leaves(emb)
+        tree.grow(group)
+    if leftover:
+        tree.add_leaves(torch.randn(leftover, dim, generator=g))
+    return tree
+
+
+def check_invariants(tree: CosineTree):
+    n = tree.num_nodes
+    parent, level = tree.parent.tolist(), tree.level.tolist()
+    ptr, kids = tree.child_ptr.tolist(), tree.child_idx.tolist()
+    assert len(ptr) == n + 1 and ptr[0] == 0 and ptr[-1] == len(kids)
+    seen_as_child = [0] * n
+    for p in range(n):
+        assert ptr[p] <= ptr[p + 1]
+        children = kids[ptr[p] : ptr[p + 1]]
+        assert children == sorted(children) and len(set(children)) == len(children), "children chronological"
+        if children:
+            assert level[p] == 1 + max(level[c] for c in children)
+            assert all(c < p for c in children), "a parent is appended after its children"
+        else:
+            assert level[p] == 0
+        for c in children:
+            assert parent[c] == p
+            seen_as_child[c] += 1
+    for node in range(n):
+        # every non-root has exactly one parent; roots have none
+        assert seen_as_child[node] == (0 if parent[node] == -1 else 1)
+    assert tree.roots.tolist() == [i for i in range(n) if parent[i] == -1]
+    emb_norm = torch.linalg.vector_norm(tree.embeddings, dim=1)
+    assert bool(((emb_norm - 1).abs() < 1e-5).logical_or(emb_norm == 0).all())
+
+
+def algorithm1(tree: CosineTree, query) -> tuple[list[int], list[float], int, float]:
+    """StreamChat Algorithm 1 written plainly: score roots, walk to the best child."""
+    emb = tree.embeddings.double().tolist()
+    q = [float(x) for x in query]
+    norm = math.sqrt(sum(x * x for x in q))
+    q = [x / norm for x in q] if norm > 0 else q
+
+    def sim(node):
+        return sum(a * b for a, b in zip(q, emb[node]))
+
+    best_node, best_score = None, -math.inf
+    path, scores = [], []
+    candidates = tree.roots.tolist()
+    while candidates:
+        chosen, chosen_score = None, -math.inf
+        for node in candidates:
+            s = sim(node)
+            if chosen is None or s > chosen_score:
+                chosen, chosen_score = node, s
+        path.append(chosen)
+        scores.append(chosen_score)
+        if chosen_score > best_score:
+            best_node, best_score = chosen, chosen_score
+        candidates = tree.children(chosen).tolist()
+    return path, scores, best_node, best_score
+
+
+def brute_topk(queries, keys, k, ranges=None, allowed=None, weight=None, min_score=None):
+    """float64 brute force: sort by (score desc, index asc)."""
+    qn = _unit_rows(torch.as_tensor(queries)).double().numpy()
+    kn = _unit_rows(torch.as_tensor(keys)).double().numpy()
+    sims = qn @ kn.T
+    ids = np.full((len(qn), k), -1)
+    scores = np.full((len(qn), k), -np.inf)
+    for q in range(len(qn)):
+        lo, hi = (0, len(kn)) if ranges is None else ranges[q]
+        cand = [i for i in range(lo, hi) if allowed is None or i in allowed]
+        if min_score is not None:
+            cand = [i for i in cand if sims[q, i] >= min_score]
+        rank = {i: sims[q, i] * (1.0 if weight is None else weight[i]) for i in cand}
+        order = sorted(cand, key=lambda i: (-rank[i], i))[:k]
+        ids[q, : len(order)] = order
+        scores[q, : len(order)] = [rank[i] for i in order]
+    return ids, scores
+
+
+def assert_topk_equal(res, ids, scores, atol=SCORE_ATOL):
+    assert res.ids.dtype == torch.int64 and res.scores.dtype == torch.float32
+    np.testing.assert_array_equal(res.ids.numpy(), ids)
+    np.testing.assert_allclose(res.scores.numpy(), scores, atol=atol, rtol=0)
+
+
+def assert_same_path(a, b):
+    for x, y in zip(a, b):
+        if x.dtype == torch.int64:
+            assert torch.equal(x, y)
+        else:
+            torch.testing.assert_close(x, y, atol=SCORE_ATOL, rtol=0)
+
+
+# --------------------------------------------------------------------------
+# Backends agree with the reference
+# --------------------------------------------------------------------------
+# (leaves, group, D, Q, leftover leaves): depths 0..6, g 2..16, unbalanced forests.
+TREE_CASES = [
+    (1, 2, 1, 1, 0),
+    (5, 2, 3, 7, 0),
+    (64, 2, 16, 1, 0),  # depth 6
+    (70, 2, 1, 9, 3),  # D = 1: every cosine is +-1 or 0 -> ties broken by id
+    (300, 16, 1024, 3, 5),
+    (200, 3, 5, 1000, 2),
+    (400, 10, 384, 5, 0),
+    (1000, 10, 48, 1000, 0),
+]
+
+
+@pytest.mark.parametrize("backend", TREE_BACKENDS)
+@pytest.mark.parametrize("n_leaves,group,dim,num_q,leftover", TREE_CASES)
+def test_backends_match_reference(backend, n_leaves, group, dim, num_q, leftover):
+    tree = build_tree(n_leaves, group, dim, seed=n_leaves, leftover=leftover)
+    queries = torch.randn(num_q + 2, dim, generator=torch.Generator().manual_seed(1))[1 : num_q + 1]  # sliced
+    if backend == "triton":
+        queries = queries[:24]  # interpreted Triton costs ~ms per program: same kernel, fewer query blocks
+    ref = tree_search(tree, queries, backend="torch")
+    assert_same_path(tree_search(tree, queries, backend=backend), ref)
+    ref_all = tree_search(tree, queries, from_every_root=True, backend="torch")
+    assert_same_path(tree_search(tree, queries, from_every_root=True, backend=backend), ref_all)
+    for beam, k, use_utility, min_score in (((5, 10), 3, False, None), (2, 7, True, 0.1), ((1,), 1, False, None)):
+        if use_utility:
+            tree.set_utility(torch.arange(tree.num_nodes), torch.rand(tree.num_nodes, generator=torch.Generator()))
+        kw = dict(beam=beam, k=k, use_utility=use_utility, min_score=min_score)
+        ref_beam = tree_search(tree, queries, backend="torch", **kw)
+        got = tree_search(tree, queries, backend=backend, **kw)
+        assert torch.equal(got.ids, ref_beam.ids)
+        torch.testing.assert_close(got.scores, ref_beam.scores, atol=SCORE_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_query_dtypes_are_converted_to_float32(dtype):
+    tree = build_tree(50, 4, 12, seed=3)
+    queries = torch.randn(6, 12).to(dtype)
+    for backend in TREE_BACKENDS:
+        got = tree_search(tree, queries, beam=3, k=4, backend=backend)
+        ref = tree_search(tree, queries.float(), beam=3, k=4, backend="torch")
+        assert torch.equal(got.ids, ref.ids)
+
+
+# --------------------------------------------------------------------------
+# Greedy search is Algorithm 1
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_equals_python_algorithm1(seed):
+    rng = random.Random(seed)
+    tree = build_tree(rng.randint(1, 120), rng.randint(2, 6), 16, seed=seed, leftover=rng.randint(0, 4))
+    queries = torch.randn(20, 16, generator=torch.Generator().manual_seed(seed))
+    for backend in TREE_BACKENDS:
+        res = tree_search(tree, queries, backend=backend)
+        for q in range(len(queries)):
+            path, scores, best_node, best_score = algorithm1(tree, queries[q].tolist())
+            width = tree.height + 1
+            assert res.path[q].tolist() == path + [-1] * (width - len(path))
+            np.testing.assert_allclose(res.path_scores[q, : len(path)].numpy(), scores, atol=SCORE_ATOL)
+            assert bool(torch.isneginf(res.path_scores[q, len(path) :]).all())
+            assert int(res.best_node[q]) == best_node
+            assert abs(float(res.best_score[q]) - best_score) < SCORE_ATOL
+
+
+def test_greedy_with_all_similarities_negative_still_returns_the_best_node():
+    tree = CosineTree(4)
+    tree.add_leaves(torch.rand(30, 4) + 0.1)  # all entries positive
+    tree.grow(3)
+    query = -torch.ones(1, 4)  # every cosine < 0
+    for backend in TREE_BACKENDS:
+        res = tree_search(tree, query, backend=backend)
+        assert int(res.best_node[0]) >= 0 and float(res.best_score[0]) < 0
+        on_path = res.path_scores[0][res.path[0] >= 0]
+        assert float(res.best_score[0]) == float(on_path.max())
+        path, _, best_node, _ = algorithm1(tree, query[0].tolist())
+        assert int(res.best_node[0]) == best_node and res.path[0][: len(path)].tolist() == path
+
+
+def test_from_every_root_descends_from_each_root():
+    tree = build_tree(40, 4, 8, seed=5, leftover=3)
+    queries = torch.randn(3, 8)
+    roots = tree.roots.tolist()
+    for backend in TREE_BACKENDS:
+        res = tree_search(tree, queries, from_every_root=True, backend=backend)
+        assert res.path.shape == (3, len(roots), tree.height + 1)
+        assert res.path[:, :, 0].tolist() == [roots] * 3
+        for r, root in enumerate(roots):
+            depth = int(tree.level[root]) + 1  # greedy walks one node per level down to a leaf
+            assert bool((res.path[:, r, :depth] >= 0).all()) and bool((res.path[:, r, depth:] == -1).all())
+
+
+# --------------------------------------------------------------------------
+# Beam search
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", TREE_BACKENDS)
+@pytest.mark.parametrize("use_utility,min_score", [(False, None), (True, None), (False, 0.2), (True, -0.1)])
+def test_wide_beam_equals_exhaustive_search(backend, use_utility, min_score):
+    tree = build_tree(150, 5, 24, seed=7, leftover=4)
+    utility = torch.rand(tree.num_nodes, generator=torch.Generator().manual_seed(2)) + 0.1
+    tree.set_utility(torch.arange(tree.num_nodes), utility)
+    queries = torch.randn(9, 24, generator=torch.Generator().manual_seed(3))
+    widest = int(torch.bincount(tree.level).max())
+    leaves = set(torch.nonzero(tree.level == 0)[:, 0].tolist())
+    res = tree_search(tree, queries, beam=widest, k=12, use_utility=use_utility, min_score=min_score, backend=backend)
+    ids, scores = brute_topk(queries, tree.embeddings, 12, allowed=leaves,
+                             weight=utility.double().numpy() if use_utility else None, min_score=min_score)
+    assert_topk_equal(res, ids, scores)
+
+
+def test_beam_prostream_hierarchy_recall():
+    """Scenes -> events -> units with (5, 10): the true best unit is found."""
+    g = torch.Generator().manual_seed(11)
+    dim, scenes, events, units = 32, 12, 6, 8
+    tree = CosineTree(dim)
+    scene_c = torch.randn(scenes, dim, generator=g) * 3
+    event_c = scene_c.repeat_interleave(events, 0) + torch.randn(scenes * events, dim, generator=g)
+    unit_emb = event_c.repeat_interleave(units, 0) + 0.3 * torch.randn(scenes * events * units, dim, generator=g)
+    tree.add_leaves(unit_emb)
+    for e in range(scenes * events):
+        tree.add_parent(list(range(e * units, (e + 1) * units)), event_c[e])
+    level1 = tree.roots_at(1)
+    for s in range(scenes):
+        tree.add_parent(level1[s * events : (s + 1) * events], scene_c[s])
+    assert tree.height == 2 and len(tree.roots) == scenes
+    queries = unit_emb[torch.randint(0, len(unit_emb), (40,), generator=g)] + 0.1 * torch.randn(40, dim, generator=g)
+    exact, _ = brute_topk(queries, unit_emb, 1)
+    for backend in TREE_BACKENDS:
+        res = tree_search(tree, queries, beam=(5, 10), k=3, backend=backend)
+        recall = float((res.ids[:, 0].numpy() == exact[:, 0]).mean())
+        assert recall >= 0.95
+
+
+def test_beam_pads_when_fewer_leaves_qualify():
+    tree = build_tree(6, 3, 5, seed=1)
+    queries = torch.randn(2, 5)
+    for backend in TREE_BACKENDS:
+        res = tree_search(tree, queries, beam=4, k=10, backend=backend)
+        assert bool((res.ids[:, 6:] == -1).all()) and bool(torch.isneginf(res.scores[:, 6:]).all())
+        res = tree_search(tree, queries, beam=4, k=3, min_score=1.5, backend=backend)  # nothing qualifies
+        assert bool((res.ids == -1).all())
+
+
+# --------------------------------------------------------------------------
+# cosine_topk
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", TOPK_BACKENDS)
+@pytest.mark.parametrize("num_q,num_k,dim,k", [(1, 1, 1, 1), (5, 7, 3, 9), (20, 300, 384, 5), (17, 300, 1, 4),
+                                               (3, 300, 64, 12)])
+@pytest.mark.parametrize("with_ranges", [False, True])
+def test_cosine_topk_equals_brute_force_sort(backend, num_q, num_k, dim, k, with_ranges):
+    g = torch.Generator().manual_seed(num_q * num_k + dim)
+    keys = torch.randn(num_k + 1, dim, generator=g)[1:]  # sliced rows
+    keys[::11] *= 0  # zero keys score 0
+    queries = torch.randn(num_q, dim, generator=g)
+    ranges = None
+    if with_ranges:
+        start = torch.randint(0, num_k + 1, (num_q,), generator=g)
+        end = start + torch.randint(0, num_k + 1, (num_q,), generator=g)
+        ranges = torch.stack([start, end.clamp_max(num_k)], 1)
+    res = cosine_topk(queries, keys, k, ranges=ranges, backend=backend)
+    ids, scores = brute_topk(queries, keys, k, ranges=None if ranges is None else ranges.tolist())
+    if dim == 1:  # every score is exactly +-1 or 0: many ties, broken toward the lower index
+        assert_topk_equal(res, ids, scores, atol=0)
+    else:
+        assert_topk_equal(res, ids, scores)
+    if ranges is not None:
+        inside = (res.ids >= ranges[:, :1]) & (res.ids < ranges[:, 1:])
+        assert bool((inside | (res.ids == -1)).all())
+
+
+@pytest.mark.parametrize("path", [_cosine_topk_cpp_fused, _cosine_topk_cpp_blas])
+def test_both_cpp_paths_match_brute_force(path):
+    if "cpp" not in TOPK_BACKENDS:
+        pytest.skip("C++ backend not built")
+    g = torch.Generator().manual_seed(4)
+    keys = torch.randn(2500, 48, generator=g)
+    keys[100] = keys[7]  # exact duplicate: the tie goes to index 7
+    queries = torch.cat([keys[7:8] * 2, torch.randn(40, 48, generator=g)])
+    ranges = torch.tensor([[0, 2500]] * 41)
+    ranges[5:10] = torch.tensor([300, 310])
+    ids, scores = path(_unit_rows(queries), keys, 6, ranges)
+    want_ids, want_scores = brute_topk(queries, keys, 6, ranges=ranges.tolist())
+    assert ids[0, :2].tolist() == [7, 100]
+    np.testing.assert_array_equal(ids.numpy(), want_ids)
+    np.testing.assert_allclose(scores.numpy(), want_scores, atol=SCORE_ATOL)
+
+
+def test_blas_rule():
+    assert not cosine_topk_uses_blas(1, 10**6)
+    assert cosine_topk_uses_blas(64, 10**6)
+    narrow = torch.tensor([[0, 10]] * 64)
+    assert not cosine_topk_uses_blas(64, 10**6, narrow)
+
+
+def test_zero_vectors_score_zero_never_nan():
+    keys = torch.zeros(4, 6)
+    keys[2, 0] = 1.0
+    for backend in TOPK_BACKENDS:
+        res = cosine_topk(torch.zeros(2, 6), keys, 4, backend=backend)  # zero queries: all ties at 0
+        assert res.ids.tolist() == [[0, 1, 2, 3]] * 2 and bool((res.scores == 0).all())
+    tree = CosineTree(6)
+    tree.add_leaves(keys)
+    tree.grow(2)
+    for backend in TREE_BACKENDS:
+        res = tree_search(tree, torch.zeros(1, 6), backend=backend)
+        assert not bool(torch.isnan(res.path_scores).any()) and float(res.best_score[0]) == 0.0
+
+
+# --------------------------------------------------------------------------
+# Growth, invariants, persistence
+# --------------------------------------------------------------------------
+def test_invariants_after_10000_random_appends():
+    rng = random.Random(0)
+    dim = 6
+    tree = CosineTree(dim, capacity=1)
+    appended = 0
+    while appended < 10_000:
+        roll = rng.random()
+        levels = [lvl for lvl in range(tree.height + 1) if tree.roots_at(lvl)]
+        roots = tree.roots_at(rng.choice(levels)) if levels else []
+        if roll < 0.6 or len(roots) < 2:
+            n = rng.randint(1, 4)
+            tree.add_leaves(torch.randn(n, dim), payload=torch.arange(appended, appended + n))
+            appended += n
+        elif roll < 0.85:
+            children = rng.sample(roots, rng.randint(1, min(6, len(roots))))
+            tree.add_parent(children, torch.randn(dim), payload=appended)
+            appended += 1
+        else:
+            appended += len(tree.grow(rng.randint(2, 16)))
+        if rng.random() < 0.002:
+            check_invariants(tree)
+    check_invariants(tree)
+    assert tree.num_nodes == appended
+
+
+def test_grow_after_every_leaf_equals_grow_once():
+    streamed = build_tree(503, 10, 8, seed=2, grow_every=1)
+    batched = build_tree(503, 10, 8, seed=2)
+
+    def leaf_spans(tree):
+        """Each node as (level, its leaves in arrival order) -> embedding."""
+        leaf_rank = {int(n): r for r, n in enumerate(torch.nonzero(tree.level == 0)[:, 0])}
+        spans = {}
+        for node in range(tree.num_nodes):
+            stack, leaves = [node], []
+            while stack:
+                cur = stack.pop()
+                kids = tree.children(cur).tolist()
+                if not kids:
+                    leaves.append(leaf_rank[cur])
+                stack.extend(reversed(kids))
+            spans[(int(tree.level[node]), tuple(leaves))] = tree.embeddings[node]
+        return spans
+
+    a, b = leaf_spans(streamed), leaf_spans(batched)
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key])
+    # chronological grouping: leaves 0..9 share the first parent, 10..19 the second, ...
+    assert (1, tuple(range(10))) in a and (2, tuple(range(100))) in a and (2, tuple(range(400, 500))) in a
+    assert batched.parent[:20].tolist() == [503] * 10 + [504] * 10
+    assert batched.roots_at(0) == [500, 501, 502] and len(batched.roots_at(2)) == 5
+
+
+def test_grow_with_custom_parent_embedding():
+    tree = CosineTree(3)
+    tree.add_leaves(torch.eye(3).repeat(2, 1))
+    seen = []
+
+    def first_child(child_ids):
+        seen.append(child_ids.tolist())
+        return tree.embeddings[child_ids[0]] * 5
+
+    tree.grow(2, parent_embed=first_child)
+    assert seen[:3] == [[0, 1], [2, 3], [4, 5]]
+    torch.testing.assert_close(tree.embeddings[6], torch.tensor([1.0, 0.0, 0.0]))
+
+
+def test_save_load_round_trip(tmp_path):
+    tree = build_tree(120, 4, 10, seed=9, leftover=3)
+    tree.set_utility(torch.tensor([1, 5]), torch.tensor([0.5, 2.0]))
+    path = tmp_path / "tree.pt"
+    tree.save(path)
+    back = CosineTree.load(path)
+    for name in ("embeddings", "level", "parent", "child_ptr", "child_idx", "utility", "payload", "roots"):
+        assert torch.equal(getattr(back, name), getattr(tree, name)), name
+    queries = torch.randn(5, 10)
+    assert_same_path(tree_search(back, queries), tree_search(tree, queries))
+    # growth continues identically after a reload
+    extra = torch.randn(9, 10)
+    for t in (tree, back):
+        t.add_leaves(extra)
+        t.grow(4)
+    assert torch.equal(back.parent, tree.parent) and torch.equal(back.child_idx, tree.child_idx)
+
+
+# --------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------
+def test_bad_input_raises_value_error_naming_the_argument():
+    tree = build_tree(20, 4, 5)
+    q = torch.randn(2, 5)
+    with pytest.raises(ValueError, match="queries"):
+        tree_search(tree, torch.randn(2, 4))
+    with pytest.raises(ValueError, match="tree"):
+        tree_search(CosineTree(5), q)
+    with pytest.raises(ValueError, match="queries"):
+        tree_search(tree, torch.tensor([[float("nan")] * 5]))
+    with pytest.raises(ValueError, match="k"):
+        tree_search(tree, q, beam=3, k=0)
+    with pytest.raises(ValueError, match=r"beam\[1\]"):
+        tree_search(tree, q, beam=(3, 0))
+    with pytest.raises(ValueError, match="beam"):
+        tree_search(tree, q, beam=0)
+    with pytest.raises(ValueError, match="k, min_score"):
+        tree_search(tree, q, k=3)
+    with pytest.raises(ValueError, match="from_every_root"):
+        tree_search(tree, q, beam=2, from_every_root=True)
+    keys = torch.randn(10, 5)
+    with pytest.raises(ValueError, match="k"):
+        cosine_topk(q, keys, 0)
+    with pytest.raises(ValueError, match="ranges"):
+        cosine_topk(q, keys, 1, ranges=torch.tensor([[0, 11], [0, 1]]))
+    with pytest.raises(ValueError, match="ranges"):
+        cosine_topk(q, keys, 1, ranges=torch.tensor([[3, 2], [0, 1]]))
+    with pytest.raises(ValueError, match="keys"):
+        cosine_topk(q, torch.tensor([[float("inf")] * 5]), 1)
+    with pytest.raises(ValueError, match="queries"):
+        cosine_topk(q, torch.randn(10, 4), 1)
+    with pytest.raises(ValueError, match="child_ids"):
+        tree.add_parent([0], torch.randn(5))  # node 0 already has a parent
+    with pytest.raises(ValueError, match="emb"):
+        tree.add_leaves(torch.randn(3, 4))
+
+
+def test_inputs_are_not_modified():
+    keys = torch.randn(30, 4) * 3
+    queries = torch.randn(3, 4) * 2
+    keys0, queries0 = keys.clone(), queries.clone()
+    for backend in TOPK_BACKENDS:
+        cosine_topk(queries, keys, 3, backend=backend)
+    assert torch.equal(keys, keys0) and torch.equal(queries, queries0)
+    emb = torch.randn(5, 4) * 7
+    emb0 = emb.clone()
+    CosineTree(4).add_leaves(emb)
+    assert torch.equal(emb, emb0)
+
+
+def test_opcheck():
+    tree = build_tree(30, 3, 8, seed=4, leftover=2)
+    q = _unit_rows(torch.randn(4, 8))
+    arrays = (tree.embeddings, tree.child_ptr, tree.child_idx, tree.roots)
+    for backend in TREE_BACKENDS[:2]:
+        torch.library.opcheck(torch.ops.streammem.tree_greedy.default, (*arrays, q, tree.height, False, backend))
+        torch.library.opcheck(torch.ops.streammem.tree_greedy.default, (*arrays, q, tree.height, True, backend))
+        torch.library.opcheck(
+            torch.ops.streammem.tree_beam.default,
+            (*arrays, tree.level, tree.utility, q, [2] * tree.height, 3, -1.0, True, backend),
+        )
+        ranges = torch.tensor([[0, 30], [2, 9], [0, 0], [5, 30]])
+        torch.library.opcheck(torch.ops.streammem.cosine_topk.default, (q, torch.randn(30, 8), 4, ranges, backend))
