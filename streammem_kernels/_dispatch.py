@@ -94,6 +94,16 @@ def common_reasons(backend: str, op: str, device: torch.device) -> list[str]:
     return reasons
 
 
+def call_op(custom_op, impls: Mapping[str, Callable], backend: str, *args):
+    """Run a resolved backend: through the registered custom op while
+    torch.compile traces (so the graph holds one opaque node with a fake
+    implementation), directly otherwise (the custom-op dispatcher costs tens of
+    microseconds per call, which dominates on small inputs)."""
+    if torch.compiler.is_compiling():
+        return custom_op(*args, backend)
+    return impls[backend](*args)
+
+
 @dataclass
 class Op:
     """The backends of one op.

@@ -35,7 +35,7 @@ from typing import NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
-from ._dispatch import Op, load_native
+from ._dispatch import Op, call_op, load_native
 from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank
 
 __all__ = ["MotionResult", "motion_magnitude", "select_frames", "lk_flow"]
@@ -90,7 +90,7 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
     on the device of ``frames``.
     """
     gray, window, min_eig = _prepare(frames, size, window, min_eig)
-    flow_px, mean_uv = torch.ops.streammem.lk_flow(gray, window, min_eig, _select(backend, gray))
+    flow_px, mean_uv = _lk_flow(gray, window, min_eig, _select(backend, gray))
     return MotionResult(flow_px, flow_px / (1.0 + flow_px), mean_uv)
 
 
@@ -109,13 +109,13 @@ def select_frames(frames, threshold: float, *, reference: str = "previous", size
     gray, window, min_eig = _prepare(frames, size, window, min_eig)
     name = _select(backend, gray)
     if reference == "previous":
-        flow_px, _ = torch.ops.streammem.lk_flow(gray, window, min_eig, name)
+        flow_px, _ = _lk_flow(gray, window, min_eig, name)
         score = (flow_px / (1.0 + flow_px)).tolist()
         return [0] + [t + 1 for t, s in enumerate(score) if s > threshold]
     kept = [0]
     for t in range(1, gray.shape[0]):
         pair = torch.stack((gray[kept[-1]], gray[t]))
-        flow_px, _ = torch.ops.streammem.lk_flow(pair, window, min_eig, name)
+        flow_px, _ = _lk_flow(pair, window, min_eig, name)
         f = float(flow_px[0])
         if f / (1.0 + f) > threshold:
             kept.append(t)
@@ -186,6 +186,10 @@ def _prepare(frames, size, window, min_eig):
 
 def _select(backend: str, gray: torch.Tensor) -> str:
     return LK_FLOW.select(backend, gray.device)
+
+
+def _lk_flow(gray, window, min_eig, backend):
+    return call_op(torch.ops.streammem.lk_flow, LK_FLOW.impls, backend, gray, window, min_eig)
 
 
 # --------------------------------------------------------------------------

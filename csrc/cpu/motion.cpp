@@ -220,7 +220,9 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, float s
   {
     py::gil_scoped_release nogil;
     std::vector<PairSums> partial(items);
-#pragma omp parallel for schedule(dynamic, 1)
+    // Small clips stay on the calling thread: waking a team costs more than the work.
+    const bool parallel = items > 1 && pairs * H * W >= (int64_t{1} << 16);
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t p = item / strips, s = item % strips;
       const int64_t r0 = out_rows * s / strips, r1 = out_rows * (s + 1) / strips;
