@@ -209,6 +209,8 @@ class StreamingSegmenter:
         self._window_sims: torch.Tensor | None = None  # (B, window) float32, newest on the right
         self._frames_in_window: torch.Tensor | None = None  # (B,) int64, 0..window+1
         self._last_end: torch.Tensor | None = None  # (B,) int64, -1 before the first event
+        self._last_norm: torch.Tensor | None = None  # (B,) float64 squared norm of the last frame (cpp only)
+        self._backend_name: str | None = None
 
     @property
     def num_streams(self) -> int | None:
@@ -243,10 +245,16 @@ class StreamingSegmenter:
         p = self.params
         if self._last_frame is None:
             B = x.shape[0]
+            self._backend_name = _select(self.backend, x)  # fixed for the life of the segmenter
             self._window_sims = torch.zeros((B, p.window), dtype=torch.float32, device=x.device)
             self._frames_in_window = torch.zeros(B, dtype=torch.int64, device=x.device)
             self._last_end = torch.full((B,), -1, dtype=torch.int64, device=x.device)
-        name = _select(self.backend, x)
+            if self._backend_name == "cpp":
+                self._last_frame = torch.zeros_like(x, memory_format=torch.contiguous_format)
+                self._last_norm = torch.zeros(B, dtype=torch.float64)
+        if self._backend_name == "cpp":
+            return self._push_cpp(x)
+        name = self._backend_name
         t = self.frames_seen
         events: list[Event] = []
         fiw = torch.clamp(self._frames_in_window + 1, max=p.window + 1)
@@ -296,6 +304,19 @@ class StreamingSegmenter:
         self.frames_seen = t + 1
         events.sort(key=lambda e: (e.stream, e.start))
         return events
+
+    def _push_cpp(self, x: torch.Tensor) -> list[Event]:
+        # One fused native call: similarity, window shift, decision and state
+        # update for every stream; the state tensors are updated in place.
+        mod, _ = load_native("cpu", "boundaries")
+        p = self.params
+        rows = mod.stream_step(
+            x.contiguous().numpy(), self._last_frame.numpy(), self._last_norm.numpy(), self._window_sims.numpy(),
+            self._frames_in_window.numpy(), self._last_end.numpy(), self.frames_seen, p.window, p.tau,
+            p.min_depth, p.peak_code, p.max_event or 0, float("nan") if p.drift is None else p.drift,
+        )
+        self.frames_seen += 1
+        return [Event(*row) for row in rows.tolist()]
 
     def flush(self) -> list[Event]:
         """Close every open event; returns them sorted by stream."""

@@ -17,12 +17,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace streammem {
 namespace {
 
 constexpr int kLanes = 8;  // independent accumulators: vectorisable without reassociation
+// Below this much work (multiply-adds) a parallel region costs more than it
+// saves: waking the thread team takes milliseconds on a busy machine, which
+// would dominate a streaming push of one frame.
+constexpr int64_t kParallelWork = int64_t(1) << 18;
 
 // dot(a, b) and |b|^2, double accumulation in kLanes lanes combined in a fixed order.
 STREAMMEM_HOT __attribute__((noinline)) void pair_terms(const float* __restrict a, const float* __restrict b,
@@ -78,7 +83,7 @@ py::array_t<float> adjacent_cosine(carray<float> features) {
   const int64_t per = (M + chunks - 1) / chunks;
   {
     py::gil_scoped_release release;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * M * D >= kParallelWork)
     for (int64_t item = 0; item < B * chunks; ++item) {
       const int64_t s = item / chunks, c = item % chunks;
       const int64_t t0 = c * per, t1 = std::min(M, t0 + per);
@@ -154,7 +159,7 @@ py::array_t<double> depth_scores(carray<float> sim, int peak) {
   double* o = out.mutable_data();
   if (M == 0) return out;
   py::gil_scoped_release release;
-#pragma omp parallel
+#pragma omp parallel if (B * M >= kParallelWork / 64)
   {
     std::vector<double> scratch(2 * M);
 #pragma omp for schedule(static)
@@ -174,7 +179,7 @@ py::array_t<int64_t> window_choices(carray<float> sim, int64_t window, double ta
   int64_t* o = out.mutable_data();
   if (P == 0 || B == 0) return out;
   py::gil_scoped_release release;
-#pragma omp parallel
+#pragma omp parallel if (B * P * window >= kParallelWork / 16)
   {
     std::vector<double> scratch(3 * window);
 #pragma omp for schedule(static)
@@ -183,6 +188,97 @@ py::array_t<int64_t> window_choices(carray<float> sim, int64_t window, double ta
       o[item] = window_choice(s + b * M + p, window, tau, min_depth, peak, scratch.data());
     }
   }
+  return out;
+}
+
+// One streaming push for B streams, updating the segmenter's state in place
+// (boundaries.py's StreamingSegmenter.push is the spec).  The similarity comes
+// from pair_terms like the offline pass (same bits); the window rule is
+// window_choice on the window's similarities, oldest first.  Returns the closed
+// events as (K, 3) int64 rows (stream, start, end), sorted by stream then start.
+py::array_t<int64_t> stream_step(carray<float> frame, carray<float> last_frame, carray<double> last_norm,
+                                 carray<float> window_sims, carray<int64_t> frames_in_window,
+                                 carray<int64_t> last_end, int64_t t, int64_t window, double tau, double min_depth,
+                                 int peak, int64_t max_event, double drift) {
+  require(frame.ndim() == 2 && last_frame.ndim() == 2, "frames must be (B, D)");
+  const int64_t B = frame.shape(0), D = frame.shape(1);
+  require(window_sims.shape(0) == B && window_sims.shape(1) == window, "window_sims must be (B, window)");
+  const bool drift_mode = drift == drift;
+  const float* x = frame.data();
+  float* last = last_frame.mutable_data();
+  double* norm = last_norm.mutable_data();
+  float* sims = window_sims.mutable_data();
+  int64_t* in_window = frames_in_window.mutable_data();
+  int64_t* ends = last_end.mutable_data();
+  // Up to two events per stream: a window/drift cut and a max_event close.
+  std::vector<int64_t> found(B * 6, -1);
+  {
+    py::gil_scoped_release release;
+#pragma omp parallel if (B * D >= kParallelWork)
+    {
+      std::vector<double> scratch(3 * window);
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < B; ++b) {
+        const float* v = x + b * D;
+        float* prev = last + b * D;
+        float* buf = sims + b * window;
+        int64_t* ev = found.data() + b * 6;
+        double dot, nv, unused;
+        int64_t fiw = std::min(in_window[b] + 1, window + 1);
+        if (t == 0) {
+          pair_terms(v, v, D, &unused, &nv);
+        } else {
+          pair_terms(prev, v, D, &dot, &nv);
+          const float sim = cosine_from_terms(dot, norm[b], nv);
+          if (fiw >= 2) {  // frame t-1 is after the last boundary
+            if (drift_mode) {
+              if (static_cast<double>(sim) < drift) {
+                ev[0] = ends[b] + 1;
+                ev[1] = t - 1;
+                ends[b] = t - 1;
+                fiw = 1;
+              }
+            } else {
+              std::memmove(buf, buf + 1, sizeof(float) * (window - 1));
+              buf[window - 1] = sim;
+              if (fiw == window + 1) {
+                const int64_t c = window_choice(buf, window, tau, min_depth, peak, scratch.data());
+                if (c >= 0) {
+                  const int64_t boundary = t - window + c;
+                  ev[0] = ends[b] + 1;
+                  ev[1] = boundary;
+                  ends[b] = boundary;
+                  fiw = t - boundary;
+                }
+              }
+            }
+          }
+        }
+        if (max_event > 0 && t - ends[b] >= max_event) {
+          ev[2] = ends[b] + 1;
+          ev[3] = t;
+          ends[b] = t;
+          fiw = 0;
+        }
+        in_window[b] = fiw;
+        norm[b] = nv;
+        std::memcpy(prev, v, sizeof(float) * D);
+      }
+    }
+  }
+  std::vector<int64_t> rows;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int k = 0; k < 2; ++k) {
+      if (found[b * 6 + 2 * k] >= 0) {
+        rows.push_back(b);
+        rows.push_back(found[b * 6 + 2 * k]);
+        rows.push_back(found[b * 6 + 2 * k + 1]);
+      }
+    }
+  }
+  const int64_t K = static_cast<int64_t>(rows.size() / 3);
+  py::array_t<int64_t> out({K, int64_t(3)});
+  std::copy(rows.begin(), rows.end(), out.mutable_data());
   return out;
 }
 
@@ -206,7 +302,7 @@ py::array_t<uint8_t> scan_events(carray<float> sims, carray<int64_t> choices, in
   const int64_t* ch = choices.data();
   uint8_t* o = out.mutable_data();
   py::gil_scoped_release release;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * T >= kParallelWork / 64)
   for (int64_t b = 0; b < B; ++b) {
     uint8_t* ends = o + b * T;
     const float* row = s + b * M;
@@ -252,6 +348,10 @@ PYBIND11_MODULE(_cpu_boundaries, m) {
         "(B,M) float32 -> (B,M) float64 depth scores (peak 0 = climb, 1 = max)");
   m.def("window_choices", &streammem::window_choices, py::arg("sim"), py::arg("window"), py::arg("tau"),
         py::arg("min_depth"), py::arg("peak"), "(B,M) -> (B,M-window+1) int64 window-relative choice or -1");
+  m.def("stream_step", &streammem::stream_step, py::arg("frame"), py::arg("last_frame"), py::arg("last_norm"),
+        py::arg("window_sims"), py::arg("frames_in_window"), py::arg("last_end"), py::arg("t"), py::arg("window"),
+        py::arg("tau"), py::arg("min_depth"), py::arg("peak"), py::arg("max_event"), py::arg("drift"),
+        "one streaming push for B streams, state updated in place -> (K,3) int64 (stream, start, end)");
   m.def("scan_events", &streammem::scan_events, py::arg("sims"), py::arg("choices"), py::arg("window"),
         py::arg("max_event"), py::arg("drift"), "sequential event scan -> (B,M+1) uint8 event ends");
 }
