@@ -89,7 +89,7 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
     MotionResult with ``flow_px (T-1,)``, ``score (T-1,)``, ``mean_uv (T-1, 2)``,
     on the device of ``frames``.
     """
-    gray, window, min_eig = _prepare(frames, size, window, min_eig)
+    gray, window, min_eig = _prepare(frames, size, window, min_eig, backend)
     flow_px, mean_uv = _lk_flow(gray, window, min_eig, _select(backend, gray))
     return MotionResult(flow_px, flow_px / (1.0 + flow_px), mean_uv)
 
@@ -106,7 +106,7 @@ def select_frames(frames, threshold: float, *, reference: str = "previous", size
     threshold = check_float(threshold, "threshold", low=0.0, high=1.0)
     if reference not in ("previous", "last_kept"):
         raise ValueError(f"reference must be 'previous' or 'last_kept', got {reference!r}")
-    gray, window, min_eig = _prepare(frames, size, window, min_eig)
+    gray, window, min_eig = _prepare(frames, size, window, min_eig, backend)
     name = _select(backend, gray)
     if reference == "previous":
         flow_px, _ = _lk_flow(gray, window, min_eig, name)
@@ -122,7 +122,7 @@ def select_frames(frames, threshold: float, *, reference: str = "previous", size
     return kept
 
 
-def _prepare(frames, size, window, min_eig):
+def _prepare(frames, size, window, min_eig, backend="auto"):
     """Validate and convert to contiguous gray (T, H, W): uint8 kept, else float32."""
     if isinstance(frames, (list, tuple)):
         frames = [as_tensor(f, f"frames[{i}]") for i, f in enumerate(frames)]
@@ -154,27 +154,21 @@ def _prepare(frames, size, window, min_eig):
 
     if frames.dim() == 4 and frames.shape[-1] == 1:
         frames = frames[..., 0]
-    if frames.dim() == 4:
-        w = torch.tensor(_GRAY_WEIGHTS, dtype=torch.float32, device=frames.device)
-        gray = frames.to(torch.float32) @ w
-        if frames.dtype == torch.uint8:
-            gray = gray * (1.0 / 255.0)
-    elif frames.dtype == torch.uint8 and size is None:
-        gray = frames  # the kernels read uint8 directly and scale on load
-    else:
-        gray = frames.to(torch.float32)
-        if frames.dtype == torch.uint8:
-            gray = gray * (1.0 / 255.0)
+    h, w_ = frames.shape[1:3]
+    out_hw = (h, w_)
     if size is not None:
-        if gray.dtype == torch.uint8:
-            gray = gray.to(torch.float32) * (1.0 / 255.0)
-        h, w_ = gray.shape[1:]
         scale = size / max(h, w_)
         out_hw = (max(1, round(h * scale)), max(1, round(w_ * scale)))
-        if out_hw != (h, w_):
-            mode = "area" if scale < 1 else "bilinear"
-            extra = {} if mode == "area" else {"align_corners": False}
-            gray = F.interpolate(gray[:, None], size=out_hw, mode=mode, **extra)[:, 0]
+    native_prep = (
+        frames.dtype == torch.uint8 and frames.device.type == "cpu" and out_hw[0] <= h and out_hw[1] <= w_
+        and (frames.dim() == 4 or out_hw != (h, w_)) and LK_FLOW.select(backend, frames.device) == "cpp"
+    )
+    if native_prep:
+        # Fused uint8 -> gray -> area resize in one pass (same bins as the torch path below).
+        mod, _ = load_native("cpu", "motion")
+        gray = torch.from_numpy(mod.gray_area(frames.contiguous().numpy(), out_hw[0], out_hw[1]))
+    else:
+        gray = _gray_resize_torch(frames, out_hw)
     need = (window or 1) + 2
     if gray.shape[1] < need or gray.shape[2] < need:
         raise ValueError(
@@ -182,6 +176,27 @@ def _prepare(frames, size, window, min_eig):
             f"(3x3 gradients plus the window), got {tuple(gray.shape[1:])}"
         )
     return gray.contiguous(), window, min_eig
+
+
+def _gray_resize_torch(frames: torch.Tensor, out_hw) -> torch.Tensor:
+    """Reference preparation: gray (uint8 kept when no resize), area/bilinear resize."""
+    if frames.dim() == 4:
+        weights = torch.tensor(_GRAY_WEIGHTS, dtype=torch.float32, device=frames.device)
+        gray = frames.to(torch.float32) @ weights
+        if frames.dtype == torch.uint8:
+            gray = gray * (1.0 / 255.0)
+    elif frames.dtype == torch.uint8 and out_hw == tuple(frames.shape[1:]):
+        return frames  # the kernels read uint8 directly and scale on load
+    else:
+        gray = frames.to(torch.float32)
+        if frames.dtype == torch.uint8:
+            gray = gray * (1.0 / 255.0)
+    if out_hw != tuple(gray.shape[1:]):
+        if out_hw[0] <= gray.shape[1] and out_hw[1] <= gray.shape[2]:
+            gray = F.interpolate(gray[:, None], size=out_hw, mode="area")[:, 0]
+        else:
+            gray = F.interpolate(gray[:, None], size=out_hw, mode="bilinear", align_corners=False)[:, 0]
+    return gray
 
 
 def _select(backend: str, gray: torch.Tensor) -> str:

@@ -313,3 +313,16 @@ def test_torch_compile_on_cpu():
 
     torch.testing.assert_close(score(frames), motion_magnitude(frames, backend="torch").score * 2,
                                atol=2e-5, rtol=2e-4)
+
+
+@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("shape,size", [((3, 37, 53, 3), 24), ((3, 40, 30), 17), ((2, 23, 29, 3), None),
+                                        ((2, 16, 16, 3), 16)])
+def test_prepared_resize_matches_reference(backend, shape, size):
+    """The C++ path fuses gray conversion and area resizing; it must match torch's."""
+    g = torch.Generator().manual_seed(sum(shape))
+    frames = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+    ref = motion_magnitude(frames, size=size, backend="torch")
+    out = motion_magnitude(frames, size=size, backend=backend)
+    torch.testing.assert_close(out.flow_px, ref.flow_px, atol=2e-5, rtol=2e-4)
+    torch.testing.assert_close(out.mean_uv, ref.mean_uv, atol=2e-5, rtol=2e-4)

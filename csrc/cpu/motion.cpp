@@ -259,6 +259,55 @@ py::tuple lk_flow(py::array gray, int window, float min_eig) {
   throw std::invalid_argument("gray must be uint8 or float32");
 }
 
+// uint8 frames (T,H,W) or (T,H,W,3) -> float32 gray in [0,1] (T,oh,ow), with
+// area resampling identical to torch's adaptive_avg_pool2d bins
+// [floor(i*H/oh), ceil((i+1)*H/oh)) (what F.interpolate(mode="area") uses).
+// Gray and area averaging are both linear, so each bin is averaged in gray.
+carray<float> gray_area(const py::array_t<uint8_t, py::array::c_style>& frames, int64_t oh, int64_t ow) {
+  require(frames.ndim() == 3 || (frames.ndim() == 4 && frames.shape(3) == 3), "frames must be (T,H,W) or (T,H,W,3)");
+  const int64_t T_ = frames.shape(0), H = frames.shape(1), W = frames.shape(2);
+  const int64_t C = frames.ndim() == 4 ? 3 : 1;
+  require(oh >= 1 && ow >= 1 && oh <= H && ow <= W, "output size must be within the input size");
+  carray<float> out({T_, oh, ow});
+  const uint8_t* src = frames.data();
+  float* dst = out.mutable_data();
+  std::vector<int64_t> c0(ow), c1(ow);
+  for (int64_t j = 0; j < ow; ++j) {
+    c0[j] = (j * W) / ow;
+    c1[j] = ((j + 1) * W + ow - 1) / ow;
+  }
+  {
+    py::gil_scoped_release nogil;
+#pragma omp parallel if (T_ * H * W >= (int64_t{1} << 16))
+    {
+      std::vector<float> row(W), acc(W);
+#pragma omp for schedule(static)
+      for (int64_t item = 0; item < T_ * oh; ++item) {
+        const int64_t t = item / oh, i = item % oh;
+        const int64_t r0 = (i * H) / oh, r1 = ((i + 1) * H + oh - 1) / oh;
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t r = r0; r < r1; ++r) {
+          const uint8_t* p = src + ((t * H + r) * W) * C;
+          if (C == 3) {
+            for (int64_t x = 0; x < W; ++x)
+              acc[x] += 0.299f * p[3 * x] + 0.587f * p[3 * x + 1] + 0.114f * p[3 * x + 2];
+          } else {
+            for (int64_t x = 0; x < W; ++x) acc[x] += static_cast<float>(p[x]);
+          }
+        }
+        float* o = dst + (t * oh + i) * ow;
+        const float rows = static_cast<float>(r1 - r0);
+        for (int64_t j = 0; j < ow; ++j) {
+          float s = 0.0f;
+          for (int64_t x = c0[j]; x < c1[j]; ++x) s += acc[x];
+          o[j] = s / (rows * static_cast<float>(c1[j] - c0[j]) * 255.0f);
+        }
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace streammem
 
@@ -267,4 +316,6 @@ PYBIND11_MODULE(_cpu_motion, m) {
   m.doc() = "Lucas-Kanade motion magnitude (fused CPU kernel); see streammem_kernels/motion.py";
   m.def("lk_flow", &streammem::lk_flow, py::arg("gray"), py::arg("window"), py::arg("min_eig"),
         "(T,H,W) uint8|float32 gray -> (flow_px (T-1,), mean_uv (T-1,2))");
+  m.def("gray_area", &streammem::gray_area, py::arg("frames"), py::arg("out_h"), py::arg("out_w"),
+        "uint8 (T,H,W[,3]) -> float32 gray in [0,1] (T,out_h,out_w), area resampling");
 }
