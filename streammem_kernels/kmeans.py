@@ -43,9 +43,9 @@ iteration, OpenMP over problems when B is large, over points when B is small),
 ``triton`` (fused distance + running argmin per tile of points, the N x k
 distance matrix never written; centre sums by a deterministic one-hot
 reduction per (problem, centre tile, feature tile), no atomics, so results are
-bit-reproducible run to run).  ``auto`` on CPU: the C++ kernel, except when
-``k >= 64 and N * k * D >= 2**27`` per problem where torch's BLAS matmul is
-faster on the measured machine (see bench/RESULTS.md).
+bit-reproducible run to run).  ``auto`` on CPU takes the C++ kernel for every
+shape: it beat the torch/BLAS path in all three benchmark regimes, including
+the large-k x D one (bench/RESULTS.md), so no per-shape rule is needed.
 """
 from __future__ import annotations
 
@@ -509,29 +509,7 @@ def _lloyd_triton(points, weights, lengths, centres, tol, iters, cosine):
     return lloyd_loop(points, weights, lengths, centres, tol, iters, cosine, assign_triton, centre_sums_triton)
 
 
-def _blas_wins(n_points: int, k: int, dim: int) -> bool:
-    return k >= 64 and n_points * k * dim >= (1 << 27)
-
-
-class _KMeansOp(Op):
-    """Op whose ``auto`` on CPU prefers the BLAS-backed torch path for large k x D."""
-
-    def select(self, backend, device, **info):
-        chosen = super().select(backend, device, **info)
-        if (backend in (None, "auto") and chosen == "cpp" and device.type == "cpu"
-                and _blas_wins(info.get("n_points", 0), info.get("k", 0), info.get("dim", 0))
-                and _env_backend_is_auto()):
-            return "torch"
-        return chosen
-
-
-def _env_backend_is_auto() -> bool:
-    import os
-
-    return os.environ.get("STREAMMEM_BACKEND", "auto").strip().lower() in ("", "auto")
-
-
-LLOYD = _KMeansOp(
+LLOYD = Op(
     "kmeans",
     {"torch": _lloyd_torch, "cpp": _lloyd_cpp, "triton": _lloyd_triton},
 )

@@ -1,0 +1,188 @@
+"""Batched k-means vs faiss, scikit-learn and fast-pytorch-kmeans (issue regimes a, b, c).
+
+Run:  .venv/bin/python -m pytest bench/bench_kmeans.py --benchmark-json bench/results/kmeans.json
+Table: .venv/bin/python bench/bench_kmeans.py bench/results/kmeans.json
+
+Regimes (B problems of N points in D dims, k centres, at most 10 Lloyd iterations):
+  (a) StreamChat frames   B=16,   N=40,     D=65,536, k=5
+  (b) token clustering    B=8,    N=16,384, D=128,    k=256
+  (c) many tiny problems  B=4,096, N=64,    D=64,     k=8
+``STREAMMEM_BENCH_QUICK=1`` shrinks B (and N or D) so the file runs in about a minute.
+
+Every provider gets the same float32 data and the same initial centres (our
+shared k-means++ with seed 0).  Ours and scikit-learn use tol=0: a problem
+stops only when an iteration changes nothing (its labels are a fixed point, so
+later iterations would be no-ops); faiss always runs its 10 iterations;
+fast-pytorch-kmeans (MultiKMeans) stops when the summed shift of all problems
+is 0.  ``extra_info`` holds the iterations actually run and the final inertia
+of each provider's centres, evaluated by one shared float64 evaluator
+(every point to its nearest returned centre).
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from streammem_kernels import batched_kmeans
+from streammem_kernels.kmeans import assign_torch, distance_to_own_centre, initial_centres, select_backend
+
+QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
+ITERS = 10
+REGIMES = {
+    "a-frames": dict(B=4 if QUICK else 16, N=40, D=16384 if QUICK else 65536, k=5),
+    "b-tokens": dict(B=2 if QUICK else 8, N=4096 if QUICK else 16384, D=128, k=256),
+    "c-tiny": dict(B=512 if QUICK else 4096, N=64, D=64, k=8),
+}
+
+
+def make_data(name, B, N, D, k):
+    g = torch.Generator().manual_seed(0)
+    if name.startswith("a"):
+        # Video-like: consecutive frame features drift (a random walk per chunk).
+        steps = 0.3 * torch.randn(B, N, D, generator=g)
+        steps[:, 0] = torch.randn(B, D, generator=g)
+        x = steps.cumsum(dim=1)
+    else:
+        # Overlapping Gaussian blobs (as many as centres), unit spread.
+        means = torch.randn(B, k, D, generator=g)
+        which = torch.randint(0, k, (B, N), generator=g)
+        x = torch.gather(means, 1, which[..., None].expand(B, N, D)) + torch.randn(B, N, D, generator=g)
+    x = x.contiguous()
+    init = initial_centres(x, k, "k-means++", torch.ones(B, N), torch.full((B,), N), 0, False)
+    return x, init
+
+
+@pytest.fixture(scope="module", params=list(REGIMES), ids=list(REGIMES))
+def regime(request):
+    name = request.param
+    p = REGIMES[name]
+    x, init = make_data(name, **p)
+    return name, p, x, init
+
+
+def evaluate_inertia(x, centres):
+    """Total over problems of sum_i min_j ||x_i - c_j||^2 (float64)."""
+    centres = torch.as_tensor(centres, dtype=torch.float32)
+    valid = torch.ones(x.shape[:2], dtype=torch.bool)
+    labels = assign_torch(x, centres, valid, False)
+    return float(distance_to_own_centre(x, centres, labels, False).sum())
+
+
+def _run(benchmark, name, p, fn, provider, rounds):
+    benchmark.group = f"kmeans-{name}"
+    out = {}
+
+    def call():
+        out["centres"], out["n_iter"] = fn()
+
+    benchmark.pedantic(call, rounds=rounds, iterations=1, warmup_rounds=1 if rounds > 1 else 0)
+    benchmark.extra_info.update(provider=provider, problems=p["B"], N=p["N"], D=p["D"], k=p["k"], max_iters=ITERS,
+                                mean_iters=float(np.mean(out["n_iter"])), quick=QUICK,
+                                torch_threads=torch.get_num_threads())
+    return out
+
+
+def _record_inertia(benchmark, x, out):
+    benchmark.extra_info["inertia"] = evaluate_inertia(x, out["centres"])
+
+
+def _ours(backend):
+    def run(x, init, k):
+        res = batched_kmeans(x, k, init=init, iters=ITERS, tol=0.0, backend=backend)
+        return res.centroids, res.n_iter.numpy()
+
+    return run
+
+
+@pytest.mark.parametrize("backend", ["auto", "cpp", "torch"])
+def test_ours(benchmark, regime, backend):
+    name, p, x, init = regime
+    chosen = select_backend(backend, x, p["k"])
+    rounds = 1 if (backend == "torch" and not QUICK) else 3
+    out = _run(benchmark, name, p, lambda: _ours(backend)(x, init, p["k"]), f"ours-{backend}", rounds)
+    benchmark.extra_info["backend_used"] = chosen
+    _record_inertia(benchmark, x, out)
+
+
+def test_faiss_loop(benchmark, regime):
+    faiss = pytest.importorskip("faiss")
+    name, p, x, init = regime
+    xs, inits = x.numpy(), init.numpy()
+
+    def run():
+        centres = np.empty_like(inits)
+        for b in range(p["B"]):
+            km = faiss.Kmeans(p["D"], p["k"], niter=ITERS, nredo=1, seed=0, min_points_per_centroid=1,
+                              max_points_per_centroid=p["N"])  # no subsampling: every point, every iteration
+            km.train(xs[b], init_centroids=inits[b])
+            centres[b] = km.centroids
+        return centres, [ITERS] * p["B"]
+
+    out = _run(benchmark, name, p, run, "faiss-loop", 1 if not QUICK else 2)
+    _record_inertia(benchmark, x, out)
+
+
+def test_sklearn_loop(benchmark, regime):
+    cluster = pytest.importorskip("sklearn.cluster")
+    name, p, x, init = regime
+    xs, inits = x.numpy(), init.numpy()
+
+    def run():
+        centres = np.empty_like(inits)
+        n_iter = []
+        for b in range(p["B"]):
+            km = cluster.KMeans(p["k"], init=inits[b], n_init=1, max_iter=ITERS, tol=0.0, algorithm="lloyd")
+            km.fit(xs[b])
+            centres[b] = km.cluster_centers_
+            n_iter.append(km.n_iter_)
+        return centres, n_iter
+
+    out = _run(benchmark, name, p, run, "sklearn-loop", 1)
+    _record_inertia(benchmark, x, out)
+
+
+def test_fast_pytorch_kmeans(benchmark, regime):
+    fpk = pytest.importorskip("fast_pytorch_kmeans")
+    name, p, x, init = regime
+
+    def run():
+        km = fpk.MultiKMeans(p["k"], max_iter=ITERS, tol=0.0)
+        km.fit_predict(x, centroids=init.clone())
+        return km.centroids, [ITERS] * p["B"]  # it reports no per-problem count
+
+    out = _run(benchmark, name, p, run, "fast-pytorch-kmeans", 1 if not QUICK else 2)
+    _record_inertia(benchmark, x, out)
+
+
+def markdown_table(path):
+    """Rows per regime: provider, backend, mean s, problems/s, point-iterations/s, ratio to ours-auto, inertia."""
+    with open(path) as f:
+        data = json.load(f)
+    rows = {}
+    for bench in data["benchmarks"]:
+        info = bench["extra_info"]
+        rows.setdefault(bench["group"], []).append((info, bench["stats"]))
+    lines = []
+    for group in sorted(rows):
+        entries = rows[group]
+        ours = next(s["mean"] for i, s in entries if i["provider"] == "ours-auto")
+        info0 = entries[0][0]
+        lines.append(f"\n**{group}** (B={info0['problems']}, N={info0['N']}, D={info0['D']}, k={info0['k']}, "
+                     f"max {info0['max_iters']} iterations)\n")
+        lines.append("| provider | mean s (rounds) | problems/s | mean iterations | point-iterations/s "
+                     "| time / ours-auto | final inertia |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for info, s in sorted(entries, key=lambda e: e[1]["mean"]):
+            name = info["provider"] + (f" ({info['backend_used']})" if "backend_used" in info else "")
+            pits = info["problems"] * info["N"] * info["mean_iters"] / s["mean"]
+            lines.append(f"| {name} | {s['mean']:.3f} ({s['rounds']}) | {info['problems'] / s['mean']:.1f} "
+                         f"| {info['mean_iters']:.2f} | {pits:.3g} | {s['mean'] / ours:.2f}x "
+                         f"| {info['inertia']:.6g} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown_table(sys.argv[1] if len(sys.argv) > 1 else "bench/results/kmeans.json"))
