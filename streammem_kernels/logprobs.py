@@ -40,7 +40,6 @@ split) with ``tl.dot`` tiles).  ``divergence_point`` is O(L) per caption and has
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -120,12 +119,6 @@ def linear_token_logprobs(hidden, weight, targets, bias=None, *, backend: str = 
     No backend materialises the ``(T, V)`` logits; the torch backend holds one
     ``(T, V_chunk)`` float32 tile at a time, cpp/triton only O(T) state.
 
-    Notes
-    -----
-    On CPU, ``auto`` picks the torch backend (an MKL/oneDNN GEMM per vocabulary
-    chunk), which measured faster than the C++ micro-kernel on the 2-core
-    reference machine at every benchmarked size at the same O(T) extra memory
-    (see bench/RESULTS.md); ``backend="cpp"`` still selects the C++ kernel.
     """
     hidden = as_tensor(hidden, "hidden")
     weight = as_tensor(weight, "weight")
@@ -154,7 +147,7 @@ def linear_token_logprobs(hidden, weight, targets, bias=None, *, backend: str = 
     check_finite(hidden, "hidden")
     rows2d = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = _check_targets(targets, hidden.shape[:-1], vocab, hidden.device, "hidden.shape[:-1]")
-    name = _select_linear(backend, hidden.device, hidden.dtype)
+    name = LINEAR_TOKEN_LOGPROBS.select(backend, hidden.device, dtype=hidden.dtype)
     out = torch.ops.streammem.linear_token_logprobs(rows2d, weight, bias, flat_targets, name)
     _raise_on_nan(out, "weight")
     return out.reshape(hidden.shape[:-1])
@@ -244,16 +237,6 @@ def _raise_on_nan(out: torch.Tensor, source: str) -> None:
         raise ValueError(
             f"{source} must be finite: rows {rows} produced NaN (a NaN or +inf logit, or a row that is all -inf)"
         )
-
-
-def _select_linear(backend: str, device: torch.device, dtype: torch.dtype) -> str:
-    # MKL's GEMM per vocabulary chunk beats our C++ micro-kernel on CPU (measured,
-    # bench/RESULTS.md), so `auto` on CPU prefers the chunked torch path; the
-    # STREAMMEM_BACKEND override and explicit requests still go through Op.select.
-    if (backend in (None, "auto") and device.type == "cpu"
-            and os.environ.get("STREAMMEM_BACKEND", "auto").strip().lower() in ("", "auto")):
-        return "torch"
-    return LINEAR_TOKEN_LOGPROBS.select(backend, device, dtype=dtype)
 
 
 # --------------------------------------------------------------------------
@@ -370,10 +353,8 @@ def _linear_token_logprobs_torch(hidden: torch.Tensor, weight: torch.Tensor, bia
     target_logit = torch.zeros(n_rows, dtype=cdt, device=hidden.device)
     step = max(256, _TORCH_CHUNK_ELEMS // max(n_rows, 1))
     for v0 in range(0, vocab, step):
-        w = weight[v0:v0 + step].to(cdt)
-        logits = h @ w.T
-        if bias is not None:
-            logits += bias[v0:v0 + step].to(cdt)
+        chunk_bias = None if bias is None else bias[v0:v0 + step].to(cdt)
+        logits = torch.nn.functional.linear(h, weight[v0:v0 + step].to(cdt), chunk_bias)
         tile_max = logits.max(dim=1).values
         new_max = torch.maximum(running_max, tile_max)
         # exp(-inf - finite) = 0 on the first chunk; an all -inf row yields NaN -> ValueError.

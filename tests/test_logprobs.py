@@ -203,14 +203,6 @@ def test_linear_token_logprobs_validation():
         linear_token_logprobs(hidden, weight, torch.tensor([0, 1, 20]))
 
 
-def test_linear_auto_on_cpu_is_the_chunked_torch_path(monkeypatch):
-    from streammem_kernels.logprobs import _select_linear
-
-    assert _select_linear("auto", torch.device("cpu"), torch.float32) == "torch"
-    monkeypatch.setenv("STREAMMEM_BACKEND", "torch")
-    assert _select_linear("auto", torch.device("cpu"), torch.float32) == "torch"
-
-
 def test_linear_token_logprobs_chunking_crosses_tiles(monkeypatch):
     # Force many vocabulary chunks in the torch path (and its online rescaling).
     import streammem_kernels.logprobs as lp

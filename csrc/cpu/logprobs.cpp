@@ -176,8 +176,6 @@ constexpr int kRowBlock = 96;    // hidden rows per logits scratch block
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float v8sf __attribute__((vector_size(32)));
 
-inline v8sf splat(float x) { return v8sf{x, x, x, x, x, x, x, x}; }
-
 inline v8sf load8(const float* p) {
   v8sf v;
   std::memcpy(&v, p, sizeof(v));
@@ -194,24 +192,19 @@ STREAMMEM_HOT void micro_kernel(const float* __restrict a_panel, const float* __
     const v8sf b0 = load8(b_panel + h * kCols);
     const v8sf b1 = load8(b_panel + h * kCols + 8);
     const float* a = a_panel + h * kRows;
-    const v8sf a0 = splat(a[0]);
-    c00 += a0 * b0;
-    c01 += a0 * b1;
-    const v8sf a1 = splat(a[1]);
-    c10 += a1 * b0;
-    c11 += a1 * b1;
-    const v8sf a2 = splat(a[2]);
-    c20 += a2 * b0;
-    c21 += a2 * b1;
-    const v8sf a3 = splat(a[3]);
-    c30 += a3 * b0;
-    c31 += a3 * b1;
-    const v8sf a4 = splat(a[4]);
-    c40 += a4 * b0;
-    c41 += a4 * b1;
-    const v8sf a5 = splat(a[5]);
-    c50 += a5 * b0;
-    c51 += a5 * b1;
+    // scalar * vector broadcasts (vbroadcastss) under GCC's vector extensions.
+    c00 += a[0] * b0;
+    c01 += a[0] * b1;
+    c10 += a[1] * b0;
+    c11 += a[1] * b1;
+    c20 += a[2] * b0;
+    c21 += a[2] * b1;
+    c30 += a[3] * b0;
+    c31 += a[3] * b1;
+    c40 += a[4] * b0;
+    c41 += a[4] * b1;
+    c50 += a[5] * b0;
+    c51 += a[5] * b1;
   }
   const v8sf acc[kRows][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
   for (int r = 0; r < kRows; ++r) {

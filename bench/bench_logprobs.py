@@ -1,0 +1,153 @@
+"""Benchmark: gathered token log-probs vs log_softmax+gather and cross_entropy.
+
+Two ways to run it:
+
+* ``pytest bench/bench_logprobs.py --benchmark-only`` -- pytest-benchmark timings
+  of every provider on the same inputs in the same run;
+* ``python bench/bench_logprobs.py`` -- one fresh subprocess per (case,
+  provider) measuring the median time *and* the peak extra memory: the RSS
+  high-water mark (``ru_maxrss``) after the op minus the high-water mark once
+  the inputs exist and the libraries are warm.  Prints the markdown table kept
+  in bench/RESULTS.md.
+
+``STREAMMEM_BENCH_QUICK=1`` shrinks the grid.  Inputs: H = 576 (SmolLM2-135M),
+V = 49,152 (SmolLM2) and 151,936 (Qwen2), float32, T rows of random data.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from streammem_kernels import linear_token_logprobs, token_logprobs  # noqa: E402
+
+QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
+WIDTH = 576
+VOCABS = [49_152, 151_936]
+TOKEN_ROWS = [128, 1024] if QUICK else [128, 1024, 4096]
+LINEAR_ROWS = [128] if QUICK else [128, 1024]
+
+
+def make_inputs(kind: str, rows: int, vocab: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    targets = torch.randint(0, vocab, (rows,), generator=g)
+    if kind == "token":
+        # In-place scaling: a temporary copy would raise the RSS high-water mark
+        # before the op runs and hide the op's own peak.
+        return {"logits": torch.randn(rows, vocab, generator=g).mul_(3), "targets": targets}
+    return {"hidden": torch.randn(rows, WIDTH, generator=g),
+            "weight": torch.randn(vocab, WIDTH, generator=g).mul_(3 / WIDTH ** 0.5), "targets": targets}
+
+
+def _log_softmax_gather(logits, targets):
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None])[:, 0]
+
+
+def _cross_entropy(logits, targets):
+    return -F.cross_entropy(logits.float(), targets, reduction="none")
+
+
+PROVIDERS = {
+    "token": {
+        "ours[cpp]": lambda x: token_logprobs(x["logits"], x["targets"], backend="cpp"),
+        "ours[torch-chunked]": lambda x: token_logprobs(x["logits"], x["targets"], backend="torch"),
+        "log_softmax+gather": lambda x: _log_softmax_gather(x["logits"], x["targets"]),
+        "cross_entropy(none)": lambda x: _cross_entropy(x["logits"], x["targets"]),
+    },
+    "linear": {
+        "ours[torch-chunked]": lambda x: linear_token_logprobs(x["hidden"], x["weight"], x["targets"], backend="torch"),
+        "ours[cpp]": lambda x: linear_token_logprobs(x["hidden"], x["weight"], x["targets"], backend="cpp"),
+        "matmul+log_softmax+gather": lambda x: _log_softmax_gather(x["hidden"] @ x["weight"].T, x["targets"]),
+        "matmul+cross_entropy(none)": lambda x: _cross_entropy(x["hidden"] @ x["weight"].T, x["targets"]),
+    },
+}
+
+
+def _cases():
+    for kind, rows_list in (("token", TOKEN_ROWS), ("linear", LINEAR_ROWS)):
+        for vocab in VOCABS:
+            for rows in rows_list:
+                for provider in PROVIDERS[kind]:
+                    yield kind, vocab, rows, provider
+
+
+# --------------------------------------------------------------------------
+# pytest-benchmark timings
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("kind,vocab,rows,provider", list(_cases()),
+                         ids=[f"{k}-V{v}-T{t}-{p}" for k, v, t, p in _cases()])
+def test_logprobs_time(benchmark, kind, vocab, rows, provider):
+    inputs = make_inputs(kind, rows, vocab)
+    fn = PROVIDERS[kind][provider]
+    expected = _log_softmax_gather(inputs["logits"], inputs["targets"]) if kind == "token" else None
+    result = benchmark.pedantic(fn, args=(inputs,), rounds=3 if rows * vocab < 2e8 else 1, warmup_rounds=1)
+    if expected is not None:
+        torch.testing.assert_close(result, expected, atol=1e-4, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------
+# Fresh-subprocess time + peak extra RSS
+# --------------------------------------------------------------------------
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _measure_one(kind: str, vocab: int, rows: int, provider: str, repeats: int) -> dict:
+    fn = PROVIDERS[kind][provider]
+    fn(make_inputs(kind, 4, 256, seed=1))  # load native modules, MKL, thread pools
+    inputs = make_inputs(kind, rows, vocab)
+    before = _peak_rss_bytes()
+    start = time.perf_counter()
+    out = fn(inputs)
+    first = time.perf_counter() - start
+    extra = _peak_rss_bytes() - before
+    times = [first]
+    for _ in range(repeats - 1):
+        start = time.perf_counter()
+        fn(inputs)
+        times.append(time.perf_counter() - start)
+    return {"time_s": statistics.median(times), "extra_bytes": max(extra, 0), "checksum": float(out.double().sum())}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--one":
+        kind, vocab, rows, provider, repeats = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(
+            sys.argv[6])
+        print(json.dumps(_measure_one(kind, vocab, rows, provider, repeats)))
+        return
+    rows_out = []
+    for kind, vocab, rows, provider in _cases():
+        work = rows * vocab * (WIDTH if kind == "linear" else 1)
+        repeats = 5 if work < 5e8 else (3 if work < 5e10 else 1)
+        proc = subprocess.run([sys.executable, __file__, "--one", kind, str(vocab), str(rows), provider,
+                               str(repeats)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(proc.stderr[-2000:], file=sys.stderr)
+            raise SystemExit(f"case {kind} V={vocab} T={rows} {provider} failed")
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        rows_out.append((kind, vocab, rows, provider, res))
+        print(f"{kind:6s} V={vocab:6d} T={rows:5d} {provider:28s} {res['time_s'] * 1e3:10.1f} ms "
+              f"{res['extra_bytes'] / 2**20:10.1f} MiB", flush=True)
+    print()
+    print("| op | V | T | provider | time (ms) | peak extra RSS (MiB) | memory vs log_softmax+gather | time vs log_softmax+gather |")
+    print("|---|---|---|---|---|---|---|---|")
+    for kind, vocab, rows, provider, res in rows_out:
+        base_name = "log_softmax+gather" if kind == "token" else "matmul+log_softmax+gather"
+        base = next(r for k, v, t, p, r in rows_out if (k, v, t, p) == (kind, vocab, rows, base_name))
+        mem_ratio = base["extra_bytes"] / max(res["extra_bytes"], 4096)  # RSS moves in 4 KiB pages
+        time_ratio = base["time_s"] / res["time_s"]
+        print(f"| {kind} | {vocab} | {rows} | {provider} | {res['time_s'] * 1e3:.1f} | "
+              f"{res['extra_bytes'] / 2**20:.1f} | {mem_ratio:.1f}x less | {time_ratio:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
