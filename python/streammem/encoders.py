@@ -241,12 +241,16 @@ class MiniLMTextEncoder:
         if not os.path.isfile(os.path.join(path, "model.safetensors")):
             raise FileNotFoundError(f"MiniLM weights missing under {path}")
         verbosity = hf_logging.get_verbosity()
+        bars = hf_logging.is_progress_bar_enabled()
         hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()  # the weight-loading bar would clutter every CLI run
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             self.model = AutoModel.from_pretrained(path, local_files_only=True).eval()
         finally:
             hf_logging.set_verbosity(verbosity)
+            if bars:
+                hf_logging.enable_progress_bar()
         self.batch_size = int(batch_size)
         self.max_length = int(max_length)
 
