@@ -24,9 +24,10 @@ namespace streammem {
 namespace {
 
 constexpr int kLanes = 8;  // independent accumulators: vectorisable without reassociation
-// Below this much work (multiply-adds) a parallel region costs more than it
-// saves: waking the thread team takes milliseconds on a busy machine, which
-// would dominate a streaming push of one frame.
+// Below this much work (multiply-adds, window steps or scan steps) a parallel
+// region costs more than it saves: waking the thread team takes microseconds
+// on an idle machine and milliseconds on a busy one, which would dominate a
+// streaming push of one frame or the cheap decision and scan passes.
 constexpr int64_t kParallelWork = int64_t(1) << 18;
 
 // dot(a, b) and |b|^2, double accumulation in kLanes lanes combined in a fixed order.
@@ -159,7 +160,7 @@ py::array_t<double> depth_scores(carray<float> sim, int peak) {
   double* o = out.mutable_data();
   if (M == 0) return out;
   py::gil_scoped_release release;
-#pragma omp parallel if (B * M >= kParallelWork / 64)
+#pragma omp parallel if (B * M >= kParallelWork)
   {
     std::vector<double> scratch(2 * M);
 #pragma omp for schedule(static)
@@ -179,7 +180,7 @@ py::array_t<int64_t> window_choices(carray<float> sim, int64_t window, double ta
   int64_t* o = out.mutable_data();
   if (P == 0 || B == 0) return out;
   py::gil_scoped_release release;
-#pragma omp parallel if (B * P * window >= kParallelWork / 16)
+#pragma omp parallel if (B * P * window >= kParallelWork)
   {
     std::vector<double> scratch(3 * window);
 #pragma omp for schedule(static)
@@ -302,7 +303,7 @@ py::array_t<uint8_t> scan_events(carray<float> sims, carray<int64_t> choices, in
   const int64_t* ch = choices.data();
   uint8_t* o = out.mutable_data();
   py::gil_scoped_release release;
-#pragma omp parallel for schedule(static) if (B * T >= kParallelWork / 64)
+#pragma omp parallel for schedule(static) if (B * T >= kParallelWork)
   for (int64_t b = 0; b < B; ++b) {
     uint8_t* ends = o + b * T;
     const float* row = s + b * M;
