@@ -364,11 +364,12 @@ class CosineTree:
         ids = sorted(int(c) for c in children)
         if len(set(ids)) != len(ids):
             raise ValueError("child_ids must be distinct")
-        for c in ids:
-            if c < 0 or c >= self._n:
-                raise ValueError(f"child_ids must be node ids in [0, {self._n}), got {c}")
-            if int(self._parent[c]) != -1:
-                raise ValueError(f"child_ids must be current roots; node {c} already has parent {int(self._parent[c])}")
+        if ids[0] < 0 or ids[-1] >= self._n:
+            raise ValueError(f"child_ids must be node ids in [0, {self._n}), got {ids[0] if ids[0] < 0 else ids[-1]}")
+        parents = self._parent[torch.tensor(ids, device=self._device)].tolist()
+        for c, p in zip(ids, parents):
+            if p != -1:
+                raise ValueError(f"child_ids must be current roots; node {c} already has parent {p}")
         rows = self._prepare_rows(emb, "emb")
         if rows.shape[0] != 1:
             raise ValueError(f"emb must be one embedding of shape (D,), got shape {tuple(rows.shape)}")
