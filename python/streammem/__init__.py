@@ -16,6 +16,7 @@ and is imported on first access, so ``import streammem`` stays cheap and does
 not pull in transformers.
 """
 from .bounded import BoundedMemory
+from .captioners import LanguageModelCaptioner
 from .encoders import (
     EfficientNetLiteEncoder,
     EncodedFrames,
@@ -48,6 +49,7 @@ __all__ = [
     "KnowledgeBase",
     "KnowledgeInjector",
     "LabelCaptioner",
+    "LanguageModelCaptioner",
     "LongTermMemory",
     "MemoryNode",
     "MiniLMTextEncoder",
