@@ -378,3 +378,24 @@ def test_torch_compile_on_cpu():
     ref = batched_kmeans(x, 3, init="first", backend="torch")
     assert torch.equal(got[1], ref.labels)
     torch.testing.assert_close(got[0], ref.centroids)
+
+
+def test_long_dot_products_keep_float64_labels_regression():
+    # Regression: with D = 65,536 (StreamChat frames) a single 65,536-term
+    # float32 accumulation per dot product moved near-boundary frames of one
+    # problem in 16 to another cluster, and the C++ kernel settled in a worse
+    # fixed point than scikit-learn in float64.  Blocked float32 partial sums
+    # added in float64 keep the labels.
+    sklearn_cluster = pytest.importorskip("sklearn.cluster")
+    B, N, D, k = 16, 40, 65536, 5
+    g = torch.Generator().manual_seed(0)
+    steps = 0.3 * torch.randn(B, N, D, generator=g)
+    steps[:, 0] = torch.randn(B, D, generator=g)
+    x = steps.cumsum(dim=1)  # video-like drifting frame features
+    init = initial_centres(x, k, "k-means++", torch.ones(B, N), torch.full((B,), N), 0, False)
+    res = batched_kmeans(x, k, init=init, tol=0.0, backend="cpp" if "cpp" in BACKENDS else "torch")
+    for b in range(B):
+        km = sklearn_cluster.KMeans(k, init=init[b].double().numpy(), n_init=1, max_iter=10, tol=0.0,
+                                    algorithm="lloyd").fit(x[b].double().numpy())
+        np.testing.assert_array_equal(res.labels[b].numpy(), km.labels_)
+        assert int(res.n_iter[b]) == km.n_iter_

@@ -45,7 +45,7 @@ typedef float v8f __attribute__((vector_size(32)));
 
 struct Centres {
   const float* c;   // (k, D)
-  const float* sq;  // (k,) ||c||^2
+  const double* sq; // (k,) ||c||^2 (float64)
   const float* ct;  // (D, kp) transposed, zero-padded to kp (a multiple of 8)
   int64_t kp;
 };
@@ -58,26 +58,42 @@ __attribute__((always_inline)) inline v8f load8(const float* p) {
 
 __attribute__((always_inline)) inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
 
-// scores[p * kp + j] = rows[p] . c_j for 6 point rows and all centres: a GEMM
-// micro-kernel, NV vectors of 8 centres per tile, broadcast of one feature of
-// each point against a row of the transposed centres.
+// Features per float32 partial dot product.  Each block's partial sums are
+// added into float64 totals, so a long dot (D = 65,536 frame features) carries
+// the rounding of a 256-term float32 sum, not of a 65,536-term one; without
+// this the scores of near-boundary frames drift by more than their gap and
+// Lloyd can settle in a different fixed point than a float64 computation.
+constexpr int64_t kAccumBlock = 256;
+
+// scores[p * kp + j] = rows[p] . c_j (float64) for 6 point rows and all
+// centres: a GEMM micro-kernel, NV vectors of 8 centres per tile, broadcast of
+// one feature of each point against a row of the transposed centres.
 template <int NV>
-STREAMMEM_HOT void scores_tile(const float* const* rows, int64_t D, const Centres& cs, float* scores) {
+STREAMMEM_HOT void scores_tile(const float* const* rows, int64_t D, const Centres& cs, double* scores) {
+  for (int64_t e = 0; e < kTilePoints * cs.kp; ++e) scores[e] = 0.0;
   for (int64_t j0 = 0; j0 < cs.kp; j0 += 8 * NV) {
-    v8f acc[kTilePoints][NV];
-    for (int p = 0; p < kTilePoints; ++p)
-      for (int v = 0; v < NV; ++v) acc[p][v] = v8f{};
     const float* col = cs.ct + j0;
-    for (int64_t d = 0; d < D; ++d) {
-      v8f cv[NV];
-      for (int v = 0; v < NV; ++v) cv[v] = load8(col + d * cs.kp + 8 * v);
-      for (int p = 0; p < kTilePoints; ++p) {
-        const float xv = rows[p][d];
-        for (int v = 0; v < NV; ++v) acc[p][v] += xv * cv[v];
+    for (int64_t d0 = 0; d0 < D; d0 += kAccumBlock) {
+      const int64_t d1 = std::min(D, d0 + kAccumBlock);
+      v8f acc[kTilePoints][NV];
+      for (int p = 0; p < kTilePoints; ++p)
+        for (int v = 0; v < NV; ++v) acc[p][v] = v8f{};
+      for (int64_t d = d0; d < d1; ++d) {
+        v8f cv[NV];
+        for (int v = 0; v < NV; ++v) cv[v] = load8(col + d * cs.kp + 8 * v);
+        for (int p = 0; p < kTilePoints; ++p) {
+          const float xv = rows[p][d];
+          for (int v = 0; v < NV; ++v) acc[p][v] += xv * cv[v];
+        }
       }
+      for (int p = 0; p < kTilePoints; ++p)
+        for (int v = 0; v < NV; ++v) {
+          float part[8];
+          store8(part, acc[p][v]);
+          double* out = scores + p * cs.kp + j0 + 8 * v;
+          for (int l = 0; l < 8; ++l) out[l] += part[l];
+        }
     }
-    for (int p = 0; p < kTilePoints; ++p)
-      for (int v = 0; v < NV; ++v) store8(scores + p * cs.kp + j0 + 8 * v, acc[p][v]);
   }
 }
 
@@ -104,12 +120,12 @@ STREAMMEM_HOT double own_distance_accumulate(const float* __restrict x, const fl
   return acc;
 }
 
-inline int64_t best_centre(const float* scores, int64_t k, const float* sq, bool cosine) {
+inline int64_t best_centre(const double* scores, int64_t k, const double* sq, bool cosine) {
   // Strict comparison: ties go to the lowest centre index (torch.argmin/argmax agree).
   int64_t best = 0;
-  float best_score = cosine ? -scores[0] : sq[0] - 2.0f * scores[0];
+  double best_score = cosine ? -scores[0] : sq[0] - 2.0 * scores[0];
   for (int64_t j = 1; j < k; ++j) {
-    const float s = cosine ? -scores[j] : sq[j] - 2.0f * scores[j];
+    const double s = cosine ? -scores[j] : sq[j] - 2.0 * scores[j];
     if (s < best_score) {
       best_score = s;
       best = j;
@@ -121,7 +137,7 @@ inline int64_t best_centre(const float* scores, int64_t k, const float* sq, bool
 // Assign points [i0, i1) of one problem; accumulate into sums/mass when given.
 void assign_range(const float* x, const float* w, int64_t i0, int64_t i1, int64_t D, int64_t k,
                   const Centres& cs, bool cosine, int64_t* labels, double* pdist, double* sums, double* mass) {
-  std::vector<float> scores(static_cast<size_t>(kTilePoints * cs.kp));
+  std::vector<double> scores(static_cast<size_t>(kTilePoints * cs.kp));
   const bool wide = cs.kp > 8;
   for (int64_t i = i0; i < i1; i += kTilePoints) {
     const int64_t np = std::min<int64_t>(kTilePoints, i1 - i);
@@ -144,17 +160,17 @@ void assign_range(const float* x, const float* w, int64_t i0, int64_t i1, int64_
 }
 
 struct Workspace {
-  std::vector<float> sq, ct, next;
-  std::vector<double> sums, mass, pdist;
+  std::vector<float> ct, next;
+  std::vector<double> sq, sums, mass, pdist;
   std::vector<int64_t> order;
 };
 
 void prepare_centres(const float* c, int64_t k, int64_t D, Workspace& ws, Centres& cs) {
-  ws.sq.assign(k, 0.0f);
+  ws.sq.assign(k, 0.0);
   for (int64_t j = 0; j < k; ++j) {
     double s = 0.0;
     for (int64_t d = 0; d < D; ++d) s += static_cast<double>(c[j * D + d]) * c[j * D + d];
-    ws.sq[j] = static_cast<float>(s);
+    ws.sq[j] = s;
   }
   cs.c = c;
   cs.sq = ws.sq.data();
