@@ -23,7 +23,7 @@ $(STAMP): $(VENV)/bin/python pyproject.toml setup.py requirements-dev.txt
 	@$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/constraints.txt
 	@echo "streammem: pinned $$(cat $(VENV)/constraints.txt) for every later install"
 	$(PIP) install -q -c $(VENV)/constraints.txt -r requirements-dev.txt
-	$(PIP) install -q -c $(VENV)/constraints.txt --no-build-isolation --no-deps -e .
+	STREAMMEM_SKIP_EXT=1 $(PIP) install -q -c $(VENV)/constraints.txt --no-build-isolation --no-deps -e .
 	@touch $(STAMP)
 
 # Incremental rebuild of the native modules after C++/CUDA edits.

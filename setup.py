@@ -11,7 +11,8 @@
 
 torch is deliberately *not* a build requirement (an isolated build would pull a
 multi-GB CUDA wheel); the CPU modules only need pybind11 and numpy buffers.
-Set ``STREAMMEM_MARCH_NATIVE=1`` to compile the CPU modules with
+``STREAMMEM_SKIP_EXT=1`` builds no module (used by the Makefile's editable
+install, after which ``make build`` compiles in place).  Set ``STREAMMEM_MARCH_NATIVE=1`` to compile the CPU modules with
 ``-march=native``.
 """
 import glob
@@ -79,10 +80,15 @@ def cuda_extensions():
     return exts, BuildExtension
 
 
-cuda_exts, cuda_build_ext = cuda_extensions()
+if os.environ.get("STREAMMEM_SKIP_EXT") == "1":
+    # The Makefile's editable install registers the packages only; `make build`
+    # then compiles the modules in place, once and incrementally.
+    cpu_exts, (cuda_exts, cuda_build_ext) = [], ([], None)
+else:
+    cpu_exts, (cuda_exts, cuda_build_ext) = cpu_extensions(), cuda_extensions()
 cmdclass = {"build_ext": cuda_build_ext.with_options(no_python_abi_suffix=False) if cuda_build_ext else build_ext}
 
 setup(
-    ext_modules=cpu_extensions() + cuda_exts,
+    ext_modules=cpu_exts + cuda_exts,
     cmdclass=cmdclass,
 )
