@@ -66,9 +66,9 @@ def test_ours_torch_reference(benchmark, clip):
 def test_seed_style_unfold_solve(benchmark, clip):
     size, gray = clip
     frames = torch.from_numpy(gray[:3])  # 2 pairs: it runs at a few pairs/s
-    benchmark.pedantic(lambda: seed_style_flow(frames), rounds=2, iterations=1)
     benchmark.group = f"motion-{size}"
     benchmark.extra_info.update(pairs=2, provider="seed-style-unfold-solve")
+    benchmark.pedantic(lambda: seed_style_flow(frames), rounds=2, iterations=1)
 
 
 def test_opencv_dis_ultrafast(benchmark, clip):
