@@ -55,6 +55,9 @@ def _adjacent_cosine_kernel(x_ptr, out_ptr, T, D, M,
     denom = tl.where(nonzero, tl.sqrt(na) * tl.sqrt(nb), 1.0)
     cos = tl.minimum(tl.maximum(dot_s / denom, -1.0), 1.0)
     cos = tl.where(nonzero, cos, 0.0)
+    # NaN/Inf inputs (or float32 overflow of the sums) give NaN; the caller raises.
+    finite = (tl.abs(dot_s) < float("inf")) & (na < float("inf")) & (nb < float("inf"))
+    cos = tl.where(finite, cos, float("nan"))
     tl.store(out_ptr + stream.to(tl.int64) * M + t, cos, mask=t_ok)
 
 

@@ -101,7 +101,7 @@ def adjacent_cosine(features, *, backend: str = "auto") -> torch.Tensor:
     [-1, 1]; a pair with a zero vector gives 0.
     """
     x, batched = _prepare_features(features, "features")
-    sims = torch.ops.streammem.adjacent_cosine(x, _select(backend, x))
+    sims = _checked_cosines(x, _select(backend, x), "features")
     return sims if batched else sims[0]
 
 
@@ -368,10 +368,28 @@ def _prepare_features(features, name: str) -> tuple[torch.Tensor, bool]:
     check_rank(x, name, (2, 3), "(T, D) or (B, T, D)")
     check_dtype(x, name, _FEATURE_DTYPES)
     check_nonempty(x, name)
-    check_finite(x, name)
     batched = x.dim() == 3
     x = x if batched else x[None]
-    return _to_kernel_dtype(x).contiguous(), batched
+    x = _to_kernel_dtype(x).contiguous()
+    if x.shape[1] == 1:
+        check_finite(x, name)  # no pair to carry a NaN into the similarities
+    return x, batched
+
+
+def _checked_cosines(x: torch.Tensor, name: str, arg: str) -> torch.Tensor:
+    """Adjacent cosines, raising ValueError if ``x`` holds NaN/Inf.
+
+    Every frame is in some pair and a pair with a non-finite input yields a NaN
+    similarity, so scanning the (B, T-1) similarities replaces a full scan of
+    the features (torch.isfinite over a large (B, T, D) block costs more than
+    the similarity pass itself).
+    """
+    sims = torch.ops.streammem.adjacent_cosine(x, name)
+    if sims.numel() and not bool(torch.isfinite(sims).all()):
+        check_finite(x, arg)  # names the argument
+        raise ValueError(f"{arg} has values too large for the {name} backend's float32 accumulation "
+                         "(|x| above ~1e19); rescale the features")
+    return sims
 
 
 def _select(backend: str, x: torch.Tensor) -> str:
@@ -380,7 +398,7 @@ def _select(backend: str, x: torch.Tensor) -> str:
 
 def _detect_ends(x: torch.Tensor, p: _Params, name: str) -> torch.Tensor:
     """(B, T) bool: frame t ends an event (the last frame always does)."""
-    sims = torch.ops.streammem.adjacent_cosine(x, name)
+    sims = _checked_cosines(x, name, "features")
     if p.drift is None:
         choices = torch.ops.streammem.window_choices(sims, p.window, p.tau, p.min_depth, p.peak_code, name)
     else:
@@ -404,7 +422,7 @@ def _events_from_ends(ends: torch.Tensor) -> list[Event]:
 # --------------------------------------------------------------------------
 @torch.library.custom_op("streammem::adjacent_cosine", mutates_args=())
 def _adjacent_cosine_op(x: torch.Tensor, backend: str) -> torch.Tensor:
-    """x: contiguous (B, T, D) float32 -> (B, T-1) float32."""
+    """x: contiguous (B, T, D) float32 -> (B, T-1) float32; NaN where a pair holds NaN/Inf."""
     return ADJACENT_COSINE.impls[backend](x)
 
 
@@ -466,7 +484,9 @@ def _adjacent_cosine_torch(x: torch.Tensor) -> torch.Tensor:
     norm_a, norm_b = (a * a).sum(-1).sqrt(), (b * b).sum(-1).sqrt()
     nonzero = (norm_a > 0) & (norm_b > 0)
     cos = dot / torch.where(nonzero, norm_a * norm_b, torch.ones_like(dot))
-    return torch.where(nonzero, cos.clamp(-1.0, 1.0), torch.zeros_like(cos)).float()
+    cos = torch.where(nonzero, cos.clamp(-1.0, 1.0), torch.zeros_like(cos))
+    finite = torch.isfinite(dot) & torch.isfinite(norm_a) & torch.isfinite(norm_b)
+    return torch.where(finite, cos, torch.full_like(cos, float("nan"))).float()
 
 
 def _depth_torch(s: torch.Tensor, peak_code: int) -> torch.Tensor:

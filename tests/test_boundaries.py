@@ -511,3 +511,23 @@ def test_torch_compile_smoke():
     x = torch.randn(2, 16, 8)
     compiled = torch.compile(lambda f: torch.ops.streammem.adjacent_cosine(f, "torch") * 2.0, fullgraph=True)
     torch.testing.assert_close(compiled(x), 2.0 * adjacent_cosine(x, backend="torch"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_finite_features_raise_on_every_path(backend):
+    # The offline paths detect NaN/Inf through the similarities (a NaN pair),
+    # not a full scan of the features: every frame, first and last included.
+    for t, value in ((0, float("nan")), (6, float("inf")), (3, -float("inf"))):
+        x = torch.randn(2, 7, 5)
+        x[1, t, 2] = value
+        with pytest.raises(ValueError, match="features must be finite"):
+            adjacent_cosine(x, backend=backend)
+        with pytest.raises(ValueError, match="features must be finite"):
+            detect_boundaries(x, backend=backend)
+    single = torch.randn(1, 4)
+    single[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="features must be finite"):
+        detect_boundaries(single, backend=backend)  # T = 1: no pair at all
+    big = torch.full((3, 4), 1e30)  # finite; squares overflow float32, not the double sums
+    if backend != "triton":
+        torch.testing.assert_close(adjacent_cosine(big, backend=backend), torch.ones(2))

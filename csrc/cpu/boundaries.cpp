@@ -53,6 +53,9 @@ STREAMMEM_HOT __attribute__((noinline)) void pair_terms(const float* __restrict 
 }
 
 inline float cosine_from_terms(double dot, double na, double nb) {
+  // Squares of float32 values cannot overflow a double sum, so a non-finite
+  // term means a NaN/Inf input: report it as NaN (the caller raises).
+  if (!std::isfinite(dot) || !std::isfinite(na) || !std::isfinite(nb)) return std::nanf("");
   if (!(na > 0.0) || !(nb > 0.0)) return 0.0f;
   const double c = dot / (std::sqrt(na) * std::sqrt(nb));
   return static_cast<float>(std::min(1.0, std::max(-1.0, c)));
