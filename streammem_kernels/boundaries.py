@@ -65,7 +65,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._dispatch import Op, load_native
+from ._dispatch import Op, call_op, load_native
 from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank
 
 __all__ = ["Event", "adjacent_cosine", "depth_scores", "StreamingSegmenter", "detect_boundaries"]
@@ -135,7 +135,8 @@ def depth_scores(sim, *, peak: str = "climb", backend: str = "auto") -> torch.Te
     out_dtype = torch.float64 if sim.dtype == torch.float64 else torch.float32
     # The decision arithmetic is float64 on float32 similarities; a float64
     # input is rounded to float32 first so every entry point sees one precision.
-    d = torch.ops.streammem.window_depth(x, _PEAK_CODE[peak], _select(backend, x)).to(out_dtype)
+    name = _select(backend, x)
+    d = call_op(torch.ops.streammem.window_depth, WINDOW_DEPTH.impls, name, x, _PEAK_CODE[peak]).to(out_dtype)
     return d if sim.dim() == 2 else d[0]
 
 
@@ -237,7 +238,8 @@ class StreamingSegmenter:
             )
         if self._last_frame is not None:
             if x.shape[1] != self._last_frame.shape[1]:
-                raise ValueError(f"features must have D={self._last_frame.shape[1]} like earlier pushes, got D={x.shape[1]}")
+                raise ValueError(
+                    f"features must have D={self._last_frame.shape[1]} like earlier pushes, got D={x.shape[1]}")
             if x.shape[0] != self._last_frame.shape[0]:
                 raise ValueError(f"features must hold B={self._last_frame.shape[0]} streams like earlier pushes, "
                                  f"got {x.shape[0]}")
@@ -263,7 +265,7 @@ class StreamingSegmenter:
             # The same core op as the offline pass on a (B, 2, D) pair, so both
             # paths see bit-identical similarities.
             pair = torch.stack((self._last_frame, x), dim=1)
-            sim = torch.ops.streammem.adjacent_cosine(pair, name)[:, 0]
+            sim = call_op(torch.ops.streammem.adjacent_cosine, ADJACENT_COSINE.impls, name, pair)[:, 0]
             in_window = fiw >= 2  # frame t-1 is after the last boundary
             if p.drift is None:
                 shifted = torch.cat((self._window_sims[:, 1:], sim[:, None]), dim=1)
@@ -271,9 +273,9 @@ class StreamingSegmenter:
                 full = fiw == p.window + 1
                 if bool(full.any()):
                     rows = full.nonzero()[:, 0]
-                    choice = torch.ops.streammem.window_choices(
-                        self._window_sims[rows].contiguous(), p.window, p.tau, p.min_depth, p.peak_code, name
-                    )[:, 0]
+                    choice = call_op(torch.ops.streammem.window_choices, WINDOW_CHOICES.impls, name,
+                                     self._window_sims[rows].contiguous(), p.window, p.tau, p.min_depth,
+                                     p.peak_code)[:, 0]
                     cut = choice >= 0
                     if bool(cut.any()):
                         rows, choice = rows[cut], choice[cut]
@@ -384,7 +386,7 @@ def _checked_cosines(x: torch.Tensor, name: str, arg: str) -> torch.Tensor:
     the features (torch.isfinite over a large (B, T, D) block costs more than
     the similarity pass itself).
     """
-    sims = torch.ops.streammem.adjacent_cosine(x, name)
+    sims = call_op(torch.ops.streammem.adjacent_cosine, ADJACENT_COSINE.impls, name, x)
     if sims.numel() and not bool(torch.isfinite(sims).all()):
         check_finite(x, arg)  # names the argument
         raise ValueError(f"{arg} has values too large for the {name} backend's float32 accumulation "
@@ -400,11 +402,13 @@ def _detect_ends(x: torch.Tensor, p: _Params, name: str) -> torch.Tensor:
     """(B, T) bool: frame t ends an event (the last frame always does)."""
     sims = _checked_cosines(x, name, "features")
     if p.drift is None:
-        choices = torch.ops.streammem.window_choices(sims, p.window, p.tau, p.min_depth, p.peak_code, name)
+        choices = call_op(torch.ops.streammem.window_choices, WINDOW_CHOICES.impls, name, sims, p.window, p.tau,
+                          p.min_depth, p.peak_code)
     else:
         choices = sims.new_empty((sims.shape[0], 0), dtype=torch.int64)
     drift = float("nan") if p.drift is None else p.drift
-    return torch.ops.streammem.scan_events(sims, choices, p.window, p.max_event or 0, drift, name)
+    return call_op(torch.ops.streammem.scan_events, SCAN_EVENTS.impls, name, sims, choices, p.window,
+                   p.max_event or 0, drift)
 
 
 def _events_from_ends(ends: torch.Tensor) -> list[Event]:

@@ -116,7 +116,8 @@ def adversarial_batch(T=40, D=6, seed=0):
     alternating = torch.stack([a if t % 2 == 0 else b for t in range(T)])  # equal sims again
     ties = torch.stack([b if t % 3 == 2 else a for t in range(T)])  # equal depths: earliest wins
     ramp = torch.stack([a + 0.05 * t * b for t in range(T)])  # monotone similarity ramp
-    steps = torch.cat([a + 0.01 * torch.randn(T // 2, D, generator=g), b + 0.01 * torch.randn(T - T // 2, D, generator=g)])
+    half = T // 2
+    steps = torch.cat([a + 0.01 * torch.randn(half, D, generator=g), b + 0.01 * torch.randn(T - half, D, generator=g)])
     zeros = torch.cat([torch.zeros(5, D), a.expand(T - 5, D)])  # zero vectors give similarity 0
     noise = torch.randn(T, D, generator=g)
     return torch.stack([constant, alternating, ties, ramp, steps, zeros, noise])
