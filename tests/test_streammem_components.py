@@ -162,6 +162,11 @@ def test_efficientnet_encoder_on_sample_clip():
     assert car_words & set(out.labels[3]), out.labels[3]
     again = encoder.encode(frames[3:4])
     assert torch.allclose(again.features[0], out.features[3], atol=1e-4)
+    # The TorchScript trace (made with batch 2) equals eager mode at batch sizes 1 and 3.
+    eager = load_frame_encoder("efficientnet-lite0", batch_size=3, trace=False)
+    assert isinstance(encoder._forward, torch.jit.ScriptModule) and not isinstance(eager._forward, torch.jit.ScriptModule)
+    ref = eager.encode(frames)
+    assert torch.allclose(ref.features, out.features, atol=1e-4) and ref.labels == out.labels
 
 
 def test_minilm_is_semantic(minilm):
@@ -169,6 +174,12 @@ def test_minilm_is_semantic(minilm):
     assert emb.shape == (3, 384)
     assert torch.allclose(emb.norm(dim=1), torch.ones(3), atol=1e-5)
     assert float(emb[0] @ emb[1]) > float(emb[0] @ emb[2]) + 0.3
+    # The TorchScript trace equals eager mode on padded batches of other lengths.
+    assert isinstance(minilm._forward, torch.jit.ScriptModule)
+    texts = ["hi", "a much longer caption, with many more words than the sentence used for tracing"]
+    ids, mask = minilm._tokens(texts)
+    with torch.inference_mode():
+        assert torch.allclose(minilm._forward(ids, mask), minilm._eager(ids, mask), atol=1e-5)
 
 
 def test_hashing_text_encoder():
