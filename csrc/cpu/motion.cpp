@@ -29,19 +29,18 @@ struct PairSums {
 };
 
 template <typename T>
+STREAMMEM_HOT void mean_row(const T* __restrict prev, const T* __restrict cur, int64_t W, int64_t r, float half,
+                            float* __restrict dst) {
+  const T* p = prev + r * W;
+  const T* c = cur + r * W;
+  for (int64_t x = 0; x < W; ++x) dst[x] = (static_cast<float>(p[x]) + static_cast<float>(c[x])) * half;
+}
+
+// Gradient row g (image row g+1) from the mean rows g, g+1, g+2.
+template <typename T>
 STREAMMEM_HOT void product_row(const T* __restrict prev, const T* __restrict cur, int64_t W, int64_t g,
-                               float scale, float* __restrict mean_rows, float* __restrict out) {
-  // Gradient row g (image row g+1).  mean_rows: 3 x W scratch.
-  const float half = 0.5f * scale;
-  for (int k = 0; k < 3; ++k) {
-    const T* p = prev + (g + k) * W;
-    const T* c = cur + (g + k) * W;
-    float* m = mean_rows + k * W;
-    for (int64_t x = 0; x < W; ++x) m[x] = (static_cast<float>(p[x]) + static_cast<float>(c[x])) * half;
-  }
-  const float* m0 = mean_rows;
-  const float* m1 = mean_rows + W;
-  const float* m2 = mean_rows + 2 * W;
+                               float scale, const float* __restrict m0, const float* __restrict m1,
+                               const float* __restrict m2, float* __restrict out) {
   const T* pc = prev + (g + 1) * W + 1;
   const T* cc = cur + (g + 1) * W + 1;
   const int64_t Wg = W - 2;
@@ -153,11 +152,19 @@ template <typename T>
 void run_strip(const T* prev, const T* cur, int64_t H, int64_t W, int w, float scale, float min_eig, int64_t r0,
                int64_t r1, PairSums& out) {
   const int64_t Wg = W - 2;
-  std::vector<float> mean_rows(3 * W);
+  // Ring of the last three mean rows: each image row is converted once per strip.
+  std::vector<float> mean_ring(3 * W);
+  int64_t next_row = r0;
+  auto products = [&](int64_t g, float* out) {
+    for (; next_row <= g + 2; ++next_row)
+      mean_row(prev, cur, W, next_row, 0.5f * scale, mean_ring.data() + (next_row % 3) * W);
+    product_row(prev, cur, W, g, scale, mean_ring.data() + (g % 3) * W, mean_ring.data() + ((g + 1) % 3) * W,
+                mean_ring.data() + ((g + 2) % 3) * W, out);
+  };
   if (w == 0) {
     std::vector<float> prod(5 * Wg);
     for (int64_t g = r0; g < r1; ++g) {
-      product_row(prev, cur, W, g, scale, mean_rows.data(), prod.data());
+      products(g, prod.data());
       sum_row(prod.data(), Wg, out);
     }
     return;
@@ -169,12 +176,12 @@ void run_strip(const T* prev, const T* cur, int64_t H, int64_t W, int w, float s
   const float inv_area = 1.0f / static_cast<float>(w * w);
   auto slot = [&](int64_t g) { return ring.data() + (g % w) * 5 * Wg; };
   for (int64_t g = r0; g < r0 + w - 1; ++g) {
-    product_row(prev, cur, W, g, scale, mean_rows.data(), slot(g));
+    products(g, slot(g));
     add_rows(col.data(), slot(g), 5 * Wg, 1.0f);
   }
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t g = r + w - 1;
-    product_row(prev, cur, W, g, scale, mean_rows.data(), slot(g));
+    products(g, slot(g));
     add_rows(col.data(), slot(g), 5 * Wg, 1.0f);
     solve_row(col.data(), Wg, w, inv_area, min_eig, scratch.data(), out);
     add_rows(col.data(), slot(r), 5 * Wg, -1.0f);
