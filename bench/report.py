@@ -1,0 +1,400 @@
+"""Turn the newest benchmark results into the generated block of bench/RESULTS.md.
+
+    python bench/report.py            # bench/run.py calls this after the suites
+
+Reads the newest ``bench/results/<machine>-<mode>-<date>.json`` written by
+bench/run.py (the CPU run, and the GPU run of bench/gpu.sh when one exists) and
+rewrites only the text between ``<!-- report:begin -->`` and
+``<!-- report:end -->`` in bench/RESULTS.md; the hand-written sections around it
+are never touched.  The block holds, per benchmark group, a table of providers
+(mean and median time, throughput when ``extra_info`` counts units, the ratio
+of every provider to our fastest row, quality columns when ``extra_info``
+carries them), scaling plots (bench/plots/*.png) and a regression check: every
+benchmark whose median became more than 10 % slower than in the previous run of
+the same machine and mode is listed as a ``REGRESSION:`` line.  Regressions are
+report lines, never failures.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import sys
+from collections import OrderedDict
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
+RESULT_NAME = re.compile(r"^(?P<machine>.+)-(?P<mode>quick|full)-(?P<stamp>\d{4}-\d{2}-\d{2}T\d{6}Z)\.json$")
+REGRESSION_THRESHOLD = 0.10
+
+# extra_info keys counting the units one benchmarked call processes, first match wins.
+UNIT_KEYS = [("pairs", "pairs"), ("problems", "problems"), ("queries", "queries"), ("Q", "queries"),
+             ("tokens", "tokens"), ("rows", "tokens"), ("frames", "frames")]
+# extra_info keys holding a quality measure, shown as columns when a group has them.
+QUALITY_KEYS = [("recall1", "recall@1"), ("recall10", "recall@10"), ("recall", "recall"), ("precision", "precision"),
+                ("f1", "F1"), ("inertia", "inertia"), ("token_exact", "token-exact"), ("exact", "token-exact"),
+                ("reuse_ratio", "reuse ratio")]
+# Size parameters a scaling curve can run along, first match wins: (key, axis label).
+SIZE_KEYS = [("N", "N (keys / leaves)"), ("length", "stream length (frames pushed before)"),
+             ("vocab", "vocabulary size V"), ("loops", "stream length (clip loops)"), ("size", "frame side (px)")]
+PROVIDER_PARAM_KEYS = ("provider", "method", "backend", "mode")
+
+
+# --------------------------------------------------------------------------
+# Reading results
+# --------------------------------------------------------------------------
+def find_results(results_dir: str) -> list[dict]:
+    """Every run.py result document in ``results_dir``, oldest first; other files are ignored."""
+    docs = []
+    for path in glob.glob(os.path.join(results_dir, "*.json")):
+        match = RESULT_NAME.match(os.path.basename(path))
+        if not match:
+            continue
+        try:
+            with open(path) as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        meta = doc.setdefault("streammem", {})
+        meta.setdefault("machine", match["machine"])
+        meta.setdefault("mode", match["mode"])
+        meta.setdefault("kind", "gpu" if match["machine"].startswith("gpu-") else "cpu")
+        doc["_path"] = path
+        doc["_stamp"] = match["stamp"]
+        docs.append(doc)
+    return sorted(docs, key=lambda d: d["_stamp"])
+
+
+def newest(docs: list[dict], kind: str) -> dict | None:
+    runs = [d for d in docs if d["streammem"]["kind"] == kind]
+    return runs[-1] if runs else None
+
+
+def previous_of(docs: list[dict], current: dict) -> dict | None:
+    """The run before ``current`` on the same machine in the same mode (quick sizes differ from full ones)."""
+    meta = current["streammem"]
+    earlier = [d for d in docs if d["_stamp"] < current["_stamp"] and d["streammem"]["machine"] == meta["machine"]
+               and d["streammem"]["mode"] == meta["mode"]]
+    return earlier[-1] if earlier else None
+
+
+# --------------------------------------------------------------------------
+# One benchmark row
+# --------------------------------------------------------------------------
+def suite_of(bench: dict) -> str:
+    if bench.get("suite"):
+        return bench["suite"]
+    match = re.search(r"bench_(\w+)\.py", bench.get("fullname", ""))
+    return match[1] if match else "bench"
+
+
+def provider_of(bench: dict) -> str:
+    info, params = bench.get("extra_info") or {}, bench.get("params") or {}
+    for source in (info, params):
+        for key in PROVIDER_PARAM_KEYS:
+            if isinstance(source.get(key), str):
+                return source[key]
+    return bench["name"]
+
+
+def group_of(bench: dict) -> str:
+    """The benchmark's group; a case without one is grouped by its non-provider parameters."""
+    if bench.get("group"):
+        return bench["group"]
+    params = {k: v for k, v in (bench.get("params") or {}).items()
+              if k not in PROVIDER_PARAM_KEYS and isinstance(v, (str, int, float))}
+    label = "-".join(f"{k}={v}" for k, v in params.items())
+    return f"{suite_of(bench)}" + (f" {label}" if label else "")
+
+
+def is_ours(bench: dict) -> bool:
+    return provider_of(bench).startswith("ours") or bench["name"].startswith(("test_ours", "ours"))
+
+
+def units_of(bench: dict) -> tuple[float, str] | None:
+    info = dict(bench.get("params") or {})
+    info.update(bench.get("extra_info") or {})
+    if isinstance(info.get("streams"), (int, float)) and isinstance(info.get("frames"), (int, float)):
+        return float(info["streams"] * info["frames"]), "frames"
+    for key, unit in UNIT_KEYS:
+        value = info.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value), unit
+    return None
+
+
+def size_of(bench: dict) -> tuple[float, str, str] | None:
+    """(value, axis label, key) of the size parameter this case was run at, if it has one."""
+    info = dict(bench.get("params") or {})
+    info.update(bench.get("extra_info") or {})
+    for key, label in SIZE_KEYS:
+        value = info.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value), label, key
+    match = re.search(r"\[(\d+)px\]", bench.get("name", "")) or re.search(r"-(\d+)$", bench.get("group") or "")
+    if match:
+        return float(match[1]), SIZE_KEYS[-1][1], "size"
+    return None
+
+
+def quality_of(bench: dict) -> dict[str, object]:
+    info = bench.get("extra_info") or {}
+    return {label: info[key] for key, label in QUALITY_KEYS if key in info and info[key] is not None}
+
+
+# --------------------------------------------------------------------------
+# Formatting
+# --------------------------------------------------------------------------
+def fmt_time(seconds: float) -> str:
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def fmt_rate(per_second: float) -> str:
+    if per_second >= 1e6:
+        return f"{per_second / 1e6:.3g} M"
+    if per_second >= 1e3:
+        return f"{per_second / 1e3:.3g} k"
+    return f"{per_second:.3g}"
+
+
+def fmt_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def group_benchmarks(doc: dict) -> "OrderedDict[str, list[dict]]":
+    groups: OrderedDict[str, list[dict]] = OrderedDict()
+    for bench in doc.get("benchmarks", []):
+        groups.setdefault(group_of(bench), []).append(bench)
+    return groups
+
+
+def baseline_of(rows: list[dict]) -> dict | None:
+    """Our fastest row (by mean) in a group, the denominator of every ratio."""
+    ours = [b for b in rows if is_ours(b)]
+    return min(ours, key=lambda b: b["stats"]["mean"]) if ours else None
+
+
+def group_table(rows: list[dict]) -> list[str]:
+    base = baseline_of(rows)
+    quality_labels = [label for _, label in QUALITY_KEYS if any(label in quality_of(b) for b in rows)]
+    quality_labels = list(OrderedDict.fromkeys(quality_labels))
+    header = ["provider", "mean", "median", "throughput", "time / ours", *quality_labels]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for bench in sorted(rows, key=lambda b: b["stats"]["mean"]):
+        stats = bench["stats"]
+        units = units_of(bench)
+        rate = f"{fmt_rate(units[0] / stats['mean'])} {units[1]}/s" if units and stats["mean"] > 0 else "-"
+        if base is None:
+            ratio = "-"
+        elif bench is base:
+            ratio = "**1.00 (baseline)**"
+        else:
+            ratio = f"{stats['mean'] / base['stats']['mean']:.2f}"
+        quality = quality_of(bench)
+        cells = [f"`{provider_of(bench)}`", fmt_time(stats["mean"]), fmt_time(stats["median"]), rate, ratio,
+                 *(fmt_value(quality[label]) if label in quality else "-" for label in quality_labels)]
+        lines.append("| " + " | ".join(cells) + " |")
+    if base is None:
+        lines.append("\n(no row of ours in this group, so no ratios)")
+    return lines
+
+
+def regression_lines(current: dict, previous: dict | None, threshold: float = REGRESSION_THRESHOLD) -> list[str]:
+    """``REGRESSION:`` lines for benchmarks whose median grew by more than ``threshold`` (by fullname)."""
+    if previous is None:
+        return []
+    before = {b["fullname"]: b["stats"]["median"] for b in previous.get("benchmarks", [])}
+    lines = []
+    for bench in current.get("benchmarks", []):
+        old = before.get(bench["fullname"])
+        new = bench["stats"]["median"]
+        if old and old > 0 and new > old * (1.0 + threshold):
+            lines.append(f"REGRESSION: `{bench['fullname']}` median {fmt_time(new)} vs {fmt_time(old)} "
+                         f"(+{100.0 * (new / old - 1.0):.0f} %)")
+    return lines
+
+
+# --------------------------------------------------------------------------
+# Plots
+# --------------------------------------------------------------------------
+def scaling_families(doc: dict) -> "OrderedDict[tuple[str, str, str], dict[str, list[tuple[float, float]]]]":
+    """Curves per family: groups that differ only by one size parameter, one series per provider.
+
+    The family name is the group name with the size value replaced by ``*``
+    (``motion-224`` and ``motion-336`` -> ``motion-*``).  The y value is time per
+    unit where ``extra_info`` counts units, else time per call.
+    """
+    families: OrderedDict = OrderedDict()
+    for bench in doc.get("benchmarks", []):
+        size = size_of(bench)
+        if size is None:
+            continue
+        value, label, _ = size
+        group = group_of(bench)
+        number = f"{value:g}" if value != int(value) else str(int(value))
+        family = re.sub(rf"(?<![0-9]){re.escape(number)}(?![0-9])", "*", group)
+        units = units_of(bench)
+        y = bench["stats"]["median"] / units[0] if units else bench["stats"]["median"]
+        ylabel = f"median time per {units[1][:-1] if units[1].endswith('s') else units[1]} (s)" if units else \
+            "median time per call (s)"
+        key = (family, label, ylabel)
+        families.setdefault(key, OrderedDict()).setdefault(provider_of(bench), []).append((value, y))
+    return OrderedDict((k, v) for k, v in families.items()
+                       if "*" in k[0] and len({x for series in v.values() for x, _ in series}) >= 2)
+
+
+def make_plots(doc: dict, plots_dir: str, prefix: str) -> list[tuple[str, str]]:
+    """Write one PNG per scaling family; return (title, path) pairs."""
+    families = scaling_families(doc)
+    if not families:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(plots_dir, exist_ok=True)
+    for stale in glob.glob(os.path.join(plots_dir, f"{prefix}-*.png")):
+        os.remove(stale)
+    written = []
+    for (family, xlabel, ylabel), series in families.items():
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+        for provider, points in sorted(series.items(), key=lambda kv: (not kv[0].startswith("ours"), kv[0])):
+            points = sorted(points)
+            xs, ys = [p[0] for p in points], [p[1] for p in points]
+            style = "-o" if provider.startswith("ours") else "--s"
+            ax.plot(xs, ys, style, label=provider, linewidth=2 if provider.startswith("ours") else 1.2, markersize=5)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        title = f"{family} ({doc['streammem'].get('machine', '')}, {doc['streammem'].get('mode', '')})"
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+        fig.tight_layout()
+        path = os.path.join(plots_dir, f"{prefix}-{re.sub(r'[^A-Za-z0-9]+', '_', family).strip('_')}.png")
+        fig.savefig(path)
+        plt.close(fig)
+        written.append((f"{family}: {ylabel} vs {xlabel}", path))
+    return written
+
+
+# --------------------------------------------------------------------------
+# The block
+# --------------------------------------------------------------------------
+def describe_run(doc: dict, results_md_dir: str) -> list[str]:
+    meta = doc["streammem"]
+    libs = ", ".join(f"{k} {v}" for k, v in (meta.get("libraries") or {}).items())
+    lines = [f"- Machine: `{meta.get('machine')}`: {meta.get('cpu_model', '?')}, {meta.get('cores', '?')} cores"
+             + (f", GPU {meta['gpu']}" if meta.get("gpu") else ", no GPU"),
+             f"- Libraries: {libs}" if libs else "- Libraries: not recorded",
+             f"- Command: `{meta.get('command', 'python bench/run.py')}` ({meta.get('mode')} mode), "
+             f"started {meta.get('started_utc', doc['_stamp'])}, {meta.get('total_seconds', '?')} s in all",
+             f"- Load average (1/5/15 min) before / after: {meta.get('load_average_before', '?')} / "
+             f"{meta.get('load_average_after', '?')}: the machine was shared with other jobs, so absolute "
+             "times are noisy (often several times an idle machine's); ratios within one group come from "
+             "one process, side by side, and are the meaningful part",
+             f"- Results file: `{os.path.relpath(doc['_path'], os.path.dirname(results_md_dir))}` (git-ignored)"]
+    suites = meta.get("suites") or []
+    if suites:
+        lines.append("- Suites: " + "; ".join(f"`{s['suite']}` {s['status']}" + (f" ({s['seconds']:.0f} s)"
+                                                                                 if s.get("seconds") else "")
+                                              for s in suites))
+    return lines
+
+
+def render_block(runs: list[tuple[dict, dict | None]], plots: list[tuple[str, str]], results_md: str) -> str:
+    md_dir = os.path.dirname(os.path.abspath(results_md))
+    out = [BEGIN, "## Generated report (`make bench` / `make bench-quick`)", "",
+           "Written by `bench/report.py` from the newest `bench/results/*.json`; do not edit by hand (the text "
+           "between the report markers is replaced on every run). Time / ours = this row's mean over the mean of "
+           "the fastest row of ours in the same group (> 1: slower than ours). Throughput counts the units the "
+           "suite records in `extra_info` (pairs, problems, queries, frames, tokens).", ""]
+    for doc, previous in runs:
+        meta = doc["streammem"]
+        out += [f"### {meta.get('kind', 'cpu').upper()} run: `{meta.get('machine')}`", ""]
+        out += describe_run(doc, os.path.join(md_dir, "RESULTS.md"))
+        out.append("")
+        regressions = regression_lines(doc, previous)
+        if previous is None:
+            out.append("Regression check: no earlier run of this machine in this mode in `bench/results/`.")
+        else:
+            out.append(f"Regression check against `{os.path.basename(previous['_path'])}` (median, > "
+                       f"{REGRESSION_THRESHOLD:.0%} slower): "
+                       + ("none." if not regressions else f"{len(regressions)} found (noisy on a shared machine)."))
+            out += [""] + [f"- {line}" for line in regressions]
+        out.append("")
+        for group, rows in group_benchmarks(doc).items():
+            out += [f"**{group}** (`{suite_of(rows[0])}`)", ""] + group_table(rows) + [""]
+    if plots:
+        out += ["### Scaling plots", ""]
+        for title, path in plots:
+            out += [f"![{title}]({os.path.relpath(path, md_dir)})", ""]
+    out.append(END)
+    return "\n".join(out)
+
+
+def replace_block(text: str, block: str) -> str:
+    """Put ``block`` between the markers; insert the markers after the intro paragraph when absent."""
+    if BEGIN in text and END in text and text.index(BEGIN) < text.index(END):
+        start, stop = text.index(BEGIN), text.index(END) + len(END)
+        return text[:start] + block + text[stop:]
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines) and not lines[i].startswith("# "):
+        i += 1
+    i += 1  # past the title
+    while i < len(lines) and not lines[i].strip():
+        i += 1
+    while i < len(lines) and lines[i].strip() and not lines[i].startswith("#"):
+        i += 1  # past the intro paragraph
+    if i > len(lines):
+        i = len(lines)
+    head, tail = lines[:i], lines[i:]
+    while tail and not tail[0].strip():
+        tail = tail[1:]
+    return "\n".join(head + ["", block, ""] + tail)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results-dir", default=os.path.join(BENCH_DIR, "results"))
+    parser.add_argument("--results-md", default=os.path.join(BENCH_DIR, "RESULTS.md"))
+    parser.add_argument("--plots-dir", default=os.path.join(BENCH_DIR, "plots"))
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+
+    docs = find_results(args.results_dir)
+    runs = [(doc, previous_of(docs, doc)) for doc in (newest(docs, "cpu"), newest(docs, "gpu")) if doc is not None]
+    if not runs:
+        print(f"[report] no bench/run.py results in {args.results_dir}; run `python bench/run.py --quick` first")
+        return 1
+    plots: list[tuple[str, str]] = []
+    if not args.no_plots:
+        for doc, _ in runs:
+            plots += make_plots(doc, args.plots_dir, doc["streammem"]["kind"])
+    block = render_block(runs, plots, args.results_md)
+    text = open(args.results_md).read() if os.path.exists(args.results_md) else "# Benchmark results\n"
+    with open(args.results_md, "w") as fh:
+        fh.write(replace_block(text, block))
+    for doc, previous in runs:
+        for line in regression_lines(doc, previous):
+            print(line)
+    print(f"[report] {sum(len(d.get('benchmarks', [])) for d, _ in runs)} benchmarks, {len(plots)} plots -> "
+          f"{os.path.relpath(args.results_md)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""Run every benchmark suite in ``bench/`` and regenerate the report in bench/RESULTS.md.
+
+    python bench/run.py                 # full run (up to ~45 min on 2 cores)
+    python bench/run.py --quick         # smoke run: small sizes, few rounds (< 3 min on 2 cores)
+    python bench/run.py --only motion kmeans
+    python bench/run.py --gpu           # on a CUDA machine (bench/gpu.sh calls this)
+
+Each ``bench/bench_<suite>.py`` runs with pytest-benchmark in its own subprocess,
+so a crash, a missing optional peer or a timeout in one suite is reported and the
+others still run.  The per-suite JSON files are merged into one
+``bench/results/<machine>-<mode>-<date>.json`` (pytest-benchmark's own format,
+plus a ``streammem`` key recording the command, the library versions and how
+every suite ended); ``bench/report.py`` then turns the newest files into the
+generated block of bench/RESULTS.md and the plots in bench/plots/.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import glob
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(BENCH_DIR)
+RESULTS_DIR = os.path.join(BENCH_DIR, "results")
+
+# Suites left out of --quick, with the reason printed when they are skipped.  Each
+# entry was measured: the whole quick run has to stay under 3 minutes on 2 cores.
+QUICK_SKIPS: dict[str, str] = {
+    "pipeline": "loads EfficientNet + MiniLM and streams the clip several times (minutes even with "
+                "STREAMMEM_BENCH_QUICK=1); run `python bench/run.py --only pipeline`",
+    "caption_reuse": "decodes with SmolLM2-135M (tens of seconds per round); run "
+                     "`python bench/run.py --only caption_reuse`",
+}
+# Wall-clock limit per suite; a suite that runs past it is killed and reported.
+QUICK_SUITE_TIMEOUT_S = 120
+FULL_SUITE_TIMEOUT_S = 30 * 60
+# pytest-benchmark's own round control, for the cases that do not use benchmark.pedantic.
+QUICK_ROUND_ARGS = ["--benchmark-max-time=0.2", "--benchmark-min-rounds=3", "--benchmark-warmup=off"]
+FULL_ROUND_ARGS = ["--benchmark-max-time=1.0", "--benchmark-min-rounds=5"]
+
+LIBRARIES = {  # what the report shows -> distribution names to try, first installed wins
+    "torch": ["torch"],
+    "triton": ["triton"],
+    "numpy": ["numpy"],
+    "faiss": ["faiss-cpu", "faiss-gpu", "faiss-gpu-cu12", "faiss"],
+    "scikit-learn": ["scikit-learn"],
+    "opencv": ["opencv-python-headless", "opencv-python", "opencv-contrib-python"],
+    "transformers": ["transformers"],
+    "pytest-benchmark": ["pytest-benchmark"],
+}
+
+
+def discover_suites() -> list[str]:
+    return sorted(os.path.basename(p)[len("bench_"):-3] for p in glob.glob(os.path.join(BENCH_DIR, "bench_*.py")))
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def gpu_name() -> str | None:
+    """Name of the first NVIDIA GPU from nvidia-smi (no torch import needed), or None."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    return names[0] if out.returncode == 0 and names else None
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def machine_tag(gpu: bool) -> str:
+    """Short tag naming the hardware, not the host: ``cpu2c-amd-epyc`` or ``gpu-nvidia-h100-80gb-hbm3``."""
+    if gpu:
+        return "gpu-" + slug(gpu_name() or "unknown")
+    model = re.sub(r"\((r|tm)\)|\bcpu\b|@.*$|\b\d+-core processor\b", "", cpu_model(), flags=re.I)
+    return f"cpu{cpu_cores()}c-{slug(model)}"
+
+
+def library_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    versions = {}
+    for shown, dists in LIBRARIES.items():
+        for dist in dists:
+            try:
+                versions[shown] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        else:
+            versions[shown] = "not installed"
+    return versions
+
+
+def load_average() -> str:
+    try:
+        one, five, fifteen = os.getloadavg()
+        return f"{one:.1f} / {five:.1f} / {fifteen:.1f}"
+    except OSError:
+        return "unknown"
+
+
+def run_suite(suite: str, json_path: str, quick: bool, gpu: bool, timeout_s: int) -> dict:
+    """Run one suite in a subprocess; return how it ended (never raises for a failing suite)."""
+    env = dict(os.environ)
+    env["STREAMMEM_BENCH_QUICK"] = "1" if quick else "0"
+    env.pop("TRITON_INTERPRET", None)  # benchmarks time compiled code, never the interpreter
+    if gpu:
+        env["STREAMMEM_BENCH_DEVICE"] = "cuda"
+    cmd = [sys.executable, "-m", "pytest", os.path.join("bench", f"bench_{suite}.py"), "-q", "-p", "no:cacheprovider",
+           "--benchmark-only", f"--benchmark-json={json_path}", "--benchmark-disable-gc",
+           *(QUICK_ROUND_ARGS if quick else FULL_ROUND_ARGS)]
+    print(f"[bench] {suite}: {' '.join(shlex.quote(c) for c in cmd[2:])}", flush=True)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+        rc, output = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc = None
+        output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+    seconds = time.perf_counter() - start
+    summary = next((line for line in reversed(output.splitlines()) if re.search(r"passed|failed|error|skipped", line)),
+                   "")
+    if rc is None:
+        status = f"timed out after {timeout_s} s"
+    elif rc == 0:
+        status = "ok"
+    elif rc == 5:
+        status = "no benchmarks collected"
+    else:
+        status = f"pytest exit code {rc}"
+    print(f"[bench] {suite}: {status} in {seconds:.0f} s ({summary.strip('= ')})", flush=True)
+    if rc not in (0, 5):
+        tail = "\n".join(output.splitlines()[-15:])
+        print(f"[bench] {suite}: last lines of its output:\n{tail}", flush=True)
+    return {"suite": suite, "status": status, "seconds": round(seconds, 1), "pytest_summary": summary.strip("= ")}
+
+
+def merge_results(parts: list[tuple[str, str]]) -> dict:
+    """One pytest-benchmark document from the per-suite JSON files (suites that wrote none are left out)."""
+    merged: dict = {"benchmarks": []}
+    for suite, path in parts:
+        if not os.path.exists(path) or os.path.getsize(path) == 0:
+            continue
+        with open(path) as fh:
+            doc = json.load(fh)
+        for key in ("machine_info", "commit_info", "datetime", "version"):
+            merged.setdefault(key, doc.get(key))
+        for bench in doc.get("benchmarks", []):
+            bench["suite"] = suite
+            merged["benchmarks"].append(bench)
+    return merged
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes and few rounds (STREAMMEM_BENCH_QUICK=1)")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="suites to run, e.g. motion kmeans")
+    parser.add_argument("--gpu", action="store_true", help="GPU run: sets STREAMMEM_BENCH_DEVICE=cuda")
+    parser.add_argument("--no-report", action="store_true", help="write the JSON only, leave RESULTS.md alone")
+    args = parser.parse_args(argv)
+
+    available = discover_suites()
+    if args.only:
+        unknown = sorted(set(args.only) - set(available))
+        if unknown:
+            parser.error(f"--only: unknown suite(s) {unknown}; available: {available}")
+        suites = [s for s in available if s in args.only]
+    else:
+        suites = available
+    if args.gpu and gpu_name() is None:
+        print("[bench] --gpu: nvidia-smi finds no NVIDIA GPU; nothing to do", flush=True)
+        return 0
+
+    mode = "quick" if args.quick else "full"
+    started = dt.datetime.now(dt.timezone.utc)
+    machine = machine_tag(args.gpu)
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    out_path = os.path.join(RESULTS_DIR, f"{machine}-{mode}-{started:%Y-%m-%dT%H%M%SZ}.json")
+    command = "python bench/run.py" + (" --quick" if args.quick else "") + (" --gpu" if args.gpu else "") + \
+        (" --only " + " ".join(args.only) if args.only else "")
+    load_before = load_average()
+
+    runs, parts = [], []
+    with tempfile.TemporaryDirectory(prefix="streammem-bench-") as tmp:
+        for suite in suites:
+            if args.quick and suite in QUICK_SKIPS and not args.only:
+                print(f"[bench] {suite}: skipped in --quick mode: {QUICK_SKIPS[suite]}", flush=True)
+                runs.append({"suite": suite, "status": "skipped in --quick: " + QUICK_SKIPS[suite], "seconds": 0.0})
+                continue
+            part = os.path.join(tmp, f"{suite}.json")
+            runs.append(run_suite(suite, part, args.quick, args.gpu,
+                                  QUICK_SUITE_TIMEOUT_S if args.quick else FULL_SUITE_TIMEOUT_S))
+            parts.append((suite, part))
+        merged = merge_results(parts)
+
+    total = (dt.datetime.now(dt.timezone.utc) - started).total_seconds()
+    merged["streammem"] = {
+        "machine": machine,
+        "kind": "gpu" if args.gpu else "cpu",
+        "mode": mode,
+        "cpu_model": cpu_model(),
+        "cores": cpu_cores(),
+        "gpu": gpu_name() if args.gpu else None,
+        "libraries": library_versions(),
+        "command": command,
+        "started_utc": started.isoformat(timespec="seconds"),
+        "total_seconds": round(total, 1),
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "suites": runs,
+    }
+    with open(out_path, "w") as fh:
+        json.dump(merged, fh, indent=1)
+    print(f"[bench] {len(merged['benchmarks'])} benchmarks from {len(parts)} suites in {total:.0f} s -> "
+          f"{os.path.relpath(out_path, REPO_ROOT)}", flush=True)
+
+    if not args.no_report:
+        sys.path.insert(0, BENCH_DIR)
+        import report
+
+        report.main([])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

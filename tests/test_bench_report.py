@@ -1,0 +1,148 @@
+"""bench/report.py on small synthetic pytest-benchmark documents (no benchmark is run)."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+import report  # noqa: E402
+
+HAND_WRITTEN = """# Benchmark results
+
+Every number here is reproduced by the command written next to it.
+Second line of the intro.
+
+## Motion gate
+
+| provider | ms |
+|---|---|
+| ours | 1.0 |
+"""
+
+
+def _bench(name, group, mean, median=None, **extra_info):
+    return {"name": name, "fullname": f"bench/bench_demo.py::{name}", "group": group, "params": None,
+            "extra_info": extra_info, "stats": {"mean": mean, "median": mean if median is None else median,
+                                                "min": mean, "max": mean, "stddev": 0.0, "rounds": 3}}
+
+
+def _doc(benchmarks, machine="cpu2c-test", mode="quick"):
+    return {"machine_info": {}, "benchmarks": benchmarks,
+            "streammem": {"machine": machine, "kind": "cpu", "mode": mode, "cpu_model": "Test CPU", "cores": 2,
+                          "libraries": {"torch": "2.13.0"}, "command": "python bench/run.py --quick",
+                          "started_utc": "2026-11-23T12:00:00+00:00", "suites": []}}
+
+
+def _write(directory, doc, stamp):
+    path = directory / f"{doc['streammem']['machine']}-{doc['streammem']['mode']}-{stamp}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _motion_doc(ours_cpp=0.010, scale=1.0):
+    return _doc([
+        _bench("test_ours_cpp[224px]", "motion-224", ours_cpp * scale, pairs=50, provider="ours-cpp"),
+        _bench("test_ours_torch[224px]", "motion-224", 0.040 * scale, pairs=50, provider="ours-torch-reference"),
+        _bench("test_opencv_dis[224px]", "motion-224", 0.030 * scale, pairs=50, provider="opencv-dis"),
+        _bench("test_ours_cpp[336px]", "motion-336", 0.020 * scale, pairs=50, provider="ours-cpp"),
+        _bench("test_opencv_dis[336px]", "motion-336", 0.070 * scale, pairs=50, provider="opencv-dis"),
+        _bench("test_tree_greedy", "tree-N1000", 0.002 * scale, method="tree_search greedy", Q=64, recall10=0.91),
+        _bench("test_faiss_flat", "tree-N1000", 0.004 * scale, method="faiss IndexFlatIP", Q=64, recall10=1.0),
+    ])
+
+
+def _row(table_lines, provider):
+    """The cells of ``provider``'s table row."""
+    line = next(line for line in table_lines if line.startswith(f"| `{provider}`"))
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def test_ratio_uses_fastest_ours_row_as_baseline():
+    groups = report.group_benchmarks(_motion_doc())
+    table = report.group_table(groups["motion-224"])
+    assert table[0] == "| provider | mean | median | throughput | time / ours |"
+    assert _row(table, "ours-cpp") == ["`ours-cpp`", "10 ms", "10 ms", "5 k pairs/s", "**1.00 (baseline)**"]
+    # 0.040 / 0.010 and 0.030 / 0.010: ratios are to the fastest ours row, not to the torch reference
+    assert _row(table, "ours-torch-reference")[4] == "4.00"
+    assert _row(table, "opencv-dis")[4] == "3.00"
+    # rows are sorted fastest first
+    assert [line.split("|")[1].strip() for line in table[2:]] == ["`ours-cpp`", "`opencv-dis`",
+                                                                 "`ours-torch-reference`"]
+
+
+def test_group_without_ours_has_no_ratio_but_shows_quality_and_queries():
+    table = report.group_table(report.group_benchmarks(_motion_doc())["tree-N1000"])
+    assert "recall@10" in table[0]
+    assert table[0] == "| provider | mean | median | throughput | time / ours | recall@10 |"
+    assert _row(table, "tree_search greedy") == ["`tree_search greedy`", "2 ms", "2 ms", "32 k queries/s", "-", "0.91"]
+    assert any("no row of ours" in line for line in table)
+
+
+def test_parametrized_case_without_group_is_grouped_by_its_parameters():
+    bench = _bench("test_logprobs_time[token-V49152-T128-ours[cpp]]", None, 0.01)
+    bench["fullname"] = "bench/bench_logprobs.py::" + bench["name"]
+    bench["params"] = {"kind": "token", "vocab": 49152, "rows": 128, "provider": "ours[cpp]"}
+    assert report.group_of(bench) == "logprobs kind=token-vocab=49152-rows=128"
+    assert report.provider_of(bench) == "ours[cpp]" and report.is_ours(bench)
+    assert report.units_of(bench) == (128.0, "tokens")
+    assert report.size_of(bench)[0] == 49152
+
+
+def test_markers_inserted_after_intro_and_replaced_without_touching_hand_written_text():
+    first = report.replace_block(HAND_WRITTEN, f"{report.BEGIN}\nblock one\n{report.END}")
+    assert first.startswith("# Benchmark results\n\nEvery number here is reproduced by the command written next to it.\n"
+                            "Second line of the intro.\n\n<!-- report:begin -->\nblock one\n<!-- report:end -->\n\n"
+                            "## Motion gate")
+    second = report.replace_block(first, f"{report.BEGIN}\nblock two\n{report.END}")
+    assert "block one" not in second and "block two" in second
+    assert second.replace("block two", "block one") == first
+    # everything outside the markers is byte-for-byte the hand-written text
+    outside = second.split(report.BEGIN)[0] + second.split(report.END)[1]
+    assert outside.replace("\n", "") == HAND_WRITTEN.replace("\n", "")
+
+
+@pytest.mark.parametrize("slowdown,flagged", [(1.20, True), (1.05, False)])
+def test_regression_line_only_above_ten_percent(slowdown, flagged):
+    before = _motion_doc()
+    after = copy.deepcopy(before)
+    after["benchmarks"][0]["stats"]["median"] *= slowdown
+    lines = report.regression_lines(after, before)
+    if flagged:
+        assert len(lines) == 1 and lines[0].startswith("REGRESSION:") and "test_ours_cpp[224px]" in lines[0]
+        assert "+20 %" in lines[0]
+    else:
+        assert lines == []
+
+
+def test_main_end_to_end_compares_with_previous_run_of_same_machine_and_mode(tmp_path):
+    results, md, plots = tmp_path / "results", tmp_path / "RESULTS.md", tmp_path / "plots"
+    results.mkdir()
+    md.write_text(HAND_WRITTEN)
+    _write(results, _motion_doc(), "2026-11-23T110000Z")
+    _write(results, _motion_doc(scale=3.0, ours_cpp=0.010 / 3.0), "2026-11-23T113000Z")  # another mode below
+    other_mode = _motion_doc(scale=5.0)
+    other_mode["streammem"]["mode"] = "full"
+    _write(results, other_mode, "2026-11-23T115000Z")
+    latest = _motion_doc(ours_cpp=0.013)  # +30 % on ours-cpp 224 vs the 11:00 run, the rest as then
+    latest_path = _write(results, latest, "2026-11-23T120000Z")
+    (results / "motion.json").write_text("")  # stray files in results/ are ignored
+    # the newest CPU run is the 12:00 one; its previous same-mode run is the 11:30 one (3x slower overall)
+    docs = report.find_results(str(results))
+    assert report.newest(docs, "cpu")["_path"] == str(latest_path)
+    assert os.path.basename(report.previous_of(docs, report.newest(docs, "cpu"))["_path"]).endswith("113000Z.json")
+    assert report.main(["--results-dir", str(results), "--results-md", str(md), "--plots-dir", str(plots)]) == 0
+    text = md.read_text()
+    assert text.startswith(HAND_WRITTEN.split("## Motion gate")[0])
+    assert text.rstrip().endswith("| ours | 1.0 |")
+    block = text.split(report.BEGIN)[1].split(report.END)[0]
+    # against 11:30 (everything 3x slower then, ours-cpp 224 at 0.010) only ours-cpp 224 became slower: +30 %
+    assert [line for line in block.splitlines() if "REGRESSION" in line] == [
+        "- REGRESSION: `bench/bench_demo.py::test_ours_cpp[224px]` median 13 ms vs 10 ms (+30 %)"]
+    assert "**motion-224**" in block and "Test CPU, 2 cores, no GPU" in block
+    # motion-224 / motion-336 form one scaling family with two sizes: one plot, embedded in the block
+    assert sorted(p.name for p in plots.iterdir()) == ["cpu-motion.png"]
+    assert "](plots/cpu-motion.png)" in block
