@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# GPU benchmark run: build the CUDA extension, run the kernel tests on the GPU
+# (Triton compiled, CUDA kernels; no TRITON_INTERPRET), then the benchmark
+# suites with STREAMMEM_BENCH_DEVICE=cuda.  The results land in
+# bench/results/gpu-<gpu name>-<mode>-<date>.json and bench/report.py merges
+# them into bench/RESULTS.md next to the CPU run.
+#
+#   bash bench/gpu.sh            # full run
+#   bash bench/gpu.sh --quick    # small sizes, few rounds
+#
+# Needs an NVIDIA GPU (nvidia-smi) and a CUDA build of torch.  Without them it
+# says so and exits 0, so it is safe to call anywhere.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+quick=()
+if [[ "${1:-}" == "--quick" ]]; then
+    quick=(--quick)
+fi
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi --query-gpu=name --format=csv,noheader >/dev/null 2>&1; then
+    echo "bench/gpu.sh: no NVIDIA GPU found (nvidia-smi missing or failing); nothing to do."
+    exit 0
+fi
+
+PY=.venv/bin/python
+if [[ ! -x "$PY" ]]; then
+    # make's venv recipe installs a CUDA torch on a CUDA machine only if none is importable
+    # system-wide; the venv sees system site-packages, so a preinstalled CUDA torch is reused.
+    echo "bench/gpu.sh: creating .venv through make build"
+    make build
+fi
+
+if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.version.cuda and torch.cuda.is_available() else 1)"; then
+    echo "bench/gpu.sh: the torch in .venv ($("$PY" -c 'import torch; print(torch.__version__)')) is not a CUDA build" \
+         "or sees no GPU; install a CUDA torch into .venv and rerun. Nothing to do."
+    exit 0
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+
+echo "bench/gpu.sh: building the native modules (CPU and CUDA)"
+"$PY" setup.py -q build_ext --inplace
+
+echo "bench/gpu.sh: kernel tests on the GPU (compiled Triton, CUDA kernels)"
+tests_status=0
+env -u TRITON_INTERPRET STREAMMEM_REQUIRE_CPP=1 \
+    "$PY" -m pytest -q -p no:cacheprovider tests || tests_status=$?
+if [[ $tests_status -ne 0 ]]; then
+    echo "bench/gpu.sh: kernel tests FAILED on the GPU (exit $tests_status); benchmarking anyway, read the failures above"
+fi
+
+echo "bench/gpu.sh: benchmark suites with STREAMMEM_BENCH_DEVICE=cuda"
+"$PY" bench/run.py --gpu "${quick[@]}"
+
+echo "bench/gpu.sh: done (tests exit code $tests_status); results in bench/results/, report in bench/RESULTS.md"
+exit "$tests_status"
