@@ -17,6 +17,8 @@ report lines, never failures.
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
 import glob
 import json
 import math
@@ -101,17 +103,46 @@ def provider_of(bench: dict) -> str:
 
 
 def group_of(bench: dict) -> str:
-    """The benchmark's group; a case without one is grouped by its non-provider parameters."""
+    """The benchmark's group; a case without one is grouped by its test id minus the provider part.
+
+    ``test_logprobs_time[token-V49152-T128-ours[cpp]]`` -> ``logprobs token-V49152-T128``, so the
+    providers run on the same inputs land in one table.
+    """
     if bench.get("group"):
         return bench["group"]
-    params = {k: v for k, v in (bench.get("params") or {}).items()
-              if k not in PROVIDER_PARAM_KEYS and isinstance(v, (str, int, float))}
-    label = "-".join(f"{k}={v}" for k, v in params.items())
-    return f"{suite_of(bench)}" + (f" {label}" if label else "")
+    name = bench.get("name", "")
+    case = name[name.index("[") + 1:-1] if "[" in name and name.endswith("]") else ""
+    for key in PROVIDER_PARAM_KEYS:
+        value = (bench.get("params") or {}).get(key)
+        if isinstance(value, str) and value:
+            case = case.replace(value, "")
+    case = re.sub(r"-{2,}", "-", case).strip("-")
+    return suite_of(bench) + (f" {case}" if case else "")
+
+
+@functools.lru_cache(maxsize=1)
+def public_names() -> frozenset[str]:
+    """``streammem_kernels.__all__``, read from the source so the report never imports torch."""
+    path = os.path.join(os.path.dirname(BENCH_DIR), "streammem_kernels", "__init__.py")
+    try:
+        tree = ast.parse(open(path).read())
+    except (OSError, SyntaxError):
+        return frozenset()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            try:
+                return frozenset(ast.literal_eval(node.value))
+            except ValueError:
+                return frozenset()
+    return frozenset()
 
 
 def is_ours(bench: dict) -> bool:
-    return provider_of(bench).startswith("ours") or bench["name"].startswith(("test_ours", "ours"))
+    """Rows of ours: provider or test named ``ours...``, or a provider named after one of our public functions."""
+    provider = provider_of(bench)
+    if provider.startswith("ours") or bench["name"].startswith(("test_ours", "ours")):
+        return True
+    return re.split(r"[\s(\[]", provider, maxsplit=1)[0] in public_names()
 
 
 def units_of(bench: dict) -> tuple[float, str] | None:
@@ -301,8 +332,8 @@ def describe_run(doc: dict, results_md_dir: str) -> list[str]:
              f"- Libraries: {libs}" if libs else "- Libraries: not recorded",
              f"- Command: `{meta.get('command', 'python bench/run.py')}` ({meta.get('mode')} mode), "
              f"started {meta.get('started_utc', doc['_stamp'])}, {meta.get('total_seconds', '?')} s in all",
-             f"- Load average (1/5/15 min) before / after: {meta.get('load_average_before', '?')} / "
-             f"{meta.get('load_average_after', '?')}: the machine was shared with other jobs, so absolute "
+             f"- Load average (1/5/15 min): {meta.get('load_average_before', '?')} before the run, "
+             f"{meta.get('load_average_after', '?')} after: the machine was shared with other jobs, so absolute "
              "times are noisy (often several times an idle machine's); ratios within one group come from "
              "one process, side by side, and are the meaningful part",
              f"- Results file: `{os.path.relpath(doc['_path'], os.path.dirname(results_md_dir))}` (git-ignored)"]

@@ -75,18 +75,29 @@ def test_ratio_uses_fastest_ours_row_as_baseline():
 
 
 def test_group_without_ours_has_no_ratio_but_shows_quality_and_queries():
-    table = report.group_table(report.group_benchmarks(_motion_doc())["tree-N1000"])
+    rows = report.group_benchmarks(_motion_doc())["tree-N1000"]
+    for bench in rows:
+        bench["extra_info"]["method"] = bench["extra_info"]["method"].replace("tree_search", "a tree")
+    table = report.group_table(rows)
     assert "recall@10" in table[0]
     assert table[0] == "| provider | mean | median | throughput | time / ours | recall@10 |"
-    assert _row(table, "tree_search greedy") == ["`tree_search greedy`", "2 ms", "2 ms", "32 k queries/s", "-", "0.91"]
+    assert _row(table, "a tree greedy") == ["`a tree greedy`", "2 ms", "2 ms", "32 k queries/s", "-", "0.91"]
     assert any("no row of ours" in line for line in table)
+
+
+def test_provider_named_after_a_public_function_is_ours():
+    tree = _bench("test_tree_greedy", "g", 0.002, method="tree_search greedy")
+    faiss = _bench("test_faiss_flat", "g", 0.001, method="faiss IndexFlatIP")
+    assert report.is_ours(tree) and not report.is_ours(faiss)
+    table = report.group_table([tree, faiss])
+    assert _row(table, "faiss IndexFlatIP")[4] == "0.50" and "baseline" in _row(table, "tree_search greedy")[4]
 
 
 def test_parametrized_case_without_group_is_grouped_by_its_parameters():
     bench = _bench("test_logprobs_time[token-V49152-T128-ours[cpp]]", None, 0.01)
     bench["fullname"] = "bench/bench_logprobs.py::" + bench["name"]
     bench["params"] = {"kind": "token", "vocab": 49152, "rows": 128, "provider": "ours[cpp]"}
-    assert report.group_of(bench) == "logprobs kind=token-vocab=49152-rows=128"
+    assert report.group_of(bench) == "logprobs token-V49152-T128"
     assert report.provider_of(bench) == "ours[cpp]" and report.is_ours(bench)
     assert report.units_of(bench) == (128.0, "tokens")
     assert report.size_of(bench)[0] == 49152
