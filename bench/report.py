@@ -75,12 +75,44 @@ def newest(docs: list[dict], kind: str) -> dict | None:
     return runs[-1] if runs else None
 
 
-def previous_of(docs: list[dict], current: dict) -> dict | None:
-    """The run before ``current`` on the same machine in the same mode (quick sizes differ from full ones)."""
-    meta = current["streammem"]
-    earlier = [d for d in docs if d["_stamp"] < current["_stamp"] and d["streammem"]["machine"] == meta["machine"]
-               and d["streammem"]["mode"] == meta["mode"]]
-    return earlier[-1] if earlier else None
+def suites_in(doc: dict) -> list[str]:
+    return list(OrderedDict.fromkeys(suite_of(b) for b in doc.get("benchmarks", [])))
+
+
+def combined_run(docs: list[dict], kind: str) -> dict | None:
+    """The newest run of ``kind``, with every suite it lacks taken from the newest earlier run that has it.
+
+    ``run.py --only pipeline`` writes a file holding one suite; the report still shows
+    every suite, each from its newest run on the same machine, and names the file
+    each came from.  The regression check compares every source file with the runs
+    before it (same machine, same mode).
+    """
+    base = newest(docs, kind)
+    if base is None:
+        return None
+    machine = base["streammem"]["machine"]
+    same_machine = [d for d in reversed(docs) if d["streammem"]["machine"] == machine]
+    sources: list[tuple[dict, list[str]]] = []
+    taken: set[str] = set()
+    for doc in same_machine:
+        fresh = [suite for suite in suites_in(doc) if suite not in taken]
+        if fresh:
+            sources.append((doc, fresh))
+            taken.update(fresh)
+    view = dict(base)
+    view["benchmarks"] = [b for doc, suites in sources for b in doc.get("benchmarks", []) if suite_of(b) in suites]
+    view["_sources"] = sources
+    regressions, compared = [], []
+    for doc, suites in sources:
+        earlier = [d for d in docs if d["_stamp"] < doc["_stamp"] and d["streammem"]["machine"] == machine
+                   and d["streammem"]["mode"] == doc["streammem"]["mode"]]
+        mine = {"benchmarks": [b for b in doc.get("benchmarks", []) if suite_of(b) in suites]}
+        regressions += regression_lines(mine, earlier)
+        compared += [os.path.basename(d["_path"]) for d in earlier
+                     if any(suite_of(b) in suites for b in d.get("benchmarks", []))]
+    view["_regressions"] = regressions
+    view["_compared"] = sorted(set(compared))
+    return view
 
 
 # --------------------------------------------------------------------------
@@ -240,11 +272,18 @@ def group_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def regression_lines(current: dict, previous: dict | None, threshold: float = REGRESSION_THRESHOLD) -> list[str]:
-    """``REGRESSION:`` lines for benchmarks whose median grew by more than ``threshold`` (by fullname)."""
-    if previous is None:
+def regression_lines(current: dict, previous: dict | list[dict] | None,
+                     threshold: float = REGRESSION_THRESHOLD) -> list[str]:
+    """``REGRESSION:`` lines for benchmarks whose median grew by more than ``threshold`` (matched by fullname).
+
+    ``previous`` is one earlier run or a list of them, oldest first: each benchmark is
+    compared with the newest earlier run that measured it.
+    """
+    if not previous:
         return []
-    before = {b["fullname"]: b["stats"]["median"] for b in previous.get("benchmarks", [])}
+    before = {}
+    for doc in previous if isinstance(previous, list) else [previous]:
+        before.update({b["fullname"]: b["stats"]["median"] for b in doc.get("benchmarks", [])})
     lines = []
     for bench in current.get("benchmarks", []):
         old = before.get(bench["fullname"])
@@ -336,7 +375,9 @@ def describe_run(doc: dict, results_md_dir: str) -> list[str]:
              f"{meta.get('load_average_after', '?')} after: the machine was shared with other jobs, so absolute "
              "times are noisy (often several times an idle machine's); ratios within one group come from "
              "one process, side by side, and are the meaningful part",
-             f"- Results file: `{os.path.relpath(doc['_path'], os.path.dirname(results_md_dir))}` (git-ignored)"]
+             "- Results files (git-ignored): " + "; ".join(
+                 f"`{os.path.relpath(src['_path'], os.path.dirname(results_md_dir))}` ({', '.join(suites)})"
+                 for src, suites in doc.get("_sources", [(doc, suites_in(doc))]))]
     suites = meta.get("suites") or []
     if suites:
         lines.append("- Suites: " + "; ".join(f"`{s['suite']}` {s['status']}" + (f" ({s['seconds']:.0f} s)"
@@ -345,24 +386,24 @@ def describe_run(doc: dict, results_md_dir: str) -> list[str]:
     return lines
 
 
-def render_block(runs: list[tuple[dict, dict | None]], plots: list[tuple[str, str]], results_md: str) -> str:
+def render_block(runs: list[dict], plots: list[tuple[str, str]], results_md: str) -> str:
     md_dir = os.path.dirname(os.path.abspath(results_md))
     out = [BEGIN, "## Generated report (`make bench` / `make bench-quick`)", "",
            "Written by `bench/report.py` from the newest `bench/results/*.json`; do not edit by hand (the text "
            "between the report markers is replaced on every run). Time / ours = this row's mean over the mean of "
            "the fastest row of ours in the same group (> 1: slower than ours). Throughput counts the units the "
            "suite records in `extra_info` (pairs, problems, queries, frames, tokens).", ""]
-    for doc, previous in runs:
+    for doc in runs:
         meta = doc["streammem"]
         out += [f"### {meta.get('kind', 'cpu').upper()} run: `{meta.get('machine')}`", ""]
         out += describe_run(doc, os.path.join(md_dir, "RESULTS.md"))
         out.append("")
-        regressions = regression_lines(doc, previous)
-        if previous is None:
+        regressions, compared = doc.get("_regressions", []), doc.get("_compared", [])
+        if not compared:
             out.append("Regression check: no earlier run of this machine in this mode in `bench/results/`.")
         else:
-            out.append(f"Regression check against `{os.path.basename(previous['_path'])}` (median, > "
-                       f"{REGRESSION_THRESHOLD:.0%} slower): "
+            out.append(f"Regression check (median > {REGRESSION_THRESHOLD:.0%} slower than the newest earlier run "
+                       f"of the same machine and mode; compared with {', '.join(f'`{c}`' for c in compared)}): "
                        + ("none." if not regressions else f"{len(regressions)} found (noisy on a shared machine)."))
             out += [""] + [f"- {line}" for line in regressions]
         out.append("")
@@ -407,22 +448,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     docs = find_results(args.results_dir)
-    runs = [(doc, previous_of(docs, doc)) for doc in (newest(docs, "cpu"), newest(docs, "gpu")) if doc is not None]
+    runs = [view for view in (combined_run(docs, "cpu"), combined_run(docs, "gpu")) if view is not None]
     if not runs:
         print(f"[report] no bench/run.py results in {args.results_dir}; run `python bench/run.py --quick` first")
         return 1
     plots: list[tuple[str, str]] = []
     if not args.no_plots:
-        for doc, _ in runs:
+        for doc in runs:
             plots += make_plots(doc, args.plots_dir, doc["streammem"]["kind"])
     block = render_block(runs, plots, args.results_md)
     text = open(args.results_md).read() if os.path.exists(args.results_md) else "# Benchmark results\n"
     with open(args.results_md, "w") as fh:
         fh.write(replace_block(text, block))
-    for doc, previous in runs:
-        for line in regression_lines(doc, previous):
+    for doc in runs:
+        for line in doc["_regressions"]:
             print(line)
-    print(f"[report] {sum(len(d.get('benchmarks', [])) for d, _ in runs)} benchmarks, {len(plots)} plots -> "
+    print(f"[report] {sum(len(d.get('benchmarks', [])) for d in runs)} benchmarks, {len(plots)} plots -> "
           f"{os.path.relpath(args.results_md)}")
     return 0
 

@@ -35,10 +35,10 @@ RESULTS_DIR = os.path.join(BENCH_DIR, "results")
 # Suites left out of --quick, with the reason printed when they are skipped.  Each
 # entry was measured: the whole quick run has to stay under 3 minutes on 2 cores.
 QUICK_SKIPS: dict[str, str] = {
-    "pipeline": "loads EfficientNet + MiniLM and streams the clip several times (minutes even with "
-                "STREAMMEM_BENCH_QUICK=1); run `python bench/run.py --only pipeline`",
-    "caption_reuse": "decodes with SmolLM2-135M (tens of seconds per round); run "
-                     "`python bench/run.py --only caption_reuse`",
+    "pipeline": "loads EfficientNet + MiniLM and streams the clip 1 + 4 times: 150 s alone with "
+                "STREAMMEM_BENCH_QUICK=1 (2026-11-23, shared 2 cores); run `python bench/run.py --only pipeline`",
+    "caption_reuse": "decodes with SmolLM2-135M: over 150 s alone with STREAMMEM_BENCH_QUICK=1 (2026-11-23, "
+                     "shared 2 cores); run `python bench/run.py --only caption_reuse`",
 }
 # Cases left out of --quick within a suite (a pytest -k expression), with the reason.
 QUICK_SELECT: dict[str, tuple[str, str]] = {

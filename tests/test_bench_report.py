@@ -144,7 +144,8 @@ def test_main_end_to_end_compares_with_previous_run_of_same_machine_and_mode(tmp
     # the newest CPU run is the 12:00 one; its previous same-mode run is the 11:30 one (3x slower overall)
     docs = report.find_results(str(results))
     assert report.newest(docs, "cpu")["_path"] == str(latest_path)
-    assert os.path.basename(report.previous_of(docs, report.newest(docs, "cpu"))["_path"]).endswith("113000Z.json")
+    view = report.combined_run(docs, "cpu")
+    assert view["_compared"] == ["cpu2c-test-quick-2026-11-23T110000Z.json", "cpu2c-test-quick-2026-11-23T113000Z.json"]
     assert report.main(["--results-dir", str(results), "--results-md", str(md), "--plots-dir", str(plots)]) == 0
     text = md.read_text()
     assert text.startswith(HAND_WRITTEN.split("## Motion gate")[0])
@@ -157,3 +158,20 @@ def test_main_end_to_end_compares_with_previous_run_of_same_machine_and_mode(tmp
     # motion-224 / motion-336 form one scaling family with two sizes: one plot, embedded in the block
     assert sorted(p.name for p in plots.iterdir()) == ["cpu-motion.png"]
     assert "](plots/cpu-motion.png)" in block
+
+
+def test_suites_missing_from_the_newest_run_come_from_the_newest_run_that_has_them(tmp_path):
+    def suite_doc(suite, median):
+        bench = _bench("test_ours_x", "g", median, provider="ours")
+        bench["fullname"] = f"bench/bench_{suite}.py::test_ours_x"
+        return _doc([bench])
+
+    _write(tmp_path, suite_doc("motion", 1.0), "2026-11-23T100000Z")
+    _write(tmp_path, suite_doc("tree", 1.0), "2026-11-23T110000Z")
+    _write(tmp_path, suite_doc("motion", 2.0), "2026-11-23T120000Z")  # `run.py --only motion`, 2x slower
+    view = report.combined_run(report.find_results(str(tmp_path)), "cpu")
+    assert [(os.path.basename(d["_path"])[-13:], suites) for d, suites in view["_sources"]] == [
+        ("T120000Z.json", ["motion"]), ("T110000Z.json", ["tree"])]
+    assert sorted(b["fullname"] for b in view["benchmarks"]) == ["bench/bench_motion.py::test_ours_x",
+                                                                  "bench/bench_tree.py::test_ours_x"]
+    assert view["_regressions"] == ["REGRESSION: `bench/bench_motion.py::test_ours_x` median 2 s vs 1 s (+100 %)"]
