@@ -71,8 +71,7 @@ blocked GEMM with the running top-k in registers.
 """
 from __future__ import annotations
 
-import os
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
