@@ -64,6 +64,8 @@ __attribute__((always_inline)) inline void store8(float* p, v8f v) { std::memcpy
 // this the scores of near-boundary frames drift by more than their gap and
 // Lloyd can settle in a different fixed point than a float64 computation.
 constexpr int64_t kAccumBlock = 256;
+// Features per block of the distance + centre-sum update (2 KB of floats).
+constexpr int64_t kSumBlock = 512;
 
 // scores[p * kp + j] = rows[p] . c_j (float64) for 6 point rows and all
 // centres: a GEMM micro-kernel, NV vectors of 8 centres per tile, broadcast of
@@ -97,25 +99,25 @@ STREAMMEM_HOT void scores_tile(const float* const* rows, int64_t D, const Centre
   }
 }
 
-// Direct float64 distance of x to centre c (||x - c||^2, or 1 - x.c), and when
-// `sums` is given, sums += w * x (float64).
-STREAMMEM_HOT double own_distance_accumulate(const float* __restrict x, const float* __restrict c, int64_t D,
+// Partial direct distance of x to centre c over `len` features, float64
+// (l2: sum of squared differences; cosine: the dot product, turned into
+// 1 - x.c by the caller), and when `sums` is given, sums += w * x (float64).
+STREAMMEM_HOT double own_distance_accumulate(const float* __restrict x, const float* __restrict c, int64_t len,
                                              bool cosine, double w, double* __restrict sums) {
   double acc = 0.0;
   if (cosine) {
 #pragma omp simd reduction(+ : acc)
-    for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(x[d]) * static_cast<double>(c[d]);
-    acc = 1.0 - acc;
+    for (int64_t d = 0; d < len; ++d) acc += static_cast<double>(x[d]) * static_cast<double>(c[d]);
   } else {
 #pragma omp simd reduction(+ : acc)
-    for (int64_t d = 0; d < D; ++d) {
+    for (int64_t d = 0; d < len; ++d) {
       const double diff = static_cast<double>(x[d]) - static_cast<double>(c[d]);
       acc += diff * diff;
     }
   }
   if (sums) {
 #pragma omp simd
-    for (int64_t d = 0; d < D; ++d) sums[d] += w * static_cast<double>(x[d]);
+    for (int64_t d = 0; d < len; ++d) sums[d] += w * static_cast<double>(x[d]);
   }
   return acc;
 }
@@ -148,14 +150,26 @@ void assign_range(const float* x, const float* w, int64_t i0, int64_t i1, int64_
       scores_tile<2>(rows, D, cs, scores.data());
     else
       scores_tile<1>(rows, D, cs, scores.data());
+    int64_t tile_labels[kTilePoints];
+    double tile_dist[kTilePoints];
     for (int64_t p = 0; p < np; ++p) {
-      const int64_t pt = i + p;
-      const int64_t lab = best_centre(scores.data() + p * cs.kp, k, cs.sq, cosine);
-      labels[pt] = lab;
-      const double wi = w[pt];
-      pdist[pt] = own_distance_accumulate(x + pt * D, cs.c + lab * D, D, cosine, wi, sums ? sums + lab * D : nullptr);
-      if (mass) mass[lab] += wi;
+      tile_labels[p] = best_centre(scores.data() + p * cs.kp, k, cs.sq, cosine);
+      labels[i + p] = tile_labels[p];
+      tile_dist[p] = 0.0;
+      if (mass) mass[tile_labels[p]] += w[i + p];
     }
+    // Distances and sums feature block by feature block: for long rows the
+    // float64 sum rows of the tile's clusters (often one or two: neighbouring
+    // frames share a cluster) stay in L1/L2 across the tile's points.
+    for (int64_t d0 = 0; d0 < D; d0 += kSumBlock) {
+      const int64_t len = std::min(kSumBlock, D - d0);
+      for (int64_t p = 0; p < np; ++p) {
+        const int64_t lab = tile_labels[p];
+        tile_dist[p] += own_distance_accumulate(x + (i + p) * D + d0, cs.c + lab * D + d0, len, cosine, w[i + p],
+                                                sums ? sums + lab * D + d0 : nullptr);
+      }
+    }
+    for (int64_t p = 0; p < np; ++p) pdist[i + p] = cosine ? 1.0 - tile_dist[p] : tile_dist[p];
   }
 }
 
@@ -177,8 +191,9 @@ void prepare_centres(const float* c, int64_t k, int64_t D, Workspace& ws, Centre
   const int64_t tile = k > 8 ? 16 : 8;
   const int64_t kp = (k + tile - 1) / tile * tile;
   ws.ct.assign(static_cast<size_t>(D * kp), 0.0f);
-  for (int64_t j = 0; j < k; ++j)
-    for (int64_t d = 0; d < D; ++d) ws.ct[d * kp + j] = c[j * D + d];
+  // Feature-major walk: each (D, kp) row is written once, the k centre rows are read as k streams.
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t j = 0; j < k; ++j) ws.ct[d * kp + j] = c[j * D + d];
   cs.ct = ws.ct.data();
   cs.kp = kp;
 }
