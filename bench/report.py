@@ -125,13 +125,14 @@ def suite_of(bench: dict) -> str:
     return match[1] if match else "bench"
 
 
-def provider_of(bench: dict) -> str:
+def provider_of(bench: dict, series: bool = False) -> str:
+    """Provider named in extra_info or params, else the test name (without its id when naming a plot series)."""
     info, params = bench.get("extra_info") or {}, bench.get("params") or {}
     for source in (info, params):
         for key in PROVIDER_PARAM_KEYS:
             if isinstance(source.get(key), str):
                 return source[key]
-    return bench["name"]
+    return bench["name"].split("[")[0] if series else bench["name"]
 
 
 def group_of(bench: dict) -> str:
@@ -318,9 +319,8 @@ def scaling_families(doc: dict) -> "OrderedDict[tuple[str, str, str], dict[str, 
         ylabel = f"median time per {units[1][:-1] if units[1].endswith('s') else units[1]} (s)" if units else \
             "median time per call (s)"
         key = (family, label, ylabel)
-        families.setdefault(key, OrderedDict()).setdefault(provider_of(bench), []).append((value, y))
-    return OrderedDict((k, v) for k, v in families.items()
-                       if "*" in k[0] and len({x for series in v.values() for x, _ in series}) >= 2)
+        families.setdefault(key, OrderedDict()).setdefault(provider_of(bench, series=True), []).append((value, y))
+    return OrderedDict((k, v) for k, v in families.items() if len({x for series in v.values() for x, _ in series}) >= 2)
 
 
 def make_plots(doc: dict, plots_dir: str, prefix: str) -> list[tuple[str, str]]:
@@ -370,7 +370,8 @@ def describe_run(doc: dict, results_md_dir: str) -> list[str]:
              + (f", GPU {meta['gpu']}" if meta.get("gpu") else ", no GPU"),
              f"- Libraries: {libs}" if libs else "- Libraries: not recorded",
              f"- Command: `{meta.get('command', 'python bench/run.py')}` ({meta.get('mode')} mode), "
-             f"started {meta.get('started_utc', doc['_stamp'])}, {meta.get('total_seconds', '?')} s in all",
+             f"started {meta.get('started_utc', doc['_stamp'])}, {meta.get('total_seconds', '?')} s wall"
+             + (f", {meta['total_cpu_seconds']} s CPU" if meta.get("total_cpu_seconds") else "") + " in all",
              f"- Load average (1/5/15 min): {meta.get('load_average_before', '?')} before the run, "
              f"{meta.get('load_average_after', '?')} after: the machine was shared with other jobs, so absolute "
              "times are noisy (often several times an idle machine's); ratios within one group come from "
@@ -380,8 +381,8 @@ def describe_run(doc: dict, results_md_dir: str) -> list[str]:
                  for src, suites in doc.get("_sources", [(doc, suites_in(doc))]))]
     suites = meta.get("suites") or []
     if suites:
-        lines.append("- Suites: " + "; ".join(f"`{s['suite']}` {s['status']}" + (f" ({s['seconds']:.0f} s)"
-                                                                                 if s.get("seconds") else "")
+        lines.append("- Suites: " + "; ".join(f"`{s['suite']}` {s['status']}" + (f" ({s['seconds']:.0f} s wall" + (
+            f", {s['cpu_seconds']:.0f} s CPU)" if s.get("cpu_seconds") is not None else ")") if s.get("seconds") else "")
                                               for s in suites))
     return lines
 

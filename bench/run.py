@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shlex
 import subprocess
 import sys
@@ -149,6 +150,9 @@ def run_suite(suite: str, json_path: str, quick: bool, gpu: bool, timeout_s: int
         print(f"[bench] {suite}: --quick runs only -k {QUICK_SELECT[suite][0]!r}: {QUICK_SELECT[suite][1]}", flush=True)
     print(f"[bench] {suite}: {' '.join(shlex.quote(c) for c in cmd[2:])}", flush=True)
     start = time.perf_counter()
+    # CPU seconds of the suite's process: unlike wall time they barely grow when other jobs share
+    # the cores, so they estimate what an idle machine needs (wall >= cpu / cores).
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
         rc, output = proc.returncode, proc.stdout + proc.stderr
@@ -156,6 +160,8 @@ def run_suite(suite: str, json_path: str, quick: bool, gpu: bool, timeout_s: int
         rc = None
         output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
     seconds = time.perf_counter() - start
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     summary = next((line for line in reversed(output.splitlines()) if re.search(r"passed|failed|error|skipped", line)),
                    "")
     if rc is None:
@@ -166,13 +172,15 @@ def run_suite(suite: str, json_path: str, quick: bool, gpu: bool, timeout_s: int
         status = "no benchmarks collected"
     else:
         status = f"pytest exit code {rc}"
-    print(f"[bench] {suite}: {status} in {seconds:.0f} s ({summary.strip('= ')})", flush=True)
+    print(f"[bench] {suite}: {status} in {seconds:.0f} s wall, {cpu_seconds:.0f} s CPU ({summary.strip('= ')})",
+          flush=True)
     if rc not in (0, 5):
         tail = "\n".join(output.splitlines()[-15:])
         print(f"[bench] {suite}: last lines of its output:\n{tail}", flush=True)
     if quick and suite in QUICK_SELECT:
         status += f" (quick: -k '{QUICK_SELECT[suite][0]}')"
-    return {"suite": suite, "status": status, "seconds": round(seconds, 1), "pytest_summary": summary.strip("= ")}
+    return {"suite": suite, "status": status, "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1),
+            "pytest_summary": summary.strip("= ")}
 
 
 def merge_results(parts: list[tuple[str, str]]) -> dict:
@@ -234,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         merged = merge_results(parts)
 
     total = (dt.datetime.now(dt.timezone.utc) - started).total_seconds()
+    total_cpu = sum(r.get("cpu_seconds", 0.0) for r in runs)
     merged["streammem"] = {
         "machine": machine,
         "kind": "gpu" if args.gpu else "cpu",
@@ -245,13 +254,14 @@ def main(argv: list[str] | None = None) -> int:
         "command": command,
         "started_utc": started.isoformat(timespec="seconds"),
         "total_seconds": round(total, 1),
+        "total_cpu_seconds": round(total_cpu, 1),
         "load_average_before": load_before,
         "load_average_after": load_average(),
         "suites": runs,
     }
     with open(out_path, "w") as fh:
         json.dump(merged, fh, indent=1)
-    print(f"[bench] {len(merged['benchmarks'])} benchmarks from {len(parts)} suites in {total:.0f} s -> "
+    print(f"[bench] {len(merged['benchmarks'])} benchmarks from {len(parts)} suites in {total:.0f} s wall, {total_cpu:.0f} s CPU -> "
           f"{os.path.relpath(out_path, REPO_ROOT)}", flush=True)
 
     if not args.no_report:
