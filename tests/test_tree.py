@@ -491,7 +491,8 @@ def test_opcheck():
     tree = build_tree(30, 3, 8, seed=4, leftover=2)
     q = _unit_rows(torch.randn(4, 8))
     arrays = (tree.embeddings, tree.child_ptr, tree.child_idx, tree.roots)
-    for backend in TREE_BACKENDS[:2]:
+    # The fake (meta) kernels do not depend on the backend: check the one auto picks.
+    for backend in [TREE_BACKENDS[min(1, len(TREE_BACKENDS) - 1)]]:
         torch.library.opcheck(torch.ops.streammem.tree_greedy.default, (*arrays, q, tree.height, False, backend))
         torch.library.opcheck(torch.ops.streammem.tree_greedy.default, (*arrays, q, tree.height, True, backend))
         torch.library.opcheck(
