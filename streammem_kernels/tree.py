@@ -514,6 +514,7 @@ class CosineTree:
             raise ValueError(f"unsupported CosineTree format version {state.get('version')}")
         n = state["embeddings"].shape[0]
         n_edges = state["child_idx"].shape[0]
+        _check_saved_structure(state, n, n_edges, path)
         tree = cls(int(state["dim"]), capacity=max(n, 1), device=device)
         tree._reserve(0, n_edges)
         dev = tree._device
@@ -535,6 +536,22 @@ class CosineTree:
     def __repr__(self) -> str:
         return (f"CosineTree(dim={self._dim}, num_nodes={self._n}, roots={len(self.roots)}, "
                 f"height={self.height}, device={self._device})")
+
+
+def _check_saved_structure(state: dict, n: int, n_edges: int, path) -> None:
+    """Reject files whose arrays would send the kernels out of bounds."""
+    shapes_ok = (
+        state["embeddings"].dim() == 2 and state["embeddings"].shape[1] == int(state["dim"])
+        and all(state[key].shape == (n,) for key in ("level", "parent", "utility", "payload"))
+        and state["child_ptr"].shape == (n + 1,)
+    )
+    ptr, kids, parent = state["child_ptr"], state["child_idx"], state["parent"]
+    links_ok = shapes_ok and (
+        int(ptr[0]) == 0 and int(ptr[-1]) == n_edges and bool((ptr[1:] >= ptr[:-1]).all())
+        and bool(((kids >= 0) & (kids < n)).all()) and bool(((parent >= -1) & (parent < n)).all())
+    )
+    if not links_ok:
+        raise ValueError(f"path holds a CosineTree with inconsistent arrays (shapes or CSR links): {path}")
 
 
 # --------------------------------------------------------------------------

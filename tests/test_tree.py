@@ -433,6 +433,12 @@ def test_save_load_round_trip(tmp_path):
         t.add_leaves(extra)
         t.grow(4)
     assert torch.equal(back.parent, tree.parent) and torch.equal(back.child_idx, tree.child_idx)
+    # a corrupted file is rejected instead of reaching the kernels
+    state = tree.state_dict()
+    state["child_idx"][0] = tree.num_nodes + 5
+    torch.save(state, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="inconsistent"):
+        CosineTree.load(tmp_path / "bad.pt")
 
 
 # --------------------------------------------------------------------------
