@@ -319,7 +319,13 @@ def scaling_families(doc: dict) -> "OrderedDict[tuple[str, str, str], dict[str, 
         ylabel = f"median time per {units[1][:-1] if units[1].endswith('s') else units[1]} (s)" if units else \
             "median time per call (s)"
         key = (family, label, ylabel)
-        families.setdefault(key, OrderedDict()).setdefault(provider_of(bench, series=True), []).append((value, y))
+        curves = families.setdefault(key, OrderedDict())
+        curves.setdefault(provider_of(bench, series=True), []).append((value, y))
+        if units and units[1] == "frames":
+            # Suites timing one pipeline may record the other pipelines' rates as "<name>_fps".
+            for info_key, fps in (bench.get("extra_info") or {}).items():
+                if info_key.endswith("_fps") and isinstance(fps, (int, float)) and fps > 0:
+                    curves.setdefault(f"{info_key[:-4]} (1 / {info_key})", []).append((value, 1.0 / fps))
     return OrderedDict((k, v) for k, v in families.items() if len({x for series in v.values() for x, _ in series}) >= 2)
 
 
@@ -332,6 +338,7 @@ def make_plots(doc: dict, plots_dir: str, prefix: str) -> list[tuple[str, str]]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     os.makedirs(plots_dir, exist_ok=True)
     for stale in glob.glob(os.path.join(plots_dir, f"{prefix}-*.png")):
@@ -346,6 +353,10 @@ def make_plots(doc: dict, plots_dir: str, prefix: str) -> list[tuple[str, str]]:
             ax.plot(xs, ys, style, label=provider, linewidth=2 if provider.startswith("ours") else 1.2, markersize=5)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(sorted({x for points in series.values() for x, _ in points}))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         title = f"{family} ({doc['streammem'].get('machine', '')}, {doc['streammem'].get('mode', '')})"
