@@ -3,7 +3,8 @@
 * ``_assign_kernel``: one program per (problem, tile of BLOCK_N points).  It
   walks the centres in tiles of BLOCK_K and the features in tiles of BLOCK_D,
   forms ``x.c`` with ``tl.dot`` (``input_precision="ieee"``: true float32, no
-  TF32), turns it into the score ``||c||^2 - 2 x.c`` (cosine: ``-x.c``) and
+  TF32) per feature tile, adds the tiles' partial dots in float64 (so long
+  rows, D = 65,536, do not drift as one long float32 sum would), turns it into the score ``||c||^2 - 2 x.c`` (cosine: ``-x.c``) and
   keeps a running (min, argmin) per point, as flash-kmeans does: the N x k
   distance matrix is never written, only the labels.
 * ``_centre_sums_kernel``: one program per (problem, tile of BLOCK_K centres,
@@ -37,18 +38,18 @@ def _assign_kernel(x_ptr, c_ptr, csq_ptr, len_ptr, labels_ptr, N, D, K,
     row_ok = rows < n_valid
     x_base = x_ptr + b * N * D
     c_base = c_ptr + b * K * D
-    best = tl.full((BLOCK_N,), float("inf"), tl.float32)
+    best = tl.full((BLOCK_N,), float("inf"), tl.float64)
     best_idx = tl.zeros((BLOCK_N,), tl.int64)
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         col_ok = cols < K
-        dots = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        dots = tl.zeros((BLOCK_N, BLOCK_K), tl.float64)
         for d0 in range(0, D, BLOCK_D):
             feats = d0 + tl.arange(0, BLOCK_D)
             f_ok = feats < D
             xt = tl.load(x_base + rows[:, None] * D + feats[None, :], mask=row_ok[:, None] & f_ok[None, :], other=0.0)
             ct = tl.load(c_base + cols[:, None] * D + feats[None, :], mask=col_ok[:, None] & f_ok[None, :], other=0.0)
-            dots += tl.dot(xt, tl.trans(ct), input_precision="ieee")
+            dots += tl.dot(xt, tl.trans(ct), input_precision="ieee").to(tl.float64)
         if COSINE:
             score = -dots
         else:
@@ -97,7 +98,7 @@ def assign_triton(points: torch.Tensor, centres: torch.Tensor, lengths: torch.Te
     B, N, D = points.shape
     K = centres.shape[1]
     centres = centres.contiguous()
-    csq = (centres * centres).sum(-1).contiguous()
+    csq = (centres.double() ** 2).sum(-1).contiguous()
     labels = torch.empty((B, N), dtype=torch.int64, device=points.device)
     grid = (triton.cdiv(N, BLOCK_N), B)
     _assign_kernel[grid](points, centres, csq, lengths, labels, N, D, K, COSINE=bool(cosine),

@@ -39,7 +39,10 @@ Semantics shared by every backend (the torch reference below is the spec):
 
 Backends: ``torch`` (batched bmm, chunked so memory stays bounded; the BLAS
 path), ``cpp`` (one fused assign + accumulate pass over the points per
-iteration, OpenMP over problems when B is large, over points when B is small),
+iteration; scores from a register-tiled float32 micro-kernel whose partial dot
+products over 256 features are added in float64; OpenMP over problems when
+there are at least 2 per thread, otherwise problem by problem with the points
+split across threads),
 ``triton`` (fused distance + running argmin per tile of points, the N x k
 distance matrix never written; centre sums by a deterministic one-hot
 reduction per (problem, centre tile, feature tile), no atomics, so results are
