@@ -359,7 +359,8 @@ def make_plots(doc: dict, plots_dir: str, prefix: str) -> list[tuple[str, str]]:
         ax.set_xticks(sorted({x for points in series.values() for x, _ in points}))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        title = f"{family} ({doc['streammem'].get('machine', '')}, {doc['streammem'].get('mode', '')})"
+        title = (f"{family}: {ylabel.split(' (')[0]} vs {xlabel.split(' (')[0]}\n"
+                 f"{doc['streammem'].get('machine', '')}, {doc['streammem'].get('mode', '')} run, shared machine")
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="best")
@@ -390,6 +391,13 @@ def describe_run(doc: dict, results_md_dir: str) -> list[str]:
              "- Results files (git-ignored): " + "; ".join(
                  f"`{os.path.relpath(src['_path'], os.path.dirname(results_md_dir))}` ({', '.join(suites)})"
                  for src, suites in doc.get("_sources", [(doc, suites_in(doc))]))]
+    if meta.get("kind") == "gpu":
+        readers = sorted(os.path.basename(path)[len("bench_"):-3]
+                         for path in glob.glob(os.path.join(BENCH_DIR, "bench_*.py"))
+                         if "STREAMMEM_BENCH_DEVICE" in open(path).read())
+        lines.append("- GPU placement: run.py sets `STREAMMEM_BENCH_DEVICE=cuda`; suites that read it: "
+                     + (", ".join(f"`{r}`" for r in readers) if readers else
+                        "none yet, so every suite below still ran its CPU code on this machine"))
     suites = meta.get("suites") or []
     if suites:
         lines.append("- Suites: " + "; ".join(f"`{s['suite']}` {s['status']}" + (f" ({s['seconds']:.0f} s wall" + (
@@ -412,10 +420,11 @@ def render_block(runs: list[dict], plots: list[tuple[str, str]], results_md: str
         out.append("")
         regressions, compared = doc.get("_regressions", []), doc.get("_compared", [])
         if not compared:
-            out.append("Regression check: no earlier run of this machine in this mode in `bench/results/`.")
+            out.append("Regression check: no earlier run of this machine in this mode in `bench/results/` "
+                       "(result files are git-ignored, so the history is the runs kept on this machine).")
         else:
             out.append(f"Regression check (median > {REGRESSION_THRESHOLD:.0%} slower than the newest earlier run "
-                       f"of the same machine and mode; compared with {', '.join(f'`{c}`' for c in compared)}): "
+                       f"of the same machine and mode kept in `bench/results/`, which is git-ignored; compared with {', '.join(f'`{c}`' for c in compared)}): "
                        + ("none." if not regressions else f"{len(regressions)} found (noisy on a shared machine)."))
             out += [""] + [f"- {line}" for line in regressions]
         out.append("")
