@@ -175,3 +175,19 @@ def test_suites_missing_from_the_newest_run_come_from_the_newest_run_that_has_th
     assert sorted(b["fullname"] for b in view["benchmarks"]) == ["bench/bench_motion.py::test_ours_x",
                                                                   "bench/bench_tree.py::test_ours_x"]
     assert view["_regressions"] == ["REGRESSION: `bench/bench_motion.py::test_ours_x` median 2 s vs 1 s (+100 %)"]
+
+
+def test_gpu_run_is_merged_next_to_the_cpu_run(tmp_path):
+    results, md = tmp_path / "results", tmp_path / "RESULTS.md"
+    results.mkdir()
+    md.write_text(HAND_WRITTEN)
+    _write(results, _motion_doc(), "2026-11-23T110000Z")
+    gpu = _motion_doc(scale=0.1)
+    gpu["streammem"].update(machine="gpu-nvidia-h100", kind="gpu", gpu="NVIDIA H100")
+    _write(results, gpu, "2026-11-23T100000Z")  # older than the CPU run, still shown: one block per kind
+    assert report.main(["--results-dir", str(results), "--results-md", str(md), "--no-plots"]) == 0
+    block = md.read_text().split(report.BEGIN)[1].split(report.END)[0]
+    assert "### CPU run: `cpu2c-test`" in block and "### GPU run: `gpu-nvidia-h100`" in block
+    assert block.index("### CPU run") < block.index("### GPU run")
+    assert "GPU NVIDIA H100" in block and "STREAMMEM_BENCH_DEVICE=cuda" in block
+    assert block.count("**motion-224**") == 2
