@@ -14,7 +14,7 @@ objects:
 * ``embeddings (num_nodes, D)`` float32, L2-normalised on insertion (a zero
   vector stays zero and scores 0 against everything);
 * ``level (num_nodes,)`` int64: 0 for leaves, ``1 + max(level of children)``;
-* ``parent (num_nodes,)`` int64, -1 for the current roots;
+* ``parent (num_nodes,)`` int64, -1 for the current roots (and removed nodes);
 * children in CSR form: node i's children are
   ``child_idx[child_ptr[i]:child_ptr[i+1]]`` in chronological (ascending id)
   order.  A parent is always appended after its children, which must be
@@ -24,10 +24,23 @@ objects:
 * ``utility (num_nodes,)`` float32 (default 1) and ``payload (num_nodes,)``
   int64 (default -1), which the caller maps to its own objects.
 
-Node ids are append-only and stable.  Removal can be added later without
-changing this layout: a tombstone mask next to ``parent`` (searches skip dead
-nodes), and a compaction that renumbers live nodes in id order -- which keeps
-every CSR child run ascending -- and returns the old -> new id map.
+Node ids are append-only and stable until :meth:`CosineTree.compact`.
+Removal (:meth:`CosineTree.remove`) keeps this layout: a tombstone mask
+``alive (num_nodes,)`` next to ``parent``, and dead ids are filtered out of
+every CSR child run at removal time, so the arrays the search kernels see
+(``roots``, ``child_ptr``/``child_idx``) never reach a dead node and no
+backend needs to know about tombstones.  A removed node takes with it every
+ancestor left without a live child (a parent exists to summarise children; a
+childless one would end a greedy path on a non-leaf), and the levels of the
+surviving ancestors are recomputed, so the live part of the tree is exactly
+the tree one would build from the live nodes alone.  Removing a node that
+still has live children is an error unless ``cascade=True`` (then its live
+descendants go too); removing a non-root child never turns its siblings into
+roots.  :meth:`CosineTree.compact` drops the tombstones: it renumbers live
+nodes in id order -- which keeps every CSR child run ascending, so children
+stay chronological -- and returns the old -> new id map (-1 for removed
+nodes); searches give the same results before and after, up to that
+renumbering.  Save/load round-trips the tombstone mask.
 
 Scores are ``dot(q / |q|, v / |v|)`` in float32 (a vector whose squared norm
 is 0 in float32 is treated as the zero vector).  Every ranking breaks ties
@@ -91,7 +104,8 @@ __all__ = [
 _FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _INT_INPUTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 _FORMAT = "streammem.CosineTree"
-_FORMAT_VERSION = 1
+# Version 2 adds the tombstone mask "alive"; version 1 files (no removals) still load.
+_FORMAT_VERSION = 2
 # Candidate rows gathered per chunk by the torch reference: bounds the
 # (queries x candidates x D) temporary to 16M floats (64 MB).
 _GATHER_BUDGET = 1 << 24
@@ -171,8 +185,10 @@ class CosineTree:
         Where the tensors live (searches run there).
 
     The tensor properties (``embeddings``, ``level``, ``parent``, ``child_ptr``,
-    ``child_idx``, ``utility``, ``payload``, ``roots``) are views of the live
-    prefix of the storage: read them, do not write them.
+    ``child_idx``, ``utility``, ``payload``, ``alive``, ``roots``) are views of
+    the used prefix of the storage: read them, do not write them.  Removed
+    nodes keep their rows (``alive`` False, ``parent`` -1, no children, never
+    a root) until :meth:`compact`.
     """
 
     def __init__(self, dim: int, *, capacity: int = 1024, device="cpu"):
@@ -181,6 +197,7 @@ class CosineTree:
         self._device = torch.device(device)
         self._n = 0
         self._n_edges = 0
+        self._n_dead = 0
         self._alloc_nodes(capacity)
         self._child_idx = torch.empty(capacity, dtype=torch.int64, device=self._device)
         # Current roots per level, in insertion (= ascending id) order; dicts
@@ -197,16 +214,17 @@ class CosineTree:
         self._child_ptr = torch.zeros(capacity + 1, dtype=torch.int64, device=dev)
         self._utility = torch.ones(capacity, dtype=torch.float32, device=dev)
         self._payload = torch.full((capacity,), -1, dtype=torch.int64, device=dev)
+        self._alive = torch.ones(capacity, dtype=torch.bool, device=dev)
 
     def _reserve(self, extra_nodes: int, extra_edges: int) -> None:
         need = self._n + extra_nodes
         cap = self._emb.shape[0]
         if need > cap:
             new_cap = max(need, 2 * cap)
-            old = (self._emb, self._level, self._parent, self._utility, self._payload, self._child_ptr)
+            old = (self._emb, self._level, self._parent, self._utility, self._payload, self._alive, self._child_ptr)
             self._alloc_nodes(new_cap)
             n = self._n
-            new = (self._emb, self._level, self._parent, self._utility, self._payload, self._child_ptr)
+            new = (self._emb, self._level, self._parent, self._utility, self._payload, self._alive, self._child_ptr)
             for dst, src in zip(new[:-1], old[:-1]):
                 dst[:n] = src[:n]
             self._child_ptr[: n + 1] = old[-1][: n + 1]  # CSR offsets have one more entry than nodes
@@ -266,6 +284,16 @@ class CosineTree:
     @property
     def payload(self) -> torch.Tensor:
         return self._payload[: self._n]
+
+    @property
+    def alive(self) -> torch.Tensor:
+        """(num_nodes,) bool tombstone mask: False for removed nodes."""
+        return self._alive[: self._n]
+
+    @property
+    def num_live(self) -> int:
+        """Nodes not removed (``num_nodes`` counts removed ones until :meth:`compact`)."""
+        return self._n - self._n_dead
 
     @property
     def roots(self) -> torch.Tensor:
@@ -348,6 +376,7 @@ class CosineTree:
         self._child_ptr[lo + 1 : hi + 1] = self._n_edges
         self._utility[lo:hi] = 1.0
         self._payload[lo:hi] = pay
+        self._alive[lo:hi] = True
         self._n = hi
         self._root_dict(0).update(dict.fromkeys(range(lo, hi)))
         self._roots_cache = None
@@ -375,7 +404,11 @@ class CosineTree:
             raise ValueError("child_ids must be distinct")
         if ids[0] < 0 or ids[-1] >= self._n:
             raise ValueError(f"child_ids must be node ids in [0, {self._n}), got {ids[0] if ids[0] < 0 else ids[-1]}")
-        parents = self._parent[torch.tensor(ids, device=self._device)].tolist()
+        idx = torch.tensor(ids, device=self._device)
+        parents = self._parent[idx].tolist()
+        for c, a in zip(ids, self._alive[idx].tolist()):
+            if not a:
+                raise ValueError(f"child_ids must be live nodes; node {c} was removed")
         for c, p in zip(ids, parents):
             if p != -1:
                 raise ValueError(f"child_ids must be current roots; node {c} already has parent {p}")
@@ -410,6 +443,7 @@ class CosineTree:
         )
         self._utility[lo:hi] = 1.0
         self._payload[lo:hi] = pay
+        self._alive[lo:hi] = True
         self._n, self._n_edges = hi, e0 + len(flat)
         for c, lvl in zip(flat, child_levels):
             del self._roots_by_level[lvl][c]
@@ -485,6 +519,179 @@ class CosineTree:
             return torch.empty(0, dtype=torch.int64, device=self._device)
         return torch.cat(created)
 
+    def set_embeddings(self, ids, emb) -> None:
+        """Replace the embeddings of live nodes ``ids`` (rows normalised on insertion).
+
+        Parameters
+        ----------
+        ids : (n,) int, distinct live node ids
+        emb : (n, D) or (D,) float tensor or array (one row per id)
+        """
+        ids = self._prepare_ids(ids, "ids")
+        rows = self._prepare_rows(emb, "emb")
+        if rows.shape[0] != len(ids):
+            raise ValueError(f"emb must hold one row per id ({len(ids)}), got {rows.shape[0]}")
+        if ids:
+            self._emb[torch.tensor(ids, dtype=torch.int64, device=self._device)] = rows
+
+    def _prepare_ids(self, ids, name: str) -> list[int]:
+        """Distinct live node ids as a sorted Python list (ValueError naming ``name`` otherwise)."""
+        if isinstance(ids, (int, np.integer)) and not isinstance(ids, bool):
+            ids = [int(ids)]
+        if isinstance(ids, (list, tuple)) and not ids:
+            return []  # an empty Python list would otherwise become a float tensor
+        ids = as_tensor(ids, name)
+        check_dtype(ids, name, _INT_INPUTS)
+        out = sorted(int(i) for i in ids.reshape(-1).tolist())
+        if len(set(out)) != len(out):
+            raise ValueError(f"{name} must be distinct node ids")
+        if out and (out[0] < 0 or out[-1] >= self._n):
+            bad = out[0] if out[0] < 0 else out[-1]
+            raise ValueError(f"{name} must be node ids in [0, {self._n}), got {bad}")
+        if out:
+            alive = self._alive[torch.tensor(out, dtype=torch.int64, device=self._device)].tolist()
+            dead = [i for i, a in zip(out, alive) if not a]
+            if dead:
+                raise ValueError(f"{name} must be live node ids; already removed: {dead[:5]}")
+        return out
+
+    def remove(self, ids, *, cascade: bool = False) -> torch.Tensor:
+        """Remove live nodes (tombstones; ids of the others stay valid until :meth:`compact`).
+
+        Parameters
+        ----------
+        ids : (n,) int or int
+            Distinct live node ids.
+        cascade : bool
+            Also remove every live descendant of ``ids``.  Without it, a node
+            in ``ids`` that still has a live child outside ``ids`` is an error.
+
+        Returns
+        -------
+        (m,) int64 ascending ids of every node removed: ``ids``, their
+        descendants (``cascade``) and each ancestor left without a live child.
+
+        Notes
+        -----
+        Parents whose children are all removed are removed too, recursively;
+        a surviving ancestor's level is recomputed as ``1 + max(level of its
+        live children)`` (a root whose level changes moves to that level's
+        roots).  Dead ids leave their parents' CSR child runs at once, so every
+        search backend only ever sees live nodes.  Cost: O(edges) tensor work
+        plus O(removed x depth) Python steps.
+        """
+        if not isinstance(cascade, bool):
+            raise ValueError(f"cascade must be a bool, got {cascade!r}")
+        targets = self._prepare_ids(ids, "ids")
+        if not targets:
+            return torch.empty(0, dtype=torch.int64, device=self._device)
+        n = self._n
+        ptr = self._child_ptr[: n + 1].tolist()
+        kids = self._child_idx[: self._n_edges].tolist()
+        parent = self._parent[:n].tolist()
+        level = self._level[:n].tolist()
+        dead = set(targets)
+        # Descendants: CSR runs hold live children only, so a walk reaches live nodes only.
+        stack = list(targets)
+        while stack:
+            node = stack.pop()
+            for c in kids[ptr[node] : ptr[node + 1]]:
+                if c in dead:
+                    continue
+                if not cascade:
+                    raise ValueError(
+                        f"ids must not hold a node with live children unless cascade=True; node {node} "
+                        f"has live child {c}"
+                    )
+                dead.add(c)
+                stack.append(c)
+        # Ancestors: a parent whose live children are all removed goes too;
+        # the others get their level recomputed from the surviving children.
+        touched = {parent[i] for i in dead if parent[i] >= 0 and parent[i] not in dead}
+        new_level: dict[int, int] = {}
+        while touched:
+            # Deepest first, so a node's children are settled before it.
+            node = min(touched, key=lambda i: level[i])
+            touched.discard(node)
+            live = [c for c in kids[ptr[node] : ptr[node + 1]] if c not in dead]
+            if not live:
+                dead.add(node)
+            else:
+                lvl = 1 + max(new_level.get(c, level[c]) for c in live)
+                if lvl == level[node] and node not in new_level:
+                    continue
+                new_level[node] = lvl
+            if parent[node] >= 0 and parent[node] not in dead:
+                touched.add(parent[node])
+        removed = sorted(dead)
+        dev = self._device
+        dead_t = torch.tensor(removed, dtype=torch.int64, device=dev)
+        self._alive[dead_t] = False
+        self._parent[dead_t] = -1
+        self._n_dead += len(removed)
+        # Filter dead ids out of the CSR: new_ptr[i] = kept edges before the old ptr[i].
+        if self._n_edges:
+            edges = self._child_idx[: self._n_edges]
+            keep = self._alive[edges]
+            before = torch.zeros(self._n_edges + 1, dtype=torch.int64, device=dev)
+            before[1:] = torch.cumsum(keep.to(torch.int64), 0)
+            self._child_ptr[: n + 1] = before[self._child_ptr[: n + 1]]
+            kept = edges[keep]
+            self._child_idx[: kept.numel()] = kept
+            self._n_edges = kept.numel()
+        for node in removed:
+            if parent[node] == -1:
+                self._roots_by_level[level[node]].pop(node, None)
+        for node, lvl in new_level.items():
+            if lvl == level[node]:
+                continue
+            self._level[node] = lvl
+            if parent[node] == -1:
+                del self._roots_by_level[level[node]][node]
+                merged = self._root_dict(lvl)
+                merged[node] = None
+                ordered = sorted(merged)
+                merged.clear()
+                merged.update(dict.fromkeys(ordered))
+        while self._roots_by_level and not self._roots_by_level[-1]:
+            self._roots_by_level.pop()
+        self._roots_cache = None
+        return dead_t
+
+    def compact(self) -> torch.Tensor:
+        """Drop removed nodes: renumber live nodes in id order (children stay chronological).
+
+        Returns
+        -------
+        (old num_nodes,) int64 map old id -> new id, -1 for removed nodes.
+        Searches return the same results as before, with ids mapped.
+        """
+        n, dev = self._n, self._device
+        alive = self._alive[:n]
+        mapping = torch.where(alive, torch.cumsum(alive.to(torch.int64), 0) - 1,
+                              torch.full((n,), -1, dtype=torch.int64, device=dev))
+        if self._n_dead == 0:
+            return mapping
+        live = alive.nonzero()[:, 0]
+        m = live.numel()
+        # Dead nodes have empty child runs, so the live runs are already contiguous in id order.
+        ptr = torch.cat([self._child_ptr[live], self._child_ptr[n : n + 1]])
+        par = self._parent[live]
+        par = torch.where(par >= 0, mapping[par.clamp_min(0)], par)
+        for dst, src in ((self._emb, self._emb[live]), (self._level, self._level[live]),
+                         (self._utility, self._utility[live]), (self._payload, self._payload[live])):
+            dst[:m] = src
+        self._parent[:m] = par
+        self._child_ptr[: m + 1] = ptr
+        self._child_idx[: self._n_edges] = mapping[self._child_idx[: self._n_edges]]
+        self._alive[:n] = True
+        self._parent[m:n] = -1
+        self._n, self._n_dead = m, 0
+        remap = mapping.tolist()
+        self._roots_by_level = [{remap[i]: None for i in d} for d in self._roots_by_level]
+        self._roots_cache = None
+        return mapping
+
     # ---- persistence ---------------------------------------------------------
     def state_dict(self) -> dict:
         return {
@@ -498,6 +705,7 @@ class CosineTree:
             "child_idx": self.child_idx.cpu().clone(),
             "utility": self.utility.cpu().clone(),
             "payload": self.payload.cpu().clone(),
+            "alive": self.alive.cpu().clone(),
         }
 
     def save(self, path) -> None:
@@ -506,14 +714,16 @@ class CosineTree:
 
     @classmethod
     def load(cls, path, *, device="cpu") -> "CosineTree":
-        """Read a tree written by :meth:`save`; node ids are preserved."""
+        """Read a tree written by :meth:`save`; node ids and tombstones are preserved."""
         state = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
             raise ValueError(f"path does not hold a saved CosineTree: {path}")
-        if state.get("version") != _FORMAT_VERSION:
+        if state.get("version") not in (1, _FORMAT_VERSION):
             raise ValueError(f"unsupported CosineTree format version {state.get('version')}")
         n = state["embeddings"].shape[0]
         n_edges = state["child_idx"].shape[0]
+        if "alive" not in state:
+            state["alive"] = torch.ones(n, dtype=torch.bool)
         _check_saved_structure(state, n, n_edges, path)
         tree = cls(int(state["dim"]), capacity=max(n, 1), device=device)
         tree._reserve(0, n_edges)
@@ -525,11 +735,14 @@ class CosineTree:
         tree._child_idx[:n_edges] = state["child_idx"].to(dev)
         tree._utility[:n] = state["utility"].to(dev)
         tree._payload[:n] = state["payload"].to(dev)
+        tree._alive[:n] = state["alive"].to(dev)
         tree._n, tree._n_edges = n, n_edges
+        tree._n_dead = int((~state["alive"]).sum())
         parent = state["parent"].tolist()
         level = state["level"].tolist()
+        alive = state["alive"].tolist()
         for node in range(n):
-            if parent[node] == -1:
+            if parent[node] == -1 and alive[node]:
                 tree._root_dict(level[node])[node] = None
         return tree
 
@@ -544,11 +757,14 @@ def _check_saved_structure(state: dict, n: int, n_edges: int, path) -> None:
         state["embeddings"].dim() == 2 and state["embeddings"].shape[1] == int(state["dim"])
         and all(state[key].shape == (n,) for key in ("level", "parent", "utility", "payload"))
         and state["child_ptr"].shape == (n + 1,)
+        and state["alive"].shape == (n,) and state["alive"].dtype == torch.bool
     )
     ptr, kids, parent = state["child_ptr"], state["child_idx"], state["parent"]
     links_ok = shapes_ok and (
         int(ptr[0]) == 0 and int(ptr[-1]) == n_edges and bool((ptr[1:] >= ptr[:-1]).all())
         and bool(((kids >= 0) & (kids < n)).all()) and bool(((parent >= -1) & (parent < n)).all())
+        # Kernels follow child_idx from live roots: a dead id there would be searched.
+        and bool(state["alive"][kids].all())
     )
     if not links_ok:
         raise ValueError(f"path holds a CosineTree with inconsistent arrays (shapes or CSR links): {path}")
@@ -613,8 +829,8 @@ def tree_search(tree: CosineTree, queries, *, beam=1, k: int = 1, min_score: flo
     """
     if not isinstance(tree, CosineTree):
         raise ValueError(f"tree must be a CosineTree, got {type(tree).__name__}")
-    if tree.num_nodes == 0:
-        raise ValueError("tree must not be empty (add leaves first)")
+    if tree.num_live == 0:
+        raise ValueError("tree must not be empty (add leaves first; every node was removed otherwise)")
     q = _prepare_queries(queries, tree.dim, tree.device)
     k = check_int(k, "k", minimum=1)
     for flag, name in ((use_utility, "use_utility"), (from_every_root, "from_every_root")):

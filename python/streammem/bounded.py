@@ -13,10 +13,13 @@ caption's words.  When the total cost exceeds the budget:
    ``low_water`` x budget (hysteresis, so the index is not rebuilt per frame);
 3. parents left without any leaf below them are removed.
 
-The ``CosineTree`` is append-only (removal inside it is a separate piece of
-work), so after an eviction round the memory's tree index is rebuilt from the
-surviving nodes (``LongTermMemory.rebuild_index``): O(nodes) per round, and
-rounds are rare thanks to the low-water mark.
+The memory's ``CosineTree`` index is updated in place at the end of a round,
+never rebuilt: merged nodes get their new embedding (``set_embeddings``), the
+removed nodes' rows are tombstoned (``CosineTree.remove``, which also drops
+the parents left without a live child -- exactly the parents of step 3, checked)
+and the tree is compacted (``CosineTree.compact``), whose old -> new row map
+updates the memory's row <-> node tables.  Surviving rows keep their relative
+order (creation order), so the tree stays chronological.
 
 Novelty check on insert: a new leaf whose caption embedding has cosine
 >= theta_concept with an existing leaf (``cosine_topk``) is skipped.
@@ -24,6 +27,7 @@ Novelty check on insert: a new leaf whose caption embedding has cosine
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -97,6 +101,9 @@ class BoundedMemory:
         self.low_water = float(low_water)
         self.stats = BoundedStats()
         self.now = 0.0
+        # Table changes of the current round, applied to the tree index at its end.
+        self._removed_nodes: list[int] = []
+        self._reembedded_nodes: set[int] = set()
         if self.theta_concept is not None:
             memory.novelty_filter = self._is_redundant
 
@@ -119,7 +126,7 @@ class BoundedMemory:
             return False
         from streammem_kernels import cosine_topk
 
-        leaf_rows = (tree.level == 0).nonzero()[:, 0]
+        leaf_rows = ((tree.level == 0) & tree.alive).nonzero()[:, 0]
         if leaf_rows.numel() == 0:
             return False
         keys = tree.embeddings[leaf_rows]
@@ -155,7 +162,7 @@ class BoundedMemory:
                 self._remove(leaf.node_id)
                 report.removed_leaves += 1
         report.removed_parents = self._remove_empty_parents()
-        self.memory.rebuild_index()
+        self._update_index()
         tree = self.memory.tree
         if tree is not None and tree.num_nodes:
             util = torch.tensor([self.utility(self.memory.nodes[i]) for i in self.memory._node_of_row])
@@ -166,6 +173,30 @@ class BoundedMemory:
         self.stats.removed_leaves += report.removed_leaves
         self.stats.removed_parents += report.removed_parents
         return report
+
+    def _update_index(self) -> None:
+        """Apply this round's merges and removals to the memory's tree index."""
+        mem = self.memory
+        removed, self._removed_nodes = self._removed_nodes, []
+        reembedded = sorted(i for i in self._reembedded_nodes if i in mem.nodes)
+        self._reembedded_nodes = set()
+        tree = mem.tree
+        if tree is None:
+            return
+        t0 = time.perf_counter()
+        if reembedded:
+            tree.set_embeddings([mem._row_of[i] for i in reembedded],
+                                torch.stack([mem.nodes[i].embedding for i in reembedded]))
+        if removed:
+            rows = sorted(mem._row_of[i] for i in removed)
+            gone = tree.remove(rows).tolist()
+            if gone != rows:
+                # The table removes emptied parents itself; the tree must agree row for row.
+                raise RuntimeError(f"CosineTree removed rows {gone}, the node table removed rows {rows}")
+            mapping = tree.compact().tolist()
+            mem._node_of_row = [node for row, node in enumerate(mem._node_of_row) if mapping[row] >= 0]
+            mem._row_of = {node: row for row, node in enumerate(mem._node_of_row)}
+        mem.timings["tree_remove"] += time.perf_counter() - t0
 
     def _siblings(self) -> list[list[MemoryNode]]:
         groups: dict[int | None, list[MemoryNode]] = {}
@@ -200,11 +231,14 @@ class BoundedMemory:
         a.last_access = max(a.last_access, b.last_access)
         a.merged += b.merged
         a.caption = mem.captioner.summarize([a]) if hasattr(mem.captioner, "summarize") else a.caption
+        self._reembedded_nodes.add(a.node_id)
         self._remove(b.node_id)
 
     def _remove(self, node_id: int) -> None:
         mem = self.memory
         node = mem.nodes.pop(node_id)
+        if node_id in mem._row_of:
+            self._removed_nodes.append(node_id)
         if node.parent is not None and node.parent in mem.nodes:
             mem.nodes[node.parent].children.remove(node_id)
         queue = mem.roots_by_level.get(node.level)
