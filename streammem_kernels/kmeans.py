@@ -468,7 +468,10 @@ def lloyd_loop(points, weights, lengths, centres, tol, iters, cosine, assign, ce
     B, N, D = points.shape
     k = centres.shape[1]
     valid = torch.arange(N, device=points.device)[None, :] < lengths[:, None]
-    tol = tol * mean_feature_variance(points, lengths)
+    if tol > 0:
+        tol = tol * mean_feature_variance(points, lengths)
+    else:  # stop only at a fixed point: no variance needed
+        tol = torch.zeros(B, dtype=torch.float64, device=points.device)
     centres = centres.clone()
     active = torch.ones(B, dtype=torch.bool, device=points.device)
     n_iter = torch.zeros(B, dtype=torch.int64, device=points.device)

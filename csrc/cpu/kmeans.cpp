@@ -293,7 +293,8 @@ void solve_problem(const float* x, const float* w, int64_t n, int64_t N, int64_t
                    int64_t* n_iter) {
   Workspace ws;
   ws.pdist.assign(n, 0.0);
-  tol *= mean_feature_variance(x, n, D);
+  // tol = 0 (stop only at a fixed point) needs no variance: skip that pass over the points.
+  if (tol > 0.0) tol *= mean_feature_variance(x, n, D);
   Centres cs{};
   int64_t done = 0;
   for (int it = 0; it < iters; ++it) {
