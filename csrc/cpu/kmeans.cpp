@@ -33,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -122,24 +123,35 @@ STREAMMEM_HOT double own_distance_accumulate(const float* __restrict x, const fl
   return acc;
 }
 
-inline int64_t best_centre(const double* scores, int64_t k, const double* sq, bool cosine) {
-  // Strict comparison: ties go to the lowest centre index (torch.argmin/argmax agree).
-  int64_t best = 0;
-  double best_score = cosine ? -scores[0] : sq[0] - 2.0 * scores[0];
-  for (int64_t j = 1; j < k; ++j) {
-    const double s = cosine ? -scores[j] : sq[j] - 2.0 * scores[j];
-    if (s < best_score) {
-      best_score = s;
-      best = j;
+// Nearest centre: the first index reaching the minimum score (ties go to the
+// lowest centre index, as torch.argmin/argmax).  Two vectorisable passes (a min
+// reduction, then the first match) instead of one dependent compare chain.
+STREAMMEM_HOT int64_t best_centre(const double* __restrict dots, int64_t k, const double* __restrict sq,
+                                  bool cosine, double* __restrict score) {
+  double best = std::numeric_limits<double>::infinity();
+  if (cosine) {
+#pragma omp simd reduction(min : best)
+    for (int64_t j = 0; j < k; ++j) {
+      score[j] = -dots[j];
+      best = std::min(best, score[j]);
+    }
+  } else {
+#pragma omp simd reduction(min : best)
+    for (int64_t j = 0; j < k; ++j) {
+      score[j] = sq[j] - 2.0 * dots[j];
+      best = std::min(best, score[j]);
     }
   }
-  return best;
+  for (int64_t j = 0; j < k; ++j)
+    if (score[j] == best) return j;
+  return 0;
 }
 
 // Assign points [i0, i1) of one problem; accumulate into sums/mass when given.
 void assign_range(const float* x, const float* w, int64_t i0, int64_t i1, int64_t D, int64_t k,
                   const Centres& cs, bool cosine, int64_t* labels, double* pdist, double* sums, double* mass) {
   std::vector<double> scores(static_cast<size_t>(kTilePoints * cs.kp));
+  std::vector<double> score_row(static_cast<size_t>(cs.kp));
   const bool wide = cs.kp > 8;
   for (int64_t i = i0; i < i1; i += kTilePoints) {
     const int64_t np = std::min<int64_t>(kTilePoints, i1 - i);
@@ -153,7 +165,7 @@ void assign_range(const float* x, const float* w, int64_t i0, int64_t i1, int64_
     int64_t tile_labels[kTilePoints];
     double tile_dist[kTilePoints];
     for (int64_t p = 0; p < np; ++p) {
-      tile_labels[p] = best_centre(scores.data() + p * cs.kp, k, cs.sq, cosine);
+      tile_labels[p] = best_centre(scores.data() + p * cs.kp, k, cs.sq, cosine, score_row.data());
       labels[i + p] = tile_labels[p];
       tile_dist[p] = 0.0;
       if (mass) mass[tile_labels[p]] += w[i + p];
