@@ -30,7 +30,7 @@ kernel, one program per pair and row tile), ``cuda`` (same two stages).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F

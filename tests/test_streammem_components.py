@@ -10,33 +10,22 @@ import torch.nn.functional as F
 
 from streammem.bounded import BoundedMemory
 from streammem.encoders import (
-    COLOUR_NAMES, EfficientNetLiteEncoder, HashingTextEncoder, MiniLMTextEncoder, PixelEncoder,
+    COLOUR_NAMES, HashingTextEncoder, PixelEncoder,
     load_frame_encoder, load_text_encoder,
 )
 from streammem.gate import PRESETS, MotionGate
 from streammem.knowledge import (
     DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeEntry, KnowledgeInjector,
 )
-from streammem.memory import FrameRecord, LabelCaptioner, LongTermMemory, MemoryNode, ShortTermMemory
+from streammem.memory import FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory
 from streammem.synthetic import SyntheticVideo
 from streammem.video import VideoSource, sample_video_path
 from streammem_kernels import select_frames, tree_search
 
 
-@pytest.fixture(autouse=True)
-def _one_intra_op_thread():
-    # The models here run on tiny batches: with several busy processes on two
-    # cores, a 2-thread intra-op pool mostly waits at barriers (MiniLM on one
-    # caption: 50 ms with 1 thread, over 1 s with 2 on a loaded machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    return MiniLMTextEncoder()
 
 
 def _records(video, encoder=None):

