@@ -2,6 +2,7 @@
 (exactly-once delivery, bounded queues, failures surface, prompt close), and a
 20,000-frame soak under BoundedMemory."""
 import gc
+import threading
 import time
 
 import numpy as np
@@ -89,24 +90,31 @@ class _Boom(RuntimeError):
 
 
 class _FailingEncoder(PixelEncoder):
+    """Fails on call ``fail_after + 1``, but not before ``armed`` is set, so a test can
+    submit its question before the failure (otherwise a fast machine fails first)."""
+
     def __init__(self, fail_after):
         super().__init__()
         self.calls = 0
         self.fail_after = fail_after
+        self.armed = threading.Event()
 
     def encode(self, frames):
         self.calls += 1
         if self.calls > self.fail_after:
+            self.armed.wait(30)
             raise _Boom("encoder failed")
         return super().encode(frames)
 
 
 def test_failure_in_frame_stacking_surfaces():
     video = SyntheticVideo(COLOURS, 20, size=(16, 16), total_frames=10_000)
-    pipe = StreamPipeline(video, _FailingEncoder(2), HashingTextEncoder(), preset=Preset("t", 0.0, 10, 3, 3),
+    encoder = _FailingEncoder(2)
+    pipe = StreamPipeline(video, encoder, HashingTextEncoder(), preset=Preset("t", 0.0, 10, 3, 3),
                           motion_size=None)
     pipe.start()
     pending = pipe.submit("never released", at=1e9)
+    encoder.armed.set()
     with pytest.raises(_Boom):
         pipe.wait(timeout=30)
     with pytest.raises(_Boom):
