@@ -97,11 +97,15 @@ def common_reasons(backend: str, op: str, device: torch.device) -> list[str]:
 def call_op(custom_op, impls: Mapping[str, Callable], backend: str, *args):
     """Run a resolved backend: through the registered custom op while
     torch.compile traces (so the graph holds one opaque node with a fake
-    implementation), directly otherwise (the custom-op dispatcher costs tens of
-    microseconds per call, which dominates on small inputs)."""
+    implementation), directly otherwise: the custom-op dispatcher costs tens of
+    microseconds per call, which dominates on small inputs, and its first call in
+    a process imports torch._dynamo (2-3 s on 2 cores).  Every public op goes
+    through here."""
     if torch.compiler.is_compiling():
         return custom_op(*args, backend)
-    return impls[backend](*args)
+    # Same contract as the custom op, which has no autograd formula: outputs never require grad.
+    with torch.no_grad():
+        return impls[backend](*args)
 
 
 @dataclass

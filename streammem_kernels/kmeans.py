@@ -56,7 +56,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._dispatch import Op, load_native
+from ._dispatch import Op, call_op, load_native
 from ._utils import as_tensor, check_dtype, check_finite, check_finite_by_extremes, check_float, check_int, check_rank
 
 __all__ = ["KMeansResult", "batched_kmeans", "kmeans_frames", "lloyd"]
@@ -139,9 +139,8 @@ def batched_kmeans(x, k: int, *, iters: int = 10, tol: float = 1e-4, init="k-mea
     points, point_weights, lengths_t, k, iters, tol, cosine = _prepare(x, k, iters, tol, metric, weights, lengths)
     centres = initial_centres(points, k, init, point_weights, lengths_t, seed, cosine)
     name = select_backend(backend, points, k)
-    centroids, labels, inertia, n_iter = torch.ops.streammem.lloyd(
-        points, point_weights, lengths_t, centres, tol, iters, cosine, name
-    )
+    centroids, labels, inertia, n_iter = call_op(torch.ops.streammem.lloyd, LLOYD.impls, name, points,
+                                                 point_weights, lengths_t, centres, tol, iters, cosine)
     return KMeansResult(centroids, labels, inertia, n_iter)
 
 

@@ -44,7 +44,7 @@ from typing import Optional
 
 import torch
 
-from ._dispatch import Op, load_native
+from ._dispatch import Op, call_op, load_native
 from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank
 
 __all__ = [
@@ -95,7 +95,7 @@ def token_logprobs(logits, targets, *, backend: str = "auto") -> torch.Tensor:
     rows2d = _as_rows(logits)
     flat_targets = _check_targets(targets, logits.shape[:-1], vocab, logits.device, "logits.shape[:-1]")
     name = TOKEN_LOGPROBS.select(backend, logits.device, dtype=logits.dtype)
-    out = torch.ops.streammem.token_logprobs(rows2d, flat_targets, name)
+    out = call_op(torch.ops.streammem.token_logprobs, TOKEN_LOGPROBS.impls, name, rows2d, flat_targets)
     _raise_on_nan(out, "logits")
     return out.reshape(logits.shape[:-1])
 
@@ -148,7 +148,8 @@ def linear_token_logprobs(hidden, weight, targets, bias=None, *, backend: str = 
     rows2d = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = _check_targets(targets, hidden.shape[:-1], vocab, hidden.device, "hidden.shape[:-1]")
     name = LINEAR_TOKEN_LOGPROBS.select(backend, hidden.device, dtype=hidden.dtype)
-    out = torch.ops.streammem.linear_token_logprobs(rows2d, weight, bias, flat_targets, name)
+    out = call_op(torch.ops.streammem.linear_token_logprobs, LINEAR_TOKEN_LOGPROBS.impls, name, rows2d, weight, bias,
+                  flat_targets)
     _raise_on_nan(out, "weight")
     return out.reshape(hidden.shape[:-1])
 
@@ -205,7 +206,8 @@ def divergence_point(logprobs, *, delta: int = 20, alpha: float = 0.85, beta: fl
     check_finite(lp2d[valid], "logprobs (within lengths)")
     lp64 = lp2d.to(torch.float64).contiguous()
     name = DIVERGENCE_POINT.select(backend, lp64.device)
-    out = torch.ops.streammem.divergence_point(lp64, lens.contiguous(), delta, alpha, beta, name)
+    out = call_op(torch.ops.streammem.divergence_point, DIVERGENCE_POINT.impls, name, lp64, lens.contiguous(), delta,
+                  alpha, beta)
     return out[0] if single else out
 
 

@@ -89,7 +89,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from ._dispatch import Op, load_native
+from ._dispatch import Op, call_op, load_native
 from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank
 
 __all__ = [
@@ -848,12 +848,12 @@ def tree_search(tree: CosineTree, queries, *, beam=1, k: int = 1, min_score: flo
                 "beam=1 is greedy search (one path, no leaf ranking); k, min_score and use_utility "
                 "need beam search: pass beam=(1,) or a wider beam"
             )
-        return TreePathResult(*torch.ops.streammem.tree_greedy(*arrays, q, height, from_every_root, name))
+        return TreePathResult(*call_op(torch.ops.streammem.tree_greedy, _GREEDY_IMPLS, name, *arrays, q, height,
+                                       from_every_root))
     if from_every_root:
         raise ValueError("from_every_root applies to greedy search (beam=1) only")
-    ids, scores = torch.ops.streammem.tree_beam(
-        *arrays, tree.level, tree.utility, q, widths, k, min_val, use_utility, name
-    )
+    ids, scores = call_op(torch.ops.streammem.tree_beam, _BEAM_IMPLS, name, *arrays, tree.level, tree.utility, q,
+                          list(widths), k, min_val, use_utility)
     return TopKResult(ids, scores)
 
 
@@ -920,7 +920,7 @@ def cosine_topk(queries, keys, k: int, *, ranges=None, backend: str = "auto") ->
     k = check_int(k, "k", minimum=1)
     r = _prepare_ranges(ranges, q.shape[0], keys.shape[0], keys.device)
     name = COSINE_TOPK.select(backend, keys.device)
-    ids, scores = torch.ops.streammem.cosine_topk(q, keys, k, r, name)
+    ids, scores = call_op(torch.ops.streammem.cosine_topk, COSINE_TOPK.impls, name, q, keys, k, r)
     return TopKResult(ids, scores)
 
 
@@ -1208,6 +1208,10 @@ TREE_SEARCH = Op(
         "triton": {"greedy": _greedy_triton, "beam": _beam_triton},
     },
 )
+
+# Per-kind views of TREE_SEARCH's impls, in the shape call_op takes ({backend: fn}).
+_GREEDY_IMPLS = {backend: fns["greedy"] for backend, fns in TREE_SEARCH.impls.items()}
+_BEAM_IMPLS = {backend: fns["beam"] for backend, fns in TREE_SEARCH.impls.items()}
 
 COSINE_TOPK = Op(
     "tree",

@@ -60,3 +60,34 @@ def test_wrapper_import_is_lazy():
     code = "import sys, streammem_kernels; print('triton' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_eager_calls_skip_the_custom_op_dispatcher():
+    """Outside torch.compile every public op runs its backend directly: the custom-op
+    dispatcher's first call imports torch._dynamo, 2-3 s of first-call latency."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, torch
+import streammem_kernels as sk
+from streammem_kernels import CosineTree
+g = torch.Generator().manual_seed(0)
+sk.motion_magnitude(torch.rand(3, 12, 12, generator=g))
+sk.batched_kmeans(torch.randn(2, 20, 4, generator=g), 3)
+sk.cosine_topk(torch.randn(2, 4, generator=g), torch.randn(9, 4, generator=g), 3)
+tree = CosineTree(4)
+tree.add_leaves(torch.randn(12, 4, generator=g))
+tree.grow(3)
+sk.tree_search(tree, torch.randn(2, 4, generator=g))
+sk.tree_search(tree, torch.randn(2, 4, generator=g), beam=2, k=2)
+sk.token_logprobs(torch.randn(3, 7, generator=g), torch.tensor([0, 1, 6]))
+sk.linear_token_logprobs(torch.randn(3, 5, generator=g), torch.randn(7, 5, generator=g), torch.tensor([0, 1, 6]))
+sk.divergence_point(torch.randn(2, 6, generator=g).clamp_max(0))
+sk.depth_scores(torch.rand(9, generator=g))
+sk.adjacent_cosine(torch.randn(6, 4, generator=g))
+print(sorted(m for m in ("torch._dynamo", "triton") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
