@@ -9,10 +9,15 @@ rewrites only the text between ``<!-- report:begin -->`` and
 are never touched.  The block holds, per benchmark group, a table of providers
 (mean and median time, throughput when ``extra_info`` counts units, the ratio
 of every provider to our fastest row, quality columns when ``extra_info``
-carries them), scaling plots (bench/plots/*.png) and a regression check: every
-benchmark whose median became more than 10 % slower than in the previous run of
-the same machine and mode is listed as a ``REGRESSION:`` line.  Regressions are
-report lines, never failures.
+carries them), scaling plots (bench/plots/*.png: time per unit, or per call,
+against a size; peak extra memory against a size where cases record
+``peak_extra_bytes``) and a regression check: every benchmark whose median
+became more than 10 % slower than in the last *committed* results of the same
+machine and mode (``bench/baseline/<machine>-<mode>.json`` as of git HEAD,
+written by ``bench/run.py --save-baseline``) is listed as a ``REGRESSION:``
+line.  Without a committed baseline for that machine and mode the check falls
+back to the newest earlier run kept in ``bench/results/`` and says so.
+Regressions are report lines, never failures.
 """
 from __future__ import annotations
 
@@ -24,10 +29,12 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
 from collections import OrderedDict
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+BASELINE_DIR = os.path.join(BENCH_DIR, "baseline")
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
 RESULT_NAME = re.compile(r"^(?P<machine>.+)-(?P<mode>quick|full)-(?P<stamp>\d{4}-\d{2}-\d{2}T\d{6}Z)\.json$")
 REGRESSION_THRESHOLD = 0.10
@@ -42,6 +49,9 @@ QUALITY_KEYS = [("recall1", "recall@1"), ("recall10", "recall@10"), ("recall", "
 # Size parameters a scaling curve can run along, first match wins: (key, axis label).
 SIZE_KEYS = [("N", "N (keys / leaves)"), ("length", "stream length (frames pushed before)"),
              ("vocab", "vocabulary size V"), ("loops", "stream length (clip loops)"), ("size", "frame side (px)")]
+# Axes a case can name explicitly with ``extra_info["scale"] = key`` (the value is ``extra_info[key]``).
+SCALE_LABELS = {"B": "B (problems per call)", "N": "N (points per problem)", "D": "D (features)",
+                "length": "stream length (frames pushed before)", "vocab": "vocabulary size V"}
 PROVIDER_PARAM_KEYS = ("provider", "method", "backend", "mode")
 
 
@@ -79,13 +89,64 @@ def suites_in(doc: dict) -> list[str]:
     return list(OrderedDict.fromkeys(suite_of(b) for b in doc.get("benchmarks", [])))
 
 
-def combined_run(docs: list[dict], kind: str) -> dict | None:
+def baseline_path(baseline_dir: str, machine: str, mode: str) -> str:
+    return os.path.join(baseline_dir, f"{machine}-{mode}.json")
+
+
+def committed_baseline(baseline_dir: str, machine: str, mode: str) -> dict | None:
+    """The last committed results of ``machine`` in ``mode``: ``bench/baseline/<machine>-<mode>.json`` at git HEAD.
+
+    Outside a git work tree (a copied source tree, the tests' temporary folders)
+    the file on disk is taken instead.  None when there is no such baseline.
+    """
+    path = baseline_path(baseline_dir, machine, mode)
+    folder = os.path.dirname(os.path.abspath(path))
+    text = None
+    if os.path.isdir(folder):
+        try:
+            inside = subprocess.run(["git", "-C", folder, "rev-parse", "--is-inside-work-tree"], capture_output=True,
+                                    text=True, timeout=20).stdout.strip() == "true"
+        except (OSError, subprocess.TimeoutExpired):
+            inside = False
+        if inside:
+            try:
+                out = subprocess.run(["git", "-C", folder, "show", f"HEAD:./{os.path.basename(path)}"],
+                                     capture_output=True, text=True, timeout=20)
+                text = out.stdout if out.returncode == 0 else None
+            except (OSError, subprocess.TimeoutExpired):
+                text = None
+        elif os.path.exists(path):
+            with open(path) as fh:
+                text = fh.read()
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    doc["_path"] = path
+    return doc
+
+
+def strip_for_baseline(doc: dict) -> dict:
+    """A results document without the per-round samples (``stats["data"]``): what gets committed."""
+    slim = {k: v for k, v in doc.items() if not k.startswith("_")}
+    slim["benchmarks"] = []
+    for bench in doc.get("benchmarks", []):
+        bench = dict(bench)
+        bench["stats"] = {k: v for k, v in bench.get("stats", {}).items() if k != "data"}
+        slim["benchmarks"].append(bench)
+    return slim
+
+
+def combined_run(docs: list[dict], kind: str, baseline_dir: str | None = None) -> dict | None:
     """The newest run of ``kind``, with every suite it lacks taken from the newest earlier run that has it.
 
     ``run.py --only pipeline`` writes a file holding one suite; the report still shows
     every suite, each from its newest run on the same machine, and names the file
-    each came from.  The regression check compares every source file with the runs
-    before it (same machine, same mode).
+    each came from.  The regression check compares every source file with the
+    committed baseline of its machine and mode (``committed_baseline``), or, when
+    none is committed, with the runs before it kept in the results folder.
     """
     base = newest(docs, kind)
     if base is None:
@@ -102,16 +163,26 @@ def combined_run(docs: list[dict], kind: str) -> dict | None:
     view = dict(base)
     view["benchmarks"] = [b for doc, suites in sources for b in doc.get("benchmarks", []) if suite_of(b) in suites]
     view["_sources"] = sources
-    regressions, compared = [], []
+    regressions, compared, committed = [], [], []
+    baselines: dict[str, dict | None] = {}
     for doc, suites in sources:
-        earlier = [d for d in docs if d["_stamp"] < doc["_stamp"] and d["streammem"]["machine"] == machine
-                   and d["streammem"]["mode"] == doc["streammem"]["mode"]]
+        mode = doc["streammem"]["mode"]
+        if baseline_dir is not None and mode not in baselines:
+            baselines[mode] = committed_baseline(baseline_dir, machine, mode)
         mine = {"benchmarks": [b for b in doc.get("benchmarks", []) if suite_of(b) in suites]}
+        baseline = baselines.get(mode)
+        if baseline is not None:
+            regressions += regression_lines(mine, baseline)
+            committed.append(baseline)
+            continue
+        earlier = [d for d in docs if d["_stamp"] < doc["_stamp"] and d["streammem"]["machine"] == machine
+                   and d["streammem"]["mode"] == mode]
         regressions += regression_lines(mine, earlier)
         compared += [os.path.basename(d["_path"]) for d in earlier
                      if any(suite_of(b) in suites for b in d.get("benchmarks", []))]
     view["_regressions"] = regressions
     view["_compared"] = sorted(set(compared))
+    view["_baselines"] = list({b["_path"]: b for b in committed}.values())
     return view
 
 
@@ -194,6 +265,9 @@ def size_of(bench: dict) -> tuple[float, str, str] | None:
     """(value, axis label, key) of the size parameter this case was run at, if it has one."""
     info = dict(bench.get("params") or {})
     info.update(bench.get("extra_info") or {})
+    axis = info.get("scale")
+    if isinstance(axis, str) and isinstance(info.get(axis), (int, float)):
+        return float(info[axis]), SCALE_LABELS.get(axis, axis), axis
     for key, label in SIZE_KEYS:
         value = info.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -314,19 +388,28 @@ def scaling_families(doc: dict) -> "OrderedDict[tuple[str, str, str], dict[str, 
         group = group_of(bench)
         number = f"{value:g}" if value != int(value) else str(int(value))
         family = re.sub(rf"(?<![0-9]){re.escape(number)}(?![0-9])", "*", group)
-        units = units_of(bench)
+        info = bench.get("extra_info") or {}
+        units = None if info.get("plot_per") == "call" else units_of(bench)
         y = bench["stats"]["median"] / units[0] if units else bench["stats"]["median"]
-        ylabel = f"median time per {units[1][:-1] if units[1].endswith('s') else units[1]} (s)" if units else \
-            "median time per call (s)"
+        ylabel = f"median time per {SINGULAR.get(units[1], units[1])} (s)" if units else "median time per call (s)"
         key = (family, label, ylabel)
         curves = families.setdefault(key, OrderedDict())
         curves.setdefault(provider_of(bench, series=True), []).append((value, y))
-        if units and units[1] == "frames":
-            # Suites timing one pipeline may record the other pipelines' rates as "<name>_fps".
-            for info_key, fps in (bench.get("extra_info") or {}).items():
-                if info_key.endswith("_fps") and isinstance(fps, (int, float)) and fps > 0:
-                    curves.setdefault(f"{info_key[:-4]} (1 / {info_key})", []).append((value, 1.0 / fps))
+        if isinstance(info.get("peak_extra_bytes"), (int, float)):
+            memory = families.setdefault((family, label, MEMORY_LABEL), OrderedDict())
+            # RSS moves in 4 KiB pages and log axes need > 0: a case that allocated nothing shows as one page.
+            memory.setdefault(provider_of(bench, series=True), []).append(
+                (value, max(float(info["peak_extra_bytes"]), 4096.0) / 2**20))
     return OrderedDict((k, v) for k, v in families.items() if len({x for series in v.values() for x, _ in series}) >= 2)
+
+
+MEMORY_LABEL = "peak extra memory (MiB)"
+SINGULAR = {"pairs": "pair", "problems": "problem", "queries": "query", "tokens": "token", "frames": "frame"}
+
+
+def series_is_ours(name: str) -> bool:
+    """A plot series of ours: named ``ours...`` or after one of our public functions."""
+    return name.startswith("ours") or re.split(r"[\s(\[]", name, maxsplit=1)[0] in public_names()
 
 
 def make_plots(doc: dict, plots_dir: str, prefix: str) -> list[tuple[str, str]]:
@@ -346,11 +429,12 @@ def make_plots(doc: dict, plots_dir: str, prefix: str) -> list[tuple[str, str]]:
     written = []
     for (family, xlabel, ylabel), series in families.items():
         fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
-        for provider, points in sorted(series.items(), key=lambda kv: (not kv[0].startswith("ours"), kv[0])):
+        for provider, points in sorted(series.items(), key=lambda kv: (not series_is_ours(kv[0]), kv[0])):
             points = sorted(points)
             xs, ys = [p[0] for p in points], [p[1] for p in points]
-            style = "-o" if provider.startswith("ours") else "--s"
-            ax.plot(xs, ys, style, label=provider, linewidth=2 if provider.startswith("ours") else 1.2, markersize=5)
+            ours = series_is_ours(provider)
+            ax.plot(xs, ys, "-o" if ours else "--s", label=provider + (" (ours)" if ours and not provider.startswith(
+                "ours") else ""), linewidth=2 if ours else 1.2, markersize=5)
         ax.set_xscale("log")
         ax.set_yscale("log")
         plain = FuncFormatter(lambda v, _: f"{v:g}")
@@ -359,13 +443,15 @@ def make_plots(doc: dict, plots_dir: str, prefix: str) -> list[tuple[str, str]]:
         ax.set_xticks(sorted({x for points in series.values() for x, _ in points}))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        title = (f"{family}: {ylabel.split(' (')[0]} vs {xlabel.split(' (')[0]}\n"
-                 f"{doc['streammem'].get('machine', '')}, {doc['streammem'].get('mode', '')} run, shared machine")
+        title = (f"{family}: {ylabel.split(' (')[0].replace('median ', '')} vs {xlabel.split(' (')[0]}\n"
+                 f"{doc['streammem'].get('machine', '')}, {doc['streammem'].get('mode', '')} run, "
+                 f"load average {doc['streammem'].get('load_average_before', '?')} before it (solid: ours)")
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="best")
         fig.tight_layout()
-        path = os.path.join(plots_dir, f"{prefix}-{re.sub(r'[^A-Za-z0-9]+', '_', family).strip('_')}.png")
+        stem = re.sub(r'[^A-Za-z0-9]+', '_', family).strip('_') + ("-memory" if ylabel == MEMORY_LABEL else "")
+        path = os.path.join(plots_dir, f"{prefix}-{stem}.png")
         fig.savefig(path)
         plt.close(fig)
         written.append((f"{family}: {ylabel} vs {xlabel}", path))
@@ -394,7 +480,7 @@ def describe_run(doc: dict, results_md_dir: str) -> list[str]:
     if meta.get("kind") == "gpu":
         readers = sorted(os.path.basename(path)[len("bench_"):-3]
                          for path in glob.glob(os.path.join(BENCH_DIR, "bench_*.py"))
-                         if "STREAMMEM_BENCH_DEVICE" in open(path).read())
+                         if any(mark in open(path).read() for mark in ("STREAMMEM_BENCH_DEVICE", "from _device import")))
         lines.append("- GPU placement: run.py sets `STREAMMEM_BENCH_DEVICE=cuda`; suites that read it: "
                      + (", ".join(f"`{r}`" for r in readers) if readers else
                         "none yet, so every suite below still ran its CPU code on this machine"))
@@ -403,6 +489,33 @@ def describe_run(doc: dict, results_md_dir: str) -> list[str]:
         lines.append("- Suites: " + "; ".join(f"`{s['suite']}` {s['status']}" + (f" ({s['seconds']:.0f} s wall" + (
             f", {s['cpu_seconds']:.0f} s CPU)" if s.get("cpu_seconds") is not None else ")") if s.get("seconds") else "")
                                               for s in suites))
+    return lines
+
+
+def regression_paragraph(doc: dict, md_dir: str) -> list[str]:
+    regressions, compared, baselines = doc.get("_regressions", []), doc.get("_compared", []), doc.get("_baselines", [])
+    verdict = "none." if not regressions else f"{len(regressions)} found (timings are noisy on a shared machine)."
+    rule = f"median more than {REGRESSION_THRESHOLD:.0%} slower"
+    lines = []
+    if baselines:
+        named = ", ".join(f"`{os.path.relpath(b['_path'], os.path.dirname(md_dir))}` (run started "
+                          f"{(b.get('streammem') or {}).get('started_utc', '?')})" for b in baselines)
+        lines.append(f"Regression check ({rule} than the last committed results of this machine and mode, {named} "
+                     f"as of git HEAD): {verdict}")
+        newest_file = os.path.relpath(doc["_path"], os.path.dirname(md_dir))
+        lines.append(f"Side by side: `python -m pytest_benchmark compare {os.path.relpath(baselines[0]['_path'], os.path.dirname(md_dir))} "
+                     f"{newest_file} --group-by=fullname --columns=median` (run.py saves that table next to the "
+                     "results file as `*.compare.txt`).")
+    elif compared:
+        lines.append(f"Regression check ({rule} than the newest earlier run of this machine and mode kept in "
+                     f"`bench/results/`, since no baseline of this machine and mode is committed in `bench/baseline/`; "
+                     f"compared with {', '.join(f'`{c}`' for c in compared)}): {verdict}")
+    else:
+        lines.append("Regression check: no committed baseline of this machine and mode in `bench/baseline/` and no "
+                     "earlier run in `bench/results/` (`python bench/run.py --save-baseline` writes the baseline to "
+                     "commit).")
+    if regressions:
+        lines += [""] + [f"- {line}" for line in regressions]
     return lines
 
 
@@ -418,16 +531,7 @@ def render_block(runs: list[dict], plots: list[tuple[str, str]], results_md: str
         out += [f"### {meta.get('kind', 'cpu').upper()} run: `{meta.get('machine')}`", ""]
         out += describe_run(doc, os.path.join(md_dir, "RESULTS.md"))
         out.append("")
-        regressions, compared = doc.get("_regressions", []), doc.get("_compared", [])
-        if not compared:
-            out.append("Regression check: no earlier run of this machine in this mode in `bench/results/` "
-                       "(result files are git-ignored, so the history is the runs kept on this machine).")
-        else:
-            out.append(f"Regression check (median > {REGRESSION_THRESHOLD:.0%} slower than the newest earlier run "
-                       f"of the same machine and mode kept in `bench/results/`, which is git-ignored; compared with {', '.join(f'`{c}`' for c in compared)}): "
-                       + ("none." if not regressions else f"{len(regressions)} found (noisy on a shared machine)."))
-            out += [""] + [f"- {line}" for line in regressions]
-        out.append("")
+        out += regression_paragraph(doc, md_dir) + [""]
         for group, rows in group_benchmarks(doc).items():
             out += [f"**{group}** (`{suite_of(rows[0])}`)", ""] + group_table(rows) + [""]
     if plots:
@@ -465,11 +569,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-dir", default=os.path.join(BENCH_DIR, "results"))
     parser.add_argument("--results-md", default=os.path.join(BENCH_DIR, "RESULTS.md"))
     parser.add_argument("--plots-dir", default=os.path.join(BENCH_DIR, "plots"))
+    parser.add_argument("--baseline-dir", default=BASELINE_DIR,
+                        help="committed baselines <machine>-<mode>.json (read at git HEAD)")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
 
     docs = find_results(args.results_dir)
-    runs = [view for view in (combined_run(docs, "cpu"), combined_run(docs, "gpu")) if view is not None]
+    runs = [view for view in (combined_run(docs, "cpu", args.baseline_dir), combined_run(docs, "gpu", args.baseline_dir))
+            if view is not None]
     if not runs:
         print(f"[report] no bench/run.py results in {args.results_dir}; run `python bench/run.py --quick` first")
         return 1

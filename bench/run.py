@@ -4,6 +4,7 @@
     python bench/run.py --quick         # smoke run: small sizes, few rounds (< 3 min on 2 cores)
     python bench/run.py --only motion kmeans
     python bench/run.py --gpu           # on a CUDA machine (bench/gpu.sh calls this)
+    python bench/run.py --save-baseline # also write bench/baseline/<machine>-<mode>.json to commit
 
 Each ``bench/bench_<suite>.py`` runs with pytest-benchmark in its own subprocess,
 so a crash, a missing optional peer or a timeout in one suite is reported and the
@@ -12,6 +13,14 @@ others still run.  The per-suite JSON files are merged into one
 plus a ``streammem`` key recording the command, the library versions and how
 every suite ended); ``bench/report.py`` then turns the newest files into the
 generated block of bench/RESULTS.md and the plots in bench/plots/.
+
+Regressions are judged against the last committed results of the same machine
+and mode, ``bench/baseline/<machine>-<mode>.json`` at git HEAD: when one exists,
+``pytest-benchmark compare`` puts both side by side into
+``bench/results/<run>.compare.txt`` and the report lists every benchmark whose
+median grew by more than 10 %.  ``--save-baseline`` writes this run (without the
+per-round samples) as the new baseline, to be committed with the RESULTS.md it
+produced.
 """
 from __future__ import annotations
 
@@ -36,17 +45,17 @@ RESULTS_DIR = os.path.join(BENCH_DIR, "results")
 # Suites left out of --quick, with the reason printed when they are skipped.  Each
 # entry was measured: the whole quick run has to stay under 3 minutes on 2 cores.
 QUICK_SKIPS: dict[str, str] = {
-    "pipeline": "loads EfficientNet + MiniLM and streams the clip 1 + 4 times: 150 s alone with "
-                "STREAMMEM_BENCH_QUICK=1 (2026-11-23, shared 2 cores); run `python bench/run.py --only pipeline`",
-    "caption_reuse": "decodes with SmolLM2-135M: over 150 s alone with STREAMMEM_BENCH_QUICK=1 (2026-11-23, "
-                     "shared 2 cores); run `python bench/run.py --only caption_reuse`",
+    "caption_reuse": "decodes with SmolLM2-135M: 72 s alone with STREAMMEM_BENCH_QUICK=1 on 2 idle cores "
+                     "(2026-11-23), which would take the quick run past 3 minutes; run "
+                     "`python bench/run.py --only caption_reuse`",
 }
 # Cases left out of --quick within a suite (a pytest -k expression), with the reason.
 QUICK_SELECT: dict[str, tuple[str, str]] = {
     "boundaries": ("not bikes", "the bikes.mp4 cases load EfficientNet / TransNetV2 models"),
     "kmeans": ("not (test_ours and torch) and not (sklearn and c-tiny)",
                "no pure-torch reference backend of ours, no 512-problem scikit-learn loop (25 s a round loaded)"),
-    "logprobs": ("T128", "only T = 128 rows (T = 1024 materialises 1024 x V logits per peer)"),
+    "logprobs": ("T128 or memory", "only T = 128 rows (T = 1024 materialises 1024 x V logits per peer) and the "
+                 "memory-vs-vocabulary cases"),
 }
 # Wall-clock limit per suite; a suite that runs past it is killed and reported.  Generous in
 # --quick because a shared machine runs several times slower than an idle one.
@@ -207,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="NAME", help="suites to run, e.g. motion kmeans")
     parser.add_argument("--gpu", action="store_true", help="GPU run: sets STREAMMEM_BENCH_DEVICE=cuda")
     parser.add_argument("--no-report", action="store_true", help="write the JSON only, leave RESULTS.md alone")
+    parser.add_argument("--save-baseline", action="store_true",
+                        help="also write the run to bench/baseline/<machine>-<mode>.json (commit it to make it the "
+                             "reference of later regression checks)")
     args = parser.parse_args(argv)
 
     available = discover_suites()
@@ -266,12 +278,50 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench] {len(merged['benchmarks'])} benchmarks from {len(parts)} suites in {total:.0f} s wall, {total_cpu:.0f} s CPU -> "
           f"{os.path.relpath(out_path, REPO_ROOT)}", flush=True)
 
-    if not args.no_report:
-        sys.path.insert(0, BENCH_DIR)
-        import report
+    sys.path.insert(0, BENCH_DIR)
+    import report
 
+    compare_with_baseline(report, merged, out_path, machine, mode)
+    if args.save_baseline:
+        if args.only:
+            print("[bench] --save-baseline ignored with --only: a baseline holds every suite of a run", flush=True)
+        else:
+            path = report.baseline_path(report.BASELINE_DIR, machine, mode)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as fh:
+                json.dump(report.strip_for_baseline(merged), fh, indent=0)
+            print(f"[bench] baseline written to {os.path.relpath(path, REPO_ROOT)}: commit it to compare later runs "
+                  "with this one", flush=True)
+    if not args.no_report:
         report.main([])
     return 0
+
+
+def compare_with_baseline(report, merged: dict, out_path: str, machine: str, mode: str) -> None:
+    """``pytest-benchmark compare`` of the committed baseline and this run, saved as ``<run>.compare.txt``."""
+    baseline = report.committed_baseline(report.BASELINE_DIR, machine, mode)
+    if baseline is None:
+        print(f"[bench] no committed baseline for {machine}-{mode} in bench/baseline/: no comparison", flush=True)
+        return
+    for line in report.regression_lines(merged, baseline):
+        print(f"[bench] {line}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="streammem-baseline-") as tmp:
+        committed = os.path.join(tmp, f"committed-{machine}-{mode}.json")
+        with open(committed, "w") as fh:
+            json.dump(report.strip_for_baseline(baseline), fh)
+        cmd = [sys.executable, "-m", "pytest_benchmark", "compare", committed, out_path, "--group-by=fullname",
+               "--columns=median,mean,rounds", "--sort=name"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            text = proc.stdout + proc.stderr
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            text = f"pytest-benchmark compare failed: {exc}"
+    compare_path = out_path[:-len(".json")] + ".compare.txt"
+    with open(compare_path, "w") as fh:
+        fh.write(f"# {os.path.relpath(out_path, REPO_ROOT)} vs the committed "
+                 f"{os.path.relpath(baseline['_path'], REPO_ROOT)} (git HEAD)\n{text}")
+    print(f"[bench] side-by-side table with the committed baseline: {os.path.relpath(compare_path, REPO_ROOT)}",
+          flush=True)
 
 
 if __name__ == "__main__":

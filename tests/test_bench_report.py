@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -146,7 +147,8 @@ def test_main_end_to_end_compares_with_previous_run_of_same_machine_and_mode(tmp
     assert report.newest(docs, "cpu")["_path"] == str(latest_path)
     view = report.combined_run(docs, "cpu")
     assert view["_compared"] == ["cpu2c-test-quick-2026-11-23T110000Z.json", "cpu2c-test-quick-2026-11-23T113000Z.json"]
-    assert report.main(["--results-dir", str(results), "--results-md", str(md), "--plots-dir", str(plots)]) == 0
+    assert report.main(["--results-dir", str(results), "--results-md", str(md), "--plots-dir", str(plots),
+                        "--baseline-dir", str(tmp_path / "no-baseline")]) == 0
     text = md.read_text()
     assert text.startswith(HAND_WRITTEN.split("## Motion gate")[0])
     assert text.rstrip().endswith("| ours | 1.0 |")
@@ -169,7 +171,7 @@ def test_suites_missing_from_the_newest_run_come_from_the_newest_run_that_has_th
     _write(tmp_path, suite_doc("motion", 1.0), "2026-11-23T100000Z")
     _write(tmp_path, suite_doc("tree", 1.0), "2026-11-23T110000Z")
     _write(tmp_path, suite_doc("motion", 2.0), "2026-11-23T120000Z")  # `run.py --only motion`, 2x slower
-    view = report.combined_run(report.find_results(str(tmp_path)), "cpu")
+    view = report.combined_run(report.find_results(str(tmp_path)), "cpu", str(tmp_path / "no-baseline"))
     assert [(os.path.basename(d["_path"])[-13:], suites) for d, suites in view["_sources"]] == [
         ("T120000Z.json", ["motion"]), ("T110000Z.json", ["tree"])]
     assert sorted(b["fullname"] for b in view["benchmarks"]) == ["bench/bench_motion.py::test_ours_x",
@@ -185,9 +187,88 @@ def test_gpu_run_is_merged_next_to_the_cpu_run(tmp_path):
     gpu = _motion_doc(scale=0.1)
     gpu["streammem"].update(machine="gpu-nvidia-h100", kind="gpu", gpu="NVIDIA H100")
     _write(results, gpu, "2026-11-23T100000Z")  # older than the CPU run, still shown: one block per kind
-    assert report.main(["--results-dir", str(results), "--results-md", str(md), "--no-plots"]) == 0
+    assert report.main(["--results-dir", str(results), "--results-md", str(md), "--no-plots",
+                        "--baseline-dir", str(tmp_path / "no-baseline")]) == 0
     block = md.read_text().split(report.BEGIN)[1].split(report.END)[0]
     assert "### CPU run: `cpu2c-test`" in block and "### GPU run: `gpu-nvidia-h100`" in block
     assert block.index("### CPU run") < block.index("### GPU run")
     assert "GPU NVIDIA H100" in block and "STREAMMEM_BENCH_DEVICE=cuda" in block
     assert block.count("**motion-224**") == 2
+
+
+def _git(cwd, *args):
+    subprocess.run(["git", "-C", str(cwd), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                   capture_output=True)
+
+
+def test_regressions_are_judged_against_the_committed_baseline_not_the_working_tree(tmp_path):
+    """The baseline is read at git HEAD: an uncommitted edit of the file does not move the reference."""
+    repo = tmp_path / "repo"
+    baseline_dir, results = repo / "bench" / "baseline", repo / "bench" / "results"
+    baseline_dir.mkdir(parents=True)
+    results.mkdir()
+    _git(repo, "init", "-q")
+    committed = report.strip_for_baseline(_motion_doc(ours_cpp=0.010))
+    (baseline_dir / "cpu2c-test-quick.json").write_text(json.dumps(committed))
+    _git(repo, "add", "bench/baseline/cpu2c-test-quick.json")
+    _git(repo, "commit", "-q", "-m", "baseline")
+    # Uncommitted: a slower "baseline" that would hide the regression if it were read.
+    (baseline_dir / "cpu2c-test-quick.json").write_text(json.dumps(_motion_doc(ours_cpp=0.020)))
+    # A local earlier run, even slower, would also hide it: the committed baseline takes precedence.
+    _write(results, _motion_doc(ours_cpp=0.050), "2026-11-23T110000Z")
+    _write(results, _motion_doc(ours_cpp=0.015), "2026-11-23T120000Z")
+    view = report.combined_run(report.find_results(str(results)), "cpu", str(baseline_dir))
+    assert view["_regressions"] == [
+        "REGRESSION: `bench/bench_demo.py::test_ours_cpp[224px]` median 15 ms vs 10 ms (+50 %)"]
+    assert view["_compared"] == [] and [b["_path"] for b in view["_baselines"]] == [
+        str(baseline_dir / "cpu2c-test-quick.json")]
+    text = "\n".join(report.regression_paragraph(view, str(repo / "bench")))
+    assert "last committed results" in text and "pytest_benchmark compare" in text and "1 found" in text
+
+
+def test_uncommitted_baseline_in_a_git_tree_is_not_used(tmp_path):
+    repo = tmp_path / "repo"
+    baseline_dir = repo / "bench" / "baseline"
+    baseline_dir.mkdir(parents=True)
+    _git(repo, "init", "-q")
+    (baseline_dir / "cpu2c-test-quick.json").write_text(json.dumps(_motion_doc()))
+    assert report.committed_baseline(str(baseline_dir), "cpu2c-test", "quick") is None
+    # Outside git the file on disk is the baseline.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "cpu2c-test-quick.json").write_text(json.dumps(_motion_doc()))
+    assert report.committed_baseline(str(plain), "cpu2c-test", "quick")["benchmarks"][0]["name"] == \
+        "test_ours_cpp[224px]"
+
+
+def test_strip_for_baseline_drops_round_samples_only():
+    doc = _motion_doc()
+    doc["benchmarks"][0]["stats"]["data"] = [0.01] * 1000
+    doc["_path"] = "x"
+    slim = report.strip_for_baseline(doc)
+    assert "data" not in slim["benchmarks"][0]["stats"] and "_path" not in slim
+    assert slim["benchmarks"][0]["stats"]["median"] == doc["benchmarks"][0]["stats"]["median"]
+    assert "data" in doc["benchmarks"][0]["stats"]  # the caller's document is left alone
+
+
+def test_explicit_scale_axis_per_call_time_and_memory_curves(tmp_path):
+    benches = []
+    for b, ours, faiss in ((16, 0.002, 0.004), (64, 0.005, 0.013), (256, 0.019, 0.054)):
+        for name, t in (("test_scale_ours", ours), ("test_scale_faiss", faiss)):
+            benches.append(_bench(f"{name}[B{b}]", f"kmeans-vs-B-{b}", t, provider=name[11:], scale="B", B=b, N=256,
+                                  problems=b, plot_per="call"))
+    for vocab, ours_mem, peer_mem in ((8192, 1 << 20, 26 << 20), (151936, 0, 311 << 20)):
+        for name, mem in (("ours", ours_mem), ("peer", peer_mem)):
+            benches.append(_bench(f"test_mem[{vocab}-{name}]", f"mem-V{vocab}", 0.01, provider=name, vocab=vocab,
+                                  tokens=256, peak_extra_bytes=mem))
+    families = report.scaling_families(_doc(benches))
+    keys = {(family, ylabel) for family, _, ylabel in families}
+    assert ("kmeans-vs-B-*", "median time per call (s)") in keys  # per call although problems are counted
+    assert ("mem-V*", report.MEMORY_LABEL) in keys and ("mem-V*", "median time per token (s)") in keys
+    scale = families[("kmeans-vs-B-*", "B (problems per call)", "median time per call (s)")]
+    assert sorted(scale["ours"]) == [(16.0, 0.002), (64.0, 0.005), (256.0, 0.019)]
+    memory = families[("mem-V*", "vocabulary size V", report.MEMORY_LABEL)]
+    assert sorted(memory["ours"]) == [(8192.0, 1.0), (151936.0, 4096 / 2**20)]  # 0 bytes plotted as one page
+    assert sorted(memory["peer"]) == [(8192.0, 26.0), (151936.0, 311.0)]
+    written = [os.path.basename(p) for _, p in report.make_plots(_doc(benches), str(tmp_path), "cpu")]
+    assert sorted(written) == ["cpu-kmeans_vs_B.png", "cpu-mem_V-memory.png", "cpu-mem_V.png"]
