@@ -21,6 +21,9 @@ Groups
   EfficientNet-lite0 encoder and segmentation alone, PySceneDetect's
   ContentDetector and TransNetV2; F1 at +-2 frames against the labels in
   tests/test_boundaries.py.
+* ``offline-gpu`` (GPU runs only, ``STREAMMEM_BENCH_DEVICE=cuda``, see
+  bench/_device.py): the offline case on CUDA tensors, ours (auto, Triton) and
+  the torch reference on the GPU.
 """
 import os
 import sys
@@ -31,7 +34,9 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _device import gpu_params, require_gpu, synced  # noqa: E402
 from streammem_kernels import StreamingSegmenter, adjacent_cosine, detect_boundaries  # noqa: E402
 from test_boundaries import (  # noqa: E402
     BIKES_CUTS,
@@ -179,6 +184,17 @@ def test_offline_ours_torch_reference(benchmark, offline_features):
     benchmark.group = "offline"
     benchmark.pedantic(lambda: detect_boundaries(offline_features, backend="torch"), rounds=1, iterations=1)
     benchmark.extra_info.update(provider="ours-torch-reference", streams=B_OFF, frames=T_OFF)
+
+
+@pytest.mark.parametrize("backend", gpu_params("auto", "triton", "torch"))
+def test_offline_gpu(benchmark, offline_features, backend):
+    device = require_gpu()
+    x = offline_features.to(device)
+    fn = synced(lambda: detect_boundaries(x, backend=backend), device)
+    fn()  # compile / warm up
+    benchmark.group = "offline-gpu"
+    events = benchmark.pedantic(fn, rounds=10, iterations=1, warmup_rounds=1)
+    benchmark.extra_info.update(provider=f"ours-{backend}-gpu", streams=B_OFF, frames=T_OFF, events=len(events))
 
 
 def _numpy_cosines(x):

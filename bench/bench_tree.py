@@ -1,7 +1,7 @@
 """Cosine memory tree and exact cosine top-k vs faiss (IndexFlatIP, IndexHNSWFlat).
 
 Run:  .venv/bin/python -m pytest bench/bench_tree.py --benchmark-json bench/results/tree.json -q
-      (``STREAMMEM_BENCH_QUICK=1``: N = 10^4 and Q in {1, 64} only)
+      (``STREAMMEM_BENCH_QUICK=1``: N in {10^3, 10^4} and Q in {1, 64} only)
 
 Data (D = 384, tree grouping g = 10, top-10 per query):
 
@@ -27,6 +27,12 @@ HNSW (M = 32, efConstruction = 40, efSearch = 64) is built for
 N <= ``STREAMMEM_BENCH_HNSW_MAX`` (default 10^5); its build time is in
 ``extra_info["build_s"]``.  A summary table is written to
 ``bench/results/tree_summary_<datasets>[_quick].md``.
+
+The ``tree-<data>-N*-Q<q>`` groups form the latency-vs-N curves of the report
+(per query, our tree and cosine_topk next to faiss exhaustive search).  In a GPU
+run (``STREAMMEM_BENCH_DEVICE=cuda``, bench/_device.py) ``test_gpu`` adds, in
+the same groups, cosine_topk and both tree searches on CUDA tensors, exhaustive
+torch matmul + topk on CUDA, and faiss GpuIndexFlatIP when faiss has GPU support.
 """
 import ast
 import os
@@ -38,12 +44,14 @@ import numpy as np
 import pytest
 import torch
 
-from streammem_kernels import CosineTree, cosine_topk, tree_search
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _device import faiss_gpu_resources, gpu_params, require_gpu, synced  # noqa: E402
+from streammem_kernels import CosineTree, cosine_topk, tree_search  # noqa: E402
 
 faiss = pytest.importorskip("faiss")
 
 QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
-SIZES = (10_000,) if QUICK else (10_000, 100_000, 1_000_000)
+SIZES = (1_000, 10_000) if QUICK else (1_000, 10_000, 100_000, 1_000_000)
 QUERY_COUNTS = (1, 64) if QUICK else (1, 64, 1024)
 HNSW_MAX = int(os.environ.get("STREAMMEM_BENCH_HNSW_MAX", "100000"))
 DIM, GROUP, TOPK, NUM_QUERIES = 384, 10, 10, 1024
@@ -248,6 +256,46 @@ def test_tree_beam_5_10(benchmark, data, num_q):
     tree = data["tree"]
     _measure(benchmark, data, num_q, "tree_search beam (5, 10)",
              lambda q: tree_search(tree, q, beam=(5, 10), k=TOPK).ids.numpy(), build_s=data["tree_build_s"])
+
+
+GPU_METHODS = ("cosine_topk (auto)", "tree_search greedy", "tree_search beam (5, 10)", "torch matmul+topk",
+               "faiss GpuIndexFlatIP")
+
+
+def _gpu_tree(d, device):
+    if d.get("gpu_tree") is None:
+        tree = CosineTree(DIM, capacity=d["n"] + d["n"] // (GROUP - 1) + 16, device=device)
+        tree.add_leaves(d["keys"].to(device))
+        tree.grow(GROUP)
+        d["gpu_tree"] = tree
+    return d["gpu_tree"]
+
+
+@pytest.mark.parametrize("num_q", QUERY_COUNTS)
+@pytest.mark.parametrize("method", gpu_params(*GPU_METHODS))
+def test_gpu(benchmark, data, num_q, method):
+    device = require_gpu()
+    if "gpu_keys" not in data:
+        data["gpu_keys"] = data["keys"].to(device)
+    keys = data["gpu_keys"]
+    if method == "cosine_topk (auto)":
+        search = lambda q: cosine_topk(q.to(device), keys, TOPK).ids.cpu().numpy()  # noqa: E731
+    elif method == "tree_search greedy":
+        tree = _gpu_tree(data, device)
+        search = lambda q: _leaf_of_path(tree_search(tree, q.to(device)).path.cpu())  # noqa: E731
+    elif method == "tree_search beam (5, 10)":
+        tree = _gpu_tree(data, device)
+        search = lambda q: tree_search(tree, q.to(device), beam=(5, 10), k=TOPK).ids.cpu().numpy()  # noqa: E731
+    elif method == "torch matmul+topk":
+        search = lambda q: torch.topk(q.to(device) @ keys.T, TOPK, dim=1).indices.cpu().numpy()  # noqa: E731
+    else:
+        res = faiss_gpu_resources()
+        if res is None:
+            pytest.skip("the installed faiss has no GPU support (faiss-cpu); install faiss-gpu for this peer")
+        index = faiss.GpuIndexFlatIP(res, DIM)
+        index.add(data["keys"].numpy())
+        search = lambda q: index.search(q.numpy(), TOPK)[1]  # noqa: E731
+    _measure(benchmark, data, num_q, method + " [gpu]", synced(search, device))
 
 
 @pytest.fixture(scope="session", autouse=True)
