@@ -320,6 +320,16 @@ py::tuple cosine_topk(carray<float> queries, carray<float> keys, int64_t k, carr
   return py::make_tuple(ids, scores);
 }
 
+// Does any of row[0..n) * inv[0..n) reach thr?  A vectorised pre-filter: after the first
+// few hundred keys almost no score enters a query's top-k, so most 16-wide chunks
+// are rejected with one SIMD pass and no per-element branch.
+STREAMMEM_HOT bool any_at_least(const float* __restrict row, const float* __restrict inv, int64_t n, float thr) {
+  int hit = 0;
+#pragma omp simd reduction(| : hit)
+  for (int64_t i = 0; i < n; ++i) hit |= row[i] * inv[i] >= thr;
+  return hit != 0;
+}
+
 void topk_merge(carray<float> dots, carray<float> key_norm, int64_t offset, carray<int64_t> ranges,
                 py::array ids, py::array scores) {
   require(dots.ndim() == 2 && ids.ndim() == 2 && scores.ndim() == 2, "topk_merge: bad ranks");
@@ -332,14 +342,29 @@ void topk_merge(carray<float> dots, carray<float> key_norm, int64_t offset, carr
   int64_t* I = inplace_ptr<int64_t>(ids, "ids");
   float* S = inplace_ptr<float>(scores, "scores");
   py::gil_scoped_release nogil;
+  // The pre-filter scores dot * (1 / |key|) (a multiply, not a division; zero keys score 0)
+  // against a threshold lowered by far more than that product's rounding error (a few ulps),
+  // so it never rejects a key the exact score dot / |key| would admit.  Admitted chunks are
+  // then scored exactly as before, so results (and tie order) do not change.
+  std::vector<float> inv(B);
+  for (int64_t j = 0; j < B; ++j) inv[j] = norm[j] > 0.f ? 1.f / norm[j] : 0.f;
+  const float* iv = inv.data();
+  constexpr int64_t kChunk = 16;
 #pragma omp parallel for schedule(static) if (Q * B >= 65536)
   for (int64_t q = 0; q < Q; ++q) {
     const int64_t lo = std::max<int64_t>(0, rg[2 * q] - offset), hi = std::min<int64_t>(B, rg[2 * q + 1] - offset);
     TopK top(S + q * k, I + q * k, k);
     const float* row = Dm + q * B;
-    for (int64_t j = lo; j < hi; ++j) {
-      const float s = norm[j] > 0.f ? row[j] / norm[j] : 0.f;
-      if (top.admits(s, offset + j)) top.push(s, offset + j);
+    for (int64_t j = lo; j < hi; j += kChunk) {
+      const int64_t end = std::min(hi, j + kChunk);
+      // -inf while the top-k is not full; ties at the threshold are resolved by push.
+      const float kth = top.count < k ? kNegInf : top.score[k - 1];
+      const float thr = kth - 1e-5f * (1.f + std::fabs(kth));
+      if (!any_at_least(row + j, iv + j, end - j, thr)) continue;
+      for (int64_t t = j; t < end; ++t) {
+        const float s = norm[t] > 0.f ? row[t] / norm[t] : 0.f;
+        if (top.admits(s, offset + t)) top.push(s, offset + t);
+      }
     }
   }
 }
