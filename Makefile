@@ -39,10 +39,10 @@ test: build
 	TRITON_INTERPRET=1 STREAMMEM_REQUIRE_CPP=1 $(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: build
-	$(PY) bench/run.py
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 bench-quick: build
-	$(PY) bench/run.py --quick
+	$(PY) bench/run.py --quick $(BENCH_ARGS)
 
 clean:
 	rm -rf build $(VENV) *.egg-info streammem_kernels/*.so

@@ -5,18 +5,16 @@
 # bench/results/gpu-<gpu name>-<mode>-<date>.json and bench/report.py merges
 # them into bench/RESULTS.md next to the CPU run.
 #
-#   bash bench/gpu.sh            # full run
-#   bash bench/gpu.sh --quick    # small sizes, few rounds
+#   bash bench/gpu.sh                    # full run
+#   bash bench/gpu.sh --quick            # small sizes, few rounds
+#   bash bench/gpu.sh --save-baseline    # any further arguments go to bench/run.py
 #
 # Needs an NVIDIA GPU (nvidia-smi) and a CUDA build of torch.  Without them it
 # says so and exits 0, so it is safe to call anywhere.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-quick=()
-if [[ "${1:-}" == "--quick" ]]; then
-    quick=(--quick)
-fi
+run_args=("$@")
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi --query-gpu=name --format=csv,noheader >/dev/null 2>&1; then
     echo "bench/gpu.sh: no NVIDIA GPU found (nvidia-smi missing or failing); nothing to do."
@@ -50,7 +48,7 @@ if [[ $tests_status -ne 0 ]]; then
 fi
 
 echo "bench/gpu.sh: benchmark suites with STREAMMEM_BENCH_DEVICE=cuda"
-"$PY" bench/run.py --gpu "${quick[@]}"
+"$PY" bench/run.py --gpu ${run_args[@]+"${run_args[@]}"}
 
 echo "bench/gpu.sh: done (tests exit code $tests_status); results in bench/results/, report in bench/RESULTS.md"
 exit "$tests_status"

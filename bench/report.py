@@ -437,7 +437,7 @@ def make_plots(doc: dict, plots_dir: str, prefix: str) -> list[tuple[str, str]]:
                 "ours") else ""), linewidth=2 if ours else 1.2, markersize=5)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        plain = FuncFormatter(lambda v, _: f"{v:g}")
+        plain = FuncFormatter(lambda v, _: f"{v:.0f}" if v >= 1 and v == int(v) else f"{v:g}")  # 1000000, not 1e+06
         ax.xaxis.set_major_formatter(plain)
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xticks(sorted({x for points in series.values() for x, _ in points}))

@@ -5,6 +5,7 @@
     python bench/run.py --only motion kmeans
     python bench/run.py --gpu           # on a CUDA machine (bench/gpu.sh calls this)
     python bench/run.py --save-baseline # also write bench/baseline/<machine>-<mode>.json to commit
+    python bench/run.py --only tree --save-baseline   # re-measure one suite, replace it in the baseline
 
 Each ``bench/bench_<suite>.py`` runs with pytest-benchmark in its own subprocess,
 so a crash, a missing optional peer or a timeout in one suite is reported and the
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-report", action="store_true", help="write the JSON only, leave RESULTS.md alone")
     parser.add_argument("--save-baseline", action="store_true",
                         help="also write the run to bench/baseline/<machine>-<mode>.json (commit it to make it the "
-                             "reference of later regression checks)")
+                             "reference of later regression checks); with --only, replace just those suites in it")
     args = parser.parse_args(argv)
 
     available = discover_suites()
@@ -283,18 +284,36 @@ def main(argv: list[str] | None = None) -> int:
 
     compare_with_baseline(report, merged, out_path, machine, mode)
     if args.save_baseline:
-        if args.only:
-            print("[bench] --save-baseline ignored with --only: a baseline holds every suite of a run", flush=True)
-        else:
-            path = report.baseline_path(report.BASELINE_DIR, machine, mode)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as fh:
-                json.dump(report.strip_for_baseline(merged), fh, indent=0)
-            print(f"[bench] baseline written to {os.path.relpath(path, REPO_ROOT)}: commit it to compare later runs "
-                  "with this one", flush=True)
+        save_baseline(report, merged, machine, mode, suites if args.only else None)
     if not args.no_report:
         report.main([])
     return 0
+
+
+def save_baseline(report, merged: dict, machine: str, mode: str, only: list[str] | None) -> None:
+    """Write ``merged`` as bench/baseline/<machine>-<mode>.json; with ``--only``, replace just those suites."""
+    path = report.baseline_path(report.BASELINE_DIR, machine, mode)
+    doc = report.strip_for_baseline(merged)
+    if only is not None:
+        if not os.path.exists(path):
+            print(f"[bench] --save-baseline --only: no {os.path.relpath(path, REPO_ROOT)} to update; run every suite "
+                  "once with --save-baseline first", flush=True)
+            return
+        with open(path) as fh:
+            old = json.load(fh)
+        kept = [b for b in old.get("benchmarks", []) if report.suite_of(b) not in only]
+        doc["benchmarks"] = kept + doc["benchmarks"]
+        doc["streammem"]["suites"] = [s for s in old["streammem"].get("suites", []) if s["suite"] not in only] + \
+            doc["streammem"]["suites"]
+        doc["streammem"]["updated_suites"] = {suite: doc["streammem"]["started_utc"] for suite in only}
+        doc["streammem"]["started_utc"] = old["streammem"].get("started_utc")
+        doc["streammem"]["command"] = old["streammem"].get("command")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=0)
+    print(f"[bench] baseline written to {os.path.relpath(path, REPO_ROOT)}"
+          + (f" (suites {', '.join(only)} replaced)" if only else "") + ": commit it to compare later runs with it",
+          flush=True)
 
 
 def compare_with_baseline(report, merged: dict, out_path: str, machine: str, mode: str) -> None:
