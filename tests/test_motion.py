@@ -326,3 +326,26 @@ def test_prepared_resize_matches_reference(backend, shape, size):
     out = motion_magnitude(frames, size=size, backend=backend)
     torch.testing.assert_close(out.flow_px, ref.flow_px, atol=2e-5, rtol=2e-4)
     torch.testing.assert_close(out.mean_uv, ref.mean_uv, atol=2e-5, rtol=2e-4)
+
+
+@pytest.mark.parametrize("shape,out_hw", [((3, 136, 320, 3), (95, 224)), ((2, 97, 61), (40, 25)),
+                                          ((1, 9, 9, 3), (9, 9)), ((2, 50, 50, 3), (1, 1)),
+                                          ((2, 64, 48, 3), (64, 47))])
+def test_native_gray_area_equals_torch_preparation(shape, out_hw):
+    """The fused C++ uint8 -> gray -> area resize against F.interpolate(mode="area") on the
+    same gray image: overlapping bins (H not a multiple of out_h), one band and many bands
+    of output rows, a 1x1 output and an unchanged height."""
+    from streammem_kernels._dispatch import load_native
+    from streammem_kernels.motion import _gray_resize_torch
+
+    mod, why = load_native("cpu", "motion")
+    if mod is None:
+        pytest.skip(why)
+    g = torch.Generator().manual_seed(sum(shape))
+    frames = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+    out = torch.from_numpy(mod.gray_area(frames.numpy(), *out_hw))
+    ref = _gray_resize_torch(frames.float() if frames.dim() == 3 else frames, out_hw)
+    if frames.dim() == 3:
+        ref = ref / 255.0
+    assert out.shape == (shape[0], *out_hw)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
