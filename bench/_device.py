@@ -41,7 +41,7 @@ def require_gpu() -> torch.device:
 
 
 def gpu_params(*values):
-    """``values`` in a GPU run; in a CPU run one skipped placeholder that says how to get them."""
+    """``values`` in a GPU run; in a CPU run a single skipped case whose reason says how to run them."""
     if GPU_RUN:
         return list(values)
     return [pytest.param(None, id="gpu-cases", marks=pytest.mark.skip(

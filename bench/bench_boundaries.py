@@ -110,26 +110,25 @@ def _stream_frames(T, seed):
         yield from block_features(min(10_000, T - start), seed=seed + start)[0]
 
 
-@pytest.mark.parametrize("length", LENGTHS)
-def test_stream_ours_cpp(benchmark, length):
-    seg = StreamingSegmenter(backend="cpp")
+def _stream_push_case(benchmark, backend, length, rounds, warmup):
+    """Time one push of our segmenter after ``length`` frames have been pushed."""
+    seg = StreamingSegmenter(backend=backend)
     for frame in _stream_frames(length, seed=1):
         seg.push(frame)
-    pool = iter(block_features(2000, seed=2)[0])
+    pool = iter(block_features(rounds + warmup, seed=2)[0])
     benchmark.group = f"stream-{length}"
-    benchmark.pedantic(lambda: seg.push(next(pool)), rounds=1000, iterations=1, warmup_rounds=10)
-    benchmark.extra_info.update(provider="ours-cpp-push", length=length)
+    benchmark.pedantic(lambda: seg.push(next(pool)), rounds=rounds, iterations=1, warmup_rounds=warmup)
+    benchmark.extra_info.update(provider=f"ours-{backend}-push", length=length)
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_stream_ours_cpp(benchmark, length):
+    _stream_push_case(benchmark, "cpp", length, rounds=1000, warmup=10)
 
 
 @pytest.mark.parametrize("length", [n for n in LENGTHS if n <= TORCH_PUSH_MAX_LENGTH])
 def test_stream_ours_torch_reference(benchmark, length):
-    seg = StreamingSegmenter(backend="torch")
-    for frame in _stream_frames(length, seed=1):
-        seg.push(frame)
-    pool = iter(block_features(300, seed=2)[0])
-    benchmark.group = f"stream-{length}"
-    benchmark.pedantic(lambda: seg.push(next(pool)), rounds=200, iterations=1, warmup_rounds=5)
-    benchmark.extra_info.update(provider="ours-torch-push", length=length)
+    _stream_push_case(benchmark, "torch", length, rounds=200, warmup=5)
 
 
 @pytest.mark.parametrize("length", LENGTHS)
