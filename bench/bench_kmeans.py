@@ -101,7 +101,7 @@ def _record_inertia(benchmark, x, out):
 def _ours(backend):
     def run(x, init, k):
         res = batched_kmeans(x, k, init=init, iters=ITERS, tol=0.0, backend=backend)
-        return res.centroids, res.n_iter.numpy()
+        return res.centroids, res.n_iter.cpu().numpy()
 
     return run
 
