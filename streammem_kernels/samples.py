@@ -28,10 +28,14 @@ def sample_video_path(name: str = "bikes.mp4") -> str:
     return path
 
 
-def read_video(path: str, *, size: int | None = None, gray: bool = False, max_frames: int | None = None) -> np.ndarray:
+def read_video(path: str, *, size: int | tuple[int, int] | None = None, gray: bool = False,
+               max_frames: int | None = None) -> np.ndarray:
     """Decode a video file into ``(T, H, W, 3)`` RGB uint8 (or ``(T, H, W)`` gray).
 
-    ``size`` resizes the long side with area interpolation (aspect kept).
+    ``size`` resizes with area interpolation when shrinking (bilinear when
+    growing): an int sets the long side (aspect kept), a ``(width, height)``
+    pair sets the exact frame size (what fixed-input models such as
+    TransNetV2's 48x27 expect).
     Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a
     file OpenCV cannot decode.
     """
@@ -50,9 +54,14 @@ def read_video(path: str, *, size: int | None = None, gray: bool = False, max_fr
                 break
             if size is not None:
                 h, w = bgr.shape[:2]
-                scale = size / max(h, w)
-                out = (max(1, round(w * scale)), max(1, round(h * scale)))
-                interp = cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR
+                if isinstance(size, tuple):
+                    out = (int(size[0]), int(size[1]))
+                    shrink = out[0] * out[1] < w * h
+                else:
+                    scale = size / max(h, w)
+                    out = (max(1, round(w * scale)), max(1, round(h * scale)))
+                    shrink = scale < 1
+                interp = cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
                 bgr = cv2.resize(bgr, out, interpolation=interp)
             frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY if gray else cv2.COLOR_BGR2RGB))
     finally:

