@@ -197,11 +197,11 @@ def test_scale_ours(benchmark, scale_case):
     _scale_run(benchmark, scale_case, lambda x, init, p: _ours("auto")(x, init, p["k"]), "ours-auto")
 
 
-def _faiss_loop(faiss, xs, inits, p, gpu_res=None):
+def _faiss_loop(faiss, xs, inits, p, gpu=False):
     centres = np.empty_like(inits)
     for b in range(p["B"]):
         km = faiss.Kmeans(p["D"], p["k"], niter=ITERS, nredo=1, seed=0, min_points_per_centroid=1,
-                          max_points_per_centroid=p["N"], gpu=gpu_res is not None)  # no subsampling
+                          max_points_per_centroid=p["N"], gpu=gpu)  # no subsampling
         km.train(xs[b], init_centroids=inits[b])
         centres[b] = km.centroids
     return centres, [ITERS] * p["B"]
@@ -234,11 +234,10 @@ def test_gpu(benchmark, regime, provider):
         fn = synced(lambda: _fpk(fpk, xg, initg, p), device)
     else:
         faiss = pytest.importorskip("faiss")
-        res = faiss_gpu_resources()
-        if res is None:
+        if faiss_gpu_resources() is None:
             pytest.skip("the installed faiss has no GPU support (faiss-cpu); install faiss-gpu for this peer")
         xs, inits = x.numpy(), init.numpy()
-        fn = lambda: _faiss_loop(faiss, xs, inits, p, gpu_res=res)  # noqa: E731
+        fn = lambda: _faiss_loop(faiss, xs, inits, p, gpu=True)  # noqa: E731
     fn()  # compile / warm up
     out = _run(benchmark, f"gpu-{name}", p, fn, provider + "-gpu", 3)
     out["centres"] = torch.as_tensor(out["centres"]).cpu()

@@ -282,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, BENCH_DIR)
     import report
 
-    compare_with_baseline(report, merged, out_path, machine, mode)
+    # The report prints the REGRESSION lines itself; without it, print them here.
+    compare_with_baseline(report, merged, out_path, machine, mode, print_regressions=args.no_report)
     if args.save_baseline:
         save_baseline(report, merged, machine, mode, suites if args.only else None)
     if not args.no_report:
@@ -316,14 +317,16 @@ def save_baseline(report, merged: dict, machine: str, mode: str, only: list[str]
           flush=True)
 
 
-def compare_with_baseline(report, merged: dict, out_path: str, machine: str, mode: str) -> None:
+def compare_with_baseline(report, merged: dict, out_path: str, machine: str, mode: str,
+                          print_regressions: bool) -> None:
     """``pytest-benchmark compare`` of the committed baseline and this run, saved as ``<run>.compare.txt``."""
     baseline = report.committed_baseline(report.BASELINE_DIR, machine, mode)
     if baseline is None:
         print(f"[bench] no committed baseline for {machine}-{mode} in bench/baseline/: no comparison", flush=True)
         return
-    for line in report.regression_lines(merged, baseline):
-        print(f"[bench] {line}", flush=True)
+    if print_regressions:
+        for line in report.regression_lines(merged, baseline):
+            print(f"[bench] {line}", flush=True)
     with tempfile.TemporaryDirectory(prefix="streammem-baseline-") as tmp:
         committed = os.path.join(tmp, f"committed-{machine}-{mode}.json")
         with open(committed, "w") as fh:
