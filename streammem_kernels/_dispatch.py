@@ -115,11 +115,22 @@ class Op:
     ``impls`` maps backend names to callables sharing one signature.  Backends an
     op does not have are simply absent.  ``extra_reasons`` optionally maps a
     backend to ``fn(**info) -> list[str]`` for op-specific limits (dtype, sizes).
+    ``tolerances`` declares, next to the backends (xformers' ``ERROR_ATOL`` /
+    ``ERROR_RTOL``), each backend's ``(atol, rtol)`` against the reference
+    computed in float32/float64, per input dtype; the tests compare with these.
     """
 
     name: str
     impls: Mapping[str, Callable]
     extra_reasons: Mapping[str, Callable[..., list[str]]] = field(default_factory=dict)
+    tolerances: Mapping[str, Mapping[torch.dtype, tuple[float, float]]] = field(default_factory=dict)
+
+    def tolerance(self, backend: str, dtype: torch.dtype) -> tuple[float, float]:
+        """(atol, rtol) of ``backend`` on inputs of ``dtype`` against the reference."""
+        try:
+            return self.tolerances[backend][dtype]
+        except KeyError:
+            raise KeyError(f"{self.name}: no tolerance declared for backend {backend!r} and {dtype}") from None
 
     def reasons(self, backend: str, device: torch.device, **info) -> list[str]:
         if backend not in self.impls:

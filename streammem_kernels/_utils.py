@@ -2,6 +2,16 @@
 
 Public functions validate here, once, and raise ``ValueError`` naming the
 argument and what was expected.  Nothing here mutates the caller's tensors.
+
+Checks of *metadata* (rank, shape, dtype, device, integer arguments) are host
+checks on every device.  Checks of tensor *values* (finite, indices in range)
+are host checks on CPU tensors; on CUDA tensors they are enqueued as
+device-side assertions (:func:`device_assert`), so no op synchronises the
+host with the GPU and every op can be captured in a CUDA graph.  A failed
+device assertion surfaces at the next synchronisation as a CUDA
+"device-side assert triggered" error carrying the same message, as torch's own
+CUDA index checks do (it leaves the CUDA context unusable: validate on the
+host first where bad values are expected).
 """
 from __future__ import annotations
 
@@ -43,10 +53,25 @@ def check_nonempty(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
 
 
+def device_assert(condition: torch.Tensor, message: str) -> None:
+    """Enqueue ``assert condition`` on the GPU without synchronising (``condition``: a 0-d bool CUDA tensor)."""
+    torch._assert_async(condition, message)
+
+
+def check_values(ok: torch.Tensor, message: str) -> None:
+    """``ValueError(message)`` unless the 0-d bool tensor ``ok`` is true: a host check on CPU, a device
+    assertion on CUDA (no synchronisation)."""
+    if ok.device.type == "cpu":
+        if not bool(ok):
+            raise ValueError(message)
+    else:
+        device_assert(ok, message)
+
+
 def check_finite(t: torch.Tensor, name: str) -> None:
-    """Raise if a floating tensor holds NaN or Inf (integer tensors always pass)."""
-    if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name} must be finite, found NaN or Inf")
+    """Raise if a floating tensor holds NaN or Inf (integer tensors always pass); device-side on CUDA."""
+    if t.is_floating_point() and t.numel():
+        check_values(torch.isfinite(t).all(), f"{name} must be finite, found NaN or Inf")
 
 
 def check_int(value, name: str, *, minimum: int | None = None, odd: bool = False) -> int:
@@ -86,5 +111,4 @@ def check_finite_by_extremes(t: torch.Tensor, name: str) -> None:
     """
     if t.is_floating_point() and t.numel():
         low, high = torch.aminmax(t)
-        if not (bool(torch.isfinite(low)) and bool(torch.isfinite(high))):
-            raise ValueError(f"{name} must be finite, found NaN or Inf")
+        check_values(torch.isfinite(low) & torch.isfinite(high), f"{name} must be finite, found NaN or Inf")

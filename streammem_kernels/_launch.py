@@ -1,0 +1,61 @@
+"""Launch configuration of the Triton kernels: one per target, chosen here.
+
+The kernels run on two targets: a CUDA GPU, and the Triton interpreter on CPU
+tensors (the test suite).  They use the *same* block sizes on both wherever the
+interpreter can afford it, so the tests exercise the configuration a GPU runs.
+What legitimately differs is asked here, in one place:
+
+* :func:`gpu_launch` -- whether a launch should be configured for a GPU: on
+  CUDA tensors, and under the interpreter while the ahead-of-time compile check
+  (``streammem_kernels._aot``) records launches to replay them for sm_80/sm_90;
+* :func:`multiprocessors` -- streaming multiprocessors to fill (work splitting);
+* :func:`interpreted_bf16` -- the interpreter computes bfloat16 arithmetic
+  wrongly, so bfloat16 tiles are upcast to float32 there (and only there).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+
+import torch
+
+from ._dispatch import triton_interpreting
+
+# Streaming multiprocessors of an H100 SXM: the work split a launch recorded for
+# the compile check (or an interpreted launch in GPU configuration) assumes.
+NOMINAL_MULTIPROCESSORS = 132
+
+_RECORDING = contextvars.ContextVar("streammem_recording_gpu_launches", default=False)
+
+
+@contextlib.contextmanager
+def recording_gpu_launches():
+    """Inside the block, interpreted launches take their GPU configuration (used by the compile check)."""
+    token = _RECORDING.set(True)
+    try:
+        yield
+    finally:
+        _RECORDING.reset(token)
+
+
+def gpu_launch(device: torch.device) -> bool:
+    """True when a launch on ``device`` is configured for a GPU."""
+    return device.type == "cuda" or _RECORDING.get()
+
+
+@functools.cache
+def _cuda_multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (host-side metadata, no synchronisation)."""
+    if device.type == "cuda":
+        return _cuda_multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
+    return NOMINAL_MULTIPROCESSORS
+
+
+def interpreted_bf16(dtype: torch.dtype) -> bool:
+    """True when bfloat16 tiles must be upcast because the interpreter runs them (not while recording)."""
+    return dtype == torch.bfloat16 and triton_interpreting() and not _RECORDING.get()

@@ -1,0 +1,192 @@
+"""Scenarios replayed by the ahead-of-time compile check (tests/test_triton_compile.py).
+
+Each scenario calls public ops with ``backend="triton"`` the way users do, on
+a realistic grid: the package's working sizes (224-px frames, D = 384/768
+embeddings, vocabularies of 49,152 and 151,936 tokens) and the size-1 cases that
+specialise differently (one query, one push, k = 1, T = 1, one frame pair).
+Triton specialises integer arguments equal to 1 and multiples of 16, and
+pointers on 16-byte alignment, so odd sizes and sliced inputs are here too.
+
+Triton compiles one binary per specialisation class, not per size, so the
+scenarios use small sizes *in the same classes* as the working sizes (a
+224 x 126 frame has W divisible by 16 and H, H-2, W-2 not: 32 x 14 is in the
+same classes), which the interpreter replays in seconds; the recorded
+arguments are what matters.  Each op's list belongs to that op's
+owner: add a scenario whenever a new kernel or launch path appears (the check
+fails on a kernel that no scenario launches).
+"""
+from __future__ import annotations
+
+import torch
+
+import streammem_kernels as sk
+
+
+def _g(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+# --------------------------------------------------------------------------
+# motion
+# --------------------------------------------------------------------------
+def motion_scenarios():
+    g = _g(1)
+    # A 400 x 225 RGB clip gated at size=32 gives 32 x 18 gray frames: the
+    # classes of the gate's 224 x 126 working frames (W % 16 == 0, H-2 and W-2 not).
+    rgb = torch.randint(0, 256, (3, 225, 400, 3), dtype=torch.uint8, generator=g)
+    small = torch.randint(0, 256, (2, 14, 32, 3), dtype=torch.uint8, generator=g)
+    gray_f = torch.rand(2, 21, 35, generator=g)
+
+    def working_size_rgb():  # the gate's default path: uint8 RGB resized to gray, window 5
+        sk.motion_magnitude(rgb, size=32, backend="triton")
+
+    def windows_3_7():
+        for w in (3, 7):
+            sk.motion_magnitude(small, window=w, backend="triton")
+
+    def global_window():
+        sk.motion_magnitude(small, window=None, backend="triton")
+
+    def float_odd_sliced():  # float32 gray, odd sizes, a non-contiguous (sliced) input
+        sk.motion_magnitude(gray_f, backend="triton")
+        sk.motion_magnitude(gray_f[:, 1:, 1:], window=3, backend="triton")
+
+    def half_frames():
+        sk.motion_magnitude(gray_f.half(), backend="triton")
+
+    return [working_size_rgb, windows_3_7, global_window, float_odd_sliced, half_frames]
+
+
+# --------------------------------------------------------------------------
+# k-means
+# --------------------------------------------------------------------------
+def kmeans_scenarios():
+    g = _g(2)
+
+    def chunk_l2():  # StreamChat chunk compression: a few problems of L frames, D = 768
+        sk.batched_kmeans(torch.randn(3, 20, 768, generator=g), 8, iters=3, backend="triton")
+
+    def cosine_odd():
+        sk.batched_kmeans(torch.randn(2, 37, 97, generator=g), 5, iters=3, metric="cosine", backend="triton")
+
+    def single_problem_k1():
+        sk.batched_kmeans(torch.randn(9, 384, generator=g), 1, iters=2, backend="triton")
+
+    def ragged_weighted_half():
+        x = torch.randn(2, 33, 64, generator=g).half()
+        sk.batched_kmeans(x, 4, iters=2, lengths=torch.tensor([33, 20]), weights=torch.rand(2, 33, generator=g),
+                          backend="triton")
+
+    return [chunk_l2, cosine_odd, single_problem_k1, ragged_weighted_half]
+
+
+# --------------------------------------------------------------------------
+# tree search and cosine top-k
+# --------------------------------------------------------------------------
+def tree_scenarios():
+    g = _g(3)
+    tree = sk.CosineTree(384)
+    tree.add_leaves(torch.randn(300, 384, generator=g))
+    tree.grow(10)
+    q = torch.randn(17, 384, generator=g)
+    keys = torch.randn(200, 384, generator=g)
+
+    def greedy_one_query():
+        sk.tree_search(tree, q[:1], backend="triton")
+
+    def greedy_batch():
+        sk.tree_search(tree, q, backend="triton")
+
+    def beam_batch():
+        sk.tree_search(tree, q, beam=(5, 10), k=3, backend="triton")
+
+    def beam_one_query_utility():
+        sk.tree_search(tree, q[:1], beam=4, k=1, use_utility=True, min_score=0.0, backend="triton")
+
+    def topk_one_query():
+        sk.cosine_topk(q[:1], keys, 1, backend="triton")
+
+    def topk_batch_k10():
+        sk.cosine_topk(q, keys, 10, backend="triton")
+
+    def topk_ranges_odd_dim():  # VideoAgent: best frame inside each segment, odd D
+        k97 = torch.randn(50, 97, generator=g)
+        ranges = torch.tensor([[0, 10], [10, 33], [33, 50]])
+        sk.cosine_topk(torch.randn(3, 97, generator=g), k97, 2, ranges=ranges, backend="triton")
+
+    return [greedy_one_query, greedy_batch, beam_batch, beam_one_query_utility, topk_one_query, topk_batch_k10,
+            topk_ranges_odd_dim]
+
+
+# --------------------------------------------------------------------------
+# boundaries
+# --------------------------------------------------------------------------
+def boundaries_scenarios():
+    g = _g(4)
+    x = torch.randn(40, 768, generator=g)
+
+    def offline_climb():
+        sk.detect_boundaries(x, window=8, backend="triton")
+
+    def offline_max_half_odd():
+        sk.detect_boundaries(torch.randn(2, 23, 97, generator=g).half(), window=5, peak="max", max_event=7,
+                             backend="triton")
+
+    def depth_and_cosine():
+        sim = sk.adjacent_cosine(x, backend="triton")
+        sk.depth_scores(sim, backend="triton")
+        sk.depth_scores(sim, peak="max", backend="triton")
+
+    def streaming_one_push():
+        seg = sk.StreamingSegmenter(window=4, backend="triton")
+        for t in range(6):
+            seg.push(x[t])
+
+    def streaming_batched_drift():
+        seg = sk.StreamingSegmenter(window=4, drift=0.1, backend="triton")
+        for t in range(3):
+            seg.push(torch.randn(33, 384, generator=g))
+
+    return [offline_climb, offline_max_half_odd, depth_and_cosine, streaming_one_push, streaming_batched_drift]
+
+
+# --------------------------------------------------------------------------
+# log-probs
+# --------------------------------------------------------------------------
+def logprobs_scenarios():
+    g = _g(5)
+
+    def token_vocab_multiple_of_16():  # SmolLM2's V = 49,152 and Qwen's 151,936 are multiples of 16
+        logits = torch.randn(3, 4096, generator=g)
+        sk.token_logprobs(logits, torch.randint(0, 4096, (3,), generator=g), backend="triton")
+
+    def token_one_row_half_odd():
+        logits = torch.randn(1, 1001, generator=g).half()
+        sk.token_logprobs(logits, torch.tensor([7]), backend="triton")
+
+    def token_bf16_sliced():
+        logits = torch.randn(2, 4, 3000, generator=g).bfloat16()[:, :, 1:]
+        sk.token_logprobs(logits, torch.randint(0, 2999, (2, 4), generator=g), backend="triton")
+
+    def linear_each_dtype():
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            h = torch.randn(5, 576, generator=g).to(dtype)  # SmolLM2-135M: H = 576
+            w = torch.randn(1024, 576, generator=g).to(dtype)
+            sk.linear_token_logprobs(h, w, torch.randint(0, 1024, (5,), generator=g), backend="triton")
+
+    def linear_one_token_bias_odd():
+        h = torch.randn(1, 99, generator=g)
+        w = torch.randn(517, 99, generator=g)
+        sk.linear_token_logprobs(h, w, torch.tensor([3]), bias=torch.randn(517, generator=g), backend="triton")
+
+    return [token_vocab_multiple_of_16, token_one_row_half_odd, token_bf16_sliced, linear_each_dtype,
+            linear_one_token_bias_odd]
+
+
+SCENARIOS = {
+    "motion": motion_scenarios,
+    "kmeans": kmeans_scenarios,
+    "tree": tree_scenarios,
+    "boundaries": boundaries_scenarios,
+    "logprobs": logprobs_scenarios,
+}
