@@ -95,14 +95,16 @@ def _jit_functions(module) -> dict[str, object]:
     return out
 
 
-def kernel_inventory() -> dict[str, dict]:
-    """Every ``*_kernel`` JIT function of the package, with its contract.
+def kernel_inventory(only: list[str] | None = None) -> dict[str, dict]:
+    """Every ``*_kernel`` JIT function of the package (of ops ``only``), with its contract.
 
     Returns ``{"module.name": {"hot": bool, "exact": bool}}``.  JIT functions
     not named ``*_kernel`` are device helpers called from kernels, never launched.
     """
     out = {}
     for mod_name in triton_modules():
+        if only and not any(mod_name.endswith(f"._{op}_triton") for op in only):
+            continue
         module = importlib.import_module(mod_name)
         contracts = getattr(module, "KERNEL_CONTRACTS", {})
         for name in _jit_functions(module):
@@ -372,7 +374,7 @@ def summary_table(results: list[dict], inventory: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def record_scenarios(path: str) -> list[dict]:
+def record_scenarios(path: str, only: list[str] | None = None) -> list[dict]:
     """Phase 1: run every scenario of a scenarios file, recording its launches (needs TRITON_INTERPRET=1)."""
     import importlib.util
 
@@ -387,6 +389,8 @@ def record_scenarios(path: str) -> list[dict]:
         sys.path.pop(0)
     launches = []
     for op, make in module.SCENARIOS.items():
+        if only and op not in only:
+            continue
         for scenario in make():
             with recording() as rec:
                 rec.scenario = f"{op}:{scenario.__name__}"
@@ -395,12 +399,14 @@ def record_scenarios(path: str) -> list[dict]:
     return launches
 
 
-def _record_in_subprocess(path: str, out: str) -> None:
+def _record_in_subprocess(path: str, out: str, only: list[str] | None) -> None:
     import subprocess
 
     env = dict(os.environ, TRITON_INTERPRET="1")
-    subprocess.run([sys.executable, "-m", "streammem_kernels._aot", "record", path, "--out", out], env=env,
-                   check=True)
+    cmd = [sys.executable, "-m", "streammem_kernels._aot", "record", path, "--out", out]
+    if only:
+        cmd += ["--only", *only]
+    subprocess.run(cmd, env=env, check=True)
 
 
 def main(argv=None) -> int:
@@ -417,16 +423,18 @@ def main(argv=None) -> int:
     k.add_argument("--arch", type=int, nargs="+", default=[80, 90])
     k.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     k.add_argument("--out", help="write the full report (JSON) here")
+    k.add_argument("--only", nargs="+", help="ops to check (scenario keys, e.g. tree motion); default: all")
     k.set_defaults(record=True)
     r = sub.add_parser("record", help="phase 1 only: run the scenarios under the interpreter, write the launches")
     r.add_argument("scenarios")
     r.add_argument("--out", required=True)
+    r.add_argument("--only", nargs="+")
     t = sub.add_parser("table", help="print the summary table of a report")
     t.add_argument("report")
     args = parser.parse_args(argv)
     if args.cmd == "record":
         with open(args.out, "w") as f:
-            json.dump(record_scenarios(args.scenarios), f)
+            json.dump(record_scenarios(args.scenarios, args.only), f)
         return 0
     if args.cmd == "table":
         with open(args.report) as f:
@@ -441,7 +449,7 @@ def main(argv=None) -> int:
 
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
-            _record_in_subprocess(args.scenarios, os.path.join(tmp, "launches.json"))
+            _record_in_subprocess(args.scenarios, os.path.join(tmp, "launches.json"), args.only)
             record_seconds = round(time.perf_counter() - start, 1)
             with open(os.path.join(tmp, "launches.json")) as f:
                 launches = json.load(f)
@@ -449,7 +457,7 @@ def main(argv=None) -> int:
         with open(args.launches) as f:
             launches = json.load(f)
     start = time.perf_counter()
-    inventory = kernel_inventory()
+    inventory = kernel_inventory(getattr(args, "only", None))
     results = compile_launches(launches, tuple(args.arch), args.jobs)
     problems = check_report(results, launches, inventory)
     report = {"results": results, "inventory": inventory, "problems": problems, "launches": launches,
