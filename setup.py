@@ -3,11 +3,14 @@
 * Every ``csrc/cpu/<op>.cpp`` becomes its own pybind11 + OpenMP module
   ``streammem_kernels._cpu_<op>`` (one module per op, so ops build and load
   independently and a broken op never hides the others).
-* Every ``csrc/cuda/<op>.cu`` becomes ``streammem_kernels._cuda_<op>`` through
-  ``torch.utils.cpp_extension`` -- only when nvcc *and* a CUDA-enabled torch are
-  present.  Otherwise a one-line notice is printed and the CPU paths keep
-  working.  (CI compiles every ``.cu`` file with ``nvcc -c`` in a test, so CUDA
-  code cannot rot on machines without a GPU.)
+* Every ``csrc/cuda/<op>.cu`` becomes the shared library
+  ``streammem_kernels/_cuda_<op>.so`` with a C ABI, loaded with ctypes
+  (streammem_kernels/_cuda.py), built by nvcc alone whenever nvcc is found
+  (PATH or CUDA_HOME): no CUDA torch is needed at build time, so the CUDA
+  kernels build and link on machines without a GPU.  Without nvcc a one-line
+  notice is printed and the CPU and Triton paths keep working.
+  ``STREAMMEM_CUDA_ARCHS="80;90"`` picks the architectures (default: 75, 80,
+  86, 89, 90 plus PTX of the newest); ``STREAMMEM_SKIP_CUDA=1`` skips them.
 
 torch is deliberately *not* a build requirement (an isolated build would pull a
 multi-GB CUDA wheel); the CPU modules only need pybind11 and numpy buffers.
@@ -17,7 +20,7 @@ install, after which ``make build`` compiles in place).  Set ``STREAMMEM_MARCH_N
 """
 import glob
 import os
-import shutil
+import subprocess
 import sys
 
 from setuptools import setup
@@ -51,44 +54,53 @@ def cpu_extensions():
     return exts
 
 
-def cuda_extensions():
-    sources = sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
-    if not sources:
-        return [], None
-    if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
-        print("streammem-kernels: nvcc not found, CUDA kernels not built (CPU/Triton paths unaffected)")
-        return [], None
-    try:
-        import torch
-        from torch.utils.cpp_extension import BuildExtension, CUDAExtension
-    except ImportError:
-        print("streammem-kernels: torch not importable at build time, CUDA kernels not built")
-        return [], None
-    if torch.version.cuda is None:
-        print("streammem-kernels: torch is a CPU build, CUDA kernels not built")
-        return [], None
-    exts = []
-    for src in sources:
-        op = os.path.splitext(os.path.basename(src))[0]
-        exts.append(
-            CUDAExtension(
-                f"streammem_kernels._cuda_{op}",
-                [src],
-                extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "--use_fast_math", "-lineinfo"]},
-            )
-        )
-    return exts, BuildExtension
+def _cuda_build_helpers():
+    # Loaded by path: importing the package would import torch, which a build must not need.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_cuda_build", os.path.join(HERE, "streammem_kernels", "_cuda_build.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-if os.environ.get("STREAMMEM_SKIP_EXT") == "1":
-    # The Makefile's editable install registers the packages only; `make build`
-    # then compiles the modules in place, once and incrementally.
-    cpu_exts, (cuda_exts, cuda_build_ext) = [], ([], None)
-else:
-    cpu_exts, (cuda_exts, cuda_build_ext) = cpu_extensions(), cuda_extensions()
-cmdclass = {"build_ext": cuda_build_ext.with_options(no_python_abi_suffix=False) if cuda_build_ext else build_ext}
+class BuildExt(build_ext):
+    """pybind11's build_ext, then the CUDA shared libraries (nvcc) next to the CPU modules."""
+
+    def run(self):
+        super().run()
+        if not _SKIP_EXT:
+            self.build_cuda_libraries()
+
+    def build_cuda_libraries(self):
+        sources = sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
+        if not sources or os.environ.get("STREAMMEM_SKIP_CUDA") == "1":
+            return
+        helpers = _cuda_build_helpers()
+        nvcc = helpers.find_nvcc()
+        if nvcc is None:
+            print("streammem-kernels: nvcc not found, CUDA kernels not built (CPU/Triton paths unaffected)")
+            return
+        archs = helpers.requested_archs(nvcc)
+        out_dir = "streammem_kernels" if self.inplace else os.path.join(self.build_lib, "streammem_kernels")
+        os.makedirs(out_dir, exist_ok=True)
+        headers = glob.glob(os.path.join("csrc", "cuda", "*.cuh"))
+        for src in sources:
+            op = os.path.splitext(os.path.basename(src))[0]
+            target = os.path.join(out_dir, f"_cuda_{op}.so")
+            newest = max(os.path.getmtime(p) for p in [src, *headers])
+            if not self.force and os.path.exists(target) and os.path.getmtime(target) >= newest:
+                continue
+            cmd = helpers.nvcc_command(nvcc, src, target, archs)
+            print(f"streammem-kernels: nvcc {src} -> {target} (sm_{', sm_'.join(map(str, archs))})")
+            subprocess.run(cmd, check=True)
+
+
+# The Makefile's editable install registers the packages only; `make build`
+# then compiles the modules in place, once and incrementally.
+_SKIP_EXT = os.environ.get("STREAMMEM_SKIP_EXT") == "1"
 
 setup(
-    ext_modules=cpu_exts + cuda_exts,
-    cmdclass=cmdclass,
+    ext_modules=[] if _SKIP_EXT else cpu_extensions(),
+    cmdclass={"build_ext": BuildExt},
 )

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# GPU benchmark run: build the CUDA extension, run the kernel tests on the GPU
-# (Triton compiled, CUDA kernels; no TRITON_INTERPRET), then the benchmark
-# suites with STREAMMEM_BENCH_DEVICE=cuda.  The results land in
+# GPU benchmark run: build the native modules (the CUDA ones need nvcc; a
+# prebuilt streammem_kernels/_cuda_*.so from another x86-64 machine also works,
+# they do not depend on the Python or torch version), run the kernel tests on
+# the GPU (Triton compiled, CUDA kernels; no TRITON_INTERPRET) with
+# STREAMMEM_REQUIRE_GPU=1, so every "cuda" case of the device parametrisation
+# must run (a case that cannot run fails instead of skipping), then the
+# benchmark suites with STREAMMEM_BENCH_DEVICE=cuda.  The results land in
 # bench/results/gpu-<gpu name>-<mode>-<date>.json and bench/report.py merges
 # them into bench/RESULTS.md next to the CPU run.
 #
@@ -41,8 +45,8 @@ echo "bench/gpu.sh: building the native modules (CPU and CUDA)"
 
 echo "bench/gpu.sh: kernel tests on the GPU (compiled Triton, CUDA kernels)"
 tests_status=0
-env -u TRITON_INTERPRET STREAMMEM_REQUIRE_CPP=1 \
-    "$PY" -m pytest -q -p no:cacheprovider tests || tests_status=$?
+env -u TRITON_INTERPRET STREAMMEM_REQUIRE_CPP=1 STREAMMEM_REQUIRE_GPU=1 \
+    "$PY" -m pytest -q -p no:cacheprovider -rs tests || tests_status=$?
 if [[ $tests_status -ne 0 ]]; then
     echo "bench/gpu.sh: kernel tests FAILED on the GPU (exit $tests_status); benchmarking anyway, read the failures above"
 fi

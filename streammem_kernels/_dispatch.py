@@ -34,14 +34,20 @@ def triton_interpreting() -> bool:
 
 @functools.cache
 def load_native(kind: str, op: str):
-    """Import ``streammem_kernels._<kind>_<op>`` once; return (module, reason)."""
+    """Load ``streammem_kernels._<kind>_<op>`` once; return (module, reason).
+
+    ``kind="cpu"``: the pybind11 module; ``kind="cuda"``: the C-ABI shared
+    library through ctypes (streammem_kernels/_cuda.py).
+    """
+    if kind == "cuda":
+        from . import _cuda
+
+        return _cuda.load(op)
     name = f"streammem_kernels._{kind}_{op}"
     try:
         return importlib.import_module(name), None
     except ImportError as exc:
         hint = "run `make build` (or `python setup.py build_ext --inplace`)"
-        if kind == "cuda":
-            hint = "it is built only when nvcc and a CUDA-enabled torch are present at build time"
         return None, f"native module {name} is not available ({exc}); {hint}"
 
 

@@ -289,8 +289,9 @@ def _lk_flow_cpp(gray: torch.Tensor, window: int, min_eig: float):
 # Backend: CUDA (csrc/cuda/motion.cu)
 # --------------------------------------------------------------------------
 def _lk_flow_cuda(gray: torch.Tensor, window: int, min_eig: float):
-    mod, _ = load_native("cuda", "motion")
-    return tuple(mod.lk_flow(gray, int(window), float(min_eig)))
+    from ._motion_cuda import lk_flow_cuda
+
+    return lk_flow_cuda(gray, window, min_eig)
 
 
 # --------------------------------------------------------------------------

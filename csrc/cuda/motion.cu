@@ -4,14 +4,15 @@
 // structure products (P, 5, H-2, W-2).  Stage 2 (lk_window): one thread per
 // output pixel sums its w x w window (served from L1/L2), solves the 2x2
 // system, and each block reduces (|flow|, count, u, v) to one partial; the
-// host sums partials in float64 in a fixed order, so results are deterministic.
-// Global mode (window == 0) reduces the products per block instead.
+// caller sums partials in float64 in a fixed order, so results are
+// deterministic.  Global mode (window == 0) reduces the products per block.
 //
-// Everything above `#ifndef STREAMMEM_KERNELS_ONLY` compiles with nvcc alone
-// (CI compiles it for sm_80 and sm_90 without torch); the torch binding below
-// is built only by setup.py when a CUDA torch is present.
-#include <cuda_runtime.h>
-#include <stdint.h>
+// The backends promise identical decisions (which pixels pass the eigenvalue
+// test): no FMA contraction, IEEE sqrt and division, as the reference rounds.
+// streammem-nvcc: --fmad=false
+#include "common.cuh"
+
+STREAMMEM_CUDA_MODULE_COMMON()
 
 namespace streammem {
 
@@ -50,27 +51,6 @@ __global__ void lk_products_kernel(const T* __restrict__ frames, float* __restri
   out[4 * plane] = iy * it;
 }
 
-template <int N>
-__device__ void block_reduce(float (&vals)[N], float* partial) {
-  __shared__ float shared[N][kBlockX * kBlockY / 32];
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-#pragma unroll
-  for (int k = 0; k < N; ++k)
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) vals[k] += __shfl_down_sync(0xffffffffu, vals[k], off);
-  if ((tid & 31) == 0)
-#pragma unroll
-    for (int k = 0; k < N; ++k) shared[k][tid >> 5] = vals[k];
-  __syncthreads();
-  if (tid == 0)
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      float t = 0.0f;
-      for (int w = 0; w < kBlockX * kBlockY / 32; ++w) t += shared[k][w];
-      partial[k] = t;
-    }
-}
-
 __global__ void lk_window_kernel(const float* __restrict__ prods, float* __restrict__ partials, int Hg, int Wg,
                                  int win, float min_eig) {
   const int pair = blockIdx.z;
@@ -105,7 +85,7 @@ __global__ void lk_window_kernel(const float* __restrict__ prods, float* __restr
   }
   const int64_t blocks = static_cast<int64_t>(gridDim.x) * gridDim.y;
   float* partial = partials + (static_cast<int64_t>(pair) * blocks + blockIdx.y * gridDim.x + blockIdx.x) * 4;
-  block_reduce<4>(vals, partial);
+  block_sum<4, kBlockX * kBlockY>(vals, partial);
 }
 
 __global__ void lk_global_kernel(const float* __restrict__ prods, float* __restrict__ partials, int Hg, int Wg) {
@@ -121,96 +101,66 @@ __global__ void lk_global_kernel(const float* __restrict__ prods, float* __restr
   }
   const int64_t blocks = static_cast<int64_t>(gridDim.x) * gridDim.y;
   float* partial = partials + (static_cast<int64_t>(pair) * blocks + blockIdx.y * gridDim.x + blockIdx.x) * 5;
-  block_reduce<5>(vals, partial);
+  block_sum<5, kBlockX * kBlockY>(vals, partial);
 }
 
-// Launchers.  `partials` must hold pairs * partial_blocks(...) * (window ? 4 : 5) floats.
 inline dim3 grid_for(int w, int h, int pairs) {
   return dim3((w + kBlockX - 1) / kBlockX, (h + kBlockY - 1) / kBlockY, pairs);
 }
 
-inline int64_t partial_blocks(int H, int W, int window) {
-  const int Hg = H - 2, Wg = W - 2;
-  const int ho = window ? Hg - window + 1 : Hg, wo = window ? Wg - window + 1 : Wg;
-  const dim3 g = grid_for(wo, ho, 1);
-  return static_cast<int64_t>(g.x) * g.y;
-}
+constexpr int kMaxGridZ = 65535;
 
 template <typename T>
-cudaError_t launch_lk_flow(const T* frames, float* prods, float* partials, int pairs, int H, int W, int window,
+cudaError_t launch_lk_flow(const T* frames, float* prods, float* partials, int64_t pairs, int H, int W, int window,
                            float min_eig, float scale, cudaStream_t stream) {
   const dim3 block(kBlockX, kBlockY);
   const int Hg = H - 2, Wg = W - 2;
-  lk_products_kernel<T><<<grid_for(Wg, Hg, pairs), block, 0, stream>>>(frames, prods, H, W, scale);
-  if (window == 0) {
-    lk_global_kernel<<<grid_for(Wg, Hg, pairs), block, 0, stream>>>(prods, partials, Hg, Wg);
-  } else {
-    lk_window_kernel<<<grid_for(Wg - window + 1, Hg - window + 1, pairs), block, 0, stream>>>(prods, partials, Hg,
-                                                                                            Wg, window, min_eig);
+  const int nvals = window ? 4 : 5;
+  const int ho = window ? Hg - window + 1 : Hg, wo = window ? Wg - window + 1 : Wg;
+  const dim3 out_grid = grid_for(wo, ho, 1);
+  const int64_t blocks = static_cast<int64_t>(out_grid.x) * out_grid.y;
+  const int64_t plane = static_cast<int64_t>(Hg) * Wg;
+  // gridDim.z is at most 65535: long clips go in chunks of pairs.
+  for (int64_t p0 = 0; p0 < pairs; p0 += kMaxGridZ) {
+    const int n = static_cast<int>(pairs - p0 < kMaxGridZ ? pairs - p0 : kMaxGridZ);
+    const T* f = frames + p0 * H * W;
+    float* pr = prods + p0 * 5 * plane;
+    float* pa = partials + p0 * blocks * nvals;
+    lk_products_kernel<T><<<grid_for(Wg, Hg, n), block, 0, stream>>>(f, pr, H, W, scale);
+    if (window == 0) {
+      lk_global_kernel<<<grid_for(Wg, Hg, n), block, 0, stream>>>(pr, pa, Hg, Wg);
+    } else {
+      lk_window_kernel<<<grid_for(wo, ho, n), block, 0, stream>>>(pr, pa, Hg, Wg, window, min_eig);
+    }
   }
   return cudaGetLastError();
 }
 
-template cudaError_t launch_lk_flow<uint8_t>(const uint8_t*, float*, float*, int, int, int, int, float, float,
-                                             cudaStream_t);
-template cudaError_t launch_lk_flow<float>(const float*, float*, float*, int, int, int, int, float, float,
-                                           cudaStream_t);
-
 }  // namespace streammem
 
-#ifndef STREAMMEM_KERNELS_ONLY
-#include <c10/cuda/CUDAStream.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/extension.h>
+// Partials per pair: the blocks of the output grid (window 0: of the gradient grid).
+STREAMMEM_EXPORT int64_t streammem_motion_partial_blocks(int64_t H, int64_t W, int64_t window) {
+  const int Hg = static_cast<int>(H) - 2, Wg = static_cast<int>(W) - 2;
+  const int ho = window ? Hg - static_cast<int>(window) + 1 : Hg;
+  const int wo = window ? Wg - static_cast<int>(window) + 1 : Wg;
+  const dim3 g = streammem::grid_for(wo, ho, 1);
+  return static_cast<int64_t>(g.x) * g.y;
+}
 
-namespace {
-
-std::vector<torch::Tensor> lk_flow(torch::Tensor gray, int64_t window, double min_eig) {
-  TORCH_CHECK(gray.is_cuda() && gray.dim() == 3 && gray.is_contiguous(), "gray must be a contiguous CUDA (T,H,W)");
-  TORCH_CHECK(gray.scalar_type() == torch::kUInt8 || gray.scalar_type() == torch::kFloat32,
-              "gray must be uint8 or float32");
-  const c10::cuda::CUDAGuard guard(gray.device());
-  const int pairs = static_cast<int>(gray.size(0) - 1), H = static_cast<int>(gray.size(1));
-  const int W = static_cast<int>(gray.size(2));
-  const auto fopts = gray.options().dtype(torch::kFloat32);
-  auto prods = torch::empty({pairs, 5, H - 2, W - 2}, fopts);
-  const int nvals = window ? 4 : 5;
-  auto partials = torch::empty({pairs, streammem::partial_blocks(H, W, static_cast<int>(window)), nvals}, fopts);
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+// frames: (pairs + 1, H, W) contiguous uint8 (is_uint8 = 1, scaled by `scale`) or float32.
+// prods: (pairs, 5, H-2, W-2) float32 scratch.  partials: (pairs, partial_blocks, window ? 4 : 5) float32.
+STREAMMEM_EXPORT int streammem_motion_lk_flow(const void* frames, int is_uint8, float* prods, float* partials,
+                                              int64_t pairs, int64_t H, int64_t W, int64_t window, float min_eig,
+                                              float scale, void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaError_t err;
-  if (gray.scalar_type() == torch::kUInt8)
-    err = streammem::launch_lk_flow<uint8_t>(gray.data_ptr<uint8_t>(), prods.data_ptr<float>(),
-                                             partials.data_ptr<float>(), pairs, H, W, static_cast<int>(window),
-                                             static_cast<float>(min_eig), 1.0f / 255.0f, stream);
+  if (is_uint8)
+    err = streammem::launch_lk_flow<uint8_t>(static_cast<const uint8_t*>(frames), prods, partials, pairs,
+                                             static_cast<int>(H), static_cast<int>(W), static_cast<int>(window),
+                                             min_eig, scale, s);
   else
-    err = streammem::launch_lk_flow<float>(gray.data_ptr<float>(), prods.data_ptr<float>(), partials.data_ptr<float>(),
-                                           pairs, H, W, static_cast<int>(window), static_cast<float>(min_eig), 1.0f,
-                                           stream);
-  TORCH_CHECK(err == cudaSuccess, "lk_flow launch failed: ", cudaGetErrorString(err));
-  auto totals = partials.to(torch::kFloat64).sum(1);
-  if (window == 0) {
-    // Final 2x2 solve on the (pairs, 5) means, identical to the reference's.
-    auto s = (totals / (static_cast<double>(H - 2) * (W - 2))).to(torch::kFloat32);
-    auto a = s.select(1, 0), b = s.select(1, 1), c = s.select(1, 2);
-    auto bx = -s.select(1, 3), by = -s.select(1, 4);
-    auto det = a * c - b * b;
-    auto lmax = 0.5 * ((a + c) + torch::sqrt((a - c) * (a - c) + 4.0 * b * b));
-    auto lmin = det / torch::where(lmax > 0, lmax, torch::ones_like(lmax));
-    auto valid = (lmax > 0) & (lmin > min_eig);
-    auto safe = torch::where(valid, det, torch::ones_like(det));
-    auto u = torch::where(valid, (c * bx - b * by) / safe, torch::zeros_like(det));
-    auto v = torch::where(valid, (a * by - b * bx) / safe, torch::zeros_like(det));
-    return {torch::sqrt(u * u + v * v), torch::stack({u, v}, 1)};
-  }
-  auto count = totals.select(1, 1).clamp_min(1.0);
-  auto flow = (totals.select(1, 0) / count).to(torch::kFloat32);
-  auto uv = (totals.slice(1, 2, 4) / count.unsqueeze(1)).to(torch::kFloat32);
-  return {flow, uv};
+    err = streammem::launch_lk_flow<float>(static_cast<const float*>(frames), prods, partials, pairs,
+                                           static_cast<int>(H), static_cast<int>(W), static_cast<int>(window),
+                                           min_eig, scale, s);
+  return static_cast<int>(err);
 }
-
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("lk_flow", &lk_flow, "Lucas-Kanade motion magnitude (CUDA)");
-}
-#endif
