@@ -33,6 +33,9 @@ PROTOTYPES: dict[str, dict[str, tuple]] = {
         "streammem_motion_partial_blocks": (_I64, (_I64, _I64, _I64)),
         "streammem_motion_lk_flow": (_I32, (_P, _I32, _P, _P, _I64, _I64, _I64, _I64, _F32, _F32, _P)),
     },
+    "tree": {
+        "streammem_tree_greedy": (_I32, (_P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I32, _P, _P, _P, _P, _P)),
+    },
 }
 _COMMON = {
     "streammem_cuda_error_string": (ctypes.c_char_p, (_I32,)),
