@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--budget", type=int, default=None, help="token budget of the long-term memory (BoundedMemory)")
     run.add_argument("--threads", type=int, default=1,
                      help="torch intra-op threads (default 1: the pipeline's own threads share the cores)")
+    backends = sub.add_parser("backends", help="list which kernel backends can run here, per op, and why not")
+    backends.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
 
@@ -203,6 +205,12 @@ def _print_report(report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "backends":
+        from streammem_kernels import backend_report
+
+        report = backend_report()
+        print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+        return 0
     try:
         report = _run(args)
     except (FileNotFoundError, ValueError, MissingExtraError) as exc:
