@@ -39,9 +39,8 @@ def require(module: str, *, package: str, extra: str, purpose: str):
     except ImportError as exc:
         # A present but broken install (a missing system library, say) keeps its own reason.
         missing = isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == module.split(".")[0]
-        why = "is not installed" if missing else f"failed to import ({exc})"
+        why = "which is not installed" if missing else f"which fails to import ({exc})"
         raise MissingExtraError(
-            f"{purpose} needs {package} (`import {module}` {why}): "
-            f"pip install '{DISTRIBUTION}[{extra}]' (or pip install {package})",
+            f"{purpose} needs {package}, {why}: pip install '{DISTRIBUTION}[{extra}]' (or pip install {package})",
             name=module,
         ) from exc
