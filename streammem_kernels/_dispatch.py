@@ -23,7 +23,6 @@ backends can run here and why the others cannot.
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import warnings
@@ -47,9 +46,24 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@functools.cache
+# Import outcomes, memoised in a plain dict rather than functools.cache: dispatch runs inside
+# torch.compile traces, where Dynamo reads a dict as a constant but warns about (and traces
+# through) an lru_cache wrapper on every compile.
+_IMPORTS: dict[tuple[str, str], object] = {}
+
+
 def load_native(kind: str, op: str):
     """Import ``streammem_kernels._<kind>_<op>`` once; return (module, reason)."""
+    key = (kind, op)
+    if key not in _IMPORTS:
+        _IMPORTS[key] = _import_native(kind, op)
+    return _IMPORTS[key]
+
+
+load_native.cache_clear = _IMPORTS.clear  # forget every import outcome (tests hide modules)
+
+
+def _import_native(kind: str, op: str):
     name = f"streammem_kernels._{kind}_{op}"
     try:
         return importlib.import_module(name), None
@@ -61,14 +75,17 @@ def load_native(kind: str, op: str):
         return None, f"native module {name} is not available ({exc}); {hint}"
 
 
-@functools.cache
 def _triton_import_reason():
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception as exc:  # ImportError, or a broken install
-        return f"Triton is not importable ({exc}); pip install triton"
-    return None
+    key = ("triton", "")
+    if key not in _IMPORTS:
+        try:
+            import triton  # noqa: F401
+            import triton.language  # noqa: F401
+
+            _IMPORTS[key] = None
+        except Exception as exc:  # ImportError, or a broken install
+            _IMPORTS[key] = f"Triton is not importable ({exc}); pip install triton"
+    return _IMPORTS[key]
 
 
 def common_reasons(backend: str, op: str, device: torch.device) -> list[str]:
