@@ -38,9 +38,11 @@ demo: build
 test: build
 	TRITON_INTERPRET=1 STREAMMEM_REQUIRE_CPP=1 $(PY) -m pytest -q -p no:cacheprovider tests
 
+# Full run: rewrites the committed record (bench/RESULTS.md, bench/plots/).
 bench: build
 	$(PY) bench/run.py $(BENCH_ARGS)
 
+# Smoke run: writes bench/results/quick/ (git-ignored) and never touches the record.
 bench-quick: build
 	$(PY) bench/run.py --quick $(BENCH_ARGS)
 

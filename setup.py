@@ -23,7 +23,17 @@ import os
 import subprocess
 import sys
 
+import setuptools
 from setuptools import setup
+
+# pyproject.toml's SPDX `license = "Apache-2.0"` (PEP 639) needs setuptools >= 77; an
+# older one (reachable only through --no-build-isolation) fails with a cryptic
+# `project.license` schema error, so say what to do instead.
+MIN_SETUPTOOLS = (77, 0)
+_have = tuple(int(p) for p in setuptools.__version__.split(".")[:2] if p.isdigit())
+if _have < MIN_SETUPTOOLS:
+    sys.exit(f"streammem-kernels: building needs setuptools>=77 (found {setuptools.__version__}); "
+             "run `pip install -U 'setuptools>=77'` first, or build without --no-build-isolation")
 
 try:
     from pybind11.setup_helpers import Pybind11Extension, build_ext
@@ -34,7 +44,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def cpu_extensions():
-    cflags = ["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno", "-fno-trapping-math"]
+    # -Wno-psabi: GCC notes on every build that the ABI of 32-byte vector arguments changed in
+    # GCC 4.6; such vectors are passed only to functions with internal linkage (anonymous
+    # namespaces), never across a library boundary, so the change cannot matter here.
+    cflags = ["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno", "-fno-trapping-math", "-Wno-psabi"]
     if os.environ.get("STREAMMEM_MARCH_NATIVE") == "1":
         cflags.append("-march=native")
     exts = []

@@ -7,7 +7,8 @@
 # must run (a case that cannot run fails instead of skipping), then the
 # benchmark suites with STREAMMEM_BENCH_DEVICE=cuda.  The results land in
 # bench/results/gpu-<gpu name>-<mode>-<date>.json and bench/report.py merges
-# them into bench/RESULTS.md next to the CPU run.
+# them next to the CPU run: into bench/RESULTS.md for a full run, into the
+# git-ignored bench/results/quick/RESULTS.md for --quick.
 #
 #   bash bench/gpu.sh                    # full run
 #   bash bench/gpu.sh --quick            # small sizes, few rounds

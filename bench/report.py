@@ -1,23 +1,30 @@
-"""Turn the newest benchmark results into the generated block of bench/RESULTS.md.
+"""Turn the newest benchmark results into the generated block of a results page.
 
-    python bench/report.py            # bench/run.py calls this after the suites
+    python bench/report.py                # full runs -> bench/RESULTS.md and bench/plots/ (the committed record)
+    python bench/report.py --mode quick   # quick runs -> bench/results/quick/RESULTS.md and plots/ (git-ignored)
 
-Reads the newest ``bench/results/<machine>-<mode>-<date>.json`` written by
-bench/run.py (the CPU run, and the GPU run of bench/gpu.sh when one exists) and
-rewrites only the text between ``<!-- report:begin -->`` and
-``<!-- report:end -->`` in bench/RESULTS.md; the hand-written sections around it
-are never touched.  The block holds, per benchmark group, a table of providers
-(mean and median time, throughput when ``extra_info`` counts units, the ratio
-of every provider to our fastest row, quality columns when ``extra_info``
-carries them), scaling plots (bench/plots/*.png: time per unit, or per call,
-against a size; peak extra memory against a size where cases record
-``peak_extra_bytes``) and a regression check: every benchmark whose median
-became more than 10 % slower than in the last *committed* results of the same
-machine and mode (``bench/baseline/<machine>-<mode>.json`` as of git HEAD,
-written by ``bench/run.py --save-baseline``) is listed as a ``REGRESSION:``
-line.  Without a committed baseline for that machine and mode the check falls
-back to the newest earlier run kept in ``bench/results/`` and says so.
-Regressions are report lines, never failures.
+bench/run.py calls this after the suites, with the mode it ran in.  Each mode
+reads only its own runs (``bench/results/<machine>-<mode>-<date>.json``; the
+CPU run, and the GPU run of bench/gpu.sh when one exists) and writes only its
+own files, so a quick smoke run never touches the committed full report or its
+plots.  Only the text between ``<!-- report:begin -->`` and
+``<!-- report:end -->`` is rewritten; the hand-written sections around it are
+never touched.  Suites that no local run of the machine measured are taken
+from its committed baseline, so ``run.py --only motion`` on a fresh clone
+replaces the motion tables and keeps the others.
+
+The block holds, per benchmark group, a table of providers (mean, median and
+p20-p80 time, throughput when ``extra_info`` counts units, the ratio of every
+provider to our fastest row, quality columns when ``extra_info`` carries them),
+scaling plots (time per unit, or per call, against a size; peak extra memory
+against a size where cases record ``peak_extra_bytes``) and a regression check
+against the last *committed* results of the same machine and mode
+(``bench/baseline/<machine>-<mode>.json`` as of git HEAD, written by
+``bench/run.py --save-baseline``; without one, the newest earlier local run).
+A ``REGRESSION:`` line names a row of ours (peers are measured, not ours to
+regress) whose median grew by more than 10 % *and* whose p20-p80 range lies
+entirely above the earlier one: on a shared machine a shift inside the noise
+band is not a regression.  Regressions are report lines, never failures.
 """
 from __future__ import annotations
 
@@ -35,6 +42,19 @@ from collections import OrderedDict
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 BASELINE_DIR = os.path.join(BENCH_DIR, "baseline")
+# Where each mode's report goes: (results page, plots folder).  Quick output is git-ignored.
+OUTPUTS = {
+    "full": (os.path.join(BENCH_DIR, "RESULTS.md"), os.path.join(BENCH_DIR, "plots")),
+    "quick": (os.path.join(BENCH_DIR, "results", "quick", "RESULTS.md"),
+              os.path.join(BENCH_DIR, "results", "quick", "plots")),
+}
+QUICK_HEADER = """# Quick benchmark run (smoke test, not the record)
+
+Written by `make bench-quick` (`python bench/run.py --quick`): small sizes and
+few rounds, to check that every suite runs. This file and its plots are
+git-ignored; the committed record is `bench/RESULTS.md`, written by full runs
+only.
+"""
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
 RESULT_NAME = re.compile(r"^(?P<machine>.+)-(?P<mode>quick|full)-(?P<stamp>\d{4}-\d{2}-\d{2}T\d{6}Z)\.json$")
 REGRESSION_THRESHOLD = 0.10
@@ -58,12 +78,12 @@ PROVIDER_PARAM_KEYS = ("provider", "method", "backend", "mode")
 # --------------------------------------------------------------------------
 # Reading results
 # --------------------------------------------------------------------------
-def find_results(results_dir: str) -> list[dict]:
-    """Every run.py result document in ``results_dir``, oldest first; other files are ignored."""
+def find_results(results_dir: str, mode: str | None = None) -> list[dict]:
+    """Every run.py result document in ``results_dir`` (of ``mode`` if given), oldest first; other files are ignored."""
     docs = []
     for path in glob.glob(os.path.join(results_dir, "*.json")):
         match = RESULT_NAME.match(os.path.basename(path))
-        if not match:
+        if not match or (mode is not None and match["mode"] != mode):
             continue
         try:
             with open(path) as fh:
@@ -76,8 +96,41 @@ def find_results(results_dir: str) -> list[dict]:
         meta.setdefault("kind", "gpu" if match["machine"].startswith("gpu-") else "cpu")
         doc["_path"] = path
         doc["_stamp"] = match["stamp"]
+        add_percentiles(doc)
         docs.append(doc)
     return sorted(docs, key=lambda d: d["_stamp"])
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``samples``, linear interpolation (numpy's default)."""
+    data = sorted(samples)
+    pos = (len(data) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def add_percentiles(doc: dict) -> dict:
+    """Add ``stats["p20"]`` and ``stats["p80"]`` from the per-round samples, where a benchmark has them.
+
+    Baselines are committed without the samples, so run.py adds these before
+    stripping them; rows that never had them keep only pytest-benchmark's stats.
+    """
+    for bench in doc.get("benchmarks", []):
+        stats = bench.get("stats") or {}
+        data = stats.get("data")
+        if data and "p20" not in stats:
+            stats["p20"], stats["p80"] = percentile(data, 20), percentile(data, 80)
+    return doc
+
+
+def spread(stats: dict) -> tuple[float, float, str]:
+    """(low, high, label) of a benchmark's noise band: p20-p80, else pytest-benchmark's q1-q3 (p25-p75)."""
+    if "p20" in stats and "p80" in stats:
+        return stats["p20"], stats["p80"], "p20-p80"
+    if "q1" in stats and "q3" in stats:
+        return stats["q1"], stats["q3"], "p25-p75"
+    return stats["median"], stats["median"], "median"
 
 
 def newest(docs: list[dict], kind: str) -> dict | None:
@@ -160,12 +213,23 @@ def combined_run(docs: list[dict], kind: str, baseline_dir: str | None = None) -
         if fresh:
             sources.append((doc, fresh))
             taken.update(fresh)
+    # Suites no local run measured come from the committed record of this machine and mode, so a
+    # partial run (run.py --only, a fresh clone) never drops the other suites from the report.
+    committed_run = committed_baseline(baseline_dir, machine, base["streammem"]["mode"]) if baseline_dir else None
+    if committed_run is not None:
+        committed_run["_stamp"] = "committed"
+        committed_run.setdefault("streammem", {}).setdefault("mode", base["streammem"]["mode"])
+        fresh = [suite for suite in suites_in(committed_run) if suite not in taken]
+        if fresh:
+            sources.append((committed_run, fresh))
     view = dict(base)
     view["benchmarks"] = [b for doc, suites in sources for b in doc.get("benchmarks", []) if suite_of(b) in suites]
     view["_sources"] = sources
     regressions, compared, committed = [], [], []
     baselines: dict[str, dict | None] = {}
     for doc, suites in sources:
+        if doc is committed_run:
+            continue  # the baseline itself: nothing to compare
         mode = doc["streammem"]["mode"]
         if baseline_dir is not None and mode not in baselines:
             baselines[mode] = committed_baseline(baseline_dir, machine, mode)
@@ -326,7 +390,9 @@ def group_table(rows: list[dict]) -> list[str]:
     base = baseline_of(rows)
     quality_labels = [label for _, label in QUALITY_KEYS if any(label in quality_of(b) for b in rows)]
     quality_labels = list(OrderedDict.fromkeys(quality_labels))
-    header = ["provider", "mean", "median", "throughput", "time / ours", *quality_labels]
+    with_band = any("p20" in b["stats"] for b in rows)
+    header = ["provider", "mean", "median", *(["p20-p80"] if with_band else []), "throughput", "time / ours",
+              *quality_labels]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for bench in sorted(rows, key=lambda b: b["stats"]["mean"]):
         stats = bench["stats"]
@@ -339,7 +405,8 @@ def group_table(rows: list[dict]) -> list[str]:
         else:
             ratio = f"{stats['mean'] / base['stats']['mean']:.2f}"
         quality = quality_of(bench)
-        cells = [f"`{provider_of(bench)}`", fmt_time(stats["mean"]), fmt_time(stats["median"]), rate, ratio,
+        band = [f"{fmt_time(stats['p20'])}-{fmt_time(stats['p80'])}" if "p20" in stats else "-"] if with_band else []
+        cells = [f"`{provider_of(bench)}`", fmt_time(stats["mean"]), fmt_time(stats["median"]), *band, rate, ratio,
                  *(fmt_value(quality[label]) if label in quality else "-" for label in quality_labels)]
         lines.append("| " + " | ".join(cells) + " |")
     if base is None:
@@ -349,23 +416,34 @@ def group_table(rows: list[dict]) -> list[str]:
 
 def regression_lines(current: dict, previous: dict | list[dict] | None,
                      threshold: float = REGRESSION_THRESHOLD) -> list[str]:
-    """``REGRESSION:`` lines for benchmarks whose median grew by more than ``threshold`` (matched by fullname).
+    """``REGRESSION:`` lines for rows of ours that became slower beyond the noise (matched by fullname).
 
-    ``previous`` is one earlier run or a list of them, oldest first: each benchmark is
-    compared with the newest earlier run that measured it.
+    A row is flagged when its median grew by more than ``threshold`` and its
+    p20-p80 range lies entirely above the earlier run's (``spread``): both runs'
+    noise bands must separate.  Peers' rows are never flagged.  ``previous`` is
+    one earlier run or a list of them, oldest first: each benchmark is compared
+    with the newest earlier run that measured it.
     """
     if not previous:
         return []
     before = {}
     for doc in previous if isinstance(previous, list) else [previous]:
-        before.update({b["fullname"]: b["stats"]["median"] for b in doc.get("benchmarks", [])})
+        before.update({b["fullname"]: b["stats"] for b in doc.get("benchmarks", [])})
     lines = []
     for bench in current.get("benchmarks", []):
-        old = before.get(bench["fullname"])
-        new = bench["stats"]["median"]
-        if old and old > 0 and new > old * (1.0 + threshold):
+        old_stats, new_stats = before.get(bench["fullname"]), bench["stats"]
+        if old_stats is None or not is_ours(bench):
+            continue
+        old, new = old_stats["median"], new_stats["median"]
+        new_low, new_high, new_band = spread(new_stats)
+        old_low, old_high, old_band = spread(old_stats)
+        if old > 0 and new > old * (1.0 + threshold) and new_low > old_high:
+            ranges = ""
+            if "median" not in (new_band, old_band):
+                band = new_band if new_band == old_band else f"{new_band} vs {old_band}"
+                ranges = f"; {band} {fmt_time(new_low)}-{fmt_time(new_high)} vs {fmt_time(old_low)}-{fmt_time(old_high)}"
             lines.append(f"REGRESSION: `{bench['fullname']}` median {fmt_time(new)} vs {fmt_time(old)} "
-                         f"(+{100.0 * (new / old - 1.0):.0f} %)")
+                         f"(+{100.0 * (new / old - 1.0):.0f} %{ranges})")
     return lines
 
 
@@ -474,8 +552,10 @@ def describe_run(doc: dict, results_md_dir: str) -> list[str]:
              f"{meta.get('load_average_after', '?')} after: the machine was shared with other jobs, so absolute "
              "times are noisy (often several times an idle machine's); ratios within one group come from "
              "one process, side by side, and are the meaningful part",
-             "- Results files (git-ignored): " + "; ".join(
+             "- Results files (git-ignored unless marked committed): " + "; ".join(
                  f"`{os.path.relpath(src['_path'], os.path.dirname(results_md_dir))}` ({', '.join(suites)})"
+                 + (" [committed baseline: no local run measured these suites]" if src.get("_stamp") == "committed"
+                    else "")
                  for src, suites in doc.get("_sources", [(doc, suites_in(doc))]))]
     if meta.get("kind") == "gpu":
         readers = sorted(os.path.basename(path)[len("bench_"):-3]
@@ -495,19 +575,20 @@ def describe_run(doc: dict, results_md_dir: str) -> list[str]:
 def regression_paragraph(doc: dict, md_dir: str) -> list[str]:
     regressions, compared, baselines = doc.get("_regressions", []), doc.get("_compared", []), doc.get("_baselines", [])
     verdict = "none." if not regressions else f"{len(regressions)} found (timings are noisy on a shared machine)."
-    rule = f"median more than {REGRESSION_THRESHOLD:.0%} slower"
+    rule = (f"rows of ours whose median is more than {REGRESSION_THRESHOLD:.0%} slower and whose p20-p80 range "
+            "lies entirely above the earlier one")
     lines = []
     if baselines:
         named = ", ".join(f"`{os.path.relpath(b['_path'], os.path.dirname(md_dir))}` (run started "
                           f"{(b.get('streammem') or {}).get('started_utc', '?')})" for b in baselines)
-        lines.append(f"Regression check ({rule} than the last committed results of this machine and mode, {named} "
-                     f"as of git HEAD): {verdict}")
+        lines.append(f"Regression check ({rule}, against the last committed results of this machine and mode, "
+                     f"{named} as of git HEAD): {verdict}")
         newest_file = os.path.relpath(doc["_path"], os.path.dirname(md_dir))
         lines.append(f"Side by side: `python -m pytest_benchmark compare {os.path.relpath(baselines[0]['_path'], os.path.dirname(md_dir))} "
                      f"{newest_file} --group-by=fullname --columns=median` (run.py saves that table next to the "
                      "results file as `*.compare.txt`).")
     elif compared:
-        lines.append(f"Regression check ({rule} than the newest earlier run of this machine and mode kept in "
+        lines.append(f"Regression check ({rule}, against the newest earlier run of this machine and mode kept in "
                      f"`bench/results/`, since no baseline of this machine and mode is committed in `bench/baseline/`; "
                      f"compared with {', '.join(f'`{c}`' for c in compared)}): {verdict}")
     else:
@@ -516,12 +597,39 @@ def regression_paragraph(doc: dict, md_dir: str) -> list[str]:
                      "commit).")
     if regressions:
         lines += [""] + [f"- {line}" for line in regressions]
+        note = load_note(doc)
+        if note:
+            lines += ["", note]
     return lines
 
 
-def render_block(runs: list[dict], plots: list[tuple[str, str]], results_md: str) -> str:
+def _one_minute_load(meta: dict, key: str) -> float | None:
+    match = re.match(r"\s*([0-9.]+)", str(meta.get(key, "")))
+    return float(match[1]) if match else None
+
+
+def load_note(doc: dict) -> str | None:
+    """A line putting regressions next to the machine load of this run and of the runs it was compared with."""
+    meta = doc.get("streammem") or {}
+    before, after = _one_minute_load(meta, "load_average_before"), _one_minute_load(meta, "load_average_after")
+    if before is None:
+        return None
+    earlier = [_one_minute_load(b.get("streammem") or {}, "load_average_before") for b in doc.get("_baselines", [])]
+    earlier = [v for v in earlier if v is not None]
+    text = (f"Load average (1 min) {before:g} before this run and {after if after is not None else '?'} after it "
+            f"on {meta.get('cores', '?')} cores")
+    text += f"; {', '.join(f'{v:g}' for v in earlier)} before the compared run." if earlier else "."
+    if before >= 1.0 or (earlier and before >= min(earlier) + 1.0):
+        text += (" Other jobs shared the cores: slowdowns measured under load are as likely the load as the code "
+                 "(multi-threaded code, OpenMP kernels and torch ops alike, suffers most), so rerun those suites on idle "
+                 "cores before acting on them.")
+    return text
+
+
+def render_block(runs: list[dict], plots: list[tuple[str, str]], results_md: str, mode: str = "full") -> str:
     md_dir = os.path.dirname(os.path.abspath(results_md))
-    out = [BEGIN, "## Generated report (`make bench` / `make bench-quick`)", "",
+    title = "## Generated report (`make bench`)" if mode == "full" else "## Generated report (`make bench-quick`)"
+    out = [BEGIN, title, "",
            "Written by `bench/report.py` from the newest `bench/results/*.json`; do not edit by hand (the text "
            "between the report markers is replaced on every run). Time / ours = this row's mean over the mean of "
            "the fastest row of ours in the same group (> 1: slower than ours). Throughput counts the units the "
@@ -566,33 +674,44 @@ def replace_block(text: str, block: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=tuple(OUTPUTS), default="full",
+                        help="which runs to report; each mode has its own page and plots (default: full)")
     parser.add_argument("--results-dir", default=os.path.join(BENCH_DIR, "results"))
-    parser.add_argument("--results-md", default=os.path.join(BENCH_DIR, "RESULTS.md"))
-    parser.add_argument("--plots-dir", default=os.path.join(BENCH_DIR, "plots"))
+    parser.add_argument("--results-md", default=None, help="page to write (default: the mode's, see OUTPUTS)")
+    parser.add_argument("--plots-dir", default=None, help="plots folder (default: the mode's)")
     parser.add_argument("--baseline-dir", default=BASELINE_DIR,
                         help="committed baselines <machine>-<mode>.json (read at git HEAD)")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
+    results_md = args.results_md or OUTPUTS[args.mode][0]
+    plots_dir = args.plots_dir or OUTPUTS[args.mode][1]
 
-    docs = find_results(args.results_dir)
+    docs = find_results(args.results_dir, args.mode)
     runs = [view for view in (combined_run(docs, "cpu", args.baseline_dir), combined_run(docs, "gpu", args.baseline_dir))
             if view is not None]
     if not runs:
-        print(f"[report] no bench/run.py results in {args.results_dir}; run `python bench/run.py --quick` first")
+        print(f"[report] no {args.mode} bench/run.py results in {args.results_dir}; run `python bench/run.py"
+              + (" --quick" if args.mode == "quick" else "") + "` first")
         return 1
     plots: list[tuple[str, str]] = []
     if not args.no_plots:
         for doc in runs:
-            plots += make_plots(doc, args.plots_dir, doc["streammem"]["kind"])
-    block = render_block(runs, plots, args.results_md)
-    text = open(args.results_md).read() if os.path.exists(args.results_md) else "# Benchmark results\n"
-    with open(args.results_md, "w") as fh:
+            plots += make_plots(doc, plots_dir, doc["streammem"]["kind"])
+    block = render_block(runs, plots, results_md, args.mode)
+    if os.path.exists(results_md):
+        text = open(results_md).read()
+    else:
+        text = QUICK_HEADER if args.mode == "quick" else "# Benchmark results\n"
+        os.makedirs(os.path.dirname(os.path.abspath(results_md)), exist_ok=True)
+    with open(results_md, "w") as fh:
         fh.write(replace_block(text, block))
     for doc in runs:
         for line in doc["_regressions"]:
             print(line)
+        if doc["_regressions"] and load_note(doc):
+            print(load_note(doc))
     print(f"[report] {sum(len(d.get('benchmarks', [])) for d in runs)} benchmarks, {len(plots)} plots -> "
-          f"{os.path.relpath(args.results_md)}")
+          f"{os.path.relpath(results_md)}" + (f" and {os.path.relpath(plots_dir)}/" if plots else ""))
     return 0
 
 

@@ -1,7 +1,8 @@
-"""Run every benchmark suite in ``bench/`` and regenerate the report in bench/RESULTS.md.
+"""Run every benchmark suite in ``bench/`` and regenerate the report of the run's mode.
 
-    python bench/run.py                 # full run (up to ~45 min on 2 cores)
-    python bench/run.py --quick         # smoke run: small sizes, few rounds (< 3 min on 2 cores)
+    python bench/run.py                 # full run (up to ~45 min on 2 cores) -> bench/RESULTS.md, bench/plots/
+    python bench/run.py --quick         # smoke run: small sizes, few rounds (< 3 min on 2 idle cores)
+                                        #   -> bench/results/quick/RESULTS.md and plots/ (git-ignored)
     python bench/run.py --only motion kmeans
     python bench/run.py --gpu           # on a CUDA machine (bench/gpu.sh calls this)
     python bench/run.py --save-baseline # also write bench/baseline/<machine>-<mode>.json to commit
@@ -12,16 +13,21 @@ so a crash, a missing optional peer or a timeout in one suite is reported and th
 others still run.  The per-suite JSON files are merged into one
 ``bench/results/<machine>-<mode>-<date>.json`` (pytest-benchmark's own format,
 plus a ``streammem`` key recording the command, the library versions and how
-every suite ended); ``bench/report.py`` then turns the newest files into the
-generated block of bench/RESULTS.md and the plots in bench/plots/.
+every suite ended); ``bench/report.py --mode <mode>`` then turns the newest
+files of that mode into its page and plots: full runs write the committed
+record (bench/RESULTS.md, bench/plots/), quick runs their own git-ignored copy,
+so a smoke run never rewrites the record.  While a suite runs, a line reports
+progress at most every 20 s, and a heartbeat names a case that has run for a
+minute without a word.
 
 Regressions are judged against the last committed results of the same machine
 and mode, ``bench/baseline/<machine>-<mode>.json`` at git HEAD: when one exists,
 ``pytest-benchmark compare`` puts both side by side into
-``bench/results/<run>.compare.txt`` and the report lists every benchmark whose
-median grew by more than 10 %.  ``--save-baseline`` writes this run (without the
-per-round samples) as the new baseline, to be committed with the RESULTS.md it
-produced.
+``bench/results/<run>.compare.txt`` and the report lists every row of ours whose
+median grew by more than 10 % with its p20-p80 range entirely above the
+baseline's (see bench/report.py).  ``--save-baseline`` writes this run (without
+the per-round samples, with their p20 and p80) as the new baseline, to be
+committed with the RESULTS.md it produced.
 """
 from __future__ import annotations
 
@@ -33,7 +39,9 @@ import os
 import platform
 import re
 import resource
+import select
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +50,8 @@ import time
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
 RESULTS_DIR = os.path.join(BENCH_DIR, "results")
+sys.path.insert(0, BENCH_DIR)
+import report  # noqa: E402  (bench/report.py, next to this file)
 
 # Suites left out of --quick, with the reason printed when they are skipped.  Each
 # entry was measured: the whole quick run has to stay under 3 minutes on 2 cores.
@@ -65,6 +75,9 @@ FULL_SUITE_TIMEOUT_S = 30 * 60
 # pytest-benchmark's own round control, for the cases that do not use benchmark.pedantic.
 QUICK_ROUND_ARGS = ["--benchmark-max-time=0.2", "--benchmark-min-rounds=3", "--benchmark-warmup=off"]
 FULL_ROUND_ARGS = ["--benchmark-max-time=1.0", "--benchmark-min-rounds=5"]
+# A progress line at most this often while cases finish, and a heartbeat after this long inside one case.
+PROGRESS_EVERY_S = 20.0
+HEARTBEAT_S = 60.0
 
 LIBRARIES = {  # what the report shows -> distribution names to try, first installed wins
     "torch": ["torch"],
@@ -147,14 +160,96 @@ def load_average() -> str:
         return "unknown"
 
 
-def run_suite(suite: str, json_path: str, quick: bool, gpu: bool, timeout_s: int) -> dict:
-    """Run one suite in a subprocess; return how it ended (never raises for a failing suite)."""
+def fmt_duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+class SuiteProgress:
+    """Turns the events of bench/_progress.py into ``[bench]`` lines: progress at most every
+    ``every_s`` seconds as cases finish, and a heartbeat naming the running case when nothing
+    was printed for ``heartbeat_s`` seconds."""
+
+    def __init__(self, suite: str, every_s: float, heartbeat_s: float, start: float):
+        self.suite, self.every_s, self.heartbeat_s = suite, every_s, heartbeat_s
+        self.start = self.last_print = start
+        self.total: int | None = None
+        self.done = 0
+        self.current: str | None = None
+        self.current_since = start
+
+    def _print(self, text: str, now: float) -> None:
+        print(f"[bench] {self.suite}: {text}", flush=True)
+        self.last_print = now
+
+    def _count(self) -> str:
+        return f"{self.done}/{self.total if self.total is not None else '?'} cases"
+
+    def event(self, line: str, now: float) -> None:
+        kind, _, arg = line.strip().partition(" ")
+        if kind == "collected":
+            self.total = int(arg)
+        elif kind == "start":
+            self.current, self.current_since = arg.split("::", 1)[-1], now
+        elif kind == "finish":
+            self.done += 1
+            self.current = None
+            if now - self.last_print >= self.every_s:
+                self._print(f"{self._count()} done, {fmt_duration(now - self.start)}", now)
+
+    def tick(self, now: float) -> None:
+        if self.current is not None and now - self.last_print >= self.heartbeat_s:
+            self._print(f"still running {self.current} ({fmt_duration(now - self.current_since)} in it; "
+                        f"{self._count()} done, {fmt_duration(now - self.start)})", now)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the suite and anything it started (its own session)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _follow(proc: subprocess.Popen, read_fd: int, progress: SuiteProgress, deadline: float) -> bool:
+    """Relay progress until the suite exits (True) or the deadline passes (False, the suite is killed)."""
+    pending = b""
+    try:
+        while True:
+            ready, _, _ = select.select([read_fd], [], [], 0.25)
+            now = time.perf_counter()
+            if ready:
+                chunk = os.read(read_fd, 65536)
+                if not chunk:  # every writer closed: the suite's process has ended
+                    proc.wait()
+                    return True
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    progress.event(line.decode(errors="replace"), now)
+            progress.tick(now)
+            if now > deadline:
+                _kill(proc)
+                return False
+    except BaseException:  # Ctrl-C: the suite runs in its own session and would not see it
+        _kill(proc)
+        raise
+
+
+def run_suite(suite: str, json_path: str, quick: bool, gpu: bool, timeout_s: float, *, path: str | None = None,
+              progress_every_s: float = PROGRESS_EVERY_S, heartbeat_s: float = HEARTBEAT_S) -> dict:
+    """Run one suite in a subprocess, printing its progress; return how it ended (never raises for a failing suite).
+
+    ``path`` overrides ``bench/bench_<suite>.py`` (tests run a tiny suite through here).
+    """
     env = dict(os.environ)
     env["STREAMMEM_BENCH_QUICK"] = "1" if quick else "0"
     env.pop("TRITON_INTERPRET", None)  # benchmarks time compiled code, never the interpreter
     if gpu:
         env["STREAMMEM_BENCH_DEVICE"] = "cuda"
-    cmd = [sys.executable, "-m", "pytest", os.path.join("bench", f"bench_{suite}.py"), "-q", "-p", "no:cacheprovider",
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (BENCH_DIR, env.get("PYTHONPATH")) if p)  # for -p _progress
+    cmd = [sys.executable, "-m", "pytest", path or os.path.join("bench", f"bench_{suite}.py"), "-q",
+           "-p", "no:cacheprovider", "-p", "_progress",
            "--benchmark-only", f"--benchmark-json={json_path}", "--benchmark-disable-gc",
            *(QUICK_ROUND_ARGS if quick else FULL_ROUND_ARGS)]
     if quick and suite in QUICK_SELECT:
@@ -165,19 +260,29 @@ def run_suite(suite: str, json_path: str, quick: bool, gpu: bool, timeout_s: int
     # CPU seconds of the suite's process: unlike wall time they barely grow when other jobs share
     # the cores, so they estimate what an idle machine needs (wall >= cpu / cores).
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    try:
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-        rc, output = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc = None
-        output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+    read_fd, write_fd = os.pipe()
+    env["STREAMMEM_PROGRESS_FD"] = str(write_fd)
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty suite can never block on it
+        try:
+            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                    pass_fds=(write_fd,), start_new_session=True)
+        finally:
+            os.close(write_fd)
+        try:
+            finished = _follow(proc, read_fd, SuiteProgress(suite, progress_every_s, heartbeat_s, start),
+                               start + timeout_s)
+        finally:
+            os.close(read_fd)
+        rc = proc.returncode if finished else None
+        log.seek(0)
+        output = log.read()
     seconds = time.perf_counter() - start
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_seconds = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     summary = next((line for line in reversed(output.splitlines()) if re.search(r"passed|failed|error|skipped", line)),
                    "")
     if rc is None:
-        status = f"timed out after {timeout_s} s"
+        status = f"timed out after {timeout_s:g} s"
     elif rc == 0:
         status = "ok"
     elif rc == 5:
@@ -208,7 +313,7 @@ def merge_results(parts: list[tuple[str, str]]) -> dict:
         for bench in doc.get("benchmarks", []):
             bench["suite"] = suite
             merged["benchmarks"].append(bench)
-    return merged
+    return report.add_percentiles(merged)  # p20/p80 survive into the baseline, which drops the samples
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes and few rounds (STREAMMEM_BENCH_QUICK=1)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="suites to run, e.g. motion kmeans")
     parser.add_argument("--gpu", action="store_true", help="GPU run: sets STREAMMEM_BENCH_DEVICE=cuda")
-    parser.add_argument("--no-report", action="store_true", help="write the JSON only, leave RESULTS.md alone")
+    parser.add_argument("--no-report", action="store_true", help="write the JSON only, leave the report alone")
     parser.add_argument("--save-baseline", action="store_true",
                         help="also write the run to bench/baseline/<machine>-<mode>.json (commit it to make it the "
                              "reference of later regression checks); with --only, replace just those suites in it")
@@ -279,19 +384,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench] {len(merged['benchmarks'])} benchmarks from {len(parts)} suites in {total:.0f} s wall, {total_cpu:.0f} s CPU -> "
           f"{os.path.relpath(out_path, REPO_ROOT)}", flush=True)
 
-    sys.path.insert(0, BENCH_DIR)
-    import report
-
     # The report prints the REGRESSION lines itself; without it, print them here.
-    compare_with_baseline(report, merged, out_path, machine, mode, print_regressions=args.no_report)
+    compare_with_baseline(merged, out_path, machine, mode, print_regressions=args.no_report)
     if args.save_baseline:
-        save_baseline(report, merged, machine, mode, suites if args.only else None)
+        save_baseline(merged, machine, mode, suites if args.only else None)
     if not args.no_report:
-        report.main([])
+        report.main(["--mode", mode, "--results-dir", RESULTS_DIR])
     return 0
 
 
-def save_baseline(report, merged: dict, machine: str, mode: str, only: list[str] | None) -> None:
+def save_baseline(merged: dict, machine: str, mode: str, only: list[str] | None) -> None:
     """Write ``merged`` as bench/baseline/<machine>-<mode>.json; with ``--only``, replace just those suites."""
     path = report.baseline_path(report.BASELINE_DIR, machine, mode)
     doc = report.strip_for_baseline(merged)
@@ -317,8 +419,7 @@ def save_baseline(report, merged: dict, machine: str, mode: str, only: list[str]
           flush=True)
 
 
-def compare_with_baseline(report, merged: dict, out_path: str, machine: str, mode: str,
-                          print_regressions: bool) -> None:
+def compare_with_baseline(merged: dict, out_path: str, machine: str, mode: str, print_regressions: bool) -> None:
     """``pytest-benchmark compare`` of the committed baseline and this run, saved as ``<run>.compare.txt``."""
     baseline = report.committed_baseline(report.BASELINE_DIR, machine, mode)
     if baseline is None:

@@ -1,11 +1,12 @@
 """streammem-kernels: fast kernels for streaming video and dialogue memory.
 
 One public function per op, torch tensors in and out (numpy accepted), with
-``backend="auto" | "torch" | "cpp" | "triton" | "cuda"``.  See each op module's
-docstring for its shape contract.  Importing the package is cheap: native
+``backend="auto" | "torch" | "cpp" | "triton" | "cuda"``; ``backend_report()``
+says which can run here and why not.  See each op module's docstring for its
+shape contract.  Importing the package is cheap: native
 modules and Triton load lazily on first use.
 """
-from ._dispatch import BACKENDS
+from ._dispatch import BACKENDS, BackendFallbackWarning, BackendReport, backend_report
 from .boundaries import Event, StreamingSegmenter, adjacent_cosine, depth_scores, detect_boundaries
 from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
 from .logprobs import divergence_point, linear_token_logprobs, token_logprobs
@@ -14,6 +15,9 @@ from .tree import CosineTree, TopKResult, TreePathResult, cosine_topk, tree_sear
 
 __all__ = [
     "BACKENDS",
+    "BackendFallbackWarning",
+    "BackendReport",
+    "backend_report",
     "Event",
     "StreamingSegmenter",
     "adjacent_cosine",

@@ -15,7 +15,6 @@ CUDA graphs.
 from __future__ import annotations
 
 import ctypes
-import functools
 import glob
 import os
 
@@ -71,9 +70,8 @@ class CudaModule:
             raise RuntimeError(f"{self.op}: CUDA kernel {name} failed: {message} (cudaError {code})")
 
 
-@functools.cache
 def load(op: str):
-    """(CudaModule, None) or (None, reason it is unavailable)."""
+    """(CudaModule, None) or (None, reason it is unavailable); memoised by ``_dispatch.load_native``."""
     path = library_path(op)
     if path is None:
         return None, (f"CUDA module streammem_kernels/_cuda_{op}.so is not built; it is built by setup.py when "

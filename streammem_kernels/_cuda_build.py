@@ -52,7 +52,7 @@ def requested_archs(nvcc: str) -> list[int]:
 def nvcc_command(nvcc: str, source: str, output: str, archs, *, verbose_ptxas: bool = False) -> list[str]:
     """The nvcc command building ``source`` into the shared library ``output``."""
     include = os.path.dirname(os.path.abspath(source))
-    cmd = [nvcc, "-std=c++17", "-O3", "-lineinfo", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden",
+    cmd = [nvcc, "-std=c++17", "-O3", "-lineinfo", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden,-Wno-psabi",
            "--threads", "0", "-I", include, *module_flags(source)]
     for arch in archs:
         cmd += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]

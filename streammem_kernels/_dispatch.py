@@ -13,12 +13,19 @@ input; ``auto`` takes the first backend in the device's preference order that ha
 no reasons, and when an explicit request cannot be honoured the error lists the
 reasons so the user learns why.  ``STREAMMEM_BACKEND`` (read at call time, not
 import time) overrides ``auto`` only; an explicit ``backend=`` argument wins.
+
+When ``auto`` ends on the torch reference because a faster backend is not
+installed (its native module was not built, Triton is missing), it says so once
+per op and device with a :class:`BackendFallbackWarning`; an op whose only
+candidate is the reference, an input a kernel does not support, or an explicit
+choice stay silent.  :func:`backend_report` lists, per op and device, which
+backends can run here and why the others cannot.
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -28,17 +35,39 @@ BACKENDS = ("torch", "cpp", "triton", "cuda")
 _AUTO_ORDER = {"cuda": ("cuda", "triton", "torch"), "cpu": ("cpp", "torch")}
 
 
+class BackendFallbackWarning(RuntimeWarning):
+    """``auto`` runs an op on the slow torch reference because a native backend is not installed."""
+
+
+_FALLBACK_WARNED: set[tuple[str, str]] = set()  # (op, device type) already warned about
+
+
 def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@functools.cache
+# Import outcomes, memoised in a plain dict rather than functools.cache: dispatch runs inside
+# torch.compile traces, where Dynamo reads a dict as a constant but warns about (and traces
+# through) an lru_cache wrapper on every compile.
+_IMPORTS: dict[tuple[str, str], object] = {}
+
+
 def load_native(kind: str, op: str):
     """Load ``streammem_kernels._<kind>_<op>`` once; return (module, reason).
 
     ``kind="cpu"``: the pybind11 module; ``kind="cuda"``: the C-ABI shared
     library through ctypes (streammem_kernels/_cuda.py).
     """
+    key = (kind, op)
+    if key not in _IMPORTS:
+        _IMPORTS[key] = _import_native(kind, op)
+    return _IMPORTS[key]
+
+
+load_native.cache_clear = _IMPORTS.clear  # forget every import outcome (tests hide modules)
+
+
+def _import_native(kind: str, op: str):
     if kind == "cuda":
         from . import _cuda
 
@@ -47,18 +76,22 @@ def load_native(kind: str, op: str):
     try:
         return importlib.import_module(name), None
     except ImportError as exc:
-        hint = "run `make build` (or `python setup.py build_ext --inplace`)"
+        hint = ("it is compiled when the package is installed from source with a C++ compiler; "
+                "in a checkout run `make build` (or `python setup.py build_ext --inplace`)")
         return None, f"native module {name} is not available ({exc}); {hint}"
 
 
-@functools.cache
 def _triton_import_reason():
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception as exc:  # ImportError, or a broken install
-        return f"Triton is not importable ({exc}); pip install triton"
-    return None
+    key = ("triton", "")
+    if key not in _IMPORTS:
+        try:
+            import triton  # noqa: F401
+            import triton.language  # noqa: F401
+
+            _IMPORTS[key] = None
+        except Exception as exc:  # ImportError, or a broken install
+            _IMPORTS[key] = f"Triton is not importable ({exc}); pip install triton"
+    return _IMPORTS[key]
 
 
 def common_reasons(backend: str, op: str, device: torch.device) -> list[str]:
@@ -98,6 +131,31 @@ def common_reasons(backend: str, op: str, device: torch.device) -> list[str]:
     else:
         reasons.append(f"unknown backend {backend!r}")
     return reasons
+
+
+def not_installed_reason(backend: str, op: str) -> str | None:
+    """Why ``backend`` of ``op`` is absent from this install (module not built, Triton missing), or None."""
+    if backend == "cpp":
+        return load_native("cpu", op)[1]
+    if backend == "cuda":
+        return load_native("cuda", op)[1]
+    if backend == "triton":
+        return _triton_import_reason()
+    return None
+
+
+def _warn_fallback(op: str, device: torch.device, missing: list[str]) -> None:
+    key = (op, device.type)
+    if key in _FALLBACK_WARNED:
+        return
+    _FALLBACK_WARNED.add(key)
+    warnings.warn(
+        f"streammem_kernels: {op} on {device.type} tensors runs on the torch reference (a slow fallback) because "
+        + "; ".join(missing) + ". Set STREAMMEM_BACKEND=torch to choose the reference on purpose; "
+        "streammem_kernels.backend_report() lists every backend.",
+        BackendFallbackWarning,
+        stacklevel=4,
+    )
 
 
 def call_op(custom_op, impls: Mapping[str, Callable], backend: str, *args):
@@ -169,14 +227,153 @@ class Op:
                 )
             return backend
         order = _AUTO_ORDER.get(device.type, ("torch",))
-        report = []
+        report, not_installed = [], []
         for candidate in order:
             why = self.reasons(candidate, device, **info)
             if not why:
+                if candidate == "torch" and not_installed:
+                    _warn_fallback(self.name, device, not_installed)
                 return candidate
             report.append(f"{candidate}: " + "; ".join(why))
+            # Only an uninstalled backend that would otherwise have run makes the fallback worth a warning.
+            missing = not_installed_reason(candidate, self.name) if candidate in self.impls else None
+            if missing is not None and why == [missing]:
+                not_installed.append(missing)
         raise RuntimeError(f"{self.name}: no backend can run on device {device}: " + " | ".join(report))
 
     def available(self, device: torch.device, **info) -> list[str]:
         """Backends that can run on `device` now (used by tests and benchmarks)."""
         return [b for b in BACKENDS if b in self.impls and not self.reasons(b, device, **info)]
+
+
+# --------------------------------------------------------------------------
+# What can run here: backend_report()
+# --------------------------------------------------------------------------
+OP_MODULES = ("motion", "kmeans", "tree", "boundaries", "logprobs")
+# Backends that can apply to tensors of each device type (cpp never takes CUDA tensors, cuda never CPU ones).
+DEVICE_BACKENDS = {"cpu": ("torch", "cpp", "triton"), "cuda": ("torch", "triton", "cuda")}
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """One backend of one op on one device type: can it run here, is it ``auto``'s choice, and why not."""
+
+    op: str
+    device: str
+    backend: str
+    available: bool
+    auto: bool
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BackendReport:
+    """Per op and device type, the backends that can run in this process and why the others cannot.
+
+    ``statuses`` is flat (one :class:`BackendStatus` per op, device and backend
+    the op has); ``functions`` maps each op to its public functions;
+    ``environment`` records what decided the answers (torch build, GPU,
+    ``TRITON_INTERPRET``, ``STREAMMEM_BACKEND``).  ``str(report)`` is a readable
+    summary, ``report.to_dict()`` a JSON-ready one.
+    """
+
+    statuses: tuple[BackendStatus, ...]
+    functions: Mapping[str, tuple[str, ...]]
+    environment: Mapping[str, str]
+
+    def available(self, op: str, device: str = "cpu") -> list[str]:
+        """Backends of ``op`` that can run on ``device`` tensors here, in ``BACKENDS`` order."""
+        return [s.backend for s in self.statuses if s.op == op and s.device == device and s.available]
+
+    def auto(self, op: str, device: str = "cpu") -> str | None:
+        """The backend ``auto`` picks for ``op`` on ``device`` tensors (None: nothing can run there)."""
+        return next((s.backend for s in self.statuses if s.op == op and s.device == device and s.auto), None)
+
+    def to_dict(self) -> dict:
+        ops: dict = {}
+        for s in self.statuses:
+            entry = ops.setdefault(s.op, {"functions": list(self.functions.get(s.op, ())), "devices": {}})
+            device = entry["devices"].setdefault(s.device, {"auto": self.auto(s.op, s.device), "backends": {}})
+            device["backends"][s.backend] = {"available": s.available, "reasons": list(s.reasons)}
+        return {"environment": dict(self.environment), "ops": ops}
+
+    def __str__(self) -> str:
+        env = self.environment
+        lines = [f"streammem-kernels {env['streammem_kernels']} backends (torch {env['torch']}; "
+                 f"CUDA: {env['cuda']}; TRITON_INTERPRET={env['TRITON_INTERPRET']}; "
+                 f"STREAMMEM_BACKEND={env['STREAMMEM_BACKEND']})"]
+        for op, functions in self.functions.items():
+            lines += ["", f"{op} ({', '.join(functions)})"]
+            for device in DEVICE_BACKENDS:
+                rows = [s for s in self.statuses if s.op == op and s.device == device]
+                if not rows:
+                    continue
+                can = [s.backend for s in rows if s.available]
+                lines.append(f"  {device:<4}  auto -> {self.auto(op, device) or 'nothing'}; "
+                             f"can run: {', '.join(can) or 'none'}")
+                width = max(len(s.backend) for s in rows)
+                lines += [f"        {s.backend:<{width}}: " + "; ".join(s.reasons) for s in rows if not s.available]
+        return "\n".join(lines)
+
+
+def _op_tables(op: str) -> list[Op]:
+    module = importlib.import_module(f"streammem_kernels.{op}")
+    return [v for v in vars(module).values() if isinstance(v, Op) and v.name == op]
+
+
+def _table_reasons(table: Op, backend: str, device: torch.device) -> list[str]:
+    try:
+        return table.reasons(backend, device)
+    except TypeError:  # op-specific limits that need input facts (sizes, dtype): input-dependent, not listed
+        return common_reasons(backend, table.name, device)
+
+
+def backend_report() -> BackendReport:
+    """Which backends of every op can run in this process, per device type, and why the others cannot.
+
+    Reasons are the ones dispatch itself gives (module not built, no GPU,
+    Triton missing or not interpreting); limits that depend on the input
+    (dtype, sizes) are not listed, they are reported by the call that hits them.
+
+    Returns
+    -------
+    BackendReport
+        ``print(report)`` for a summary, ``report.available("motion", "cpu")``,
+        ``report.auto("motion", "cpu")``, ``report.to_dict()`` for JSON.
+    """
+    import streammem_kernels as package
+
+    gpu = torch.cuda.is_available()
+    override = os.environ.get("STREAMMEM_BACKEND", "auto").strip().lower()
+    statuses: list[BackendStatus] = []
+    functions: dict[str, tuple[str, ...]] = {}
+    for op in OP_MODULES:
+        tables = _op_tables(op)
+        functions[op] = tuple(name for name in package.__all__
+                              if getattr(getattr(package, name), "__module__", None) == f"streammem_kernels.{op}")
+        for device_type, candidates in DEVICE_BACKENDS.items():
+            device = torch.device(device_type)
+            rows = {}
+            for backend in candidates:
+                having = [t for t in tables if backend in t.impls]
+                if not having:
+                    continue
+                reasons = [] if gpu or device_type != "cuda" else ["no CUDA device is available"]
+                for table in having:
+                    reasons += [r for r in _table_reasons(table, backend, device) if r not in reasons]
+                rows[backend] = reasons
+            if override in BACKENDS:  # what select() does with STREAMMEM_BACKEND: that backend or an error
+                chosen = override if override in rows and not rows[override] else None
+            else:
+                chosen = next((b for b in _AUTO_ORDER.get(device_type, ("torch",)) if b in rows and not rows[b]), None)
+            statuses += [BackendStatus(op, device_type, b, not why, b == chosen, tuple(why))
+                         for b, why in sorted(rows.items(), key=lambda kv: BACKENDS.index(kv[0]))]
+    environment = {
+        "streammem_kernels": getattr(package, "__version__", "?"),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name(0) if gpu else
+        ("not available" if torch.version.cuda else "not available (CPU build of torch)"),
+        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "unset"),
+        "STREAMMEM_BACKEND": os.environ.get("STREAMMEM_BACKEND", "unset"),
+    }
+    return BackendReport(tuple(statuses), functions, environment)

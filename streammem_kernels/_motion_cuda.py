@@ -10,13 +10,14 @@ from __future__ import annotations
 import torch
 
 from . import _cuda
+from ._dispatch import load_native
 
 
 def lk_flow_cuda(gray: torch.Tensor, window: int, min_eig: float):
     """(flow_px (P,), mean_uv (P, 2)) float32 for contiguous (P+1, H, W) uint8 or float32 CUDA frames."""
     from .motion import solve_lk
 
-    mod, why = _cuda.load("motion")
+    mod, why = load_native("cuda", "motion")
     if mod is None:
         raise RuntimeError(why)
     gray = gray.contiguous()

@@ -9,11 +9,12 @@ from __future__ import annotations
 import torch
 
 from . import _cuda
+from ._dispatch import load_native
 
 
 def greedy_cuda(embeddings, child_ptr, child_idx, roots, queries, height: int, from_every_root: bool):
     """(path, path_scores, best_node, best_score) as ``tree_search(beam=1)`` returns them."""
-    mod, why = _cuda.load("tree")
+    mod, why = load_native("cuda", "tree")
     if mod is None:
         raise RuntimeError(why)
     dev = queries.device

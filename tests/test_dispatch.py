@@ -5,7 +5,7 @@ import torch
 
 from conftest import cpu_backends
 from streammem_kernels import motion_magnitude
-from streammem_kernels._dispatch import Op, common_reasons
+from streammem_kernels._dispatch import BackendFallbackWarning, Op, common_reasons
 from streammem_kernels.motion import LK_FLOW
 
 FRAMES = torch.rand(3, 12, 12)
@@ -49,7 +49,8 @@ def test_missing_native_module_is_reported():
     op = Op("no_such_op", {"torch": lambda x: x, "cpp": lambda x: x})
     reasons = op.reasons("cpp", torch.device("cpu"))
     assert any("_cpu_no_such_op" in r and "make build" in r for r in reasons)
-    assert op.select("auto", torch.device("cpu")) == "torch"  # auto falls back to the reference
+    with pytest.warns(BackendFallbackWarning, match="_cpu_no_such_op"):
+        assert op.select("auto", torch.device("cpu")) == "torch"  # auto falls back to the reference, and says so
     assert op.reasons("triton", torch.device("cpu")) == ["op 'no_such_op' has no triton backend"]
 
 

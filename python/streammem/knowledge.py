@@ -21,6 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from streammem_kernels._optional import require
+
 from .memory import FrameRecord, LabelCaptioner
 
 __all__ = [
@@ -275,7 +277,7 @@ class DialogueMemory:
     """(question, answer) pairs in an incremental faiss ``IndexFlatIP`` over normalised embeddings."""
 
     def __init__(self, text_encoder):
-        import faiss
+        faiss = require("faiss", package="faiss-cpu", extra="pipeline", purpose="DialogueMemory")
 
         self.text_encoder = text_encoder
         self.index = faiss.IndexFlatIP(int(text_encoder.dim))

@@ -15,7 +15,13 @@ from typing import Iterator
 
 import numpy as np
 
+from streammem_kernels._optional import require
+
 __all__ = ["VideoSource", "sample_video_path", "resize_long_side"]
+
+
+def _cv2():
+    return require("cv2", package="opencv-python-headless", extra="video", purpose="video decoding (VideoSource)")
 
 
 def sample_video_path() -> Path:
@@ -32,7 +38,7 @@ def resize_long_side(frame: np.ndarray, size: int | None) -> np.ndarray:
     """Resize so the long side is ``size`` (aspect kept); area filter when shrinking."""
     if size is None:
         return frame
-    import cv2
+    cv2 = _cv2()
 
     h, w = frame.shape[:2]
     scale = size / max(h, w)
@@ -95,7 +101,7 @@ class VideoSource:
         self.native_shape = first.shape[:2]
 
     def _open(self):
-        import cv2
+        cv2 = _cv2()
 
         cap = cv2.VideoCapture(self.source)
         if not cap.isOpened():
@@ -114,7 +120,7 @@ class VideoSource:
         return n if self.max_frames is None else min(n, self.max_frames)
 
     def __iter__(self) -> Iterator[tuple[float, np.ndarray]]:
-        import cv2
+        cv2 = _cv2()
 
         cap = self._open()
         try:
