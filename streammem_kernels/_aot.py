@@ -61,8 +61,8 @@ MAX_SHARED_BYTES = 96 * 1024
 HOT_MAX_REGISTERS = 128
 # PTX instructions whose rounding differs from IEEE float32 (what the torch
 # reference computes): approximate square root, division and reciprocal.
-_INEXACT_PTX = re.compile(r"\b(sqrt\.approx|div\.approx|div\.full|rcp\.approx|rsqrt\.approx)\.f32")
-_FMA_PTX = re.compile(r"\bfma\.rn(\.ftz)?\.f32")
+_INEXACT_PTX = re.compile(r"\b(sqrt\.approx|div\.approx|div\.full|rcp\.approx|rsqrt\.approx|ex2\.approx)(?:\.ftz)?\.f32")
+_FMA_PTX = re.compile(r"\bfma\.rn(?:\.ftz)?\.f32")
 
 TRITON_MODULES_PREFIX = "streammem_kernels._"
 TRITON_MODULES_SUFFIX = "_triton"
