@@ -24,9 +24,18 @@ eigenvalue is computed as ``det / lambda_max`` (no cancellation), and a pixel is
 valid iff ``lambda_max > 0 and det / lambda_max > min_eig``.  The seed code's
 ``sqrt(u^2 + u^2)`` typo and its missing normalisation are not reproduced.
 
-Backends: ``torch`` (convolutions + box sums), ``cpp`` (one fused pass per row
+The reference fixes every rounding step: the Sobel differences in the order
+written in :func:`structure_products`, the window sum in row-major order from 0
+then divided by ``w*w`` (``avg_pool2d``), correctly rounded square roots, and
+float64 sums over each frame.  The ``triton`` backend reproduces it **bit for
+bit** (same order, no FMA contraction, correctly rounded sqrt and division, the
+same torch summary), so its scores and keep/drop decisions are those of the
+reference.  The ``cpp`` and ``cuda`` backends sum windows in another order and
+agree within float32 rounding (tolerances declared on ``LK_FLOW``).
+
+Backends: ``torch`` (slices + box sums), ``cpp`` (one fused pass per row
 strip, OpenMP over pairs and strips), ``triton`` (products kernel + window
-kernel, one program per pair and row tile), ``cuda`` (same two stages).
+kernel writing per-pixel fields), ``cuda`` (same two stages, per-block partials).
 """
 from __future__ import annotations
 
@@ -236,15 +245,37 @@ def _to_unit_float(gray: torch.Tensor) -> torch.Tensor:
 
 
 def structure_products(gray: torch.Tensor) -> torch.Tensor:
-    """(P, 5, H-2, W-2) per-pixel products Ix^2, IxIy, Iy^2, IxIt, IyIt of each pair."""
+    """(P, 5, H-2, W-2) per-pixel products Ix^2, IxIy, Iy^2, IxIt, IyIt of each pair.
+
+    The 3x3 Sobel / 8 is written out as differences of shifted slices so that
+    its rounding is defined here, in this order (``((d0 + 2 d1) + d2) / 8`` over
+    the three rows or columns), not by a convolution library.
+    """
     x = _to_unit_float(gray)
     prev, cur = x[:-1], x[1:]
-    mean = (0.5 * (prev + cur))[:, None]
-    sobel_x = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], device=x.device) / 8.0
-    ix = F.conv2d(mean, sobel_x.view(1, 1, 3, 3))[:, 0]
-    iy = F.conv2d(mean, sobel_x.t().contiguous().view(1, 1, 3, 3))[:, 0]
+    mean = 0.5 * (prev + cur)
+    across = mean[:, :, 2:] - mean[:, :, :-2]  # (P, H, W-2): right minus left
+    down = mean[:, 2:, :] - mean[:, :-2, :]  # (P, H-2, W): bottom minus top
+    ix = ((across[:, :-2] + 2.0 * across[:, 1:-1]) + across[:, 2:]) * 0.125
+    iy = ((down[:, :, :-2] + 2.0 * down[:, :, 1:-1]) + down[:, :, 2:]) * 0.125
     it = (cur - prev)[:, 1:-1, 1:-1]
     return torch.stack((ix * ix, ix * iy, iy * iy, ix * it, iy * it), dim=1)
+
+
+def window_average(prods: torch.Tensor, window: int) -> torch.Tensor:
+    """(P, 5, Ho, Wo) mean of each product over every ``window`` x ``window`` window (valid region).
+
+    ``avg_pool2d`` sums each window in row-major order, starting from 0, in
+    float32, then divides by ``window**2`` (on CPU and CUDA alike; pinned by a
+    test): the order a kernel reproducing the reference bit for bit follows.
+    """
+    return F.avg_pool2d(prods, window, stride=1)
+
+
+def sqrt_rn(x: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded float32 square root (through float64; torch's float32 CPU ``sqrt`` is
+    off by one ulp for some inputs, so it cannot define results a kernel reproduces)."""
+    return torch.sqrt(x.double()).float()
 
 
 def solve_lk(s: torch.Tensor, min_eig: float):
@@ -252,7 +283,7 @@ def solve_lk(s: torch.Tensor, min_eig: float):
     a, b, c, bx, by = (s[..., i] for i in range(5))
     bx, by = -bx, -by
     det = a * c - b * b
-    lmax = 0.5 * ((a + c) + torch.sqrt((a - c) ** 2 + 4.0 * b * b))
+    lmax = 0.5 * ((a + c) + sqrt_rn((a - c) * (a - c) + 4.0 * b * b))
     lmin = torch.where(lmax > 0, det / torch.where(lmax > 0, lmax, torch.ones_like(lmax)), torch.zeros_like(lmax))
     valid = lmin > min_eig
     safe_det = torch.where(valid, det, torch.ones_like(det))
@@ -261,19 +292,35 @@ def solve_lk(s: torch.Tensor, min_eig: float):
     return u, v, valid
 
 
+def flow_fields(avg: torch.Tensor, min_eig: float) -> torch.Tensor:
+    """(P, 4, Ho, Wo) per-pixel fields |flow|, u, v, valid (1.0 or 0.0) of window-averaged products."""
+    u, v, valid = solve_lk(avg.permute(0, 2, 3, 1), min_eig)
+    return torch.stack((sqrt_rn(u * u + v * v), u, v, valid.to(torch.float32)), dim=1)
+
+
+def summarise_fields(fields: torch.Tensor):
+    """(flow_px (P,), mean_uv (P, 2)): means over the valid pixels of (P, 4, Ho, Wo) fields.
+
+    Sums run in float64 over the whole frame in one reduction; a pair with no
+    valid pixel gets 0.
+    """
+    sums = fields.double().sum(dim=(2, 3))  # (P, 4): sum |flow|, sum u, sum v, count
+    count = sums[:, 3].clamp_min(1.0)
+    return (sums[:, 0] / count).float(), (sums[:, 1:3] / count[:, None]).float()
+
+
+def global_flow(prods: torch.Tensor, min_eig: float):
+    """(flow_px (P,), mean_uv (P, 2)) of the paper's Eq. 1: one 2x2 system per pair over all pixels."""
+    sums = prods.double().mean(dim=(2, 3)).float()  # (P, 5)
+    u, v, _ = solve_lk(sums, min_eig)
+    return sqrt_rn(u * u + v * v), torch.stack((u, v), dim=1)
+
+
 def _lk_flow_torch(gray: torch.Tensor, window: int, min_eig: float):
     prods = structure_products(gray)
     if window == 0:
-        sums = prods.double().mean(dim=(2, 3)).float()  # (P, 5)
-        u, v, _ = solve_lk(sums, min_eig)
-        return torch.sqrt(u * u + v * v), torch.stack((u, v), dim=1)
-    avg = F.avg_pool2d(prods, window, stride=1)  # (P, 5, Ho, Wo): window-averaged tensor
-    u, v, valid = solve_lk(avg.permute(0, 2, 3, 1), min_eig)
-    mag = torch.sqrt(u * u + v * v)
-    count = valid.sum(dim=(1, 2)).clamp_min(1).double()
-    flow_px = (mag.double().sum(dim=(1, 2)) / count).float()
-    mean_uv = torch.stack((u.double().sum(dim=(1, 2)), v.double().sum(dim=(1, 2))), 1) / count[:, None]
-    return flow_px, mean_uv.float()
+        return global_flow(prods, min_eig)
+    return summarise_fields(flow_fields(window_average(prods, window), min_eig))
 
 
 # --------------------------------------------------------------------------
@@ -302,7 +349,15 @@ def _lk_flow_triton(gray: torch.Tensor, window: int, min_eig: float):
     return lk_flow_triton(gray, window, min_eig)
 
 
+# (atol, rtol) of flow_px and mean_uv against the reference, per frame dtype.  Every
+# backend starts from the same float32 gray frames, so the dtype changes nothing:
+# triton reproduces the reference bit for bit; cpp and cuda sum windows in another
+# order (float32 rounding of sums of w*w products, amplified by the 2x2 solve).
+_BIT_FOR_BIT = {dtype: (0.0, 0.0) for dtype in _FRAME_DTYPES}
+_SUMMATION_ORDER = {dtype: (2e-5, 2e-4) for dtype in _FRAME_DTYPES}
+
 LK_FLOW = Op(
     "motion",
     {"torch": _lk_flow_torch, "cpp": _lk_flow_cpp, "triton": _lk_flow_triton, "cuda": _lk_flow_cuda},
+    tolerances={"torch": _BIT_FOR_BIT, "triton": _BIT_FOR_BIT, "cpp": _SUMMATION_ORDER, "cuda": _SUMMATION_ORDER},
 )

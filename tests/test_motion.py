@@ -1,5 +1,6 @@
-"""Motion magnitude: every backend against the reference, ground-truth shifts,
-a real clip against OpenCV DIS, bad inputs, opcheck and torch.compile."""
+"""Motion magnitude: every backend against the reference on every device, the
+Triton backend bit for bit, ground-truth shifts, a real clip against OpenCV DIS,
+bad inputs, opcheck and torch.compile."""
 import math
 
 import numpy as np
@@ -8,16 +9,13 @@ import torch
 import torch.nn.functional as F
 
 from conftest import cpu_backends
+from device_checks import DEVICES, device_backends
 from motion_baselines import seed_style_flow
 from streammem_kernels import motion_magnitude, select_frames
 from streammem_kernels.motion import LK_FLOW
 
 BACKENDS = cpu_backends(LK_FLOW)
 FAST = [b for b in BACKENDS if b != "triton"]  # the interpreter is ~0.5 ms per program
-
-# Tolerances per input dtype: every backend computes in float32 from the same
-# prepared input, so differences are float32 summation order only.
-TOL = {torch.uint8: (2e-5, 2e-4), torch.float32: (2e-5, 2e-4), torch.float16: (2e-5, 2e-4)}
 
 
 def smooth_texture(h, w, sigma=3.0, seed=0, pad=16):
@@ -60,8 +58,23 @@ def random_clip(t, h, w, channels=None, dtype=torch.float32, seed=0):
     return x.to(dtype)
 
 
+def assert_bitwise_equal(out, ref, what):
+    assert out.dtype == ref.dtype and out.shape == ref.shape, what
+    same = out.view(torch.int32) == ref.view(torch.int32)  # also tells -0.0 from 0.0
+    assert bool(same.all()), f"{what}: {int((~same).sum())} of {same.numel()} values differ"
+
+
+def assert_matches_reference(out, ref, backend, dtype):
+    atol, rtol = LK_FLOW.tolerance(backend, dtype)
+    for name in ("flow_px", "score", "mean_uv"):
+        torch.testing.assert_close(getattr(out, name), getattr(ref, name), atol=atol, rtol=rtol,
+                                   msg=lambda m: f"{backend} {name}: {m}")
+        if (atol, rtol) == (0.0, 0.0):
+            assert_bitwise_equal(getattr(out, name), getattr(ref, name), f"{backend} {name}")
+
+
 # --------------------------------------------------------------------------
-# Every backend matches the reference
+# Every backend matches the reference, on every device
 # --------------------------------------------------------------------------
 GRID = [
     # (T, H, W, channels, dtype, window)
@@ -70,41 +83,95 @@ GRID = [
     (3, 17, 23, 3, torch.uint8, 7),
     (3, 17, 23, 3, torch.float32, None),
     (2, 33, 19, None, torch.float16, 5),
+    (2, 21, 30, 3, torch.bfloat16, 3),
+    (2, 19, 25, None, torch.float64, 5),
     (5, 40, 41, 1, torch.uint8, None),
     (4, 31, 64, 3, torch.float32, 5),
+    (2, 20, 75, None, torch.uint8, 5),  # 69 output columns: two column tiles
     (6, 9, 9, None, torch.float32, 5),  # smallest frame for window 5: 7x7 gradients -> 3x3 outputs
+    (2, 9, 9, None, torch.uint8, 7),  # one output pixel
+    (2, 30, 40, None, torch.float32, 11),  # a large window
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", GRID, ids=lambda c: f"T{c[0]}_{c[1]}x{c[2]}_c{c[3]}_{str(c[4])[6:]}_w{c[5]}")
-def test_backends_match_reference(backend, case):
+def _case_id(c):
+    return f"T{c[0]}_{c[1]}x{c[2]}_c{c[3]}_{str(c[4])[6:]}_w{c[5]}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", GRID, ids=_case_id)
+def test_backends_match_reference(device, case):
     t, h, w, ch, dtype, window = case
-    if backend == "triton" and case not in GRID[:4]:
-        pytest.skip("interpreter is slow; the first four cases cover Triton's paths")
-    frames = random_clip(t, h, w, ch, dtype, seed=t * h + w)
+    frames = random_clip(t, h, w, ch, dtype, seed=t * h + w).to(device)
     ref = motion_magnitude(frames, window=window, backend="torch")
-    out = motion_magnitude(frames, window=window, backend=backend)
-    atol, rtol = TOL[dtype]
     assert ref.flow_px.shape == (t - 1,) and ref.mean_uv.shape == (t - 1, 2)
-    assert (ref.flow_px > 0).all(), "the grid must exercise non-trivial flow"
-    torch.testing.assert_close(out.flow_px, ref.flow_px, atol=atol, rtol=rtol)
-    torch.testing.assert_close(out.mean_uv, ref.mean_uv, atol=atol, rtol=rtol)
-    torch.testing.assert_close(out.score, ref.flow_px / (1 + ref.flow_px), atol=atol, rtol=rtol)
+    assert ref.flow_px.device == frames.device
+    assert bool((ref.flow_px > 0).all()), "the grid must exercise non-trivial flow"
+    for backend in device_backends(LK_FLOW, device):
+        assert_matches_reference(motion_magnitude(frames, window=window, backend=backend), ref, backend, dtype)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_non_contiguous_input(backend):
-    base = random_clip(6, 40, 50, 3, torch.uint8, seed=3)
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_input(device):
+    base = random_clip(6, 40, 50, 3, torch.uint8, seed=3).to(device)
     sliced = base[::2, 3:30, 5:45]  # strided in time and space
     assert not sliced.is_contiguous()
-    ref = motion_magnitude(sliced.contiguous(), backend="torch")
-    out = motion_magnitude(sliced, backend=backend)
-    torch.testing.assert_close(out.flow_px, ref.flow_px, atol=2e-5, rtol=2e-4)
-    channels_last = random_clip(3, 20, 30, None, torch.float32, seed=5).transpose(1, 2)
-    ref = motion_magnitude(channels_last.contiguous(), backend="torch")
-    torch.testing.assert_close(motion_magnitude(channels_last, backend=backend).flow_px, ref.flow_px,
-                               atol=2e-5, rtol=2e-4)
+    channels_last = random_clip(3, 20, 30, None, torch.float32, seed=5).to(device).transpose(1, 2)
+    for frames in (sliced, channels_last):
+        ref = motion_magnitude(frames.contiguous(), backend="torch")
+        for backend in device_backends(LK_FLOW, device):
+            assert_matches_reference(motion_magnitude(frames, backend=backend), ref, backend, frames.dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_avg_pool2d_sums_windows_row_major_from_zero(device):
+    """The reference's window mean is avg_pool2d: pinned to the float32 row-major sum from 0
+    divided by w*w, the order the Triton window kernel reproduces (a torch release changing
+    it would break bit-for-bit equality; this says why)."""
+    g = torch.Generator().manual_seed(0)
+    prods = (torch.rand(2, 5, 23, 37, generator=g) ** 3 - 0.3).to(device)
+    for w in (3, 5, 7):
+        ho, wo = prods.shape[2] - w + 1, prods.shape[3] - w + 1
+        total = torch.zeros(2, 5, ho, wo, device=device)
+        for dy in range(w):
+            for dx in range(w):
+                total = total + prods[:, :, dy:dy + ho, dx:dx + wo]
+        assert_bitwise_equal(F.avg_pool2d(prods, w, stride=1), total / (w * w), f"window {w}")
+
+
+# --------------------------------------------------------------------------
+# Triton: bit for bit with the reference, stage by stage, and its decisions
+# --------------------------------------------------------------------------
+BIT_CASES = [
+    # (T, H, W, dtype, window): the public outputs of every GRID case are bit-for-bit too
+    (2, 17, 23, torch.uint8, 5),
+    (2, 12, 75, torch.float32, 5),  # two column tiles, partial row and column tiles
+    (2, 9, 9, torch.uint8, 7),  # Ho = Wo = 1
+]
+
+
+def _triton_on(device):
+    if "triton" not in device_backends(LK_FLOW, device):
+        pytest.skip(f"the Triton backend cannot run on {device} here")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", BIT_CASES, ids=lambda c: f"T{c[0]}_{c[1]}x{c[2]}_{str(c[3])[6:]}_w{c[4]}")
+def test_triton_is_bit_for_bit_with_reference(device, case):
+    from streammem_kernels import motion
+    from streammem_kernels._motion_triton import flow_fields_triton, structure_products_triton
+
+    _triton_on(device)
+    t, h, w, dtype, window = case
+    gray = random_clip(t, h, w, None, dtype, seed=h * w).to(device)
+    prods = motion.structure_products(gray)
+    assert_bitwise_equal(structure_products_triton(gray), prods, "structure products")
+    if window is not None:
+        fields = motion.flow_fields(motion.window_average(prods, window), 1e-5)
+        assert bool((fields[:, 3] == 1).any()), "some pixels must be valid"
+        assert_bitwise_equal(flow_fields_triton(prods, window, 1e-5), fields, "per-pixel |flow|, u, v, valid")
+    ref = motion_magnitude(gray, window=window, backend="torch")
+    assert_matches_reference(motion_magnitude(gray, window=window, backend="triton"), ref, "triton", dtype)
 
 
 def test_numpy_and_list_inputs_match_tensor():
