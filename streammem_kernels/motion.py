@@ -36,18 +36,26 @@ agree within float32 rounding (tolerances declared on ``LK_FLOW``).
 Backends: ``torch`` (slices + box sums), ``cpp`` (one fused pass per row
 strip, OpenMP over pairs and strips), ``triton`` (products kernel + window
 kernel writing per-pixel fields), ``cuda`` (same two stages, per-block partials).
+
+GPU path: on CUDA tensors no function here synchronises with the host
+(value checks are device-side assertions) except :func:`select_frames`, which
+returns a Python list; :func:`select_frames_mask` is its device-resident
+counterpart (a boolean tensor), and everything it runs can be captured in a
+CUDA graph.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ._dispatch import Op, call_op, load_native
 from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank
 
-__all__ = ["MotionResult", "motion_magnitude", "select_frames", "lk_flow"]
+__all__ = ["MotionResult", "motion_magnitude", "select_frames", "select_frames_mask", "lk_flow"]
 
 _GRAY_WEIGHTS = (0.299, 0.587, 0.114)
 _FRAME_DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -97,6 +105,12 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
     -------
     MotionResult with ``flow_px (T-1,)``, ``score (T-1,)``, ``mean_uv (T-1, 2)``,
     on the device of ``frames``.
+
+    Notes
+    -----
+    On CUDA tensors nothing synchronises with the host (the finiteness check of
+    floating frames is a device-side assertion), so a call can be captured in a
+    CUDA graph.
     """
     gray, window, min_eig = _prepare(frames, size, window, min_eig, backend)
     flow_px, mean_uv = _lk_flow(gray, window, min_eig, _select(backend, gray))
@@ -111,24 +125,91 @@ def select_frames(frames, threshold: float, *, reference: str = "previous", size
     ``reference="last_kept"``: frame t is compared with the last kept frame
     instead, so slow drift accumulates until it crosses the threshold.
     Raising ``threshold`` never keeps more frames in "previous" mode.
+
+    Arguments as in :func:`select_frames_mask`, of which this is a thin wrapper:
+    returning a Python list, it synchronises with the GPU once, at the end (use
+    :func:`select_frames_mask` to stay on the device).
+    """
+    keep = select_frames_mask(frames, threshold, reference=reference, size=size, window=window, min_eig=min_eig,
+                              backend=backend)
+    return [t for t, k in enumerate(keep.tolist()) if k]
+
+
+def select_frames_mask(frames, threshold: float, *, reference: str = "previous", size: int | None = None,
+                       window: int | None = 5, min_eig: float = 1e-5, backend: str = "auto") -> torch.Tensor:
+    """Which frames the motion gate keeps, as a device-resident boolean mask.
+
+    Parameters
+    ----------
+    frames : (T, H, W) or (T, H, W, C) tensor or array
+        As in :func:`motion_magnitude` (T >= 2).  Not modified.
+    threshold : float in [0, 1]
+        Frame t is kept when its score (``motion_magnitude(...).score``, float32)
+        is strictly greater than ``threshold``.
+    reference : {"previous", "last_kept"}
+        Score frame t against frame t-1, or against the last kept frame (slow
+        drift accumulates until it crosses the threshold).
+    size, window, min_eig, backend
+        As in :func:`motion_magnitude`.
+
+    Returns
+    -------
+    keep : (T,) bool tensor on the device of ``frames``; ``keep[0]`` is True.
+
+    Notes
+    -----
+    On CUDA tensors nothing here synchronises with the host, so the whole gate
+    can run inside a CUDA graph: "last_kept" chooses each pair's first frame
+    with a device-side index (one LK call per frame, T-1 in all).  The CPU
+    backends read that index on the host, where it costs nothing.
     """
     threshold = check_float(threshold, "threshold", low=0.0, high=1.0)
     if reference not in ("previous", "last_kept"):
         raise ValueError(f"reference must be 'previous' or 'last_kept', got {reference!r}")
     gray, window, min_eig = _prepare(frames, size, window, min_eig, backend)
     name = _select(backend, gray)
+    above = _float32_below(threshold)  # score > threshold  <=>  score > above, for float32 scores
     if reference == "previous":
         flow_px, _ = _lk_flow(gray, window, min_eig, name)
-        score = (flow_px / (1.0 + flow_px)).tolist()
-        return [0] + [t + 1 for t, s in enumerate(score) if s > threshold]
-    kept = [0]
+        keep = torch.empty(gray.shape[0], dtype=torch.bool, device=gray.device)
+        keep[0] = True
+        torch.gt(flow_px / (1.0 + flow_px), above, out=keep[1:])
+        return keep
+    if gray.device.type == "cpu" and name != "triton":
+        return _last_kept_on_host(gray, above, window, min_eig, name)
+    # The index of the last kept frame stays on the device: reading it would stall the stream.
+    # (Triton takes this path under the interpreter too, so the CPU tests run it.)
+    keep = torch.ones(gray.shape[0], dtype=torch.bool, device=gray.device)
+    last = torch.zeros(1, dtype=torch.long, device=gray.device)
     for t in range(1, gray.shape[0]):
-        pair = torch.stack((gray[kept[-1]], gray[t]))
-        flow_px, _ = _lk_flow(pair, window, min_eig, name)
-        f = float(flow_px[0])
-        if f / (1.0 + f) > threshold:
-            kept.append(t)
-    return kept
+        flow_px, _ = _lk_flow(torch.cat((gray.index_select(0, last), gray[t:t + 1])), window, min_eig, name)
+        kept = flow_px / (1.0 + flow_px) > above
+        keep[t:t + 1] = kept
+        last = torch.where(kept, t, last)
+    return keep
+
+
+def _last_kept_on_host(gray, above, window, min_eig, name):
+    """"last_kept" on the CPU backends: reading a CPU score is free, and numpy scalars spare tiny
+    torch ops per frame (same float32 arithmetic)."""
+    keep = [True]
+    last = 0
+    for t in range(1, gray.shape[0]):
+        flow_px, _ = _lk_flow(torch.cat((gray[last:last + 1], gray[t:t + 1])), window, min_eig, name)
+        f = np.float32(flow_px.item())
+        keep.append(bool(f / (np.float32(1.0) + f) > above))
+        if keep[-1]:
+            last = t
+    return torch.tensor(keep)
+
+
+def _float32_below(threshold: float) -> float:
+    """The largest float32 <= ``threshold``: a float32 score exceeds it iff it exceeds ``threshold``
+    (so comparisons run in float32 and still decide as an exact comparison would)."""
+    down = np.float32(threshold)
+    if float(down) > threshold:
+        down = np.nextafter(down, np.float32(-np.inf))
+    return float(down)
 
 
 def _prepare(frames, size, window, min_eig, backend="auto"):
@@ -190,8 +271,7 @@ def _prepare(frames, size, window, min_eig, backend="auto"):
 def _gray_resize_torch(frames: torch.Tensor, out_hw) -> torch.Tensor:
     """Reference preparation: gray (uint8 kept when no resize), area/bilinear resize."""
     if frames.dim() == 4:
-        weights = torch.tensor(_GRAY_WEIGHTS, dtype=torch.float32, device=frames.device)
-        gray = frames.to(torch.float32) @ weights
+        gray = frames.to(torch.float32) @ _gray_weights(frames.device)
         if frames.dtype == torch.uint8:
             gray = gray * (1.0 / 255.0)
     elif frames.dtype == torch.uint8 and out_hw == tuple(frames.shape[1:]):
@@ -206,6 +286,13 @@ def _gray_resize_torch(frames: torch.Tensor, out_hw) -> torch.Tensor:
         else:
             gray = F.interpolate(gray[:, None], size=out_hw, mode="bilinear", align_corners=False)[:, 0]
     return gray
+
+
+@functools.cache
+def _gray_weights(device: torch.device) -> torch.Tensor:
+    """The RGB weights on ``device``, made once per device: building them from Python numbers is a
+    host-to-device copy, which a CUDA graph cannot capture."""
+    return torch.tensor(_GRAY_WEIGHTS, dtype=torch.float32, device=device)
 
 
 def _select(backend: str, gray: torch.Tensor) -> str:

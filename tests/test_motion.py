@@ -1,6 +1,7 @@
 """Motion magnitude: every backend against the reference on every device, the
 Triton backend bit for bit, ground-truth shifts, a real clip against OpenCV DIS,
-bad inputs, opcheck and torch.compile."""
+bad inputs, the GPU path free of host synchronisation (CUDA-graph capture on a
+GPU), opcheck and torch.compile."""
 import math
 
 import numpy as np
@@ -9,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import cpu_backends
-from device_checks import DEVICES, device_backends
+from device_checks import DEVICES, HostSync, capture_in_cuda_graph, device_backends, guard_backend, no_host_sync
 from motion_baselines import seed_style_flow
-from streammem_kernels import motion_magnitude, select_frames
+from streammem_kernels import motion_magnitude, select_frames, select_frames_mask
 from streammem_kernels.motion import LK_FLOW
 
 BACKENDS = cpu_backends(LK_FLOW)
@@ -174,6 +175,27 @@ def test_triton_is_bit_for_bit_with_reference(device, case):
     assert_matches_reference(motion_magnitude(gray, window=window, backend="triton"), ref, "triton", dtype)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reference", ["previous", "last_kept"])
+def test_triton_decisions_equal_reference_at_the_threshold(device, reference):
+    """Thresholds set exactly at reference scores: a score equal to the threshold is dropped,
+    one float32 step above it is kept, and Triton decides every frame as the reference does."""
+    _triton_on(device)
+    tex = smooth_texture(12, 12, seed=4)
+    frames = torch.stack([fourier_shift(tex, 0.4 * i, 0.1 * i * i)[16:28, 16:28] for i in range(3)])
+    frames = frames.float().to(device)
+    scores = motion_magnitude(frames, window=3, backend="torch").score
+    assert_bitwise_equal(motion_magnitude(frames, window=3, backend="triton").score, scores, "scores")
+    for threshold in (float(scores.min()), float(scores.max())):
+        below = float(np.nextafter(np.float32(threshold), np.float32(0)))
+        for th in (threshold, below):
+            ref = select_frames_mask(frames, th, reference=reference, window=3, backend="torch")
+            out = select_frames_mask(frames, th, reference=reference, window=3, backend="triton")
+            assert torch.equal(out, ref), (th, out, ref)
+            if reference == "previous":  # equal to the threshold: dropped; one float32 step above: kept
+                assert torch.equal(out[1:], scores.double() > th)
+
+
 def test_numpy_and_list_inputs_match_tensor():
     frames = random_clip(3, 20, 24, 3, torch.uint8, seed=9)
     ref = motion_magnitude(frames, backend="torch").flow_px
@@ -311,6 +333,72 @@ def test_select_frames_semantics():
     prev = select_frames(drift, 0.3, backend="torch")
     last = select_frames(drift, 0.3, reference="last_kept", backend="torch")
     assert prev == [0] and len(last) > 1 and last[0] == 0
+
+
+@pytest.mark.parametrize("backend", FAST)  # Triton: test_triton_decisions_equal_reference_at_the_threshold
+@pytest.mark.parametrize("reference", ["previous", "last_kept"])
+def test_select_frames_mask_is_the_list_as_a_mask(backend, reference):
+    """The device-resident gate and its Python-list wrapper agree, and the mask is what
+    the scores say: frame t kept iff its score (against t-1, or the last kept frame) > t."""
+    tex = smooth_texture(32, 32, seed=2)
+    shifts = [0.0, 0.0, 0.6, 0.7, 0.7, 0.75, 2.0, 2.1]
+    frames = torch.stack([fourier_shift(tex, d, 0.0)[16:48, 16:48] for d in shifts]).float()
+    keep = select_frames_mask(frames, 0.2, reference=reference, backend=backend)
+    assert keep.dtype == torch.bool and keep.shape == (len(shifts),) and bool(keep[0])
+    assert torch.nonzero(keep).flatten().tolist() == select_frames(frames, 0.2, reference=reference,
+                                                                   backend=backend)
+    last = 0
+    for t in range(1, len(shifts)):
+        anchor = t - 1 if reference == "previous" else last
+        score = motion_magnitude(frames[[anchor, t]], backend=backend).score[0]
+        assert bool(keep[t]) == (float(score) > 0.2), (t, float(score))
+        last = t if keep[t] else last
+    assert 0 < int(keep.sum()) < len(shifts)
+
+
+# --------------------------------------------------------------------------
+# GPU path: no host synchronisation; CUDA-graph capture
+# --------------------------------------------------------------------------
+def test_triton_path_never_syncs_with_the_host(monkeypatch):
+    """Each public function's Triton path, run on CPU tensors through the interpreter inside a
+    mode that raises on every tensor-to-host conversion: whole calls for uint8 frames (no value
+    check), the backend alone for float frames (their finiteness check is a host check on CPU
+    and a device-side assertion on CUDA)."""
+    if "triton" not in BACKENDS:
+        pytest.skip("Triton is not available")
+    rgb = random_clip(2, 24, 36, 3, torch.uint8, seed=7)  # resized to 12 x 8: the gate's preparation
+    gray = random_clip(3, 10, 12, None, torch.uint8, seed=8)
+    with no_host_sync():
+        motion_magnitude(rgb, size=12, backend="triton")
+        motion_magnitude(gray, window=None, backend="triton")
+        select_frames_mask(gray, 0.3, window=3, backend="triton")
+        select_frames_mask(gray, 0.3, reference="last_kept", window=3, backend="triton")
+        with pytest.raises(HostSync):  # the guard is live: the Python-list wrapper syncs, by design
+            select_frames(gray, 0.3, window=3, backend="triton")
+    guard_backend(monkeypatch, LK_FLOW, "triton")
+    floats = random_clip(3, 10, 12, None, torch.float32, seed=9)
+    motion_magnitude(floats, window=3, backend="triton")
+    select_frames_mask(floats, 0.3, reference="last_kept", window=3, backend="triton")
+
+
+@pytest.mark.parametrize("device", DEVICES[1:])
+def test_cuda_graph_capture(device):
+    """Every CUDA backend of every public function captured in a CUDA graph (no host sync), and
+    the replay equals the eager call."""
+    rgb = random_clip(4, 45, 80, 3, torch.uint8, seed=11).to(device)
+    gray = random_clip(5, 21, 30, None, torch.float32, seed=12).to(device)
+    for backend in device_backends(LK_FLOW, device):
+        calls = {
+            "motion_magnitude rgb": lambda: tuple(motion_magnitude(rgb, size=32, backend=backend)),
+            "motion_magnitude global": lambda: tuple(motion_magnitude(gray, window=None, backend=backend)),
+            "select_frames_mask": lambda: (select_frames_mask(gray, 0.3, backend=backend),),
+            "select_frames_mask last_kept": lambda: (select_frames_mask(gray, 0.3, reference="last_kept",
+                                                                        backend=backend),),
+        }
+        for what, fn in calls.items():
+            eager, replayed = capture_in_cuda_graph(fn)
+            for e, r in zip(eager, replayed):
+                assert torch.equal(e, r), f"{backend} {what}"
 
 
 # --------------------------------------------------------------------------

@@ -65,8 +65,12 @@ def motion_scenarios():
         for dtype in (torch.float16, torch.bfloat16, torch.float64):
             sk.motion_magnitude(gray_f[:, :9, :9].to(dtype), window=3, backend="triton")
 
+    def gate_masks():  # the device-resident gate, both references (one pair per call in "last_kept")
+        sk.select_frames_mask(small, 0.3, backend="triton")
+        sk.select_frames_mask(small, 0.3, reference="last_kept", backend="triton")
+
     return [working_size_rgb, square_frames, windows_3_7, one_output_pixel_and_large_window, global_window,
-            float_odd_sliced, each_float_dtype]
+            float_odd_sliced, each_float_dtype, gate_masks]
 
 
 # --------------------------------------------------------------------------
