@@ -10,7 +10,7 @@ from ._dispatch import BACKENDS, BackendFallbackWarning, BackendReport, backend_
 from .boundaries import Event, StreamingSegmenter, adjacent_cosine, depth_scores, detect_boundaries
 from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
 from .logprobs import divergence_point, linear_token_logprobs, token_logprobs
-from .motion import MotionResult, motion_magnitude, select_frames
+from .motion import MotionResult, motion_magnitude, select_frames, select_frames_mask
 from .tree import CosineTree, TopKResult, TreePathResult, cosine_topk, tree_search
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "MotionResult",
     "motion_magnitude",
     "select_frames",
+    "select_frames_mask",
     "CosineTree",
     "TopKResult",
     "TreePathResult",

@@ -1,5 +1,7 @@
-"""Motion magnitude: every backend against the reference, ground-truth shifts,
-a real clip against OpenCV DIS, bad inputs, opcheck and torch.compile."""
+"""Motion magnitude: every backend against the reference on every device, the
+Triton backend bit for bit, ground-truth shifts, a real clip against OpenCV DIS,
+bad inputs, the GPU path free of host synchronisation (CUDA-graph capture on a
+GPU), opcheck and torch.compile."""
 import math
 
 import numpy as np
@@ -8,16 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from conftest import cpu_backends
+from device_checks import DEVICES, HostSync, capture_in_cuda_graph, device_backends, guard_backend, no_host_sync
 from motion_baselines import seed_style_flow
-from streammem_kernels import motion_magnitude, select_frames
+from streammem_kernels import motion_magnitude, select_frames, select_frames_mask
 from streammem_kernels.motion import LK_FLOW
 
 BACKENDS = cpu_backends(LK_FLOW)
 FAST = [b for b in BACKENDS if b != "triton"]  # the interpreter is ~0.5 ms per program
-
-# Tolerances per input dtype: every backend computes in float32 from the same
-# prepared input, so differences are float32 summation order only.
-TOL = {torch.uint8: (2e-5, 2e-4), torch.float32: (2e-5, 2e-4), torch.float16: (2e-5, 2e-4)}
 
 
 def smooth_texture(h, w, sigma=3.0, seed=0, pad=16):
@@ -60,8 +59,23 @@ def random_clip(t, h, w, channels=None, dtype=torch.float32, seed=0):
     return x.to(dtype)
 
 
+def assert_bitwise_equal(out, ref, what):
+    assert out.dtype == ref.dtype and out.shape == ref.shape, what
+    same = out.view(torch.int32) == ref.view(torch.int32)  # also tells -0.0 from 0.0
+    assert bool(same.all()), f"{what}: {int((~same).sum())} of {same.numel()} values differ"
+
+
+def assert_matches_reference(out, ref, backend, dtype):
+    atol, rtol = LK_FLOW.tolerance(backend, dtype)
+    for name in ("flow_px", "score", "mean_uv"):
+        torch.testing.assert_close(getattr(out, name), getattr(ref, name), atol=atol, rtol=rtol,
+                                   msg=lambda m: f"{backend} {name}: {m}")
+        if (atol, rtol) == (0.0, 0.0):
+            assert_bitwise_equal(getattr(out, name), getattr(ref, name), f"{backend} {name}")
+
+
 # --------------------------------------------------------------------------
-# Every backend matches the reference
+# Every backend matches the reference, on every device
 # --------------------------------------------------------------------------
 GRID = [
     # (T, H, W, channels, dtype, window)
@@ -70,41 +84,116 @@ GRID = [
     (3, 17, 23, 3, torch.uint8, 7),
     (3, 17, 23, 3, torch.float32, None),
     (2, 33, 19, None, torch.float16, 5),
+    (2, 21, 30, 3, torch.bfloat16, 3),
+    (2, 19, 25, None, torch.float64, 5),
     (5, 40, 41, 1, torch.uint8, None),
     (4, 31, 64, 3, torch.float32, 5),
+    (2, 20, 75, None, torch.uint8, 5),  # 69 output columns: two column tiles
     (6, 9, 9, None, torch.float32, 5),  # smallest frame for window 5: 7x7 gradients -> 3x3 outputs
+    (2, 9, 9, None, torch.uint8, 7),  # one output pixel
+    (2, 30, 40, None, torch.float32, 11),  # a large window
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", GRID, ids=lambda c: f"T{c[0]}_{c[1]}x{c[2]}_c{c[3]}_{str(c[4])[6:]}_w{c[5]}")
-def test_backends_match_reference(backend, case):
+def _case_id(c):
+    return f"T{c[0]}_{c[1]}x{c[2]}_c{c[3]}_{str(c[4])[6:]}_w{c[5]}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", GRID, ids=_case_id)
+def test_backends_match_reference(device, case):
     t, h, w, ch, dtype, window = case
-    if backend == "triton" and case not in GRID[:4]:
-        pytest.skip("interpreter is slow; the first four cases cover Triton's paths")
-    frames = random_clip(t, h, w, ch, dtype, seed=t * h + w)
+    frames = random_clip(t, h, w, ch, dtype, seed=t * h + w).to(device)
     ref = motion_magnitude(frames, window=window, backend="torch")
-    out = motion_magnitude(frames, window=window, backend=backend)
-    atol, rtol = TOL[dtype]
     assert ref.flow_px.shape == (t - 1,) and ref.mean_uv.shape == (t - 1, 2)
-    assert (ref.flow_px > 0).all(), "the grid must exercise non-trivial flow"
-    torch.testing.assert_close(out.flow_px, ref.flow_px, atol=atol, rtol=rtol)
-    torch.testing.assert_close(out.mean_uv, ref.mean_uv, atol=atol, rtol=rtol)
-    torch.testing.assert_close(out.score, ref.flow_px / (1 + ref.flow_px), atol=atol, rtol=rtol)
+    assert ref.flow_px.device == frames.device
+    assert bool((ref.flow_px > 0).all()), "the grid must exercise non-trivial flow"
+    for backend in device_backends(LK_FLOW, device):
+        assert_matches_reference(motion_magnitude(frames, window=window, backend=backend), ref, backend, dtype)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_non_contiguous_input(backend):
-    base = random_clip(6, 40, 50, 3, torch.uint8, seed=3)
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_input(device):
+    base = random_clip(6, 40, 50, 3, torch.uint8, seed=3).to(device)
     sliced = base[::2, 3:30, 5:45]  # strided in time and space
     assert not sliced.is_contiguous()
-    ref = motion_magnitude(sliced.contiguous(), backend="torch")
-    out = motion_magnitude(sliced, backend=backend)
-    torch.testing.assert_close(out.flow_px, ref.flow_px, atol=2e-5, rtol=2e-4)
-    channels_last = random_clip(3, 20, 30, None, torch.float32, seed=5).transpose(1, 2)
-    ref = motion_magnitude(channels_last.contiguous(), backend="torch")
-    torch.testing.assert_close(motion_magnitude(channels_last, backend=backend).flow_px, ref.flow_px,
-                               atol=2e-5, rtol=2e-4)
+    channels_last = random_clip(3, 20, 30, None, torch.float32, seed=5).to(device).transpose(1, 2)
+    for frames in (sliced, channels_last):
+        ref = motion_magnitude(frames.contiguous(), backend="torch")
+        for backend in device_backends(LK_FLOW, device):
+            assert_matches_reference(motion_magnitude(frames, backend=backend), ref, backend, frames.dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_avg_pool2d_sums_windows_row_major_from_zero(device):
+    """The reference's window mean is avg_pool2d: pinned to the float32 row-major sum from 0
+    divided by w*w, the order the Triton window kernel reproduces (a torch release changing
+    it would break bit-for-bit equality; this says why)."""
+    g = torch.Generator().manual_seed(0)
+    prods = (torch.rand(2, 5, 23, 37, generator=g) ** 3 - 0.3).to(device)
+    for w in (3, 5, 7):
+        ho, wo = prods.shape[2] - w + 1, prods.shape[3] - w + 1
+        total = torch.zeros(2, 5, ho, wo, device=device)
+        for dy in range(w):
+            for dx in range(w):
+                total = total + prods[:, :, dy:dy + ho, dx:dx + wo]
+        assert_bitwise_equal(F.avg_pool2d(prods, w, stride=1), total / (w * w), f"window {w}")
+
+
+# --------------------------------------------------------------------------
+# Triton: bit for bit with the reference, stage by stage, and its decisions
+# --------------------------------------------------------------------------
+BIT_CASES = [
+    # (T, H, W, dtype, window): the public outputs of every GRID case are bit-for-bit too
+    (2, 17, 23, torch.uint8, 5),
+    (2, 12, 75, torch.float32, 5),  # two column tiles, partial row and column tiles
+    (2, 9, 9, torch.uint8, 7),  # Ho = Wo = 1
+]
+
+
+def _triton_on(device):
+    if "triton" not in device_backends(LK_FLOW, device):
+        pytest.skip(f"the Triton backend cannot run on {device} here")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", BIT_CASES, ids=lambda c: f"T{c[0]}_{c[1]}x{c[2]}_{str(c[3])[6:]}_w{c[4]}")
+def test_triton_is_bit_for_bit_with_reference(device, case):
+    from streammem_kernels import motion
+    from streammem_kernels._motion_triton import flow_fields_triton, structure_products_triton
+
+    _triton_on(device)
+    t, h, w, dtype, window = case
+    gray = random_clip(t, h, w, None, dtype, seed=h * w).to(device)
+    prods = motion.structure_products(gray)
+    assert_bitwise_equal(structure_products_triton(gray), prods, "structure products")
+    if window is not None:
+        fields = motion.flow_fields(motion.window_average(prods, window), 1e-5)
+        assert bool((fields[:, 3] == 1).any()), "some pixels must be valid"
+        assert_bitwise_equal(flow_fields_triton(prods, window, 1e-5), fields, "per-pixel |flow|, u, v, valid")
+    ref = motion_magnitude(gray, window=window, backend="torch")
+    assert_matches_reference(motion_magnitude(gray, window=window, backend="triton"), ref, "triton", dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reference", ["previous", "last_kept"])
+def test_triton_decisions_equal_reference_at_the_threshold(device, reference):
+    """Thresholds set exactly at reference scores: a score equal to the threshold is dropped,
+    one float32 step above it is kept, and Triton decides every frame as the reference does."""
+    _triton_on(device)
+    tex = smooth_texture(12, 12, seed=4)
+    frames = torch.stack([fourier_shift(tex, 0.4 * i, 0.1 * i * i)[16:28, 16:28] for i in range(3)])
+    frames = frames.float().to(device)
+    scores = motion_magnitude(frames, window=3, backend="torch").score
+    assert_bitwise_equal(motion_magnitude(frames, window=3, backend="triton").score, scores, "scores")
+    for threshold in (float(scores.min()), float(scores.max())):
+        below = float(np.nextafter(np.float32(threshold), np.float32(0)))
+        for th in (threshold, below):
+            ref = select_frames_mask(frames, th, reference=reference, window=3, backend="torch")
+            out = select_frames_mask(frames, th, reference=reference, window=3, backend="triton")
+            assert torch.equal(out, ref), (th, out, ref)
+            if reference == "previous":  # equal to the threshold: dropped; one float32 step above: kept
+                assert torch.equal(out[1:], scores.double() > th)
 
 
 def test_numpy_and_list_inputs_match_tensor():
@@ -244,6 +333,72 @@ def test_select_frames_semantics():
     prev = select_frames(drift, 0.3, backend="torch")
     last = select_frames(drift, 0.3, reference="last_kept", backend="torch")
     assert prev == [0] and len(last) > 1 and last[0] == 0
+
+
+@pytest.mark.parametrize("backend", FAST)  # Triton: test_triton_decisions_equal_reference_at_the_threshold
+@pytest.mark.parametrize("reference", ["previous", "last_kept"])
+def test_select_frames_mask_is_the_list_as_a_mask(backend, reference):
+    """The device-resident gate and its Python-list wrapper agree, and the mask is what
+    the scores say: frame t kept iff its score (against t-1, or the last kept frame) > t."""
+    tex = smooth_texture(32, 32, seed=2)
+    shifts = [0.0, 0.0, 0.6, 0.7, 0.7, 0.75, 2.0, 2.1]
+    frames = torch.stack([fourier_shift(tex, d, 0.0)[16:48, 16:48] for d in shifts]).float()
+    keep = select_frames_mask(frames, 0.2, reference=reference, backend=backend)
+    assert keep.dtype == torch.bool and keep.shape == (len(shifts),) and bool(keep[0])
+    assert torch.nonzero(keep).flatten().tolist() == select_frames(frames, 0.2, reference=reference,
+                                                                   backend=backend)
+    last = 0
+    for t in range(1, len(shifts)):
+        anchor = t - 1 if reference == "previous" else last
+        score = motion_magnitude(frames[[anchor, t]], backend=backend).score[0]
+        assert bool(keep[t]) == (float(score) > 0.2), (t, float(score))
+        last = t if keep[t] else last
+    assert 0 < int(keep.sum()) < len(shifts)
+
+
+# --------------------------------------------------------------------------
+# GPU path: no host synchronisation; CUDA-graph capture
+# --------------------------------------------------------------------------
+def test_triton_path_never_syncs_with_the_host(monkeypatch):
+    """Each public function's Triton path, run on CPU tensors through the interpreter inside a
+    mode that raises on every tensor-to-host conversion: whole calls for uint8 frames (no value
+    check), the backend alone for float frames (their finiteness check is a host check on CPU
+    and a device-side assertion on CUDA)."""
+    if "triton" not in BACKENDS:
+        pytest.skip("Triton is not available")
+    rgb = random_clip(2, 24, 36, 3, torch.uint8, seed=7)  # resized to 12 x 8: the gate's preparation
+    gray = random_clip(3, 10, 12, None, torch.uint8, seed=8)
+    with no_host_sync():
+        motion_magnitude(rgb, size=12, backend="triton")
+        motion_magnitude(gray, window=None, backend="triton")
+        select_frames_mask(gray, 0.3, window=3, backend="triton")
+        select_frames_mask(gray, 0.3, reference="last_kept", window=3, backend="triton")
+        with pytest.raises(HostSync):  # the guard is live: the Python-list wrapper syncs, by design
+            select_frames(gray, 0.3, window=3, backend="triton")
+    guard_backend(monkeypatch, LK_FLOW, "triton")
+    floats = random_clip(3, 10, 12, None, torch.float32, seed=9)
+    motion_magnitude(floats, window=3, backend="triton")
+    select_frames_mask(floats, 0.3, reference="last_kept", window=3, backend="triton")
+
+
+@pytest.mark.parametrize("device", DEVICES[1:])
+def test_cuda_graph_capture(device):
+    """Every CUDA backend of every public function captured in a CUDA graph (no host sync), and
+    the replay equals the eager call."""
+    rgb = random_clip(4, 45, 80, 3, torch.uint8, seed=11).to(device)
+    gray = random_clip(5, 21, 30, None, torch.float32, seed=12).to(device)
+    for backend in device_backends(LK_FLOW, device):
+        calls = {
+            "motion_magnitude rgb": lambda: tuple(motion_magnitude(rgb, size=32, backend=backend)),
+            "motion_magnitude global": lambda: tuple(motion_magnitude(gray, window=None, backend=backend)),
+            "select_frames_mask": lambda: (select_frames_mask(gray, 0.3, backend=backend),),
+            "select_frames_mask last_kept": lambda: (select_frames_mask(gray, 0.3, reference="last_kept",
+                                                                        backend=backend),),
+        }
+        for what, fn in calls.items():
+            eager, replayed = capture_in_cuda_graph(fn)
+            for e, r in zip(eager, replayed):
+                assert torch.equal(e, r), f"{backend} {what}"
 
 
 # --------------------------------------------------------------------------

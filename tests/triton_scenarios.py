@@ -31,18 +31,28 @@ def _g(seed=0):
 # --------------------------------------------------------------------------
 def motion_scenarios():
     g = _g(1)
-    # A 400 x 225 RGB clip gated at size=32 gives 32 x 18 gray frames: the
-    # classes of the gate's 224 x 126 working frames (W % 16 == 0, H-2 and W-2 not).
-    rgb = torch.randint(0, 256, (3, 225, 400, 3), dtype=torch.uint8, generator=g)
+    # A 400 x 175 RGB clip gated at size=32 gives 32 x 14 gray frames: the classes
+    # of the gate's 224 x 126 working frames (W % 16 == 0; H, H-2, W-2 and the
+    # window outputs Ho, Wo not).  The window is a runtime argument: one
+    # specialisation serves every window, 3, 5, 7 and beyond.
+    rgb = torch.randint(0, 256, (2, 175, 400, 3), dtype=torch.uint8, generator=g)
     small = torch.randint(0, 256, (2, 14, 32, 3), dtype=torch.uint8, generator=g)
+    square = torch.randint(0, 256, (2, 32, 32), dtype=torch.uint8, generator=g)  # 224 x 224: H, W % 16 == 0
     gray_f = torch.rand(2, 21, 35, generator=g)
 
     def working_size_rgb():  # the gate's default path: uint8 RGB resized to gray, window 5
         sk.motion_magnitude(rgb, size=32, backend="triton")
 
+    def square_frames():
+        sk.motion_magnitude(square, backend="triton")
+
     def windows_3_7():
         for w in (3, 7):
             sk.motion_magnitude(small, window=w, backend="triton")
+
+    def one_output_pixel_and_large_window():  # Ho = Wo = 1 specialise to constants
+        sk.motion_magnitude(square[:, :9, :9], window=7, backend="triton")
+        sk.motion_magnitude(square[:, :15, :15], window=11, backend="triton")
 
     def global_window():
         sk.motion_magnitude(small, window=None, backend="triton")
@@ -51,10 +61,16 @@ def motion_scenarios():
         sk.motion_magnitude(gray_f, backend="triton")
         sk.motion_magnitude(gray_f[:, 1:, 1:], window=3, backend="triton")
 
-    def half_frames():
-        sk.motion_magnitude(gray_f.half(), backend="triton")
+    def each_float_dtype():  # converted to float32 gray before the kernels
+        for dtype in (torch.float16, torch.bfloat16, torch.float64):
+            sk.motion_magnitude(gray_f[:, :9, :9].to(dtype), window=3, backend="triton")
 
-    return [working_size_rgb, windows_3_7, global_window, float_odd_sliced, half_frames]
+    def gate_masks():  # the device-resident gate, both references (one pair per call in "last_kept")
+        sk.select_frames_mask(small, 0.3, backend="triton")
+        sk.select_frames_mask(small, 0.3, reference="last_kept", backend="triton")
+
+    return [working_size_rgb, square_frames, windows_3_7, one_output_pixel_and_large_window, global_window,
+            float_odd_sliced, each_float_dtype, gate_masks]
 
 
 # --------------------------------------------------------------------------
