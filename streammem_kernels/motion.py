@@ -447,5 +447,5 @@ _SUMMATION_ORDER = {dtype: (2e-5, 2e-4) for dtype in _FRAME_DTYPES}
 LK_FLOW = Op(
     "motion",
     {"torch": _lk_flow_torch, "cpp": _lk_flow_cpp, "triton": _lk_flow_triton, "cuda": _lk_flow_cuda},
-    tolerances={"torch": _BIT_FOR_BIT, "triton": _BIT_FOR_BIT, "cpp": _SUMMATION_ORDER, "cuda": _SUMMATION_ORDER},
+    tolerances={"torch": _BIT_FOR_BIT, "triton": _BIT_FOR_BIT, "cuda": _BIT_FOR_BIT, "cpp": _SUMMATION_ORDER},
 )
