@@ -168,19 +168,27 @@ def logprobs_scenarios():
         logits = torch.randn(2, 4, 3000, generator=g).bfloat16()[:, :, 1:]
         sk.token_logprobs(logits, torch.randint(0, 2999, (2, 4), generator=g), backend="triton")
 
-    def linear_each_dtype():
+    def linear_each_dtype():  # the tensor-core (float16/bfloat16) and IEEE-FMA (float32) tile configurations
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             h = torch.randn(5, 576, generator=g).to(dtype)  # SmolLM2-135M: H = 576
             w = torch.randn(1024, 576, generator=g).to(dtype)
             sk.linear_token_logprobs(h, w, torch.randint(0, 1024, (5,), generator=g), backend="triton")
 
-    def linear_one_token_bias_odd():
-        h = torch.randn(1, 99, generator=g)
-        w = torch.randn(517, 99, generator=g)
-        sk.linear_token_logprobs(h, w, torch.tensor([3]), bias=torch.randn(517, generator=g), backend="triton")
+    def linear_two_row_blocks_bias():  # a caption of T = 70 rows spans two 64-row tiles
+        h = torch.randn(70, 64, generator=g).half()
+        w = torch.randn(600, 64, generator=g).half()
+        sk.linear_token_logprobs(h, w, torch.randint(0, 600, (70,), generator=g), bias=torch.randn(600).half(),
+                                 backend="triton")
+
+    def linear_one_token_bias_odd():  # H % 16 != 0: the unaligned tile configuration of each dtype
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            h = torch.randn(1, 99, generator=g).to(dtype)
+            w = torch.randn(517, 99, generator=g).to(dtype)
+            sk.linear_token_logprobs(h, w, torch.tensor([3]), bias=torch.randn(517, generator=g).to(dtype),
+                                     backend="triton")
 
     return [token_vocab_multiple_of_16, token_one_row_half_odd, token_bf16_sliced, linear_each_dtype,
-            linear_one_token_bias_odd]
+            linear_two_row_blocks_bias, linear_one_token_bias_odd]
 
 
 SCENARIOS = {
