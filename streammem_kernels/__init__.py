@@ -6,7 +6,8 @@ docstring for its shape contract.  Importing the package is cheap: native
 modules and Triton load lazily on first use.
 """
 from ._dispatch import BACKENDS
-from .boundaries import Event, StreamingSegmenter, adjacent_cosine, depth_scores, detect_boundaries
+from .boundaries import (Event, SegmentStep, StreamingSegmenter, adjacent_cosine, depth_scores, detect_boundaries,
+                         event_ends)
 from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
 from .logprobs import divergence_point, linear_token_logprobs, token_logprobs
 from .motion import MotionResult, motion_magnitude, select_frames
@@ -15,10 +16,12 @@ from .tree import CosineTree, TopKResult, TreePathResult, cosine_topk, tree_sear
 __all__ = [
     "BACKENDS",
     "Event",
+    "SegmentStep",
     "StreamingSegmenter",
     "adjacent_cosine",
     "depth_scores",
     "detect_boundaries",
+    "event_ends",
     "KMeansResult",
     "batched_kmeans",
     "kmeans_frames",

@@ -132,22 +132,35 @@ def boundaries_scenarios():
         sk.detect_boundaries(torch.randn(2, 23, 97, generator=g).half(), window=5, peak="max", max_event=7,
                              backend="triton")
 
+    def offline_drift_and_max_event_1():  # the scan's drift mode; max_event = 1 specialises to a constant
+        feats = torch.randn(3, 17, 384, generator=g)
+        sk.event_ends(feats, drift=0.2, max_event=9, backend="triton")
+        sk.event_ends(feats[:, 1:], max_event=1, backend="triton")  # a sliced input (copied to contiguous)
+
     def depth_and_cosine():
         sim = sk.adjacent_cosine(x, backend="triton")
         sk.depth_scores(sim, backend="triton")
-        sk.depth_scores(sim, peak="max", backend="triton")
+        sk.depth_scores(sim.double(), peak="max", backend="triton")
 
-    def streaming_one_push():
+    def streaming_one_push():  # one stream: every launch has B = 1, the pair M = 1
         seg = sk.StreamingSegmenter(window=4, backend="triton")
         for t in range(6):
             seg.push(x[t])
+
+    def streaming_batched_window():  # the device-resident push: every stream's window decided each push
+        seg = sk.StreamingSegmenter(window=8, max_event=20, backend="triton")
+        feats = torch.randn(17, 9, 384, generator=g)
+        for t in range(9):
+            seg.push_tensors(feats[:, t])
+        seg.flush_tensors()
 
     def streaming_batched_drift():
         seg = sk.StreamingSegmenter(window=4, drift=0.1, backend="triton")
         for t in range(3):
             seg.push(torch.randn(33, 384, generator=g))
 
-    return [offline_climb, offline_max_half_odd, depth_and_cosine, streaming_one_push, streaming_batched_drift]
+    return [offline_climb, offline_max_half_odd, offline_drift_and_max_event_1, depth_and_cosine,
+            streaming_one_push, streaming_batched_window, streaming_batched_drift]
 
 
 # --------------------------------------------------------------------------
