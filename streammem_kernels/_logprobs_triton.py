@@ -65,8 +65,8 @@ LINEAR_CONFIGS = {
     (torch.float16, True): LinearConfig(block_t=64, block_v=128, block_h=32, num_warps=8, num_stages=3),
     (torch.bfloat16, True): LinearConfig(block_t=64, block_v=128, block_h=32, num_warps=8, num_stages=3),
     (torch.float32, True): LinearConfig(block_t=64, block_v=64, block_h=16, num_warps=8, num_stages=3),
-    (torch.float16, False): LinearConfig(block_t=64, block_v=64, block_h=32, num_warps=8, num_stages=1),
-    (torch.bfloat16, False): LinearConfig(block_t=64, block_v=64, block_h=32, num_warps=8, num_stages=1),
+    (torch.float16, False): LinearConfig(block_t=64, block_v=64, block_h=16, num_warps=8, num_stages=1),
+    (torch.bfloat16, False): LinearConfig(block_t=64, block_v=64, block_h=16, num_warps=8, num_stages=1),
     (torch.float32, False): LinearConfig(block_t=64, block_v=64, block_h=16, num_warps=8, num_stages=1),
 }
 TOKEN_BLOCK_V = 2048

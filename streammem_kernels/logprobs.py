@@ -240,11 +240,13 @@ def _check_targets(targets: torch.Tensor, expected_shape, vocab: int, device, sh
     flat = targets.reshape(-1).to(device=device, dtype=torch.int64).contiguous()
     if flat.numel():
         low, high = torch.aminmax(flat)
-        in_range = (low >= 0) & (high < vocab)
         message = f"targets must be token ids in [0, V) = [0, {vocab})"
-        if flat.device.type == "cpu" and not bool(in_range):
-            raise ValueError(f"{message}, got values in [{int(low)}, {int(high)}]")
-        check_values(in_range, message)  # a device-side assertion on CUDA: no synchronisation
+        if flat.device.type == "cpu":  # a host check, with the offending range
+            low, high = int(low), int(high)
+            if low < 0 or high >= vocab:
+                raise ValueError(f"{message}, got values in [{low}, {high}]")
+        else:  # a device-side assertion: no synchronisation
+            check_values((low >= 0) & (high < vocab), message)
     return flat
 
 
@@ -253,12 +255,13 @@ def _raise_on_nan(out: torch.Tensor, source: str) -> None:
     # the O(T) output replaces an O(T*V) scan (and its (T, V) boolean mask).
     if not out.numel():
         return
-    finite = ~torch.isnan(out).any()
     why = "(a NaN or +inf logit, or a row that is all -inf)"
-    if out.device.type == "cpu" and not bool(finite):
-        rows = torch.nonzero(torch.isnan(out.reshape(-1))).flatten()[:5].tolist()
-        raise ValueError(f"{source} must be finite: rows {rows} produced NaN {why}")
-    check_values(finite, f"{source} must be finite: some row produced NaN {why}")  # device-side on CUDA
+    if out.device.type == "cpu":
+        if bool(torch.isnan(out).any()):
+            rows = torch.nonzero(torch.isnan(out.reshape(-1))).flatten()[:5].tolist()
+            raise ValueError(f"{source} must be finite: rows {rows} produced NaN {why}")
+    else:  # a device-side assertion: no synchronisation
+        check_values(~torch.isnan(out).any(), f"{source} must be finite: some row produced NaN {why}")
 
 
 # --------------------------------------------------------------------------
