@@ -148,22 +148,35 @@ def boundaries_scenarios():
         sk.detect_boundaries(torch.randn(2, 23, 97, generator=g).half(), window=5, peak="max", max_event=7,
                              backend="triton")
 
+    def offline_drift_and_max_event_1():  # the scan's drift mode; max_event = 1 specialises to a constant
+        feats = torch.randn(3, 17, 384, generator=g)
+        sk.event_ends(feats, drift=0.2, max_event=9, backend="triton")
+        sk.event_ends(feats[:, 1:], max_event=1, backend="triton")  # a sliced input (copied to contiguous)
+
     def depth_and_cosine():
         sim = sk.adjacent_cosine(x, backend="triton")
         sk.depth_scores(sim, backend="triton")
-        sk.depth_scores(sim, peak="max", backend="triton")
+        sk.depth_scores(sim.double(), peak="max", backend="triton")
 
-    def streaming_one_push():
+    def streaming_one_push():  # one stream: every launch has B = 1, the pair M = 1
         seg = sk.StreamingSegmenter(window=4, backend="triton")
         for t in range(6):
             seg.push(x[t])
+
+    def streaming_batched_window():  # the device-resident push: every stream's window decided each push
+        seg = sk.StreamingSegmenter(window=8, max_event=20, backend="triton")
+        feats = torch.randn(17, 9, 384, generator=g)
+        for t in range(9):
+            seg.push_tensors(feats[:, t])
+        seg.flush_tensors()
 
     def streaming_batched_drift():
         seg = sk.StreamingSegmenter(window=4, drift=0.1, backend="triton")
         for t in range(3):
             seg.push(torch.randn(33, 384, generator=g))
 
-    return [offline_climb, offline_max_half_odd, depth_and_cosine, streaming_one_push, streaming_batched_drift]
+    return [offline_climb, offline_max_half_odd, offline_drift_and_max_event_1, depth_and_cosine,
+            streaming_one_push, streaming_batched_window, streaming_batched_drift]
 
 
 # --------------------------------------------------------------------------
@@ -184,19 +197,27 @@ def logprobs_scenarios():
         logits = torch.randn(2, 4, 3000, generator=g).bfloat16()[:, :, 1:]
         sk.token_logprobs(logits, torch.randint(0, 2999, (2, 4), generator=g), backend="triton")
 
-    def linear_each_dtype():
+    def linear_each_dtype():  # the tensor-core (float16/bfloat16) and IEEE-FMA (float32) tile configurations
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             h = torch.randn(5, 576, generator=g).to(dtype)  # SmolLM2-135M: H = 576
             w = torch.randn(1024, 576, generator=g).to(dtype)
             sk.linear_token_logprobs(h, w, torch.randint(0, 1024, (5,), generator=g), backend="triton")
 
-    def linear_one_token_bias_odd():
-        h = torch.randn(1, 99, generator=g)
-        w = torch.randn(517, 99, generator=g)
-        sk.linear_token_logprobs(h, w, torch.tensor([3]), bias=torch.randn(517, generator=g), backend="triton")
+    def linear_two_row_blocks_bias():  # a caption of T = 70 rows spans two 64-row tiles
+        h = torch.randn(70, 64, generator=g).half()
+        w = torch.randn(600, 64, generator=g).half()
+        sk.linear_token_logprobs(h, w, torch.randint(0, 600, (70,), generator=g), bias=torch.randn(600).half(),
+                                 backend="triton")
+
+    def linear_one_token_bias_odd():  # H % 16 != 0: the unaligned tile configuration of each dtype
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            h = torch.randn(1, 99, generator=g).to(dtype)
+            w = torch.randn(517, 99, generator=g).to(dtype)
+            sk.linear_token_logprobs(h, w, torch.tensor([3]), bias=torch.randn(517, generator=g).to(dtype),
+                                     backend="triton")
 
     return [token_vocab_multiple_of_16, token_one_row_half_odd, token_bf16_sliced, linear_each_dtype,
-            linear_one_token_bias_odd]
+            linear_two_row_blocks_bias, linear_one_token_bias_odd]
 
 
 SCENARIOS = {
