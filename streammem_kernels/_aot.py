@@ -246,9 +246,11 @@ def _compile_one(task: dict) -> dict:
         backend = make_backend(target)
         args = [_decode(a) for a in task["args"]]
         kwargs = {k: _decode(v) for k, v in task["kwargs"].items()}
-        kwargs.setdefault("debug", False)
-        kwargs.setdefault("instrumentation_mode", "")
-        kwargs.setdefault("fpsan_homomorphic_casts", False)
+        # The options JITFunction.run adds before binding, where this Triton knows them (3.6 has no fpsan).
+        known = _option_fields(backend)
+        for key, default in (("debug", False), ("instrumentation_mode", ""), ("fpsan_homomorphic_casts", False)):
+            if key in known:
+                kwargs.setdefault(key, default)
         bound, specialization, options = _binder_for(jit_fn, backend)(*args, **kwargs)
         options, signature, constexprs, attrs = jit_fn._pack_args(backend, kwargs, bound, specialization, options)
         result["signature"] = {k: v for k, v in signature.items() if v != "constexpr"}
@@ -270,6 +272,13 @@ def _compile_one(task: dict) -> dict:
     except Exception as exc:  # reported, the check fails on it
         result["error"] = f"{type(exc).__name__}: {exc}"[:2000]
     return result
+
+
+def _option_fields(backend) -> set:
+    import dataclasses
+
+    options = backend.parse_options({})
+    return {f.name for f in dataclasses.fields(options)}
 
 
 def _plain(v):
