@@ -251,7 +251,8 @@ class StreamingSegmenter:
     drift : float in [-1, 1], optional
         ProStream mode: cut after frame t-1 when ``cos(v_t, v_{t-1}) < drift``
         (replaces the window rule).
-    backend : {"auto", "torch", "cpp", "triton"}
+    backend : {"auto", "torch", "cpp", "triton", "cuda"}
+        ``cuda``: one fused launch per push for all streams (CUDA tensors).
 
     Notes
     -----
@@ -279,6 +280,7 @@ class StreamingSegmenter:
         self._frames_in_window: torch.Tensor | None = None  # (B,) int64, 0..window+1
         self._last_end: torch.Tensor | None = None  # (B,) int64, -1 before the first event
         self._last_norm: torch.Tensor | None = None  # (B,) float64 squared norm of the last frame (cpp only)
+        self._depth_scratch: torch.Tensor | None = None  # (B, window) float64 (cuda only)
         self._backend_name: str | None = None
 
     @property
@@ -296,7 +298,7 @@ class StreamingSegmenter:
         x = self._admit(features)
         if self._backend_name == "cpp":
             return self._push_cpp(x)
-        return self._step(x).events()
+        return STREAM_STEP.impls[self._backend_name](self, x).events()
 
     def push_tensors(self, features) -> SegmentStep:
         """Device-resident :meth:`push`: the closed events as a :class:`SegmentStep` of tensors.
@@ -309,9 +311,7 @@ class StreamingSegmenter:
         pushes replays those frame indices.
         """
         x = self._admit(features)
-        if self._backend_name == "cpp":
-            return self._step_from_events(self._push_cpp(x), x.shape[0], self.frames_seen - 1)
-        return self._step(x)
+        return STREAM_STEP.impls[self._backend_name](self, x)
 
     def _admit(self, features) -> torch.Tensor:
         """Validate a push, fix the layout and backend on the first one; (B, D) float32 features."""
@@ -339,17 +339,21 @@ class StreamingSegmenter:
         x = _to_kernel_dtype(x)
         if self._window_sims is None:
             B = x.shape[0]
-            self._backend_name = _select(self.backend, x)  # fixed for the life of the segmenter
+            self._backend_name = STREAM_STEP.select(self.backend, x.device)  # fixed for the segmenter's life
             self._window_sims = torch.zeros((B, self.params.window), dtype=torch.float32, device=x.device)
             self._frames_in_window = torch.zeros(B, dtype=torch.int64, device=x.device)
             self._last_end = torch.full((B,), -1, dtype=torch.int64, device=x.device)
             if self._backend_name == "cpp":
                 self._last_frame = torch.zeros_like(x, memory_format=torch.contiguous_format)
                 self._last_norm = torch.zeros(B, dtype=torch.float64)
+            elif self._backend_name == "cuda":
+                self._last_frame = torch.zeros_like(x, memory_format=torch.contiguous_format)
+                self._depth_scratch = torch.empty((B, self.params.window), dtype=torch.float64, device=x.device)
         return x
 
     def _step(self, x: torch.Tensor) -> SegmentStep:
-        """One push on the torch/Triton backends: tensors only, every stream decided at once."""
+        """One push on the torch/Triton backends: tensors only, every stream decided at once (the
+        reference of the fused C++ and CUDA steps)."""
         p = self.params
         name = self._backend_name
         t = self.frames_seen
@@ -402,6 +406,19 @@ class StreamingSegmenter:
         for e in events:
             slot = 1 if e.end == t else 0
             start[e.stream, slot], end[e.stream, slot] = e.start, e.end
+        return self._shaped(SegmentStep(start, end))
+
+    def _step_cpp(self, x: torch.Tensor) -> SegmentStep:
+        return self._step_from_events(self._push_cpp(x), x.shape[0], self.frames_seen - 1)
+
+    def _step_cuda(self, x: torch.Tensor) -> SegmentStep:
+        from ._boundaries_cuda import stream_step_cuda
+
+        p = self.params
+        start, end = stream_step_cuda(x, self._last_frame, self._window_sims, self._depth_scratch,
+                                      self._frames_in_window, self._last_end, self.frames_seen, p,
+                                      has_last=self.frames_seen > 0)
+        self.frames_seen += 1
         return self._shaped(SegmentStep(start, end))
 
     def _push_cpp(self, x: torch.Tensor) -> list[Event]:
@@ -758,3 +775,9 @@ WINDOW_CHOICES = Op("boundaries", {"torch": _window_choices_torch, "cpp": _windo
 SCAN_EVENTS = Op("boundaries", {"torch": _scan_events_torch, "cpp": _scan_events_cpp,
                                 "triton": _scan_events_triton},
                  tolerances={b: _EXACT for b in _BACKENDS})
+# The streaming push (StreamingSegmenter.push / push_tensors): impls take (segmenter, (B, D) float32
+# features) and return the SegmentStep.  torch and triton run the tensor step (the reference, with
+# each backend's core ops), cpp and cuda one fused native step each (decisions identical).
+STREAM_STEP = Op("boundaries", {"torch": StreamingSegmenter._step, "triton": StreamingSegmenter._step,
+                                "cpp": StreamingSegmenter._step_cpp, "cuda": StreamingSegmenter._step_cuda},
+                 tolerances={b: _EXACT for b in _BACKENDS + ("cuda",)})

@@ -11,7 +11,7 @@ import torch
 
 from streammem_kernels import (Event, SegmentStep, StreamingSegmenter, adjacent_cosine, depth_scores,
                                detect_boundaries, event_ends)
-from streammem_kernels.boundaries import ADJACENT_COSINE, SCAN_EVENTS, WINDOW_CHOICES, WINDOW_DEPTH
+from streammem_kernels.boundaries import ADJACENT_COSINE, SCAN_EVENTS, STREAM_STEP, WINDOW_CHOICES, WINDOW_DEPTH
 from streammem_kernels.samples import read_video
 
 from conftest import cpu_backends
@@ -537,6 +537,53 @@ def test_every_device_resident_form_captures_in_a_cuda_graph(backend):
         eager, replayed = capture_in_cuda_graph(fn)
         assert torch.equal(eager, replayed)
     assert torch.equal(cases[2]().cpu(), event_ends(x.cpu(), backend="torch"))
+
+
+# --------------------------------------------------------------------------
+# The fused CUDA push (csrc/cuda/boundaries.cu): one launch per push for all streams
+# --------------------------------------------------------------------------
+def require_fused_cuda():
+    if "cuda" not in device_backends(STREAM_STEP, "cuda"):
+        pytest.skip("the CUDA module of boundaries is not built")
+
+
+@CUDA
+@pytest.mark.parametrize("params", PARAM_GRID, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "defaults")
+def test_fused_cuda_push_equals_the_reference(params):
+    require_fused_cuda()
+    g = torch.Generator().manual_seed(11)
+    x = torch.cat([torch.randn(3, 70, 45, generator=g), adversarial_batch(T=70, D=45)])
+    want = detect_boundaries(x, backend="torch", **params)
+    assert stream_all(StreamingSegmenter(backend="cuda", **params), x.cuda()) == want
+    torch_steps, cuda_steps = StreamingSegmenter(backend="torch", **params), StreamingSegmenter(backend="cuda", **params)
+    for t in range(x.shape[1]):  # slot by slot, the tensors the reference step returns
+        ref, got = torch_steps.push_tensors(x[:, t]), cuda_steps.push_tensors(x[:, t].cuda())
+        assert torch.equal(ref.start, got.start.cpu()) and torch.equal(ref.end, got.end.cpu()), t
+    for s in (0, 4):  # a single (D,) stream
+        single = [Event(s, e.start, e.end) for e in stream_all(StreamingSegmenter(backend="cuda", **params),
+                                                              x[s].cuda())]
+        assert single == [e for e in want if e.stream == s]
+
+
+@CUDA
+def test_fused_cuda_push_decisions_at_thresholds():
+    require_fused_cuda()
+    x = DIP.cuda()
+    for params, want in _exact_threshold_cases():
+        seg = StreamingSegmenter(backend="cuda", window=4, **params)
+        assert [e for t in range(5) for e in seg.push(x[t])] + seg.flush() == want, params
+
+
+@CUDA
+def test_fused_cuda_push_captures_in_a_cuda_graph():
+    require_fused_cuda()
+    x = torch.randn(1000, 6, 384, device="cuda")  # a thousand streams, one launch per push
+    for params in (dict(window=4, min_depth=0.0, max_event=5), dict(drift=0.3)):
+        def stream(params=params):
+            seg = StreamingSegmenter(backend="cuda", **params)
+            return torch.stack([torch.stack(seg.push_tensors(x[:, t])) for t in range(x.shape[1])])
+        eager, replayed = capture_in_cuda_graph(stream)
+        assert torch.equal(eager, replayed)
 
 
 # --------------------------------------------------------------------------
