@@ -1163,19 +1163,19 @@ def _cosine_topk_cpp_fused(queries, keys, k, ranges):
 
 
 def _cosine_topk_cpp_blas(queries, keys, k, ranges):
-    """Blocked torch.mm (CPU BLAS) score blocks consumed by a C++ running top-k."""
+    """Blocked torch.mm (CPU BLAS) score blocks filtered by a C++ running top-k, which scores
+    the keys it admits exactly as the fused scan does (the same ranking, ties included)."""
     mod, _ = load_native("cpu", "tree")
     num_q, num_k = queries.shape[0], keys.shape[0]
-    key_norm = torch.linalg.vector_norm(keys, dim=1).contiguous()
     ids = np.full((num_q, k), -1, dtype=np.int64)
     scores = np.full((num_q, k), -np.inf, dtype=np.float32)
     block = min(num_k, max(256, _BLAS_BLOCK_BUDGET // num_q))
-    ranges_np, norm_np = _np(ranges), key_norm.numpy()
+    ranges_np, queries_np, keys_np = _np(ranges), _np(queries), _np(keys)
     buf = torch.empty((num_q, block), dtype=queries.dtype)  # one score block, reused (cache-resident output)
     for lo in range(0, num_k, block):
         hi = min(num_k, lo + block)
         dots = torch.mm(queries, keys[lo:hi].T, out=buf) if hi - lo == block else torch.mm(queries, keys[lo:hi].T)
-        mod.topk_merge(dots.numpy(), norm_np[lo:hi], lo, ranges_np, ids, scores)
+        mod.topk_merge(dots.numpy(), queries_np, keys_np[lo:hi], lo, ranges_np, ids, scores)
     return torch.from_numpy(ids), torch.from_numpy(scores)
 
 
