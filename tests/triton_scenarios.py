@@ -111,7 +111,7 @@ def tree_scenarios():
 
     # Top-k: one query per program below 16 queries (or k > 64), blocks of 16 above; the
     # keys split into slices merged by a second launch, or one slice written out directly.
-    def topk_one_query_k1():
+    def topk_one_query():  # k = 1
         sk.cosine_topk(q[:1], keys, 1, backend="triton")
 
     def topk_batch_k10():
@@ -131,7 +131,7 @@ def tree_scenarios():
         sk.cosine_topk(torch.randn(3, 97, generator=g), k97, 2, ranges=ranges, backend="triton")
 
     return [greedy_one_query, greedy_batch, greedy_from_every_root, beam_batch, beam_one_query_utility,
-            topk_one_query_k1, topk_batch_k10, topk_one_slice, topk_large_k, topk_ranges_odd_dim]
+            topk_one_query, topk_batch_k10, topk_one_slice, topk_large_k, topk_ranges_odd_dim]
 
 
 # --------------------------------------------------------------------------
