@@ -1222,11 +1222,12 @@ def _cosine_topk_cpp_blas(queries, keys, k, ranges):
     scores = np.full((num_q, k), -np.inf, dtype=np.float32)
     block = min(num_k, max(256, _BLAS_BLOCK_BUDGET // num_q))
     ranges_np, queries_np, keys_np = _np(ranges), _np(queries), _np(keys)
+    norms = mod.row_norms(keys_np)
     buf = torch.empty((num_q, block), dtype=queries.dtype)  # one score block, reused (cache-resident output)
     for lo in range(0, num_k, block):
         hi = min(num_k, lo + block)
         dots = torch.mm(queries, keys[lo:hi].T, out=buf) if hi - lo == block else torch.mm(queries, keys[lo:hi].T)
-        mod.topk_merge(dots.numpy(), queries_np, keys_np[lo:hi], lo, ranges_np, ids, scores)
+        mod.topk_merge(dots.numpy(), norms[lo:hi], queries_np, keys_np[lo:hi], lo, ranges_np, ids, scores)
     return torch.from_numpy(ids), torch.from_numpy(scores)
 
 

@@ -12,8 +12,9 @@
 //   cosine_topk(queries (Q,D) f32 unit, keys (N,D) f32 raw, k, ranges (Q,2))
 //     -> ids (Q,k), scores (Q,k): one fused pass, key norms computed on the
 //        fly next to the dot products while the key row is in L1.
-//   topk_merge(dots (Q,B) f32, queries (Q,D) f32, keys (B,D) f32, offset, ranges,
-//              ids (Q,k) inout, scores (Q,k) inout): folds one score block of
+//   row_norms(keys (N,D) f32) -> (N,) sqrt(dot(key, key)), the norms cosine_topk divides by.
+//   topk_merge(dots (Q,B) f32, norms (B,) f32, queries (Q,D) f32, keys (B,D) f32, offset,
+//              ranges, ids (Q,k) inout, scores (Q,k) inout): folds one score block of
 //        a BLAS GEMM into each query's running top-k (the GEMM filters, the
 //        admitted keys are scored like cosine_topk scores them).
 //
@@ -331,34 +332,45 @@ STREAMMEM_HOT bool any_at_least(const float* __restrict row, const float* __rest
   return hit != 0;
 }
 
-// Folds the GEMM score block dots = queries . keys^T (keys = keys[offset : offset + B]) into
-// the running top-k.  The GEMM's dot products only filter: a BLAS sums each one in an order
-// that depends on where the key falls in its tiles, so two identical keys can differ by an
-// ulp there, which would break the tie rule.  Every key the filter admits is scored again
-// exactly as the fused scan scores it (dot(q, key) / sqrt(dot(key, key))), so both paths
-// rank by the same numbers and identical keys tie.
-void topk_merge(carray<float> dots, carray<float> queries, carray<float> keys, int64_t offset,
+// sqrt(dot(key, key)) per key: the norm the fused scan divides by, computed once per call
+// of the BLAS path (one parallel pass) for topk_merge.
+py::array_t<float> row_norms(carray<float> keys) {
+  require(keys.ndim() == 2, "row_norms: keys must be (N, D)");
+  const int64_t N = keys.shape(0), D = keys.shape(1);
+  py::array_t<float> out(N);
+  float* o = out_ptr(out);
+  const float* K = keys.data();
+  py::gil_scoped_release nogil;
+#pragma omp parallel for schedule(static) if (N * D >= (int64_t(1) << 20))
+  for (int64_t j = 0; j < N; ++j) o[j] = std::sqrt(dot(K + j * D, K + j * D, D));
+  return out;
+}
+
+// Folds the GEMM score block dots = queries . keys^T (keys = keys[offset : offset + B], norm
+// their row_norms) into the running top-k.  The GEMM's dot products only filter: a BLAS sums
+// each one in an order that depends on where the key falls in its tiles, so two identical
+// keys can differ by an ulp there, which would break the tie rule.  Every key the filter
+// admits is scored again exactly as the fused scan scores it (dot(q, key) / norm), so both
+// paths rank by the same numbers and identical keys tie.
+void topk_merge(carray<float> dots, carray<float> norms, carray<float> queries, carray<float> keys, int64_t offset,
                 carray<int64_t> ranges, py::array ids, py::array scores) {
   require(dots.ndim() == 2 && ids.ndim() == 2 && scores.ndim() == 2 && queries.ndim() == 2 && keys.ndim() == 2,
           "topk_merge: bad ranks");
   const int64_t Q = dots.shape(0), B = dots.shape(1), k = ids.shape(1), D = keys.shape(1);
   require(ids.shape(0) == Q && scores.shape(0) == Q && scores.shape(1) == k, "topk_merge: bad output shapes");
-  require(keys.shape(0) == B && queries.shape(0) == Q && queries.shape(1) == D && ranges.shape(0) == Q,
+  require(keys.shape(0) == B && norms.shape(0) == B && queries.shape(0) == Q && queries.shape(1) == D &&
+              ranges.shape(0) == Q,
           "topk_merge: bad shapes");
   const float* Dm = dots.data();
+  const float* norm = norms.data();
   const float* Qm = queries.data();
   const float* K = keys.data();
   const int64_t* rg = ranges.data();
   int64_t* I = inplace_ptr<int64_t>(ids, "ids");
   float* S = inplace_ptr<float>(scores, "scores");
   py::gil_scoped_release nogil;
-  std::vector<float> norm(B), inv(B);
-#pragma omp parallel for schedule(static) if (B * D >= (int64_t(1) << 20))
-  for (int64_t j = 0; j < B; ++j) {
-    const float nsq = dot(K + j * D, K + j * D, D);
-    norm[j] = std::sqrt(nsq);
-    inv[j] = nsq > 0.f ? 1.f / norm[j] : 0.f;
-  }
+  std::vector<float> inv(B);
+  for (int64_t j = 0; j < B; ++j) inv[j] = norm[j] > 0.f ? 1.f / norm[j] : 0.f;
   // |GEMM dot - exact dot| <= D u |q| |key| for any summation order (u = 2^-24), and the
   // same holds for the exact scan's own dot: the filter's score dot * (1 / |key|) is within
   // 2 (D + 8) u of the rescored one (|q| <= 1, a few more ulps for the norm and the
@@ -425,6 +437,7 @@ PYBIND11_MODULE(_cpu_tree, m) {
   m.def("cosine_topk", &streammem::cosine_topk, py::arg("queries"), py::arg("keys"), py::arg("k"),
         py::arg("ranges"));
   m.def("all_finite", &streammem::all_finite, py::arg("values"));
-  m.def("topk_merge", &streammem::topk_merge, py::arg("dots"), py::arg("queries"), py::arg("keys"),
-        py::arg("offset"), py::arg("ranges"), py::arg("ids"), py::arg("scores"));
+  m.def("row_norms", &streammem::row_norms, py::arg("keys"));
+  m.def("topk_merge", &streammem::topk_merge, py::arg("dots"), py::arg("norms"), py::arg("queries"),
+        py::arg("keys"), py::arg("offset"), py::arg("ranges"), py::arg("ids"), py::arg("scores"));
 }
