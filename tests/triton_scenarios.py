@@ -101,17 +101,23 @@ def kmeans_scenarios():
 # --------------------------------------------------------------------------
 def tree_scenarios():
     g = _g(3)
-    tree = sk.CosineTree(384)
-    tree.add_leaves(torch.randn(300, 384, generator=g))
+    # D = 48 is in the classes of the working D = 384 / 768 (multiples of 16); 97 is odd.
+    tree = sk.CosineTree(48)
+    tree.add_leaves(torch.randn(300, 48, generator=g))
     tree.grow(10)
-    q = torch.randn(17, 384, generator=g)
-    keys = torch.randn(200, 384, generator=g)
+    q = torch.randn(17, 48, generator=g)
+    keys = torch.randn(200, 48, generator=g)
 
+    # Greedy: one row per program below 16 rows, blocks of 16 rows above.
     def greedy_one_query():
         sk.tree_search(tree, q[:1], backend="triton")
 
     def greedy_batch():
         sk.tree_search(tree, q, backend="triton")
+
+    def greedy_from_every_root():  # 3 roots: 3 rows for one query, 51 for the batch
+        sk.tree_search(tree, q[:1], from_every_root=True, backend="triton")
+        sk.tree_search(tree, q, from_every_root=True, backend="triton")
 
     def beam_batch():
         sk.tree_search(tree, q, beam=(5, 10), k=3, backend="triton")
@@ -119,19 +125,29 @@ def tree_scenarios():
     def beam_one_query_utility():
         sk.tree_search(tree, q[:1], beam=4, k=1, use_utility=True, min_score=0.0, backend="triton")
 
-    def topk_one_query():
+    # Top-k: one query per program below 16 queries (or k > 64), blocks of 16 above; the
+    # keys split into slices merged by a second launch, or one slice written out directly.
+    def topk_one_query():  # k = 1
         sk.cosine_topk(q[:1], keys, 1, backend="triton")
 
     def topk_batch_k10():
-        sk.cosine_topk(q, keys, 10, backend="triton")
+        sk.cosine_topk(q, keys[:96], 10, backend="triton")
+
+    def topk_one_slice():
+        sk.cosine_topk(q, keys[:48], 5, backend="triton")
+        sk.cosine_topk(q[:2], keys[:48], 5, backend="triton")
+
+    def topk_large_k():  # k = 64: the largest a block of queries keeps; k = 65: one query per program
+        sk.cosine_topk(q[:16], keys[:70], 64, backend="triton")
+        sk.cosine_topk(q[:1], keys[:70], 65, backend="triton")
 
     def topk_ranges_odd_dim():  # VideoAgent: best frame inside each segment, odd D
         k97 = torch.randn(50, 97, generator=g)
         ranges = torch.tensor([[0, 10], [10, 33], [33, 50]])
         sk.cosine_topk(torch.randn(3, 97, generator=g), k97, 2, ranges=ranges, backend="triton")
 
-    return [greedy_one_query, greedy_batch, beam_batch, beam_one_query_utility, topk_one_query, topk_batch_k10,
-            topk_ranges_odd_dim]
+    return [greedy_one_query, greedy_batch, greedy_from_every_root, beam_batch, beam_one_query_utility,
+            topk_one_query, topk_batch_k10, topk_one_slice, topk_large_k, topk_ranges_odd_dim]
 
 
 # --------------------------------------------------------------------------
