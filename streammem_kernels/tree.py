@@ -886,17 +886,18 @@ def tree_search(tree: CosineTree, queries, *, beam=1, k: int = 1, min_score: flo
     greedy = isinstance(beam, (int, np.integer)) and not isinstance(beam, bool) and int(beam) == 1
     widths = _beam_widths(beam, height)
     arrays = (tree.embeddings, tree.child_ptr, tree.child_idx, tree.roots)
-    name = TREE_SEARCH.select(backend, tree.device)
     if greedy:
         if k != 1 or min_score is not None or use_utility:
             raise ValueError(
                 "beam=1 is greedy search (one path, no leaf ranking); k, min_score and use_utility "
                 "need beam search: pass beam=(1,) or a wider beam"
             )
+        name = TREE_GREEDY.select(backend, tree.device)
         return TreePathResult(*call_op(torch.ops.streammem.tree_greedy, TREE_GREEDY.impls, name, *arrays, q, height,
                                        tree.max_fanout, from_every_root))
     if from_every_root:
         raise ValueError("from_every_root applies to greedy search (beam=1) only")
+    name = TREE_BEAM.select(backend, tree.device)
     ids, scores = call_op(torch.ops.streammem.tree_beam, TREE_BEAM.impls, name, *arrays, tree.level, tree.utility, q,
                           list(widths), tree.max_fanout, k, min_val, use_utility)
     return TopKResult(ids, scores)
@@ -1268,6 +1269,15 @@ def _beam_triton(embeddings, child_ptr, child_idx, roots, level, utility, querie
                         min_score, use_utility, _score_candidates_triton)
 
 
+# --------------------------------------------------------------------------
+# Backend: CUDA (csrc/cuda/tree.cu): greedy descent, one block per query, one launch
+# --------------------------------------------------------------------------
+def _greedy_cuda(embeddings, child_ptr, child_idx, roots, queries, height, fanout, from_every_root):
+    from ._tree_cuda import greedy_cuda
+
+    return greedy_cuda(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root)
+
+
 def _cosine_topk_triton(queries, keys, k, ranges):
     from ._tree_triton import cosine_topk_triton
 
@@ -1288,13 +1298,14 @@ def _cosine_topk_triton_reasons(device, k: int = 1, num_keys: int = 1, **_) -> l
 # unit vectors summed in a different order).  Ids must match exactly.
 _SCORE_TOLERANCES = {dtype: (2e-5, 0.0) for dtype in _FLOAT_INPUTS}
 _TOLERANCES = {"torch": {dtype: (0.0, 0.0) for dtype in _FLOAT_INPUTS}, "cpp": _SCORE_TOLERANCES,
-               "triton": _SCORE_TOLERANCES}
+               "triton": _SCORE_TOLERANCES, "cuda": _SCORE_TOLERANCES}
 
-TREE_GREEDY = Op("tree", {"torch": _greedy_torch, "cpp": _greedy_cpp, "triton": _greedy_triton},
-                 tolerances=_TOLERANCES)
+# tree_search dispatches greedy and beam search separately: greedy has a CUDA kernel (pointer
+# chasing in one launch), beam search runs on Triton on a GPU.
+TREE_GREEDY = Op("tree", {"torch": _greedy_torch, "cpp": _greedy_cpp, "triton": _greedy_triton,
+                          "cuda": _greedy_cuda}, tolerances=_TOLERANCES)
 TREE_BEAM = Op("tree", {"torch": _beam_torch, "cpp": _beam_cpp, "triton": _beam_triton}, tolerances=_TOLERANCES)
-# The backends of tree_search: greedy and beam search have the same ones (and the same limits).
-TREE_SEARCH = TREE_GREEDY
+TREE_SEARCH = TREE_GREEDY  # kept for callers of the earlier single-Op API
 
 COSINE_TOPK = Op(
     "tree",

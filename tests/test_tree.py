@@ -595,11 +595,13 @@ def test_identical_nodes_resolve_to_lowest_id(device):
         node = int(kids[0])
     widest = int(torch.bincount(tree.level).max())
     leaves = sorted(int(i) for i in torch.nonzero(tree.level == 0)[:, 0])
-    for backend in device_backends(TREE_SEARCH, device):
+    for backend in device_backends(TREE_GREEDY, device):
         for q in (queries[:1], queries):
             res = tree_search(tree, q, backend=backend)
             assert res.path.tolist() == [path + [-1] * (tree.height + 1 - len(path))] * len(q), backend
             assert res.best_node.tolist() == [path[0]] * len(q), backend  # first maximum on the path
+            if backend not in TREE_BEAM.impls:
+                continue  # greedy-only backend (cuda)
             res = tree_search(tree, q, beam=widest, k=6, backend=backend)
             assert res.ids.tolist() == [leaves[:6]] * len(q), backend
 
@@ -616,11 +618,15 @@ def _gpu_path_calls(tree, keys, queries, device):
     ranges = ranges.to(device)
     calls = []
     for q in (queries[:1], queries):
-        for backend in device_backends(TREE_SEARCH, device):
+        for backend in device_backends(TREE_GREEDY, device):
             calls += [
                 (f"greedy Q={len(q)} {backend}", backend, lambda q=q, b=backend: tree_search(tree, q, backend=b)),
                 (f"every root Q={len(q)} {backend}", backend,
                  lambda q=q, b=backend: tree_search(tree, q, from_every_root=True, backend=b)),
+            ]
+            if backend not in TREE_BEAM.impls:
+                continue  # the CUDA kernel is greedy descent only
+            calls += [
                 (f"beam Q={len(q)} {backend}", backend,
                  lambda q=q, b=backend: tree_search(tree, q, beam=(2, 3), k=4, use_utility=True, min_score=-0.5,
                                                     backend=b)),
@@ -672,9 +678,9 @@ def test_gpu_code_paths_never_synchronise(monkeypatch, backend):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "triton", "cuda"])
 def test_searches_capture_in_cuda_graph(backend):
-    if backend not in device_backends(TREE_SEARCH, "cuda"):
+    if backend not in device_backends(TREE_GREEDY, "cuda"):
         pytest.skip(f"{backend} cannot run on this GPU")
     tree, keys, queries = _gpu_path_inputs("cuda")
     for name, b, fn in _gpu_path_calls(tree, keys, queries, "cuda"):
