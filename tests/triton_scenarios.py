@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import torch
 
+import interpreter_speedup
 import streammem_kernels as sk
+
+interpreter_speedup.install()  # the scenarios run interpreted while they are recorded
 
 
 def _g(seed=0):
