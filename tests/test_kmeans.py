@@ -307,6 +307,39 @@ def test_duplicated_points_k_close_to_n_never_nan(backend, metric):
             assert int(ref.n_iter.max()) < 4
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_centre_update_rounds_like_the_reference(device):
+    # The update kernel divides float32 sums by float32 masses in float32 (tl.div_rn), the reference
+    # in float64 then rounds to float32: the same bits (double rounding is innocuous for a division
+    # when 53 >= 2 * 24 + 2).  Sums over 60 orders of magnitude, empty clusters (mass 0) kept as is.
+    if "triton" not in device_backends(LLOYD, device):
+        pytest.skip("Triton cannot run here")
+    import triton
+
+    from streammem_kernels import _kmeans_triton as kt
+
+    g = torch.Generator().manual_seed(90)
+    B, K, D = 2, 40, 50
+    sums = torch.randn(B, K, D, generator=g) * torch.logspace(-30, 30, D)
+    mass = torch.rand(B, K, generator=g) * torch.logspace(-10, 10, K)
+    mass[0, 3] = 0.0
+    old = torch.randn(B, K, D, generator=g)
+    # kmeans.finish_update's arithmetic (an empty cluster keeps its sums until it is re-seeded).
+    expect = (sums.double() / torch.where(mass > 0, mass, 1.0).double()[..., None]).float()
+    t = [v.to(device) for v in (sums, mass, old)]
+    new = torch.empty_like(t[2])
+    csq = torch.empty(B, K, dtype=torch.float64, device=device)
+    empty = torch.empty(B, K, dtype=torch.int32, device=device)
+    row_shift = torch.empty(B, K, dtype=torch.float64, device=device)
+    n_empty = torch.zeros(B, dtype=torch.int32, device=device)
+    active = torch.ones(B, dtype=torch.int32, device=device)
+    kt._update_kernel[(triton.cdiv(K, kt.ROWS_BLOCK_K), B)](
+        t[0], t[1], t[2], new, csq, empty, n_empty, row_shift, active, D, K, 0,
+        BLOCK_K=kt.ROWS_BLOCK_K, BLOCK_D=kt.ROWS_BLOCK_D, enable_fp_fusion=False)
+    assert torch.equal(new.cpu(), expect)
+    assert n_empty.tolist() == [1, 0] and empty.cpu()[0, 3] == 1
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton unavailable")
 @pytest.mark.parametrize("cosine", [False, True])
 def test_triton_assignment_ties_go_to_the_lowest_centre_index(cosine):
