@@ -311,7 +311,7 @@ def test_duplicated_points_k_close_to_n_never_nan(backend, metric):
 def test_triton_centre_update_rounds_like_the_reference(device):
     # The update kernel divides float32 sums by float32 masses in float32 (tl.div_rn), the reference
     # in float64 then rounds to float32: the same bits (double rounding is innocuous for a division
-    # when 53 >= 2 * 24 + 2).  Sums over 60 orders of magnitude, empty clusters (mass 0) kept as is.
+    # when 53 >= 2 * 24 + 2).  Quotients over 70 orders of magnitude; an empty cluster (mass 0) keeps its sums.
     if "triton" not in device_backends(LLOYD, device):
         pytest.skip("Triton cannot run here")
     import triton
@@ -320,7 +320,7 @@ def test_triton_centre_update_rounds_like_the_reference(device):
 
     g = torch.Generator().manual_seed(90)
     B, K, D = 2, 40, 50
-    sums = torch.randn(B, K, D, generator=g) * torch.logspace(-30, 30, D)
+    sums = torch.randn(B, K, D, generator=g) * torch.logspace(-25, 25, D)  # quotients stay finite
     mass = torch.rand(B, K, generator=g) * torch.logspace(-10, 10, K)
     mass[0, 3] = 0.0
     old = torch.randn(B, K, D, generator=g)
