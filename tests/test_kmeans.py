@@ -113,10 +113,11 @@ def _param_grid(grid):
 def test_backends_match_reference(device, backend, case, init):
     _require(device, backend)
     x, k, kwargs = _grid_case(case)
+    if device != "cpu":  # the same initial centres for both: the seeding generator would run on the device
+        init = _cpu_initial_centres(x, k, init, kwargs)
     ref = batched_kmeans(x, k, init=init, backend="torch", **kwargs)  # CPU reference
     if device != "cpu":
-        # The same initial centres: the seeding generator would run on the device.
-        init = _cpu_initial_centres(x, k, init, kwargs).to(device)
+        init = init.to(device)
         kwargs = {name: value.to(device) if isinstance(value, torch.Tensor) else value
                   for name, value in kwargs.items()}
     got = batched_kmeans(x.to(device), k, init=init, backend=backend, **kwargs)
@@ -554,7 +555,6 @@ _CUDA_MARKS = next(d for d in DEVICES if not isinstance(d, str)).marks
 @pytest.mark.parametrize("device, backend", [
     pytest.param("cpu", "cpp" if "cpp" in BACKENDS else "torch", id="cpu"),
     pytest.param("cuda", "triton", id="cuda-triton", marks=_CUDA_MARKS),  # interpreted: far too slow at this D
-    pytest.param("cuda", "torch", id="cuda-torch", marks=_CUDA_MARKS),
 ])
 def test_long_dot_products_keep_float64_labels_regression(device, backend):
     # Regression: with D = 65,536 (StreamChat frames) a single 65,536-term
