@@ -5,9 +5,9 @@ tensor value on the host, so a call never synchronises the CUDA stream and can
 be captured in a CUDA graph.  Each problem's state lives on the device:
 ``active[b]`` (still iterating), ``n_iter[b]`` and its centres.  A problem
 that has converged keeps its centres and ``n_iter`` frozen: every kernel reads
-``active[b]`` first and a converged problem's programs skip their work (their
-loops are empty), so the remaining iterations up to ``iters`` cost launches,
-not arithmetic.  There is no early exit of the whole loop: deciding that every
+``active[b]`` first and a converged problem's programs skip their whole
+body, so the remaining iterations up to ``iters`` cost launches, not
+arithmetic.  There is no early exit of the whole loop: deciding that every
 problem has converged would need the host to read ``active``.  The price is
 5 launches per remaining iteration (a few microseconds each, less inside a
 CUDA graph) once all problems have converged; see kmeans.py.
@@ -30,11 +30,12 @@ One Lloyd iteration is five launches, in stream order:
   reduction without atomics, in a fixed order, so the sums are bit-identical
   from run to run (float32, not the float64 of the C++ kernel).
 * ``_update_kernel``: one program per (tile of centres, problem): the new
-  centre ``sums / mass`` (cosine: ``sums / ||sums||``) computed in float64 and
-  rounded to float32 as the reference does, its squared norm for the next
-  assignment, the empty-cluster flags, each row's squared shift, and the
-  number of empty clusters per problem (an integer atomic add: exact, so
-  still deterministic).
+  centre ``sums / mass`` (cosine: ``sums / ||sums||``) with the reference's
+  rounding (a correctly rounded float32 division gives the same bits as the
+  reference's float64 quotient rounded to float32; cosine divides in
+  float64 by the float64 norm), its squared norm for the next assignment,
+  the empty-cluster flags, each row's squared shift, and the number of empty
+  clusters per problem (an integer atomic add: exact, so still deterministic).
 * ``_own_distance_kernel``: the float64 direct distance of each point to the
   centre it was assigned to (``||x - c||^2``, cosine ``1 - x.c``), needed to
   re-seed empty clusters; its programs do nothing unless their problem is
@@ -345,6 +346,9 @@ def lloyd_triton(points: torch.Tensor, weights: torch.Tensor, lengths: torch.Ten
     n_empty = torch.zeros((B,), dtype=torch.int32, device=device)
     active = torch.ones((B,), dtype=torch.int32, device=device)
     n_iter = torch.zeros((B,), dtype=torch.int64, device=device)
+    # The assignment and sums are the arithmetic-heavy kernels (FMA allowed); the row sweeps that
+    # mirror finish_update are launched without fusion, so their float64 products and sums round as
+    # the reference's separate multiplies and adds do.
     for i in range(iters):
         current, following = buffers[i % 2], buffers[1 - i % 2]
         _assign(points, current, norms[i % 2], lengths, active, labels, cosine)
