@@ -289,7 +289,9 @@ def _dedupe(launches: list[dict], archs) -> list[dict]:
     """One task per (kernel, arch, arguments as specialisation sees them)."""
     tasks: dict[str, dict] = {}
     for launch in launches:
-        key_args = [_spec_key(a) for a in launch["args"]]
+        fixed = _unspecialised(launch["kernel"])  # do_not_specialize: every value shares one binary
+        key_args = [{"int": "any"} if name in fixed and isinstance(a, dict) and "int" in a and abs(a["int"]) < 2**31
+                    else _spec_key(a) for a, name in zip(launch["args"], launch["params"])]
         key_kwargs = {k: _spec_key(v) for k, v in launch["kwargs"].items()}
         for arch in archs:
             key = json.dumps([launch["kernel"], arch, key_args, key_kwargs], sort_keys=True)
@@ -298,6 +300,16 @@ def _dedupe(launches: list[dict], archs) -> list[dict]:
             if launch["scenario"] not in task["scenarios"]:
                 task["scenarios"].append(launch["scenario"])
     return list(tasks.values())
+
+
+def _unspecialised(kernel: str) -> frozenset:
+    """Parameters of ``kernel`` declared ``do_not_specialize`` (empty if it cannot be imported here)."""
+    mod_name, _, fn_name = kernel.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except Exception:  # reported by the compile step
+        return frozenset()
+    return frozenset(p.name for p in getattr(fn, "params", ()) if getattr(p, "do_not_specialize", False))
 
 
 def _spec_key(value):

@@ -82,21 +82,40 @@ def motion_scenarios():
 def kmeans_scenarios():
     g = _g(2)
 
-    def chunk_l2():  # StreamChat chunk compression: a few problems of L frames, D = 768
-        sk.batched_kmeans(torch.randn(3, 20, 768, generator=g), 8, iters=3, backend="triton")
+    def chunk_l2():  # StreamChat chunk compression: a few problems of L frames, D = 768 (D % 16 == 0)
+        sk.batched_kmeans(torch.randn(3, 20, 768, generator=g), 8, iters=1, backend="triton")
+
+    def chunk_cosine():
+        sk.batched_kmeans(torch.randn(3, 20, 768, generator=g), 8, iters=1, metric="cosine", backend="triton")
 
     def cosine_odd():
-        sk.batched_kmeans(torch.randn(2, 37, 97, generator=g), 5, iters=3, metric="cosine", backend="triton")
+        sk.batched_kmeans(torch.randn(2, 37, 97, generator=g), 5, iters=1, metric="cosine", backend="triton")
+
+    def l2_odd_many_centres():  # k > 16: several centre tiles; odd D
+        sk.batched_kmeans(torch.randn(2, 45, 33, generator=g), 20, iters=1, backend="triton")
 
     def single_problem_k1():
-        sk.batched_kmeans(torch.randn(9, 384, generator=g), 1, iters=2, backend="triton")
+        sk.batched_kmeans(torch.randn(9, 384, generator=g), 1, iters=1, backend="triton")
+
+    def single_point():  # N = k = 1
+        sk.batched_kmeans(torch.randn(1, 1, 64, generator=g), 1, iters=1, backend="triton")
 
     def ragged_weighted_half():
         x = torch.randn(2, 33, 64, generator=g).half()
-        sk.batched_kmeans(x, 4, iters=2, lengths=torch.tensor([33, 20]), weights=torch.rand(2, 33, generator=g),
+        sk.batched_kmeans(x, 4, iters=1, lengths=torch.tensor([33, 20]), weights=torch.rand(2, 33, generator=g),
                           backend="triton")
 
-    return [chunk_l2, cosine_odd, single_problem_k1, ragged_weighted_half]
+    def empty_clusters_reseeded():  # duplicated points, k close to N: the re-seeding path runs
+        x = torch.randn(3, 16, generator=g).repeat(4, 1)[None].repeat(2, 1, 1)
+        for metric in ("l2", "cosine"):
+            sk.batched_kmeans(x, 7, init="first", iters=1, metric=metric, backend="triton")
+
+    def frames_sliced():  # kmeans_frames on a sliced clip
+        frames = torch.randn(2, 12, 8, 48, generator=g)[:, ::2, :, :32]
+        sk.kmeans_frames(frames, 3, iters=1, backend="triton")
+
+    return [chunk_l2, chunk_cosine, cosine_odd, l2_odd_many_centres, single_problem_k1, single_point,
+            ragged_weighted_half, empty_clusters_reseeded, frames_sliced]
 
 
 # --------------------------------------------------------------------------
