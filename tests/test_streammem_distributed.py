@@ -272,7 +272,10 @@ def test_router_overflow_policies_are_counted():
     with pytest.raises(ShardOverloaded, match="in flight"):
         router.push("cam", *_batch(items[4:6]))
     router.flush()
-    assert router.report()["totals"]["overflows"] == 1
+    router.push("cam", *_batch(items[4:6]))  # the rejected frames' positions were given back: no gap
+    router.flush()
+    rep = router.report()
+    assert rep["totals"]["overflows"] == 1 and rep["streams"]["cam"]["frames_missing"] == 0
     router.close()
 
     router = _slow_router("block")
@@ -287,13 +290,25 @@ def test_router_overflow_policies_are_counted():
     router.close()
 
 
-def test_router_raises_a_failed_push():
+def test_router_raises_a_failed_push_and_the_shard_is_unchanged():
     router = StreamRouter.local(1, CONFIG, frame_encoder="pixel", text_encoder="hashing")
-    router.add_stream("cam")
-    router.push("cam", [0.0], np.zeros((1, 16, 16), np.uint8))  # no channel axis: fails in the shard
+    for sid in ("cam", "other"):
+        router.add_stream(sid)
+    items = stream_items(0)
+    router.push("cam", *_batch(items[:3]))
+    router.flush()
+    before = router.memory_state("cam")
+    # One bad item in a two-stream push: the shard rejects the whole call before changing anything.
+    router.push_many({"cam": _batch(items[3:5]), "other": ([0.0], np.zeros((1, 16, 16), np.uint8))})
     with pytest.raises(ValueError, match="frames"):
         router.flush()
-    assert router.report()["totals"]["failed_pushes"] == 1
+    _assert_same_state(router.memory_state("cam"), before)
+    router.push("cam", *_batch(items[5:7]))
+    router.flush()
+    rep = router.report()
+    assert rep["totals"]["failed_pushes"] == 1 and rep["totals"]["failed_frames"] == 3
+    cam = rep["streams"]["cam"]
+    assert cam["failed_frames"] == cam["frames_missing"] == 2 and cam["lost_to_restarts"] == 0
     router.close()
 
 

@@ -306,8 +306,10 @@ class StreamMemory:
         frames = np.asarray(frames) if not isinstance(frames, torch.Tensor) else frames
         if frames.ndim == 3:
             frames = frames[None]
-        if frames.ndim != 4 or frames.shape[0] < 1:
-            raise ValueError(f"frames must have shape (n, H, W, 3) or (H, W, 3), got {tuple(frames.shape)}")
+        if frames.ndim != 4 or frames.shape[0] < 1 or frames.shape[-1] != 3 or frames.dtype not in (np.uint8,
+                                                                                                      torch.uint8):
+            raise ValueError(f"frames must be uint8 of shape (n, H, W, 3) or (H, W, 3), got {frames.dtype} "
+                             f"{tuple(frames.shape)}")
         times = self._check_push(timestamps, frames.shape[0])
         if self.frame_encoder is None:
             raise ValueError("this StreamMemory has no frame_encoder; pass one, or use push_encoded(features)")

@@ -177,8 +177,10 @@ class ArchiveResult:
     ``videos`` maps video id -> result dict (``frames``, ``kept``, ``nodes``,
     ``events``, ``seconds``, ``source``; ``error`` for a failed video).
     ``indexed`` / ``skipped`` / ``failed`` list the ids of this run.  Timings:
-    ``setup_s`` (``ray.init`` when this call started Ray), ``model_load_s``
-    (per worker), ``wall_s`` (dispatch of the first video to the last result).
+    ``setup_s`` (``ray.init`` when this call started Ray), ``startup_s``
+    (workers created -> all ready: process start, imports, model load),
+    ``model_load_s`` (per worker, inside ``startup_s``), ``wall_s`` (steady
+    state: first video dispatched -> last result).
     """
 
     out_dir: Path
@@ -189,6 +191,7 @@ class ArchiveResult:
     backend: str = "local"
     num_workers: int = 1
     setup_s: float = 0.0
+    startup_s: float = 0.0
     model_load_s: list = field(default_factory=list)
     wall_s: float = 0.0
 
@@ -363,7 +366,9 @@ def _run_local(todo, config, encoder, text_encoder, fps, size, gate_batch, setti
     result.num_workers = n
     args = (config.to_dict(), encoder, text_encoder, fps, size, gate_batch, settings, num_cpus)
     if n == 1:
+        t0 = time.perf_counter()
         worker = _Indexer(*args)
+        result.startup_s = time.perf_counter() - t0
         result.model_load_s = [worker.model_load_s]
         t0 = time.perf_counter()
         for path, video_dir in todo:
@@ -404,8 +409,10 @@ def _run_ray(todo, config, encoder, text_encoder, fps, size, gate_batch, setting
     remote = ray.remote(_Indexer).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
                                           max_task_retries=max_restarts)
     args = (config.to_dict(), encoder, text_encoder, fps, size, gate_batch, settings, num_cpus)
+    t1 = time.perf_counter()
     workers = [remote.remote(*args) for _ in range(n)]
     result.model_load_s = [r["model_load_s"] for r in ray.get([w.ready.remote() for w in workers])]
+    result.startup_s = time.perf_counter() - t1
     t1 = time.perf_counter()
     queue = list(todo)
     running = {}

@@ -27,7 +27,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from typing import Sequence
 
 import numpy as np
@@ -111,6 +111,8 @@ class StreamRouter:
         self.stream_counts: dict[str, Counter] = defaultdict(Counter)
         self.blocked_seconds = [0.0] * len(self.shards)
         self.last_ack: dict[str, dict] = {}
+        # (seconds from arrival to the shard's acknowledgement, frames) of the latest push calls.
+        self.push_latencies: deque = deque(maxlen=100_000)
 
     # ---- construction ----------------------------------------------------------
     @classmethod
@@ -197,16 +199,20 @@ class StreamRouter:
             raise ValueError(f"stream_id {stream_id!r} is not routed (add_stream first)") from None
 
     # ---- pushes ------------------------------------------------------------------------
-    def push(self, stream_id: str, timestamps, frames) -> bool:
+    def push(self, stream_id: str, timestamps, frames, *, arrival: float | None = None) -> bool:
         """Send one stream's frames; False when the overflow policy dropped them."""
-        return self.push_many({stream_id: (timestamps, frames)})[stream_id]
+        return self.push_many({stream_id: (timestamps, frames)}, arrival=arrival)[stream_id]
 
-    def push_many(self, pushes: dict) -> dict[str, bool]:
+    def push_many(self, pushes: dict, *, arrival: float | None = None) -> dict[str, bool]:
         """Frames of many streams, ``{stream_id: (timestamps, frames)}``: one call per shard.
 
         Returns, per stream, whether its frames were sent (False: dropped by the
-        overflow policy).
+        overflow policy).  ``arrival`` (``time.perf_counter()`` when the frames
+        arrived; default: now) starts the latency recorded for each call until
+        its shard acknowledges it, blocking in the router included
+        (``push_latencies``, summarised by ``report()``).
         """
+        arrival = time.perf_counter() if arrival is None else float(arrival)
         by_shard: dict[int, list] = defaultdict(list)
         for stream_id, (timestamps, frames) in pushes.items():
             shard = self._shard(stream_id)
@@ -219,10 +225,22 @@ class StreamRouter:
                 self._next_seq[stream_id] = seq + n
             by_shard[shard].append((stream_id, seq, timestamps, frames))
         sent: dict[str, bool] = {}
-        for shard, items in by_shard.items():
-            ok = self._send(shard, items)
-            for item in items:
-                sent[item[0]] = ok
+        pending = list(by_shard.items())
+        try:
+            while pending:
+                shard, items = pending[0]
+                ok = self._send(shard, items, arrival)
+                pending.pop(0)
+                for item in items:
+                    sent[item[0]] = ok
+        except BaseException:
+            # Nothing of the unsent items reached a shard: give their stream positions back, so an
+            # overload error (or a raised earlier failure) does not show up as a gap.
+            with self._lock:
+                for _, items in pending:
+                    for stream_id, seq, _, _ in items:
+                        self._next_seq[stream_id] = min(self._next_seq[stream_id], seq)
+            raise
         return sent
 
     def _reap(self, shard: int) -> None:
@@ -235,6 +253,9 @@ class StreamRouter:
             exc = fut.exception()
             if exc is not None:
                 self.shard_counts[shard]["failed_pushes"] += 1
+                self.shard_counts[shard]["failed_frames"] += meta["frames"]
+                for stream_id, n in meta["streams"]:
+                    self.stream_counts[stream_id]["failed_frames"] += n
                 if self._errors[shard] is None:
                     self._errors[shard] = exc
             else:
@@ -247,7 +268,7 @@ class StreamRouter:
             self._errors[shard] = None
             raise exc
 
-    def _send(self, shard: int, items: list) -> bool:
+    def _send(self, shard: int, items: list, arrival: float) -> bool:
         counts = self.shard_counts[shard]
         frames = sum(item[3].shape[0] for item in items)
         self._reap(shard)
@@ -270,7 +291,10 @@ class StreamRouter:
             counts["blocked_pushes"] += 1
             self._raise_failure(shard)
         fut = self.shards[shard].call("push", items)
-        self._in_flight[shard].append((fut, {"frames": frames}))
+        latencies = self.push_latencies
+        fut.add_done_callback(lambda f: latencies.append((time.perf_counter() - arrival, frames)))
+        self._in_flight[shard].append((fut, {"frames": frames,
+                                             "streams": [(item[0], item[3].shape[0]) for item in items]}))
         counts["pushes"] += 1
         counts["frames"] += frames
         counts["max_in_flight_seen"] = max(counts["max_in_flight_seen"], len(self._in_flight[shard]))
@@ -325,8 +349,10 @@ class StreamRouter:
         """Per shard and per stream: sent, dropped, blocked, failed, and frames the shards never received.
 
         ``lost_to_restarts`` per stream is frames the shard counts as missing
-        less frames this router dropped: frames a shard lost since its last
-        checkpoint when it was restarted.
+        less frames this router dropped and frames of pushes the shard
+        rejected: frames a shard lost since its last checkpoint when it was
+        restarted.  ``push_latency``: arrival -> acknowledgement percentiles of
+        the latest push calls.
         """
         stats = [h.call("stats").result(timeout) for h in self.shards]
         shards = []
@@ -335,6 +361,7 @@ class StreamRouter:
                            "blocked_seconds": round(self.blocked_seconds[i], 4), **dict(counts),
                            "restarted": bool(st.get("restarted", False)),
                            "restored_streams": st.get("restored_streams", 0), "pid": st.get("pid"),
+                           "rss_mb": st.get("rss_mb"),
                            "shard_counters": st["counters"], "shard_seconds": st["seconds"],
                            "checkpoint_seconds": st.get("checkpoint_seconds", [])})
         streams = {}
@@ -343,16 +370,21 @@ class StreamRouter:
             c = self.stream_counts[stream_id]
             missing = s.get("frames_missing", 0)
             streams[stream_id] = {"shard": shard, "frames_sent": c["frames_sent"],
-                                  "dropped_frames": c["dropped_frames"], "frames_seen": s.get("frames_seen", 0),
-                                  "frames_formed": s.get("frames_formed", 0), "frames_missing": missing,
-                                  "lost_to_restarts": max(0, missing - c["dropped_frames"])}
+                                  "dropped_frames": c["dropped_frames"], "failed_frames": c["failed_frames"],
+                                  "frames_seen": s.get("frames_seen", 0), "frames_formed": s.get("frames_formed", 0),
+                                  "frames_missing": missing,
+                                  "lost_to_restarts": max(0, missing - c["dropped_frames"] - c["failed_frames"])}
         totals = Counter()
         for s in shards:
             totals.update({k: s.get(k, 0) for k in ("pushes", "frames", "dropped_pushes", "dropped_frames",
-                                                    "blocked_pushes", "overflows", "failed_pushes")})
+                                                    "blocked_pushes", "overflows", "failed_pushes", "failed_frames")})
         totals["lost_to_restarts"] = sum(s["lost_to_restarts"] for s in streams.values())
+        lat = np.array([t for t, _ in list(self.push_latencies)])
+        latency = {"calls": int(lat.size)}
+        if lat.size:
+            latency.update({f"p{q}_ms": round(1e3 * float(np.percentile(lat, q)), 2) for q in (50, 95, 99)})
         return {"policy": self.overflow, "max_in_flight": self.max_in_flight, "totals": dict(totals),
-                "shards": shards, "streams": streams}
+                "push_latency": latency, "shards": shards, "streams": streams}
 
     def close(self) -> None:
         """Stop local shards' threads (Ray actors end with their handles)."""

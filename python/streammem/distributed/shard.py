@@ -125,8 +125,10 @@ class ShardMemory:
             raise ValueError(f"config must be a MemoryConfig or a preset name, got {config!r}")
         if checkpoint_every_s is not None and not float(checkpoint_every_s) > 0:
             raise ValueError(f"checkpoint_every_s must be > 0 or None, got {checkpoint_every_s!r}")
+        t0 = time.perf_counter()
         self.frame_encoder = _build_encoder(frame_encoder, "frame")
         self.text_encoder = _build_encoder(text_encoder, "text")
+        self.model_load_s = time.perf_counter() - t0
         self.answer_fn = answer_fn
         self.captioner = captioner
         self._instantaneity = InstantaneityScorer(self.text_encoder)  # shared: its example embeddings are constant
@@ -142,8 +144,10 @@ class ShardMemory:
         self.restored_streams = 0
         self.last_checkpoint: float | None = None
         self.checkpoint_seconds: list[float] = []
+        t0 = time.perf_counter()
         if self.checkpoint_dir is not None:
             self._restore()
+        self.restore_s = time.perf_counter() - t0
         self._last_checkpoint_clock = time.monotonic()
 
     # ---- streams ---------------------------------------------------------------
@@ -234,29 +238,33 @@ class ShardMemory:
         if len(set(seen_ids)) != len(seen_ids):
             raise ValueError("items must hold at most one push per stream")
         acks: dict[str, dict] = {}
-        plans = []  # (stream_id, memory, times of kept frames, indices of kept frames, kept frames)
+        # Validate every item before touching any memory, so a bad item leaves the shard unchanged.
+        checked = []
         for stream_id, seq, timestamps, frames in items:
             memory = self._memory(stream_id)
             frames = np.asarray(frames)
             if frames.ndim == 3:
                 frames = frames[None]
-            if frames.ndim != 4 or frames.shape[0] < 1:
-                raise ValueError(f"frames of stream {stream_id!r} must be (n, H, W, 3), got {frames.shape}")
+            if frames.ndim != 4 or frames.shape[0] < 1 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+                raise ValueError(f"frames of stream {stream_id!r} must be uint8 (n, H, W, 3), got {frames.dtype} "
+                                 f"{frames.shape}")
+            times = np.asarray(timestamps, dtype=np.float64).reshape(-1)
             n = frames.shape[0]
-            if seq is not None and int(seq) + n <= memory.frames_seen:
+            if seq is not None and int(seq) + n <= memory.frames_seen:  # a retried call: already formed
                 self.counters["duplicate_pushes"] += 1
                 acks[stream_id] = self._ack(memory, 0, duplicate=True)
                 continue
             if seq is not None and int(seq) < memory.frames_seen:  # partly seen: keep the new tail
                 cut = memory.frames_seen - int(seq)
-                frames, timestamps, seq = frames[cut:], np.asarray(timestamps).reshape(-1)[cut:], memory.frames_seen
-                n = frames.shape[0]
-            times = memory._check_push(timestamps, n)
+                frames, times, seq = frames[cut:], times[cut:], memory.frames_seen
+            checked.append((stream_id, memory, seq, memory._check_push(times, frames.shape[0]), frames))
+        plans = []  # (stream_id, memory, times of kept frames, indices of kept frames, kept frames, last time)
+        for stream_id, memory, seq, times, frames in checked:
             indices, kept = memory.select(frames, first_index=seq)
             rows = [i for i, k in enumerate(kept) if k]
             plans.append((stream_id, memory, [times[i] for i in rows], [indices[i] for i in rows], frames[rows],
                           times[-1]))
-            self.counters["frames_pushed"] += n
+            self.counters["frames_pushed"] += frames.shape[0]
         t1 = time.perf_counter()
         encoded = self._encode_all([p[4] for p in plans])
         t2 = time.perf_counter()
@@ -389,6 +397,7 @@ class ShardMemory:
         return {"streams": per_stream, "counters": dict(self.counters),
                 "seconds": {k: round(v, 4) for k, v in self.timings.items()},
                 "restored_streams": self.restored_streams, "last_checkpoint": self.last_checkpoint,
+                "model_load_s": round(self.model_load_s, 4), "restore_s": round(self.restore_s, 4),
                 "checkpoint_seconds": list(self.checkpoint_seconds[-20:]), "threads": thread_settings()}
 
     # ---- checkpoints -------------------------------------------------------------------
@@ -445,6 +454,14 @@ class ShardMemory:
             self.restored_streams += 1
 
 
+def _rss_mb() -> float | None:
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return round(psutil.Process().memory_info().rss / 2**20, 1)
+
+
 def stream_shard_class():
     """The ``StreamShard`` Ray actor class (built on first use; needs Ray)."""
     global _STREAM_SHARD
@@ -470,7 +487,6 @@ def stream_shard_class():
             self.core = ShardMemory(MemoryConfig.from_dict(config), frame_encoder, text_encoder,
                                     checkpoint_dir=checkpoint_dir, checkpoint_every_s=checkpoint_every_s,
                                     num_threads=num_threads, answer_fn=answer_fn)
-            self.incarnation = int(ray.get_runtime_context().was_current_actor_reconstructed)
 
         @ray.method(concurrency_group="push")
         def push(self, items):
@@ -513,7 +529,8 @@ def stream_shard_class():
             import os
 
             out = self.core.stats()
-            out.update(pid=os.getpid(), restarted=bool(ray.get_runtime_context().was_current_actor_reconstructed))
+            out.update(pid=os.getpid(), restarted=bool(ray.get_runtime_context().was_current_actor_reconstructed),
+                       rss_mb=_rss_mb())
             return out
 
     _STREAM_SHARD = StreamShard
