@@ -13,12 +13,16 @@ started once (``num_cpus`` = the CPUs of this process) and its start-up time is 
    copied ``COPIES`` times, decoded at 10 fps, working size 224: ``index_archive`` with the local
    loop (1 process) and with Ray for 1..N workers on the same files.  Reported apart: ray.init,
    worker start-up (process + imports) and model load per worker, and the steady state (first
-   video dispatched -> last result): videos/s and frames/s.
+   video dispatched -> last result): videos/s and frames/s, and the workers' CPU time per frame
+   (what an idle core would need; wall times on a shared machine are mostly waiting).
 2. Live (``live-*``): S streams x fps x shards, each stream replaying the bikes clip (224 px) from
    its own offset, one frame per stream per tick pushed with ``StreamRouter.push_many`` (block
    policy, 4 calls in flight per shard).  Per-frame latency = frame arrival (its tick) -> the
    shard's acknowledgement; achieved fps; question latency (``ask`` every 0.5 s from another
-   thread); RSS per shard.  Then, on one shard at 5 fps, the most streams before p95 > 200 ms.
+   thread); RSS and CPU time per frame of each shard.  Then, on one shard at 5 fps, the most
+   streams before p95 > 200 ms.
+   ``batching-*``: in one process with the models out of the picture (pixel features, hashed text),
+   per-stream ``StreamMemory.push`` calls against one batched ``ShardMemory.push`` per tick.
 3. Recovery (``recovery-*``): 4 streams at 5 fps on one shard checkpointing every T seconds; the
    shard process is SIGKILLed mid-run: restart + restore time, frames lost (counted by the
    router) against the bound streams x fps x T, and the cost of one checkpoint.
@@ -102,7 +106,9 @@ def test_archive(benchmark, cluster, archive_files, tmp_path, provider):
                               resume=False),
         rounds=1, iterations=1)
     frames = res.frames
-    row = {"provider": provider, "workers": res.num_workers, "videos": len(res.indexed), "frames": frames,
+    cpu = sum(res.videos[v]["seconds"]["cpu"] for v in res.indexed)
+    row = {"provider": provider, "cpu_ms_per_frame": 1e3 * cpu / frames, "workers": res.num_workers,
+           "videos": len(res.indexed), "frames": frames,
            "startup_s": res.startup_s, "model_load_s": res.model_load_s, "steady_s": res.wall_s,
            "videos_per_s": len(res.indexed) / res.wall_s, "frames_per_s": frames / res.wall_s,
            "load": os.getloadavg()[0]}
@@ -162,6 +168,7 @@ def live_run(router: StreamRouter, streams: int, fps: float, seconds: float, fra
     for sid in ids:
         router.add_stream(sid)
     router.push_latencies.clear()
+    cpu0 = [h.call("stats").result(600)["process_cpu_s"] for h in router.shards]
     offsets = [(97 * i) % len(frames) for i in range(streams)]
     ticks = int(round(fps * seconds))
     ask_ms, stop = [], threading.Event()
@@ -191,6 +198,7 @@ def live_run(router: StreamRouter, streams: int, fps: float, seconds: float, fra
     stop.set()
     thread.join()
     rep = router.report()
+    cpu_s = [h.call("stats").result(600)["process_cpu_s"] - c0 for h, c0 in zip(router.shards, cpu0)]
     lat = np.array([1e3 * t for t, _ in list(router.push_latencies)])
     out = {"streams": streams, "fps": fps, "shards": len(router.shards), "ticks": ticks,
            "achieved_fps": ticks / wall, "wall_s": wall,
@@ -200,6 +208,7 @@ def live_run(router: StreamRouter, streams: int, fps: float, seconds: float, fra
            "ask_p95_ms": float(np.percentile(ask_ms, 95)) if ask_ms else None,
            "rss_mb": [s["rss_mb"] for s in rep["shards"]], "load": os.getloadavg()[0],
            "kept": sum(rep["streams"][s]["frames_formed"] for s in ids),
+           "shard_cpu_ms_per_frame": 1e3 * sum(cpu_s) / max(1, ticks * streams) if kill_at is None else None,
            "lost": sum(rep["streams"][s]["lost_to_restarts"] for s in ids)}
     if killed is not None:
         out.update(killed)
@@ -247,6 +256,47 @@ def test_live_most_streams_per_shard(benchmark, cluster, clip_frames):
     ok = [r["streams"] for r in rows if r["p95_ms"] <= 200]
     RESULTS["sweep"] = {"rows": rows, "most_streams": max(ok) if ok else 0}
     benchmark.extra_info.update(most_streams=RESULTS["sweep"]["most_streams"])
+
+
+@pytest.mark.parametrize("provider", ["per-stream-loop", "shard-batched"])
+@pytest.mark.parametrize("streams", [4, 16] if QUICK else [4, 16, 64])
+def test_batching(benchmark, streams, provider):
+    """What batching across streams buys in one process, the models out of the picture (pixel features,
+    hashed text): one tick = one frame per stream; per-stream ``StreamMemory.push`` calls against one
+    ``ShardMemory.push`` (one encoder call, one segmenter call per round)."""
+    from streammem import HashingTextEncoder, PixelEncoder, Preset, StreamMemory, SyntheticVideo
+    from streammem.distributed import ShardMemory
+
+    torch.set_num_threads(1)
+    config = MemoryConfig(preset=Preset("b", 0.0, 25, 10, 5), motion_size=None)
+    video = SyntheticVideo(["red", "green", "blue", "yellow"], 15, size=(32, 32), fps=10.0, total_frames=60)
+    frames = np.stack([f for _, f in video])
+    ids = [f"s{i}" for i in range(streams)]
+    ticks = 30
+    state = {}
+
+    def setup():
+        if provider == "shard-batched":
+            shard = ShardMemory(config, PixelEncoder(), HashingTextEncoder())
+            for sid in ids:
+                shard.add_stream(sid)
+            state["run"] = lambda k: shard.push([(sid, k, [k / 10.0], frames[(k + 3 * i) % 60][None])
+                                                 for i, sid in enumerate(ids)])
+        else:
+            mems = [StreamMemory(config, PixelEncoder(), HashingTextEncoder()) for _ in ids]
+            state["run"] = lambda k: [m.push([k / 10.0], frames[(k + 3 * i) % 60][None]) for i, m in enumerate(mems)]
+        return (), {}
+
+    def run():
+        for k in range(ticks):
+            state["run"](k)
+
+    benchmark.group = f"batching-{streams}-streams"
+    benchmark.pedantic(run, setup=setup, rounds=3, iterations=1)
+    per_frame_us = 1e6 * benchmark.stats.stats.median / (ticks * streams)
+    RESULTS.setdefault("batching", []).append({"streams": streams, "provider": provider,
+                                               "per_frame_us": per_frame_us})
+    benchmark.extra_info.update(per_frame_us=per_frame_us)
 
 
 # --------------------------------------------------------------------------
@@ -324,20 +374,31 @@ def test_report():
              f"{RESULTS.get('machine', {}).get('load_before')}"]
     if RESULTS.get("archive"):
         lines += ["", "| provider | workers | videos / frames | worker start-up s | model load s (per worker) | "
-                      "steady s | videos/s | frames/s | load |", "|---|---|---|---|---|---|---|---|---|"]
+                      "steady s | videos/s | frames/s | worker CPU ms / frame | load |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in RESULTS["archive"]:
             lines.append(f"| {r['provider']} | {r['workers']} | {r['videos']} / {r['frames']} | {_f(r['startup_s'])} | "
                          f"{', '.join(_f(x) for x in r['model_load_s'])} | {_f(r['steady_s'])} | "
-                         f"{_f(r['videos_per_s'], 2)} | {_f(r['frames_per_s'])} | {_f(r['load'])} |")
+                         f"{_f(r['videos_per_s'], 2)} | {_f(r['frames_per_s'])} | {_f(r['cpu_ms_per_frame'])} | "
+                         f"{_f(r['load'])} |")
     if RESULTS.get("live") or RESULTS.get("sweep"):
         lines += ["", "| streams | fps | shards | achieved fps | frame latency p50 / p95 / p99 ms | question p50 / p95 ms "
-                      "| RSS per shard MB | load |", "|---|---|---|---|---|---|---|---|"]
+                      "| RSS per shard MB | shard CPU ms / frame | load |", "|---|---|---|---|---|---|---|---|---|"]
         for r in RESULTS.get("live", []) + RESULTS.get("sweep", {}).get("rows", []):
             lines.append(f"| {r['streams']} | {r['fps']:g} | {r['shards']} | {_f(r['achieved_fps'], 2)} | "
                          f"{_f(r['p50_ms'])} / {_f(r['p95_ms'])} / {_f(r['p99_ms'])} | {_f(r['ask_p50_ms'])} / "
-                         f"{_f(r['ask_p95_ms'])} | {', '.join(_f(x, 0) for x in r['rss_mb'])} | {_f(r['load'])} |")
+                         f"{_f(r['ask_p95_ms'])} | {', '.join(_f(x, 0) for x in r['rss_mb'])} | "
+                         f"{_f(r['shard_cpu_ms_per_frame'])} | {_f(r['load'])} |")
     if "sweep" in RESULTS:
         lines.append(f"most streams per shard at 5 fps with p95 <= 200 ms: {RESULTS['sweep']['most_streams']}")
+    if RESULTS.get("batching"):
+        lines += ["", "| streams | per-stream StreamMemory.push loop (us / frame) | ShardMemory.push batched (us / frame) |",
+                  "|---|---|---|"]
+        by = {}
+        for r in RESULTS["batching"]:
+            by.setdefault(r["streams"], {})[r["provider"]] = r["per_frame_us"]
+        for n, r in sorted(by.items()):
+            lines.append(f"| {n} | {_f(r.get('per-stream-loop'), 0)} | {_f(r.get('shard-batched'), 0)} |")
     if RESULTS.get("recovery"):
         lines += ["", "| checkpoint every s | recovery s (model load, restore) | frames lost / bound | checkpoint ms "
                       "| frame p99 ms |", "|---|---|---|---|---|"]

@@ -82,7 +82,7 @@ def index_video(path, out_dir, config: MemoryConfig, frame_encoder, text_encoder
 
     path = Path(path).resolve()
     out_dir = Path(out_dir)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     source = VideoSource(path, fps=fps, size=size)
     memory = StreamMemory(config, frame_encoder, text_encoder)
     decode_s = 0.0
@@ -111,6 +111,7 @@ def index_video(path, out_dir, config: MemoryConfig, frame_encoder, text_encoder
                                                   "memory": round(t2 - t0 - decode_s, 4)}}
     result["seconds"]["save"] = round(time.perf_counter() - t2, 4)
     result["seconds"]["total"] = round(time.perf_counter() - t0, 4)
+    result["seconds"]["cpu"] = round(time.process_time() - cpu0, 4)  # every thread of this process
     _atomic_write(tmp / _RESULT, lambda fh: fh.write(json.dumps(result, indent=1).encode()))
     _replace_dir(tmp, out_dir)
     return result

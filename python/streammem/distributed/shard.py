@@ -398,7 +398,8 @@ class ShardMemory:
                 "seconds": {k: round(v, 4) for k, v in self.timings.items()},
                 "restored_streams": self.restored_streams, "last_checkpoint": self.last_checkpoint,
                 "model_load_s": round(self.model_load_s, 4), "restore_s": round(self.restore_s, 4),
-                "checkpoint_seconds": list(self.checkpoint_seconds[-20:]), "threads": thread_settings()}
+                "checkpoint_seconds": list(self.checkpoint_seconds[-20:]), "threads": thread_settings(),
+                "process_cpu_s": time.process_time()}
 
     # ---- checkpoints -------------------------------------------------------------------
     def checkpoint(self) -> dict:
