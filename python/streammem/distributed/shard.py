@@ -528,10 +528,13 @@ def stream_shard_class():
         @ray.method(concurrency_group="ask")
         def stats(self):
             import os
+            import warnings
 
             out = self.core.stats()
-            out.update(pid=os.getpid(), restarted=bool(ray.get_runtime_context().was_current_actor_reconstructed),
-                       rss_mb=_rss_mb())
+            with warnings.catch_warnings():  # the property reads a deprecated field inside Ray 2.60
+                warnings.simplefilter("ignore")
+                restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+            out.update(pid=os.getpid(), restarted=restarted, rss_mb=_rss_mb())
             return out
 
     _STREAM_SHARD = StreamShard
