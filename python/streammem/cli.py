@@ -109,6 +109,7 @@ def check_run_requirements(progress: bool = True) -> None:
 def _run(args) -> dict:
     import torch
 
+    from .config import MemoryConfig
     from .encoders import load_frame_encoder, load_text_encoder
     from .pipeline import StreamPipeline
     from .video import VideoSource, sample_video_path
@@ -138,7 +139,8 @@ def _run(args) -> dict:
                 progress.update(1)
 
     kept: list[int] = []
-    pipe = StreamPipeline(frames(), frame_encoder, text_encoder, preset=args.preset, budget=args.budget,
+    config = MemoryConfig.from_preset(args.preset, budget=args.budget)
+    pipe = StreamPipeline(frames(), frame_encoder, text_encoder, config=config,
                           answer_fn=extractive_answer, frame_hook=lambda r: kept.append(r.index))
     try:
         results = pipe.run([(at, q) for at, q in queries])
