@@ -8,6 +8,8 @@ modules and Triton load lazily on first use.
 """
 from ._dispatch import BACKENDS, BackendFallbackWarning, BackendReport, backend_report
 from .boundaries import Event, StreamingSegmenter, adjacent_cosine, depth_scores, detect_boundaries
+from .graph import (CSRGraph, GraphRetrieval, Neighbourhood, SourceChunks, graph_retrieve, khop_neighbourhood,
+                    neighbourhood_chunks)
 from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
 from .logprobs import divergence_point, linear_token_logprobs, token_logprobs
 from .motion import MotionResult, motion_magnitude, select_frames
@@ -34,6 +36,13 @@ __all__ = [
     "TreePathResult",
     "cosine_topk",
     "tree_search",
+    "CSRGraph",
+    "GraphRetrieval",
+    "Neighbourhood",
+    "SourceChunks",
+    "graph_retrieve",
+    "khop_neighbourhood",
+    "neighbourhood_chunks",
     "token_logprobs",
     "linear_token_logprobs",
     "divergence_point",
