@@ -656,12 +656,12 @@ def _expand_torch(row_ptr, col_idx, sources, num_cols, hops, capacity, max_fanou
         frontier, frontier_seed = sources, sources
     for hop in range(1, hops + 1 if row_ptr.numel() > 1 else 1):  # a graph without rows has no entries
         target, edge = _row_entries(row_ptr, col_idx, frontier, width)
-        spread = target.shape[1] // max(frontier.shape[1], 1)
-        parent = torch.where(target >= 0, frontier.repeat_interleave(spread, 1), -1)
-        seed = torch.where(target >= 0, frontier_seed.repeat_interleave(spread, 1), -1)
+        parent = torch.where(target >= 0, frontier.repeat_interleave(width, 1), -1)
+        seed = torch.where(target >= 0, frontier_seed.repeat_interleave(width, 1), -1)
         before = count
         admit(target, seed, parent, edge, hop, max_frontier)
-        frontier, frontier_seed = listed_between(before, count, min(max_frontier, capacity))
+        # A hop appends at most max_frontier nodes, capacity in all, and one per candidate.
+        frontier, frontier_seed = listed_between(before, count, min(max_frontier, capacity, target.shape[1]))
     nodes, hop, seed, parent, edge = lists[:, :, :capacity]
     return nodes, hop, seed, parent, edge, count, truncated
 

@@ -142,8 +142,10 @@ py::tuple expand(carray<int64_t> row_ptr, carray<int64_t> col_idx, carray<int64_
       expand_one(rp, ci, src + b * num_src, num_src, hops, capacity, max_fanout, max_frontier, keep_sources,
                  Bitmap{visited_bitmap(num_cols).data()}, row, cnt + b, trunc + b);
     };
-    if (num_q == 1) {  // no parallel region for a single query (it costs more than a small expansion)
-      run(0);
+    // A query lists at most `capacity` nodes (about 10-20 ns each with the edges it scans): below
+    // about 16K list entries in all, a parallel region costs more than it saves.
+    if (num_q == 1 || num_q * capacity < (int64_t{1} << 14)) {
+      for (int64_t b = 0; b < num_q; ++b) run(b);
     } else {
 #pragma omp parallel for schedule(dynamic, 1)
       for (int64_t b = 0; b < num_q; ++b) run(b);
