@@ -88,7 +88,9 @@ def _admit(v, seed, parent, edge, hop, count, in_hop, truncated, frontier_cap, c
     return count + taken, in_hop + taken, truncated | cut.to(tl.int32)
 
 
-@triton.jit
+# The integer arguments are not specialised (== 1, multiple of 16): nothing in the kernel gains
+# from it, and a recipe varying its capacity or caps would otherwise compile one binary per class.
+@triton.jit(do_not_specialize=["num_src", "hops", "capacity", "max_fanout", "max_frontier", "words"])
 def _expand_kernel(row_ptr, col_idx, src_ptr, num_src, hops, capacity, max_fanout, max_frontier, marks_ptr, words,
                    nodes_ptr, hop_ptr, seed_ptr, parent_ptr, edge_ptr, count_ptr, truncated_ptr,
                    KEEP_SOURCES: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_E: tl.constexpr):
@@ -125,10 +127,8 @@ def _expand_kernel(row_ptr, col_idx, src_ptr, num_src, hops, capacity, max_fanou
             f_ok = fr < fe
             if KEEP_SOURCES:
                 u = tl.load(nodes_ptr + out_row + fr, mask=f_ok, other=-1)
-                u_seed = tl.load(seed_ptr + out_row + fr, mask=f_ok, other=-1)
             else:
                 u = tl.load(src_row + fr, mask=f_ok, other=-1)
-                u_seed = u
             u_ok = u >= 0
             start = tl.load(row_ptr + u, mask=u_ok, other=0)
             stop = tl.load(row_ptr + u + 1, mask=u_ok, other=0)
