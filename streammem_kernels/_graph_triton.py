@@ -24,7 +24,10 @@ it waits for the host:
 * the marks are only ever touched by atomics (never a plain load that an L1
   line could serve stale), and each hop ends with a CTA barrier
   (``tl.debug_barrier``: ``bar.sync`` orders the CTA's global writes) before
-  the next hop reads the output list back.
+  the next hop reads the output list back.  A BLOCK_E-lane vector is held
+  by several warps (replicated); Triton performs the atomic once per element
+  and hands its old value to every copy through shared memory (seen in the
+  PTX of Triton 3.6 and 3.9), so all warps agree on which candidates are new.
 
 Written for the interpreter as well as GPUs: pointer arithmetic, every load
 masked, one launch configuration (the interpreter runs the GPU block sizes).
