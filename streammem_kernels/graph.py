@@ -52,10 +52,10 @@ a fixed order -- a level-synchronous breadth-first search:
   ``truncated[b]`` is true when a larger capacity would have returned more
   nodes (a node the other caps admit was turned away by a full list).
 
-So a node is listed once, at its breadth-first distance from the seeds (under
-the caps), credited to the first seed (in seed order) that reaches it at that
-distance through the highest-priority edges; ``hop`` is non-decreasing along a
-list.  The output is fixed-width and padded -- ``(B, capacity)`` arrays with
+So a node is listed once, at its breadth-first distance from the seeds over
+the edges the caps follow; each hop's nodes come grouped by seed, in seed
+order, so a node that several seeds reach at that distance is credited to the
+first of them; ``hop`` is non-decreasing along a list.  The output is fixed-width and padded -- ``(B, capacity)`` arrays with
 ``-1`` after ``count[b]`` entries -- so a batch needs no host synchronisation
 on a GPU: every capacity is an argument.
 
@@ -74,8 +74,9 @@ per query in C++, OpenMP over queries, a visited bitmap per thread),
 bitmap per query, candidates deduplicated inside each block, see
 ``_graph_triton.py``).  All three return identical integers.  The ``torch``
 backend without ``max_fanout`` pads candidates to the graph's largest degree,
-which a CUDA graph reads once (one synchronisation, cached on the graph); every
-other path, and the Triton backend always, runs without host synchronisation.
+which a :class:`CSRGraph` on CUDA reads once (one synchronisation, then cached);
+every other path, and the Triton backend always, runs without host
+synchronisation.
 """
 from __future__ import annotations
 
