@@ -258,10 +258,49 @@ def logprobs_scenarios():
             linear_two_row_blocks_bias, linear_one_token_bias_odd]
 
 
+# --------------------------------------------------------------------------
+# memory graph: k-hop expansion and source chunks
+# --------------------------------------------------------------------------
+def graph_scenarios():
+    g = _g(6)
+    # A MemVerse-like graph: 2,000 nodes of average degree ~8 (undirected), hubs included.
+    n = 2000
+    src = torch.randint(0, n, (8000,), generator=g)
+    dst = torch.where(torch.rand(8000, generator=g) < 0.1, torch.randint(0, 20, (8000,), generator=g),
+                      torch.randint(0, n, (8000,), generator=g))
+    graph = sk.CSRGraph.from_edges(src, dst, n, weight=torch.rand(8000, generator=g), symmetric=True)
+    seeds = torch.randint(0, n, (64, 10), generator=g)
+    chunk_map = sk.CSRGraph.from_edges(torch.arange(n).repeat(2), torch.randint(0, 333, (2 * n,), generator=g), n,
+                                       num_cols=333)
+
+    def one_query_two_hops():  # the retrieval's default: top-10 seeds, 2 hops, capacity a multiple of 16
+        sk.khop_neighbourhood(graph, seeds[:1], 2, capacity=256, backend="triton")
+
+    def batch_with_caps():  # fan-out and frontier caps, odd capacity, 3 hops
+        sk.khop_neighbourhood(graph, seeds[:7, :5], 3, capacity=101, max_fanout=8, max_frontier=32,
+                              backend="triton")
+
+    def one_seed_one_hop_capacity_1():  # size-1 cases: S = 1, hops = 1, capacity = 1, fan-out 1
+        sk.khop_neighbourhood(graph, seeds[:3, :1], 1, capacity=1, max_fanout=1, max_frontier=1, backend="triton")
+
+    def seeds_only_padded_sliced():  # hops = 0, -1 padding, a non-contiguous seed block (copied by the op)
+        padded = torch.where(seeds % 3 == 0, -1, seeds)
+        sk.khop_neighbourhood(graph, padded[:5, ::2], 0, capacity=16, backend="triton")
+
+    def chunks_of_neighbourhood():
+        near = sk.khop_neighbourhood(graph, seeds[:4], 2, capacity=64, max_fanout=4, backend="triton")
+        sk.neighbourhood_chunks(near.nodes, chunk_map, capacity=64, backend="triton")
+        sk.neighbourhood_chunks(near.nodes[:1, :1], chunk_map, capacity=1, max_per_node=1, backend="triton")
+
+    return [one_query_two_hops, batch_with_caps, one_seed_one_hop_capacity_1, seeds_only_padded_sliced,
+            chunks_of_neighbourhood]
+
+
 SCENARIOS = {
     "motion": motion_scenarios,
     "kmeans": kmeans_scenarios,
     "tree": tree_scenarios,
     "boundaries": boundaries_scenarios,
     "logprobs": logprobs_scenarios,
+    "graph": graph_scenarios,
 }
