@@ -59,8 +59,11 @@ def topk_low_id(ids: torch.Tensor, scores: torch.Tensor, k: int):
     return top_ids, top_scores
 
 
+_TENSOR, _F32, _STRIDED = torch.Tensor, torch.float32, torch.strided
+
+
 def cpu_fast_path(t) -> bool:
     """A plain float32 C-contiguous CPU tensor that needs no autograd: the input the native kernels
     read in place through ``data_ptr()`` (every other input goes through the general path)."""
-    return (type(t) is torch.Tensor and t.dtype is torch.float32 and t.is_cpu and not t.requires_grad
-            and t.layout is torch.strided and t.is_contiguous())
+    return (type(t) is _TENSOR and t.dtype is _F32 and t.is_cpu and not t.requires_grad and t.layout is _STRIDED
+            and t.is_contiguous())

@@ -47,7 +47,7 @@ renumbering.  Save/load round-trips the tombstone mask.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import numpy as np
 import torch
@@ -64,21 +64,28 @@ _FORMAT = "streammem.CosineTree"
 _FORMAT_VERSION = 2
 
 
-class SearchArrays(NamedTuple):
+class SearchArrays:
     """What a CPU search kernel reads of a tree: data pointers of the used prefixes and the sizes.
 
     Valid until the tree's next structural mutation (the store drops it then); the tree keeps the
-    tensors alive.
+    tensors alive.  :meth:`widths` memoises the per-level beam widths of a beam tuple.
     """
 
-    embeddings: int
-    dim: int
-    child_ptr: int
-    child_idx: int
-    roots: int
-    num_roots: int
-    level: int
-    utility: int
+    __slots__ = ("embeddings", "dim", "child_ptr", "child_idx", "roots", "num_roots", "level", "utility", "height",
+                 "_widths")
+
+    def __init__(self, embeddings: int, dim: int, child_ptr: int, child_idx: int, roots: int, num_roots: int,
+                 level: int, utility: int, height: int):
+        self.embeddings, self.dim, self.child_ptr, self.child_idx = embeddings, dim, child_ptr, child_idx
+        self.roots, self.num_roots, self.level, self.utility, self.height = roots, num_roots, level, utility, height
+        self._widths: dict[tuple, list[int]] = {}
+
+    def widths(self, beam: tuple) -> list[int]:
+        """Width per level from the top for a validated beam tuple (the last width repeats)."""
+        out = self._widths.get(beam)
+        if out is None:
+            out = self._widths[beam] = [beam[min(i, len(beam) - 1)] for i in range(max(self.height, 0))]
+        return out
 
 
 # --------------------------------------------------------------------------
@@ -137,7 +144,7 @@ class CosineTree:
             roots = self.roots
             self._search_arrays = SearchArrays(
                 self._emb.data_ptr(), self._dim, self._child_ptr.data_ptr(), self._child_idx.data_ptr(),
-                roots.data_ptr(), roots.numel(), self._level.data_ptr(), self._utility.data_ptr())
+                roots.data_ptr(), roots.numel(), self._level.data_ptr(), self._utility.data_ptr(), self.height)
         return self._search_arrays
 
     def _alloc_nodes(self, capacity: int) -> None:
@@ -690,6 +697,7 @@ class CosineTree:
         for node in range(n):
             if parent[node] == -1 and alive[node]:
                 tree._root_dict(level[node])[node] = None
+        tree._invalidate()
         return tree
 
     def __repr__(self) -> str:

@@ -55,6 +55,10 @@ TRITON_TOPK_MAX_K = 1024
 TRITON_TOPK_MAX_KEYS = 2**31 - 1
 
 
+_from_numpy = torch.from_numpy
+_is_compiling = torch.compiler.is_compiling
+
+
 class TopKResult(NamedTuple):
     """Top-k per query.
 
@@ -96,13 +100,12 @@ def cosine_topk(queries, keys, k: int, *, ranges=None, backend: str = "auto") ->
     first, ties toward the lower index.  Inputs are never modified.
     """
     if ranges is None and type(k) is int and k >= 1 and cpu_fast_path(queries) and cpu_fast_path(keys):
-        mod = COSINE_TOPK.cpp_module(backend)
-        if (mod is not None and queries.dim() == 2 and keys.dim() == 2 and queries.shape[0] >= 1
-                and keys.shape[0] >= 1 and keys.shape[1] >= 1 and queries.shape[1] == keys.shape[1]
-                and (queries.shape[0] < BLAS_MIN_QUERIES) and not torch.compiler.is_compiling()):
-            ids, scores = mod.cosine_topk(queries.data_ptr(), queries.shape[0], keys.data_ptr(), keys.shape[0],
-                                          keys.shape[1], k, 0)
-            return TopKResult(torch.from_numpy(ids), torch.from_numpy(scores))
+        qs, ks = queries.shape, keys.shape  # torch.Size: tuples, read once
+        if len(qs) == 2 and len(ks) == 2 and 1 <= qs[0] < BLAS_MIN_QUERIES and ks[0] >= 1 and qs[1] == ks[1] >= 1:
+            mod = COSINE_TOPK.cpp_module(backend)
+            if mod is not None and not _is_compiling():
+                ids, scores = mod.cosine_topk(queries.data_ptr(), qs[0], keys.data_ptr(), ks[0], ks[1], k, 0)
+                return TopKResult(_from_numpy(ids), _from_numpy(scores))
     return _cosine_topk_general(queries, keys, k, ranges, backend)
 
 

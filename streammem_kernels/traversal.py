@@ -65,6 +65,9 @@ from .topk import TOLERANCES, TopKResult, prepare_queries
 
 __all__ = ["TreePathResult", "tree_search"]
 
+_from_numpy = torch.from_numpy
+_is_compiling = torch.compiler.is_compiling
+
 # Candidate rows gathered per chunk by the torch reference: bounds the
 # (queries x candidates x D) temporary to 16M floats (64 MB).
 _GATHER_BUDGET = 1 << 24
@@ -138,17 +141,19 @@ def tree_search(tree: CosineTree, queries, *, beam=1, k: int = 1, min_score: flo
 def _search_cpp_fast(tree, queries, beam, k, min_score, use_utility, from_every_root, backend):
     """One native call for float32 C-contiguous CPU queries on the C++ backend, or None (then the
     general path validates, converts and dispatches)."""
+    qs = queries.shape
+    if len(qs) != 2 or qs[1] != tree._dim or qs[0] < 1 or type(from_every_root) is not bool:
+        return None
     mod = TREE_SEARCH.cpp_module(backend)
-    if (mod is None or queries.dim() != 2 or queries.shape[1] != tree._dim or queries.shape[0] < 1
-            or type(from_every_root) is not bool or torch.compiler.is_compiling()):
+    if mod is None or _is_compiling():
         return None
     a = tree.search_arrays()
     if beam == 1 and type(beam) is int:
         if k != 1 or min_score is not None or use_utility is not False:
             return None  # the general path explains
         out = mod.greedy(a.embeddings, a.dim, a.child_ptr, a.child_idx, a.roots, a.num_roots, queries.data_ptr(),
-                         queries.shape[0], tree.height, from_every_root)
-        return TreePathResult(*map(torch.from_numpy, out))
+                         qs[0], a.height, from_every_root)
+        return TreePathResult(*map(_from_numpy, out))
     if from_every_root or type(k) is not int or k < 1 or type(use_utility) is not bool:
         return None
     if type(beam) is int and beam > 1:
@@ -161,11 +166,9 @@ def _search_cpp_fast(tree, queries, beam, k, min_score, use_utility, from_every_
         min_val = float(min_score)
     else:
         return None
-    height = tree.height
-    widths = [beam[min(i, len(beam) - 1)] for i in range(height)]
     ids, scores = mod.beam(a.embeddings, a.dim, a.child_ptr, a.child_idx, a.roots, a.num_roots, a.level, a.utility,
-                           queries.data_ptr(), queries.shape[0], widths, k, min_val, use_utility)
-    return TopKResult(torch.from_numpy(ids), torch.from_numpy(scores))
+                           queries.data_ptr(), qs[0], a.widths(beam), k, min_val, use_utility)
+    return TopKResult(_from_numpy(ids), _from_numpy(scores))
 
 
 def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_every_root, backend):

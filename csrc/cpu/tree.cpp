@@ -383,7 +383,12 @@ py::tuple cosine_topk(std::uintptr_t queries_ptr, int64_t Q, std::uintptr_t keys
   const float* Qm = unit.data();
   const int threads = max_threads();
   int bad = 0;
-  {
+  if (Q * N * D < (int64_t(1) << 16)) {
+    // A few microseconds of work (one query against a few hundred keys): no thread team, no GIL
+    // hand-off, which would cost about as much as the scan.
+    for (int64_t b = 0; b < Q; b += kQueryBlock)
+      scan_keys(Qm, K, D, b, std::min(Q, b + kQueryBlock), 0, N, rg, S, I, k, &bad);
+  } else {
     py::gil_scoped_release nogil;
     if (Q >= 2 * int64_t(threads) * kQueryBlock || threads == 1 || Q * N * D < (int64_t(1) << 20)) {
       // Enough query blocks to keep every thread busy.
