@@ -786,3 +786,15 @@ def test_topk_cpp_paths_validate_values_alike():
         want = cosine_topk(q, huge, 50, backend="torch")
         assert not bool(torch.isnan(got.scores).any())
         assert torch.equal(got.ids, want.ids)
+
+
+def test_unavailable_backend_error_names_the_op_and_inputs():
+    """An explicit backend that cannot run says which op, and the shapes/dtypes/devices it was given."""
+    tree = build_tree(30, 4, 6, seed=2)
+    keys = torch.randn(20, 6)
+    with pytest.raises(RuntimeError, match=r"cosine_topk: backend='cuda' cannot run on this input "
+                                           r"\(queries \(2, 6\) float32 cpu, keys \(20, 6\) float32 cpu"):
+        cosine_topk(torch.randn(2, 6), keys, 3, backend="cuda")
+    with pytest.raises(RuntimeError, match=r"tree_search: backend='cuda' cannot run on this input "
+                                           r"\(queries \(1, 6\) float32 cpu, tree.embeddings \(\d+, 6\) float32 cpu"):
+        tree_search(tree, torch.randn(1, 6), backend="cuda")
