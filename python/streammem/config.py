@@ -164,9 +164,9 @@ class MemoryConfig:
 
     Parameters
     ----------
-    preset : Preset
+    preset : Preset or {"slow", "base", "fast"}
         StreamChat's (t, L, g, C): motion threshold, frames per leaf, nodes per
-        parent, k-means centres per node.
+        parent, k-means centres per node (a name becomes its ``PRESETS`` entry).
     motion_size : int in [8, 8192] or None
         Working resolution (long side) of the motion gate; None keeps the input size.
     motion_window : int or None
@@ -205,8 +205,10 @@ class MemoryConfig:
     backend: str = "auto"
 
     def __post_init__(self):
+        if isinstance(self.preset, str) and self.preset in PRESETS:
+            object.__setattr__(self, "preset", PRESETS[self.preset])
         if not isinstance(self.preset, Preset):
-            raise ValueError(f"preset must be a Preset (see streammem.PRESETS), got {self.preset!r}")
+            raise ValueError(f"preset must be one of {sorted(PRESETS)} or a Preset, got {self.preset!r}")
         p = self.preset
         _check_real(p.threshold, "preset.threshold", 0.0, 1.0)
         for name, value, low in (("chunk", p.chunk, 1), ("group", p.group, 2), ("centres", p.centres, 1)):

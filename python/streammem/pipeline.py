@@ -34,7 +34,8 @@ Nothing waits forever, by construction:
   failure that stopped the pipeline; or with ``PipelineStopped`` when the
   pipeline is closed first;
 * stream times are checked where they enter: ``submit(at=...)`` and ``run``
-  reject NaN and infinity (``ValueError`` naming the argument), and a source
+  reject NaN and ``-inf`` (``ValueError`` naming the argument; ``+inf`` means
+  after the end of the stream), and a source
   whose timestamps are not finite and non-decreasing stops the pipeline with
   a ``ValueError`` naming the frame;
 * ``submit`` / ``ask`` / ``wait`` before ``start()`` raise ``RuntimeError``;
@@ -312,18 +313,18 @@ class StreamPipeline:
         """
         self._stop.set()
         deadline = time.monotonic() + _CLOSE_S
+        closer = self._close_iterator()  # first: it may wake a source blocked in next()
         me = threading.current_thread()
-        for th in self._threads:
+        for th in self._threads + ([closer] if closer is not None else []):
             if th is not me:
                 th.join(max(0.0, deadline - time.monotonic()))
-        self._close_iterator(deadline)
         self._fail_pending(PipelineStopped("pipeline closed before the question was answered"))
 
-    def _close_iterator(self, deadline: float) -> None:
+    def _close_iterator(self) -> threading.Thread | None:
         """``close()`` of the source's iterator, if it has one, in a daemon thread (it may block)."""
         close = getattr(self._iterator, "close", None)
         if not callable(close):
-            return
+            return None
 
         def run():
             try:
@@ -333,7 +334,7 @@ class StreamPipeline:
 
         th = threading.Thread(target=run, name="streammem-source-close", daemon=True)
         th.start()
-        th.join(max(0.0, deadline - time.monotonic()))
+        return th
 
     @property
     def running(self) -> bool:
@@ -418,10 +419,11 @@ class StreamPipeline:
         question : str
             Non-empty.
         at : float, optional
-            Finite stream time in seconds: the question is answered from the
-            memory of exactly the frames up to ``at`` (released when the first
-            frame after ``at`` arrives; at the end of the stream at the
-            latest).  None: now.
+            Stream time in seconds: the question is answered from the memory
+            of exactly the frames up to ``at`` (released when the first frame
+            after ``at`` arrives; at the end of the stream at the latest).
+            ``math.inf``: after the end of the stream.  None: now.  NaN and
+            ``-inf`` raise ``ValueError``.
         """
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r:.80}")
@@ -671,8 +673,11 @@ def _resolve(fut: Future, exc: BaseException) -> None:
 def _check_at(at, name: str = "at") -> float | None:
     if at is None:
         return None
-    if not _is_real(at) or not math.isfinite(at):
-        raise ValueError(f"{name} must be a finite stream time in seconds (or None for now), got {at!r}")
+    # +inf is "after the last frame" (released once the stream ends); NaN compares false with every time
+    # and would never be released, -inf precedes every frame: both are errors.
+    if not _is_real(at) or math.isnan(at) or at == -math.inf:
+        raise ValueError(f"{name} must be a stream time in seconds (finite, or +inf for after the end of the "
+                         f"stream; None for now), got {at!r}")
     return float(at)
 
 
