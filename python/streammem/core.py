@@ -64,6 +64,7 @@ _FORMAT = "streammem.StreamMemory"
 _VERSION = 1
 _STATE_FILE = "state.pt"
 _INFO_FILE = "memory.json"
+MAX_FEATURE_ABS = 1e15  # float32 squared distances of D <= 4096 such features over 10^4 rows stay finite
 _STATE_KEYS = ("config", "encoders", "counters", "stream_time", "timings", "gate", "short_term", "long_term",
                "events", "bounded", "dialogue")
 
@@ -405,8 +406,9 @@ class StreamMemory:
                      first_index: int | None = None) -> PushResult:
         """Form already-encoded frames (no motion gate, no frame encoder): every row is kept.
 
-        ``features`` is (n, D) (or (D,) with a scalar timestamp); ``labels`` one
-        sequence of names per row (captions use them).
+        ``features`` is (n, D) (or (D,) with a scalar timestamp), finite and at
+        most 1e15 in magnitude; ``labels`` one sequence of names per row
+        (captions use them).  A rejected push changes nothing.
         """
         feats = torch.as_tensor(features)
         if feats.dim() == 1:
@@ -416,6 +418,9 @@ class StreamMemory:
                              f"{feats.dtype}")
         if not bool(torch.isfinite(feats).all()):
             raise ValueError("features must be finite")
+        if bool((feats.abs() > MAX_FEATURE_ABS).any()):
+            raise ValueError(f"features must be at most {MAX_FEATURE_ABS:g} in magnitude (k-means and the event "
+                             f"segmenter work on float32 squared distances), got {float(feats.abs().max()):g}")
         expected = self._feature_dim()
         if expected is not None and feats.shape[1] != expected:
             raise ValueError(f"features must have {expected} columns (the memory's feature dim), got {feats.shape[1]}")

@@ -69,11 +69,18 @@ class MotionGate:
 
     def __init__(self, threshold: float = 0.35, *, size: int | None = 224, reference: str = "previous",
                  window: int | None = 5, backend: str = "auto"):
-        if isinstance(threshold, bool) or not 0.0 <= float(threshold) <= 1.0:
-            raise ValueError(f"threshold must be a number in [0, 1], got {threshold!r}")
-        if reference not in ("previous", "last_kept"):
+        from .config import MAX_MOTION_SIZE, _check_int, _check_real  # config imports this module
+
+        threshold = _check_real(threshold, "threshold", 0.0, 1.0)
+        if size is not None:
+            size = _check_int(size, "size", 8, MAX_MOTION_SIZE)
+        if window is not None:
+            window = _check_int(window, "window", 3)
+            if window % 2 == 0:
+                raise ValueError(f"window must be odd, got {window}")
+        if not isinstance(reference, str) or reference not in ("previous", "last_kept"):
             raise ValueError(f"reference must be 'previous' or 'last_kept', got {reference!r}")
-        self.threshold = float(threshold)
+        self.threshold = threshold
         self.size = size
         self.reference = reference
         self.window = window
