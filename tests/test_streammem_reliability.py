@@ -454,11 +454,43 @@ def test_pipeline_methods_are_safe_from_many_threads():
             assert ctx.stream_time == pytest.approx((k * 5 + i) / 10.0)
 
 
+def test_encoders_are_safe_to_call_from_many_threads(minilm):
+    """The contract ``StreamMemory.ask`` relies on: encoders called concurrently give what they give alone."""
+    frames = np.stack([f for _, f in _video(16)])
+    texts = [f"what happened {i} times " + "and then " * (i % 5) for i in range(24)]
+    jobs = [(minilm.encode, texts), (HashingTextEncoder().encode, texts),
+            (lambda xs: PixelEncoder().encode(xs).features, frames)]
+    expected = [[fn(items[i:i + 1]) for i in range(len(items))] for fn, items in jobs]
+    got, errors = [[None] * len(items) for _, items in jobs], []
+
+    def worker(start):
+        try:
+            for j, (fn, items) in enumerate(jobs):
+                for i in range(start, len(items), 4):
+                    got[j][i] = fn(items[i:i + 1])
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(WAIT_S)
+    assert errors == []
+    for want, have in zip(expected, got):
+        for w, h in zip(want, have):
+            torch.testing.assert_close(torch.as_tensor(h), torch.as_tensor(w), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("cls", [
     "streammem.core.StreamMemory", "streammem.pipeline.StreamPipeline", "streammem.gate.MotionGate",
     "streammem.memory.ShortTermMemory", "streammem.memory.LongTermMemory", "streammem.bounded.BoundedMemory",
     "streammem.knowledge.KnowledgeBase", "streammem.knowledge.EventSegmenter", "streammem.knowledge.DialogueMemory",
-    "streammem.knowledge.KnowledgeInjector", "streammem.video.VideoSource",
+    "streammem.knowledge.KnowledgeInjector", "streammem.video.VideoSource", "streammem.knowledge.InstantaneityScorer",
+    "streammem.captioners.LanguageModelCaptioner", "streammem.memory.LabelCaptioner", "streammem.encoders.PixelEncoder",
+    "streammem.encoders.HashingTextEncoder", "streammem.encoders.MiniLMTextEncoder",
+    "streammem.encoders.EfficientNetLiteEncoder", "streammem.encoders.FrameEncoder", "streammem.encoders.TextEncoder",
+    "streammem.synthetic.SyntheticVideo",
 ])
 def test_every_stateful_class_states_its_thread_safety(cls):
     import importlib

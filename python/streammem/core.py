@@ -146,7 +146,7 @@ def _check_frames(frames, *, batched: bool):
 
 
 class StreamMemory:
-    """Every memory of one stream behind ``push`` and ``ask``; single-threaded and picklable.
+    """Every memory of one stream behind ``push`` and ``ask``; thread-safe and picklable.
 
     Parameters
     ----------

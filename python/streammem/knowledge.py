@@ -246,6 +246,7 @@ class InstantaneityScorer:
 
     Compares the question's embedding with small example sets of "happening
     now" and "happened before" questions: S_t = (1 + max cos(now) - max cos(before)) / 2.
+    Thread-safe: calls only read the example embeddings.
     """
 
     def __init__(self, text_encoder, now_examples: Sequence[str] = NOW_EXAMPLES,

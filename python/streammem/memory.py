@@ -175,6 +175,7 @@ class LabelCaptioner:
 
     ``"3.2-7.9s: taxicab, minivan, car mirror"``; a chunk without labels gets
     ``"3.2-7.9s: scene"``.  Deterministic and free, so it is the default.
+    Thread-safe: no state.
     """
 
     def __init__(self, top: int = 3):
