@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="torch intra-op threads (default 1: the pipeline's own threads share the cores)")
     backends = sub.add_parser("backends", help="list which kernel backends can run here, per op, and why not")
     backends.add_argument("--json", action="store_true", help="print the report as JSON")
+    from . import memverse
+
+    memverse.add_parser(sub)
     return parser
 
 
@@ -213,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         report = backend_report()
         print(json.dumps(report.to_dict(), indent=2) if args.json else report)
         return 0
+    if args.command == "memverse":
+        from . import memverse
+
+        return memverse.run(args)
     try:
         report = _run(args)
     except (FileNotFoundError, ValueError, MissingExtraError) as exc:
