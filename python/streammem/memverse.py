@@ -39,13 +39,18 @@ questions):
 2. their k-hop neighbourhood (``khop_neighbourhood``; 1 and 2 are
    ``graph_retrieve``), capped per node (``max_fanout``), per hop and per query;
 3. ranking -- every listed node ``v``, reached from seed ``s``, scores
-   ``cos(q, s) * max(0, cos(q, v))``: a node counts as much as it matches the
-   question *and* as the seed whose neighbourhood it lies in (a seed scores
-   ``cos(q, s)^2``), so a fact one or two hops from the best match outranks a
-   fact that only weakly matches the question on its own (the bridge of a
-   two-hop question), while neighbours unrelated to the question score ~0;
-4. chunks -- ``neighbourhood_chunks`` over the nodes in score order: the first
-   ``chunks`` distinct chunks, at most ``chunks_per_node`` from each node.
+   ``cos(q, s) * max(0, cos(q, v))`` (a seed ``cos(q, s)^2``): a node counts
+   as much as it matches the question and as the seed whose neighbourhood it
+   lies in, so neighbours unrelated to the question score ~0.  The seeds then
+   take turns (``ranking="round-robin"``): every seed's best node, then every
+   seed's second best, and so on, seeds in cosine order.  Without the turns
+   (``ranking="score"``) the entity the question names takes every place --
+   for "where does Alice's sister work?" all of Alice's own facts match the
+   question better than the sister's job, which only the relation seed
+   "Alice has a sister named Yara" leads to (its second turn: two hops on);
+4. chunks -- ``neighbourhood_chunks`` over the nodes in that order: the first
+   ``chunks`` distinct chunks, at most ``chunks_per_node`` (the newest) from
+   each node.
 
 The flat baseline (:meth:`LongTermGraph.search_flat`) is cosine top-k over the
 chunk embeddings; ``bench/RESULTS.md`` compares both on a planted-fact
@@ -504,9 +509,8 @@ class _Column:
         return self._data[: self.n]
 
     def keep(self, mask: torch.Tensor) -> None:
-        kept = self.values[mask].clone()
-        self._data[: kept.shape[0]] = kept
-        self.n = kept.shape[0]
+        self._data = self.values[mask]  # a new tensor of exactly the kept rows; the next extend regrows it
+        self.n = self._data.shape[0]
 
     def load(self, values: torch.Tensor) -> None:
         self.n = 0
@@ -524,8 +528,9 @@ class GraphHits(NamedTuple):
     seeds, seed_scores : (Q, k)
         Seed nodes by cosine, best first.
     nodes, node_scores, node_hops : (Q, C)
-        The neighbourhood's nodes in score order (see the module docstring), their
-        scores and breadth-first distance from the seeds.
+        The neighbourhood's nodes in rank order (see the module docstring), their
+        scores and breadth-first distance from the seeds; C is the longest
+        list of the batch (at most ``capacity``).
     chunks, chunk_scores, chunk_nodes : (Q, K)
         Chunk rows (``LongTermGraph.chunks[row]``) in rank order, the score of
         the node that brought each, and that node.
@@ -821,6 +826,10 @@ class LongTermGraph:
                              backend=self.backend)
         t1 = time.perf_counter()
         near = res.neighbourhood
+        # Entries are packed at the front: work on the widest list, not the capacity (small tensors also
+        # stay under torch's parallel grain, so no thread pool waits on a loaded machine).
+        width = max(1, int(near.count.max()))
+        near = near._replace(nodes=near.nodes[:, :width], seed=near.seed[:, :width], hop=near.hop[:, :width])
         valid = near.nodes >= 0
         # Rank and score of the seed each entry was reached from (entries carry the seed's id).
         from_seed = (near.seed[:, :, None] == res.seeds[:, None, :]) & valid[:, :, None]
@@ -933,7 +942,10 @@ class LongTermGraph:
         for col in (self._chunk_emb, self._chunk_access, self._chunk_last, self._chunk_cost):
             col.keep(chunk_keep)
         self.chunks = [c for c, k in zip(self.chunks, chunk_keep.tolist()) if k]
-        self._rebuild_keys()
+        new_id = node_map.tolist()
+        self._entity_ids = {key: new_id[v] for key, v in self._entity_ids.items() if new_id[v] >= 0}
+        self._relation_ids = {(new_id[h], p, new_id[t]): new_id[v] for (h, p, t), v in self._relation_ids.items()
+                              if new_id[v] >= 0}
         self._commit()
         return int(orphaned.sum())
 
