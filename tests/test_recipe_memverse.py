@@ -3,6 +3,7 @@ memory's ground truth, bounded growth, checkpoints, video input and the CLI."""
 import json
 import re
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -473,3 +474,13 @@ def test_cli_on_the_sample_clip_with_small_encoders(capsys):
     for needle in ("video:", "(50 frames)", "long-term graph:", "Q: Who was waiting for the taxi?", "seeds:",
                    "chunk", "A: "):
         assert needle in out, needle
+
+
+def test_readme_snippet_runs(tmp_path, monkeypatch, capsys):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("<!-- MemVerse recipe (i16) -->", 1)[1].split("<!-- end MemVerse recipe -->", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md (MemVerse)", "exec"), {})
+    assert "Ana: I am waiting for the taxi" in capsys.readouterr().out
+    assert MemVerse.load(tmp_path / "memverse_ckpt").ask("Who is waiting for a taxi?").facts
