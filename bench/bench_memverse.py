@@ -1,6 +1,7 @@
 """MemVerse recipe at 10^3..10^6 entities: question latency, consolidation (CSR extension vs rebuild), eviction.
 
-Run:  .venv/bin/python -m pytest bench/bench_memverse.py -q -p no:cacheprovider --benchmark-json bench/results/memverse.json
+Run:  OMP_NUM_THREADS=1 .venv/bin/python -m pytest bench/bench_memverse.py -q -p no:cacheprovider \
+          --benchmark-json bench/results/memverse.json
       (``STREAMMEM_BENCH_QUICK=1``: N in {10^3, 10^4} only)
 
 Data, per N (entities) in {10^3, 10^4, 10^5, 10^6}: a ``LongTermGraph`` built
@@ -26,6 +27,21 @@ Measured, side by side at each N:
   give the same CSR);
 * ``evict 1 %`` -- a budget round removing 1 % of the words (``compact_csr`` of
   both CSRs, tables, name keys); last, since it shrinks the graph.
+
+Retrieval quality (``test_planted_fact_hit_rates``, not a timing: no
+``benchmark`` fixture; ``-k hit_rates`` runs it alone, ~5 min on a loaded
+2-core machine): the planted-fact multi-session memory of
+``streammem.memverse_synthetic`` (24 people, 8 sessions, 40 distractors per
+session, 168 questions: single facts, two-hop facts through a kin relation,
+cross-modal facts whose answer is in a clip that never names the person),
+all-MiniLM-L6-v2 embeddings, hit rates of the graph search, the flat
+baseline and the hybrid with the recipe's default extractor
+(``CooccurrenceExtractor``, not a model) and with the generator's own triples
+(``GroundTruthExtractor``, a perfect extractor's upper bound); then
+``MemVerse.ask`` latency per mode (question encoding included) and the word
+budget: hit rate and cost under budgets of 1/2 and 1/4 of the unbounded
+cost, and a fixed budget while the stream grows from 8 to 32 sessions.
+Written to ``bench/results/memverse_quality.md``.
 """
 import os
 import sys
@@ -36,9 +52,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from streammem.memverse import Extraction, LongTermGraph, MemoryChunk, MemVerseConfig
+from streammem.memverse import Extraction, LongTermGraph, MemoryChunk, MemVerse, MemVerseConfig
+from streammem.memverse_synthetic import PlantedFactMemory, hit_rates
 from streammem_kernels import CSRGraph
 
+# One intra-op thread by default (STREAMMEM_BENCH_THREADS to change; run with OMP_NUM_THREADS=1 too): on the
+# shared, loaded 2-core machine a second thread makes every small op wait on a descheduled pool thread
+# (measured: the ranking step of one question 1 ms with one thread, 26 ms with two), for every method alike.
+THREADS = int(os.environ.get("STREAMMEM_BENCH_THREADS", "1"))
+torch.set_num_threads(THREADS)
 QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
 SIZES = (1_000, 10_000) if QUICK else (1_000, 10_000, 100_000, 1_000_000)
 QUERY_COUNTS = (1, 16)
@@ -106,7 +128,7 @@ def _measure(benchmark, d, num_q, kind, method, fn, *, rounds=None, **extra):
     p20, p50, p80 = (float(np.percentile(data, p)) for p in (20, 50, 80))
     info = dict(method=method, N=d["n"], Q=num_q, kind=kind, p20_s=p20, p50_s=p50, p80_s=p80,
                 entities=d["entities"], relations=d["relations"], chunks=d["chunks"], entries=d["entries"],
-                links=d["links"], build_s=d["build_s"], load=os.getloadavg(), **extra)
+                links=d["links"], build_s=d["build_s"], load=os.getloadavg(), threads=torch.get_num_threads(), **extra)
     benchmark.extra_info.update(info)
     SUMMARY.append(info)
 
@@ -175,6 +197,100 @@ def test_evict(benchmark, data):
         graph.evict(int(graph.cost() * 0.99), float(data["next_chunk"]), low_water=1.0)
 
     _measure(benchmark, data, 0, "evict", "evict 1 % (compact_csr)", evict, rounds=3)
+
+
+class _MemoEncoder:
+    """A text encoder's rows, cached per text: the same stream is fed several times (budgets), encoded once."""
+
+    def __init__(self, encoder):
+        self.encoder, self.dim, self.name, self.cache = encoder, encoder.dim, encoder.name, {}
+
+    def encode(self, texts):
+        new = [t for t in dict.fromkeys(texts) if t not in self.cache]
+        if new:
+            self.cache.update(zip(new, self.encoder.encode(new).float()))
+        return torch.stack([self.cache[t] for t in texts]) if texts else torch.zeros(0, self.dim)
+
+
+def _rates_rows(label, r, ks):
+    rows = []
+    for method in ("graph", "flat", "hybrid"):
+        cells = []
+        for kind in ("single", "two-hop", "cross-modal", "all"):
+            cells.append(" / ".join(f"{r[method, kind, k]['hit']:.2f}" for k in ks) + " (ans "
+                         + " / ".join(f"{r[method, kind, k]['answer']:.2f}" for k in ks) + ")")
+        rows.append(f"| {label} | {method} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def test_planted_fact_hit_rates():
+    from streammem.encoders import load_text_encoder
+
+    ks = (4, 8, 16)
+    raw = load_text_encoder("minilm")
+    enc = _MemoEncoder(raw)
+    data = PlantedFactMemory(sessions=8, fillers=40, seed=0)
+    kinds = {k: sum(q.kind == k for q in data.questions) for k in ("single", "two-hop", "cross-modal")}
+    lines = [f"Planted-fact memory: {len(data.items)} chunks, {len(data.questions)} questions {kinds}; "
+             f"text encoder {raw.name}; load at start " + "/".join(f"{x:.1f}" for x in os.getloadavg()), "",
+             "hit@K = every evidence chunk among the first K long-term chunks (K = " + " / ".join(map(str, ks))
+             + "); ans = the chunk holding the answer is.", "",
+             "| extractor | method | single | two-hop | cross-modal | all |", "|---|---|---|---|---|---|"]
+    memories = {}
+    for label, extractor in (("default (co-occurrence, not a model)", None),
+                             ("ground-truth triples (upper bound)", data.ground_truth_extractor())):
+        memory = MemVerse(enc, extractor=extractor)
+        t0 = time.perf_counter()
+        chunks = data.feed(memory)
+        feed_s = time.perf_counter() - t0
+        g = memory.graph
+        lines += _rates_rows(f"{label}: {g.num_entities} entities, {g.num_relations} relations, "
+                             f"{g.cost()} words", hit_rates(memory, data, chunks, ks=ks), ks)
+        memories[label] = (memory, chunks, feed_s)
+    # MemVerse.ask end to end (MiniLM question encoding included), per mode, ground-truth graph.
+    memory, chunks, _ = memories["ground-truth triples (upper bound)"]
+    lines += ["", "MemVerse.ask latency (one question, MiniLM encoding included; ground-truth graph), p20 / p50 / "
+              "p80 (flat and hybrid also run the graph search: its facts and seeds are reported):", "", "| mode | p20 | p50 | p80 | p50 after the question encoding (search, chunks, facts) |", "|---|---|---|---|---|"]
+    questions = [q.question for q in data.questions[:40]]
+    for mode in ("graph", "flat", "hybrid"):
+        m = MemVerse(raw, config=MemVerseConfig(mode=mode), answer_fn=lambda ctx: "")
+        m.load_state_dict({**memory.state_dict(), "config": MemVerseConfig(mode=mode).to_dict()})
+        m.ask(questions[0])
+        total, search = [], []
+        for q in questions:
+            t0 = time.perf_counter()
+            ctx = m.ask(q)
+            total.append(time.perf_counter() - t0)
+            search.append(ctx.timings["total"] - ctx.timings["question_encode"])
+        p = np.percentile(total, (20, 50, 80))
+        lines.append(f"| {mode} | {_ms(p[0])} | {_ms(p[1])} | {_ms(p[2])} | {_ms(float(np.median(search)))} |")
+    # Word budget: the same stream under 1/2 and 1/4 of the unbounded cost; then a fixed budget, longer streams.
+    full_cost = memory.graph.cost()
+    lines += ["", "Word budget (ground-truth extractor; cost = words of chunk and node texts; hit@8 / ans@8 "
+              "over all questions):", "",
+              "| sessions | chunks fed | budget | cost after | rounds | chunks / relations / entities removed | "
+              "evict mean | hit@8 graph | ans@8 graph | ans@8 flat | ans@8 hybrid |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    runs = [(8, None), (8, full_cost // 2), (8, full_cost // 4)] + [(s, full_cost // 2) for s in (16, 32)]
+    for sessions, budget in runs:
+        d = data if sessions == 8 else PlantedFactMemory(sessions=sessions, fillers=40, seed=0)
+        m = MemVerse(enc, config=MemVerseConfig(budget=budget), extractor=d.ground_truth_extractor())
+        fed = d.feed(m)
+        r = hit_rates(m, d, fed, ks=(8,))
+        ev = m.evictions
+        lines.append(
+            f"| {sessions} | {len(fed)} | {budget or 'none'} | {m.graph.cost()} | {len(ev)} | "
+            f"{sum(e.chunks for e in ev)} / {sum(e.relations for e in ev)} / {sum(e.entities for e in ev)} | "
+            + (_ms(m.graph.timings["evict"] / len(ev)) if ev else "-")
+            + f" | {r['graph', 'all', 8]['hit']:.2f} | {r['graph', 'all', 8]['answer']:.2f} | "
+              f"{r['flat', 'all', 8]['answer']:.2f} | {r['hybrid', 'all', 8]['answer']:.2f} |")
+    lines.append("")
+    lines.append("load at end " + "/".join(f"{x:.1f}" for x in os.getloadavg()))
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(RESULTS_DIR, "memverse_quality.md")
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    print("\n" + "\n".join(lines), file=sys.stderr)
 
 
 @pytest.fixture(scope="session", autouse=True)
