@@ -201,7 +201,9 @@ class MemVerseConfig:
     budget : int or None
         Word budget of the long-term memory (None: unbounded).
     alpha, beta, tau, low_water
-        Utility rule and hysteresis of the budget (``BoundedMemory``'s defaults).
+        Utility rule and hysteresis of the budget: ``BoundedMemory``'s alpha,
+        beta and low_water; tau (seconds of stream time) 600 rather than its 60,
+        as a multi-session memory spans hours.
     preset : str
         Motion-gate threshold of video input (StreamChat preset name).
     motion_threshold : float or None
