@@ -29,8 +29,9 @@ Measured, side by side at each N:
   both CSRs, tables, name keys); last, since it shrinks the graph.
 
 Retrieval quality (``test_planted_fact_hit_rates``, not a timing: no
-``benchmark`` fixture; ``-k hit_rates`` runs it alone, ~5 min on a loaded
-2-core machine): the planted-fact multi-session memory of
+``benchmark`` fixture; ``-k hit_rates`` runs it alone, ~4 min on a loaded
+2-core machine; with ``STREAMMEM_BENCH_QUICK=1`` a 12-person, 4-session memory
+and no longer streams): the planted-fact multi-session memory of
 ``streammem.memverse_synthetic`` (24 people, 8 sessions, 40 distractors per
 session, 168 questions: single facts, two-hop facts through a kin relation,
 cross-modal facts whose answer is in a clip that never names the person),
@@ -229,7 +230,9 @@ def test_planted_fact_hit_rates():
     ks = (4, 8, 16)
     raw = load_text_encoder("minilm")
     enc = _MemoEncoder(raw)
-    data = PlantedFactMemory(sessions=8, fillers=40, seed=0)
+    # Quick mode (bench/run.py --quick, 3-minute budget): a smaller memory, no longer streams.
+    data = PlantedFactMemory(people=12, sessions=4, fillers=16, seed=0) if QUICK else \
+        PlantedFactMemory(sessions=8, fillers=40, seed=0)
     kinds = {k: sum(q.kind == k for q in data.questions) for k in ("single", "two-hop", "cross-modal")}
     lines = [f"Planted-fact memory: {len(data.items)} chunks, {len(data.questions)} questions {kinds}; "
              f"text encoder {raw.name}; load at start " + "/".join(f"{x:.1f}" for x in os.getloadavg()), "",
@@ -271,9 +274,10 @@ def test_planted_fact_hit_rates():
               "| sessions | chunks fed | budget | cost after | rounds | chunks / relations / entities removed | "
               "evict mean | hit@8 graph | ans@8 graph | ans@8 flat | ans@8 hybrid |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
-    runs = [(8, None), (8, full_cost // 2), (8, full_cost // 4)] + [(s, full_cost // 2) for s in (16, 32)]
+    runs = [(data.sessions, None), (data.sessions, full_cost // 2), (data.sessions, full_cost // 4)]
+    runs += [] if QUICK else [(s, full_cost // 2) for s in (16, 32)]
     for sessions, budget in runs:
-        d = data if sessions == 8 else PlantedFactMemory(sessions=sessions, fillers=40, seed=0)
+        d = data if sessions == data.sessions else PlantedFactMemory(sessions=sessions, fillers=40, seed=0)
         m = MemVerse(enc, config=MemVerseConfig(budget=budget), extractor=d.ground_truth_extractor())
         fed = d.feed(m)
         r = hit_rates(m, d, fed, ks=(8,))
@@ -287,7 +291,7 @@ def test_planted_fact_hit_rates():
     lines.append("")
     lines.append("load at end " + "/".join(f"{x:.1f}" for x in os.getloadavg()))
     os.makedirs(RESULTS_DIR, exist_ok=True)
-    path = os.path.join(RESULTS_DIR, "memverse_quality.md")
+    path = os.path.join(RESULTS_DIR, f"memverse_quality{'_quick' if QUICK else ''}.md")
     with open(path, "w") as fh:
         fh.write("\n".join(lines) + "\n")
     print("\n" + "\n".join(lines), file=sys.stderr)
