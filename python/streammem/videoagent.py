@@ -692,11 +692,29 @@ class VideoAgent:
         self._captions.clear()
 
     def _state(self, question, options, q, observed, round_, frames_left, timings, *,
-               search: bool = True) -> AgentState:
+               searched: dict | None = None) -> AgentState:
+        """The state after looking at ``observed``.
+
+        ``searched`` maps a segment ``(start, end)`` to its row of candidates
+        from an earlier round of the same question: only segments that are new
+        (split by the frames just added) are retrieved, in one ``cosine_topk``
+        call, since an unchanged segment's best frames for the same query are
+        unchanged.  None: no retrieval (``candidates`` None).
+        """
         seen = sorted(observed)
         t0 = time.perf_counter()
         segments = unobserved_segments(seen, len(self.index))
-        candidates = self.retrieve(q, segments) if search else None
+        candidates = None
+        if searched is not None:
+            keys = [tuple(row) for row in segments.tolist()]
+            new = [row for row, key in enumerate(keys) if key not in searched]
+            if new:
+                found = self.retrieve(q, segments[new])
+                searched.update(zip((keys[row] for row in new), zip(found.ids, found.scores)))
+            k = self.frames_per_segment
+            ids = torch.stack([searched[key][0] for key in keys]) if keys else torch.zeros(0, k, dtype=torch.int64)
+            scores = torch.stack([searched[key][1] for key in keys]) if keys else torch.zeros(0, k)
+            candidates = TopKResult(ids, scores)
         rel = (self.index.unit[torch.tensor(seen, dtype=torch.long, device=q.device)] @ q).tolist() if seen else []
         timings["retrieve"] = timings.get("retrieve", 0.0) + time.perf_counter() - t0
         return AgentState(question, options, q, seen, {i: self._captions[i] for i in seen}, dict(zip(seen, rel)),
@@ -728,10 +746,12 @@ class VideoAgent:
         order = uniform_indices(len(self.index), min(self.initial, budget))
         self._timed(timings, "caption", self.caption, order)
         observed = set(order)
+        searched: dict = {}  # (start, end) -> (ids, scores) of the question's best frames in that segment
         rounds: list[RoundLog] = []
         stop = None
         for round_ in range(self.max_rounds + 1):
-            state = self._state(question, options, q, observed, round_, budget - len(order), timings)
+            state = self._state(question, options, q, observed, round_, budget - len(order), timings,
+                                searched=searched)
             if state.segments.shape[0] == 0:
                 rounds.append(RoundLog(round_, len(order), math.inf, True, [], [], "every frame seen"))
                 stop = "exhausted"
@@ -802,7 +822,7 @@ class VideoAgent:
         q = self.encode_queries([question])[0]
         timings["question_encode"] = time.perf_counter() - t_start
         self._timed(timings, "caption", self.caption, frames)
-        final = self._state(question, options, q, set(frames), 0, 0, timings, search=False)
+        final = self._state(question, options, q, set(frames), 0, 0, timings)
         answer = self._timed(timings, "answer", self.answerer.answer, final)
         timings["total"] = time.perf_counter() - t_start
         return self._result(question, options, answer, frames, [], "given", strategy, timings)
