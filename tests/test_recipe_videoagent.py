@@ -314,6 +314,7 @@ def test_caption_vote_answerer(small):
     assert not r.answer.supported and r.answer.option in range(len(q.options))
     open_answer = agent.answer_frames(q.question, q.answer_frames, None).answer
     assert open_answer.option is None and q.options[q.answer] in open_answer.text
+    assert open_answer.text.startswith("At ") and open_answer.text.count("s:") == 1  # the span said once
     assert CaptionVoteAnswerer.mentions("1.0s: tennis ball, desk", "Tennis Ball")
     assert not CaptionVoteAnswerer.mentions("1.0s: tennis balls", "tennis ball")
 
@@ -396,3 +397,15 @@ def test_cli_synthetic_scores_against_uniform(capsys):
 def test_cli_errors_exit_2(extra, match, capsys):
     assert main(["videoagent", "--text-encoder", "hashing", "--frame-encoder", "pixel", *extra]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_readme_snippet_runs_and_prints_what_it_says(capsys):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## VideoAgent"):]
+    code = section[section.index("```python\n") + len("```python\n"):section.index("\n```\n")]
+    exec(compile(code, "README.md (VideoAgent)", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split(" | ")[0] == out[0].split(" | ")[1].removeprefix("truth: ")  # the first question: right
+    assert out[1].startswith("iterative: accuracy") and out[2].startswith("uniform: accuracy")

@@ -72,6 +72,7 @@ from streammem_kernels import TopKResult, cosine_topk
 
 from .encoders import EncodedFrames
 from .memory import FrameRecord, LabelCaptioner
+from .report import caption_text
 
 __all__ = [
     "VideoIndex",
@@ -507,7 +508,7 @@ class CaptionVoteAnswerer:
         top_caption = state.captions[ranked[0]]
         if not state.options:
             t = float(state.timestamps[ranked[0]])
-            return Answer(f"At {t:.1f} s: {top_caption}", None, ranked, True, self.source)
+            return Answer(f"At {t:.1f} s: {caption_text(top_caption)}", None, ranked, True, self.source)
         votes = [0.0] * len(state.options)
         voters: list[int] = []
         for i in ranked:
