@@ -101,8 +101,8 @@ def _write_summary():
     os.makedirs(RESULTS_DIR, exist_ok=True)
     name = "videoagent_summary_quick.md" if QUICK else "videoagent_summary.md"
     lines = [f"PlantedEventVideo({FRAMES}, {QUESTIONS}, seed={SEED}); load average {os.getloadavg()}", "",
-             "| encoder | strategy | budget | accuracy | evidence hit | frames / question | ms / question p20 / p50 / p80 "
-             "| stops |", "|---|---|---|---|---|---|---|---|"]
+             "| encoder | strategy | budget | accuracy | evidence hit | frames / question "
+             "| ms / question p20 / p50 / p80 | stops |", "|---|---|---|---|---|---|---|---|"]
     for r in ROWS:
         stops = ", ".join(f"{k} {v}" for k, v in sorted(r["stops"].items()))
         lines.append(f"| {r['encoder']} | {r['strategy']} | {r['budget']} | {r['accuracy']:.2f} | "

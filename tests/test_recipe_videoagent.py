@@ -120,7 +120,8 @@ def test_retrieve_is_exact_per_segment_topk(small, k):
 def test_planted_video_ground_truth_is_consistent_and_deterministic(small):
     video, _ = small
     again = PlantedEventVideo(600, 4, seed=3)
-    assert again.labels == video.labels and [q.question for q in again.questions] == [q.question for q in video.questions]
+    assert again.labels == video.labels
+    assert [q.question for q in again.questions] == [q.question for q in video.questions]
     assert PlantedEventVideo(600, 4, seed=4).labels != video.labels
     spans = []
     for q in video.questions:

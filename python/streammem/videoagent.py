@@ -38,7 +38,11 @@ is (deterministic, no model):
 The retrieval step is one ``cosine_topk(queries, frame_embeddings, k,
 ranges=segments)`` call per round: one query row per segment, each
 restricted to its segment's frames, so a round costs one kernel launch
-whatever the number of segments.
+whatever the number of segments; after the first round only the segments
+split by the frames just added are searched (an unchanged segment keeps its
+best frames for the same query).  ``streammem videoagent`` runs it from the
+command line (on a video file, or ``--synthetic`` scored against uniform
+sampling).
 
 ``PlantedEventVideo`` generates a long synthetic video (as ImageNet labels,
 deterministic from a seed) with planted answerable events: short spans where
@@ -94,6 +98,7 @@ __all__ = [
     "PlantedQuestion",
     "PlantedEventVideo",
     "evaluate",
+    "STRATEGIES",
     "run_command",
     "DEFAULT_QUESTIONS",
 ]
@@ -972,7 +977,8 @@ class PlantedEventVideo:
 
     def __init__(self, num_frames: int = 3600, questions: int = 20, *, fps: float = 1.0,
                  event_frames: tuple[int, int] = (2, 5), distractors: int = 2, options: int = 5,
-                 p_cue: float = 0.75, p_object: float = 0.75, p_confuse: float = 0.2, scene_frames: tuple[int, int] = (30, 150),
+                 p_cue: float = 0.75, p_object: float = 0.75, p_confuse: float = 0.2,
+                 scene_frames: tuple[int, int] = (30, 150),
                  seed: int = 0):
         self.num_frames = _check_count(num_frames, "num_frames", 1)
         n_questions = _check_count(questions, "questions", 1)
