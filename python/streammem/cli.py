@@ -381,6 +381,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_command(subparsers)
     add_backends_command(subparsers)
     add_videoagent_command(subparsers)
+    # --- MemVerse recipe (i16): streammem memverse -------------------------
+    from .memverse import add_memverse_command
+
+    add_memverse_command(subparsers)
+    # --- end MemVerse --------------------------------------------------------
     return parser
 
 
