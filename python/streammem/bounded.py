@@ -35,7 +35,22 @@ import torch
 from .config import _check_int, _check_real
 from .memory import LongTermMemory, MemoryNode
 
-__all__ = ["BoundedMemory", "EvictionReport"]
+__all__ = ["BoundedMemory", "EvictionReport", "utility"]
+
+
+def utility(access_count, last_access, now, *, alpha: float = 0.6, beta: float = 0.4, tau: float = 60.0):
+    """The utility rule u = alpha * log(f + 1) + beta * exp(-max(0, now - last_access) / tau).
+
+    ``access_count`` (f) and ``last_access`` are numbers or tensors of one
+    shape (then ``u`` is a float64 tensor); ``BoundedMemory`` scores tree nodes
+    with it, and ``streammem.memverse`` the chunks and relations of its graph.
+    """
+    if isinstance(access_count, torch.Tensor) or isinstance(last_access, torch.Tensor):
+        f = torch.as_tensor(access_count, dtype=torch.float64)
+        dt = (float(now) - torch.as_tensor(last_access, dtype=torch.float64)).clamp_min(0.0)
+        return alpha * torch.log1p(f) + beta * torch.exp(-dt / tau)
+    dt = max(0.0, float(now) - float(last_access))
+    return alpha * math.log(access_count + 1) + beta * math.exp(-dt / tau)
 
 
 @dataclass
@@ -107,8 +122,7 @@ class BoundedMemory:
 
     def utility(self, node: MemoryNode, now: float | None = None) -> float:
         now = self.now if now is None else now
-        dt = max(0.0, now - node.last_access)
-        return self.alpha * math.log(node.access_count + 1) + self.beta * math.exp(-dt / self.tau)
+        return utility(node.access_count, node.last_access, now, alpha=self.alpha, beta=self.beta, tau=self.tau)
 
     def total_cost(self) -> int:
         return sum(self.cost(n) for n in self.memory.nodes.values())
