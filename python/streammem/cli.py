@@ -129,18 +129,23 @@ def parse_query(text: str) -> tuple[float | None, str]:
     allowed, an optional ``s`` (``"1:30: ..."`` is 90 s, ``"20s: ..."`` 20 s).
     Text before the first colon that is not a time stays in the question
     (``"what: is this"``).  Raises ValueError for a negative time or an empty
-    question.
+    question, and for a time that is not finite (``"nan: ..."``, ``"inf: ..."``,
+    overflowing digits).
     """
     if not isinstance(text, str):
         raise ValueError(f"query must be a string, got {type(text).__name__}")
     if re.match(r"^\s*-\s*\d", text):
         raise ValueError(f"query time must be >= 0 seconds, got {text!r}")
+    if re.match(r"^\s*[+-]?\s*(nan|inf|infinity)\s*s?\s*:", text, re.I):
+        raise ValueError(f"query time must be a finite number of seconds, got {text!r:.80}")
     match = _TIME.match(text)
     at, question = None, text.strip()
     if match:
         seconds = 0.0
         for part in match.group(1).split(":"):
             seconds = 60.0 * seconds + float(part)
+        if not math.isfinite(seconds):
+            raise ValueError(f"query time must be a finite number of seconds, got {text!r:.80}")
         at, question = seconds, match.group(2).strip()
     if not question:
         raise ValueError(f"query has no question: {text!r} (write \"T: QUESTION\" or just QUESTION)")
