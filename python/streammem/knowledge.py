@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from streammem_kernels._optional import require
 
 from ._segmenter import load_segmenter_state, segmenter_state
-from .memory import FrameRecord, LabelCaptioner, records_from_state, records_state
+from .config import MAX_SEGMENTER_WINDOW, _check_int, _check_real
+from .memory import FrameRecord, LabelCaptioner, check_query_embedding, records_from_state, records_state
 
 __all__ = [
     "EventSegmenter",
@@ -74,7 +75,11 @@ class _EmbeddingMatrix:
 
 
 class KnowledgeBase:
-    """Event captions and their embeddings, searched exactly with ``cosine_topk``."""
+    """Event captions and their embeddings, searched exactly with ``cosine_topk``.
+
+    Not thread-safe: one caller at a time (``add`` may grow the matrix that
+    ``search`` reads).
+    """
 
     def __init__(self):
         self.entries: list[KnowledgeEntry] = []
@@ -89,13 +94,13 @@ class KnowledgeBase:
 
     def search(self, query_embedding: torch.Tensor, k: int) -> list[tuple[float, KnowledgeEntry]]:
         """Top-k entries by cosine, best first."""
+        k = _check_int(k, "k", 1)
+        q = check_query_embedding(query_embedding, self._matrix.rows.shape[1] if self.entries else None)
         if not self.entries:
             return []
         from streammem_kernels import cosine_topk
 
-        k = min(int(k), len(self.entries))
-        q = torch.as_tensor(query_embedding, dtype=torch.float32).reshape(1, -1)
-        res = cosine_topk(q, self._matrix.rows, k)
+        res = cosine_topk(q[None], self._matrix.rows, min(k, len(self.entries)))
         scores, ids = _topk_fields(res)
         return [(float(s), self.entries[int(i)]) for s, i in zip(scores[0].tolist(), ids[0].tolist()) if int(i) >= 0]
 
@@ -140,8 +145,11 @@ class EventSegmenter:
         language-model captioner can reuse its prefix.
     knowledge_base : KnowledgeBase, optional
     window, tau, min_depth, max_event, drift, backend
-        Passed to ``streammem_kernels.StreamingSegmenter``.  ``max_event``
-        (default 250 frames) bounds the frames held for the open event.
+        Passed to ``streammem_kernels.StreamingSegmenter``.  ``window`` is at
+        most 4096; ``max_event`` (default 250 frames) bounds the frames held
+        for the open event.
+
+    Not thread-safe: one caller at a time.
     """
 
     def __init__(self, text_encoder, captioner=None, knowledge_base: KnowledgeBase | None = None, *,
@@ -149,6 +157,7 @@ class EventSegmenter:
                  drift: float | None = None, backend: str = "auto"):
         from streammem_kernels import StreamingSegmenter
 
+        window = _check_int(window, "window", 2, MAX_SEGMENTER_WINDOW)
         self.segmenter = StreamingSegmenter(window=window, tau=tau, min_depth=min_depth, max_event=max_event,
                                             drift=drift, backend=backend)
         self.text_encoder = text_encoder
@@ -237,6 +246,7 @@ class InstantaneityScorer:
 
     Compares the question's embedding with small example sets of "happening
     now" and "happened before" questions: S_t = (1 + max cos(now) - max cos(before)) / 2.
+    Thread-safe: calls only read the example embeddings.
     """
 
     def __init__(self, text_encoder, now_examples: Sequence[str] = NOW_EXAMPLES,
@@ -269,19 +279,20 @@ class KnowledgeInjector:
     base has little on it); theta2 < S_c <= theta1: the top-3; otherwise the
     top-5.  StreamRAG does not publish theta1 / theta2; 0.6 / 0.4 are our
     defaults, with S_t and S_r both in [0, 1].
+
+    Holds no state of its own (it reads the knowledge base): ``select`` is as
+    thread-safe as the knowledge base and the instantaneity scorer it calls.
     """
 
     def __init__(self, knowledge_base: KnowledgeBase, instantaneity: Callable[[str, torch.Tensor], float], *,
                  gamma: float = 0.5, theta1: float = 0.6, theta2: float = 0.4):
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
-        if not theta2 <= theta1:
+        self.gamma = _check_real(gamma, "gamma", 0.0, 1.0)
+        self.theta1 = _check_real(theta1, "theta1")
+        self.theta2 = _check_real(theta2, "theta2")
+        if not self.theta2 <= self.theta1:
             raise ValueError(f"theta2 must be <= theta1, got theta1={theta1!r}, theta2={theta2!r}")
         self.knowledge_base = knowledge_base
         self.instantaneity = instantaneity
-        self.gamma = float(gamma)
-        self.theta1 = float(theta1)
-        self.theta2 = float(theta2)
 
     def select(self, question: str, query_embedding: torch.Tensor) -> Injection:
         top5 = self.knowledge_base.search(query_embedding, 5)
@@ -311,7 +322,11 @@ class DialogueEntry:
 
 
 class DialogueMemory:
-    """(question, answer) pairs in an incremental faiss ``IndexFlatIP`` over normalised embeddings."""
+    """(question, answer) pairs in an incremental faiss ``IndexFlatIP`` over normalised embeddings.
+
+    Not thread-safe: one caller at a time, except ``embed`` (it only calls the
+    text encoder), which schedulers run outside their lock.
+    """
 
     def __init__(self, text_encoder):
         faiss = require("faiss", package="faiss-cpu", extra="pipeline", purpose="DialogueMemory")
@@ -330,7 +345,10 @@ class DialogueMemory:
     def add(self, question: str, answer: str, timestamp: float | None = None, *,
             embedding: torch.Tensor | None = None) -> None:
         """Append one exchange; ``embedding`` from ``embed`` when computed earlier (outside a lock)."""
-        emb = self.embed(question, answer) if embedding is None else embedding.reshape(1, -1)
+        if embedding is None:
+            emb = self.embed(question, answer)
+        else:
+            emb = F.normalize(check_query_embedding(embedding, int(self.index.d), "embedding")[None], dim=1)
         self.index.add(np.ascontiguousarray(emb.numpy(), dtype=np.float32))
         self.entries.append(DialogueEntry(question, answer, timestamp))
 
@@ -350,8 +368,10 @@ class DialogueMemory:
             self.index.add(np.ascontiguousarray(state["embedding"].numpy(), dtype=np.float32))
 
     def search(self, query_embedding: torch.Tensor, k: int = 3) -> list[tuple[float, DialogueEntry]]:
+        """Top-k earlier exchanges by cosine with ``query_embedding`` ((E,), E = the text encoder's dim)."""
+        k = _check_int(k, "k", 1)
+        q = F.normalize(check_query_embedding(query_embedding, int(self.index.d))[None], dim=1)
         if not self.entries:
             return []
-        q = F.normalize(torch.as_tensor(query_embedding, dtype=torch.float32).reshape(1, -1), dim=1)
-        scores, ids = self.index.search(np.ascontiguousarray(q.numpy()), min(int(k), len(self.entries)))
+        scores, ids = self.index.search(np.ascontiguousarray(q.numpy()), min(k, len(self.entries)))
         return [(float(s), self.entries[int(i)]) for s, i in zip(scores[0], ids[0]) if i >= 0]

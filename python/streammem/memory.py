@@ -23,7 +23,10 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 import torch
 import torch.nn.functional as F
 
+from .config import MAX_KMEANS_ITERS, MAX_SEED, _check_int, _check_real
+
 __all__ = [
+    "check_query_embedding",
     "FrameRecord",
     "records_state",
     "records_from_state",
@@ -64,6 +67,23 @@ def records_from_state(state: dict) -> list[FrameRecord]:
             for row, (i, t, labels) in enumerate(zip(state["index"], state["timestamp"], state["labels"]))]
 
 
+def check_query_embedding(query_embedding, dim: int | None, name: str = "query_embedding") -> torch.Tensor:
+    """``query_embedding`` as a finite float32 (E,) tensor (E == ``dim`` unless None); ValueError otherwise."""
+    try:
+        q = torch.as_tensor(query_embedding)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{name} must be a 1-d float tensor, got {type(query_embedding).__name__}") from exc
+    q = q.reshape(-1) if q.dim() == 2 and q.shape[0] == 1 else q
+    if q.dim() != 1 or not (q.is_floating_point() or q.dtype in (torch.int32, torch.int64)) or q.numel() == 0:
+        raise ValueError(f"{name} must be a 1-d float tensor of shape (E,), got {q.dtype} {tuple(q.shape)}")
+    if dim is not None and q.shape[0] != dim:
+        raise ValueError(f"{name} must have {dim} entries (the text encoder's dim), got {q.shape[0]}")
+    q = q.float()
+    if not bool(torch.isfinite(q).all()):
+        raise ValueError(f"{name} must be finite")
+    return q
+
+
 # --------------------------------------------------------------------------
 # Short-term memory (StreamChat Eq. 2)
 # --------------------------------------------------------------------------
@@ -80,20 +100,16 @@ class ShortTermMemory:
         Forgetting constant in frames: weight exp(-age / tau), age 0 = newest.
     seed : int
         Seeds the sampler's generator, so a run is reproducible.
+
+    Not thread-safe: one caller at a time (``sample`` advances the generator).
     """
 
     def __init__(self, candidates: int = 20, keep: int = 5, tau: float = 5.0, seed: int = 0):
-        if isinstance(candidates, bool) or int(candidates) != candidates or candidates < 1:
-            raise ValueError(f"candidates must be an int >= 1, got {candidates!r}")
-        if isinstance(keep, bool) or int(keep) != keep or not 1 <= keep:
-            raise ValueError(f"keep must be an int >= 1, got {keep!r}")
-        if not float(tau) > 0:
-            raise ValueError(f"tau must be > 0, got {tau!r}")
-        self.candidates = int(candidates)
-        self.keep = int(keep)
-        self.tau = float(tau)
+        self.candidates = _check_int(candidates, "candidates", 1)
+        self.keep = _check_int(keep, "keep", 1)
+        self.tau = _check_real(tau, "tau", 0.0, open_low=True)
         self._buffer: list[FrameRecord] = []
-        self._generator = torch.Generator().manual_seed(int(seed))
+        self._generator = torch.Generator().manual_seed(_check_int(seed, "seed", 0, MAX_SEED))
 
     def __len__(self) -> int:
         return len(self._buffer)
@@ -102,6 +118,11 @@ class ShortTermMemory:
         self._buffer.append(record)
         if len(self._buffer) > self.candidates:
             del self._buffer[0]
+
+    @property
+    def feature_dim(self) -> int | None:
+        """Feature columns of the buffered frames (None when empty)."""
+        return int(self._buffer[-1].feature.shape[0]) if self._buffer else None
 
     def weights(self) -> torch.Tensor:
         """Sampling weights of the current candidates, oldest first (unnormalised)."""
@@ -154,6 +175,7 @@ class LabelCaptioner:
 
     ``"3.2-7.9s: taxicab, minivan, car mirror"``; a chunk without labels gets
     ``"3.2-7.9s: scene"``.  Deterministic and free, so it is the default.
+    Thread-safe: no state.
     """
 
     def __init__(self, top: int = 3):
@@ -231,21 +253,21 @@ class LongTermMemory:
     table: the table is only changed through this class (``add``, ``flush``,
     ``merge_leaves``, ``remove``), each of which updates the index in the same
     call.  ``BoundedMemory`` decides *what* to merge and remove; this class does it.
+
+    Not thread-safe: one caller at a time, ``search`` included (it updates the
+    retrieved nodes' access statistics).  ``StreamMemory`` and its schedulers
+    serialise every call.
     """
 
     def __init__(self, text_encoder, captioner=None, *, chunk: int = 25, group: int = 10, centres: int = 5,
                  kmeans_iters: int = 10, seed: int = 0, backend: str = "auto"):
-        for name, value, low in (("chunk", chunk, 1), ("group", group, 2), ("centres", centres, 1),
-                                 ("kmeans_iters", kmeans_iters, 1)):
-            if isinstance(value, bool) or int(value) != value or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         self.text_encoder = text_encoder
         self.captioner = captioner if captioner is not None else LabelCaptioner()
-        self.chunk = int(chunk)
-        self.group = int(group)
-        self.centres = int(centres)
-        self.kmeans_iters = int(kmeans_iters)
-        self.seed = int(seed)
+        self.chunk = _check_int(chunk, "chunk", 1)
+        self.group = _check_int(group, "group", 2)
+        self.centres = _check_int(centres, "centres", 1)
+        self.kmeans_iters = _check_int(kmeans_iters, "kmeans_iters", 1, MAX_KMEANS_ITERS)
+        self.seed = _check_int(seed, "seed", 0, MAX_SEED)
         self.backend = backend
         self.nodes: dict[int, MemoryNode] = {}
         self._next_id = 0
@@ -527,9 +549,11 @@ class LongTermMemory:
         """
         from streammem_kernels import tree_search
 
+        dim = None if self._tree is None else int(self._tree.embeddings.shape[1])
+        q = check_query_embedding(query_embedding, dim)
         if self._tree is None or not self.nodes:
             return [], None, []
-        q = F.normalize(torch.as_tensor(query_embedding, dtype=torch.float32).reshape(1, -1), dim=1)
+        q = F.normalize(q[None], dim=1)
         res = tree_search(self._tree, q)
         path_rows = [int(r) for r in res.path[0].tolist() if int(r) >= 0]
         scores = [float(s) for s, r in zip(res.path_scores[0].tolist(), res.path[0].tolist()) if int(r) >= 0]

@@ -11,7 +11,7 @@ consumer slows the producer down and no selected frame is ever dropped):
    time (see below);
 3. contextual summarisation: answers questions from the memory
    (``StreamMemory.retrieve``; the question and the dialogue entry are
-   embedded outside the memory lock).
+   embedded outside the memory's lock).
 
 Stream time is the source's own timestamps, whatever frames the gate drops.
 A question scheduled at stream time T is answered from the memory of exactly
@@ -23,27 +23,56 @@ context's ``stream_time`` is the last frame at or before T.  A question
 scheduled at a time the stream has already passed is answered from the memory
 as it is when the next frame arrives.
 
-The memory itself is single-threaded; this class only schedules it.  A failure
-in any thread stops the pipeline; ``wait()`` (and every pending question)
-raises it.  ``close()`` returns within a second whatever the threads are
-doing: every blocking queue operation polls a stop flag.  After ``wait()`` the
-memory can be checkpointed with ``pipe.memory.save(dir)``.
+The memory does its own locking (``StreamMemory``'s thread-safety contract);
+this class only schedules it.
+
+Nothing waits forever, by construction:
+
+* every ``Future`` that ``submit`` returns is resolved on every path: with its
+  ``Context``; with the exception raised while answering it (``answer_fn``,
+  the text encoder: that question fails, the stream goes on); with the
+  failure that stopped the pipeline; or with ``PipelineStopped`` when the
+  pipeline is closed first;
+* stream times are checked where they enter: ``submit(at=...)`` and ``run``
+  reject NaN and ``-inf`` (``ValueError`` naming the argument; ``+inf`` means
+  after the end of the stream), and a source
+  whose timestamps are not finite and non-decreasing stops the pipeline with
+  a ``ValueError`` naming the frame;
+* ``submit`` / ``ask`` / ``wait`` before ``start()`` raise ``RuntimeError``;
+  after ``close()`` they raise ``PipelineStopped``; ``ask`` and ``wait`` from
+  one of the pipeline's own threads (inside ``answer_fn`` or ``frame_hook``)
+  raise ``RuntimeError`` instead of waiting for themselves;
+* a failure in any thread stops the pipeline; ``wait()`` (and every pending
+  question) raises it;
+* ``close()`` returns within a second whatever the threads are doing: every
+  blocking queue operation polls a stop flag, and the threads are daemons.
+  A source blocked inside ``next()`` cannot be interrupted from Python; its
+  thread stays blocked until ``next()`` returns, then exits without passing
+  the frame on.  ``close()`` calls ``close()`` on the iterator the pipeline
+  took from the source, if it has one: a generator's ``finally`` blocks run
+  (when it is not blocked), and an iterator blocked on a socket or camera can
+  implement ``close()`` to wake its read up.
+
+After ``wait()`` (or ``close()``) the memory can be checkpointed with
+``pipe.memory.save(dir)``; a checkpoint taken while the pipeline runs misses
+the frames still in its queues.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import queue
 import threading
 import time
 from collections import Counter
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
 
-from .config import BoundedConfig, MemoryConfig, SegmenterConfig, ShortTermConfig
+from .config import BoundedConfig, MemoryConfig, SegmenterConfig, ShortTermConfig, _check_int, _is_real
 from .core import Context, StreamMemory
 from .gate import PRESETS, Preset
 
@@ -53,6 +82,8 @@ QueryResult = Context  # the name before StreamMemory existed
 
 _END = object()
 _POLL_S = 0.05
+_CLOSE_S = 0.9
+MAX_GATE_BATCH = 4096  # frames per gate / encoder call; one batch is held in memory
 
 
 class PipelineStopped(RuntimeError):
@@ -109,7 +140,9 @@ class StreamPipeline:
     Parameters
     ----------
     source : iterable of (float, (H, W, 3) uint8 RGB array)
-        For example a ``VideoSource``.
+        For example a ``VideoSource``.  Timestamps (stream seconds) must be
+        finite and non-decreasing, frames of one shape; each frame is copied
+        when it arrives, so the source may reuse its buffer.
     frame_encoder : FrameEncoder
     text_encoder : TextEncoder
     config : MemoryConfig, optional
@@ -125,13 +158,22 @@ class StreamPipeline:
     gate_hook : callable(GateBatch), optional
         Called by the frame-stacking thread after every motion-gate call, with
         every decoded frame's time, score and decision (and the pixels).
-    gate_batch : int
+    gate_batch : int in [1, 4096]
         Frames per motion-gate / encoder call.
-    queue_size : int
+    queue_size : int >= 1
         Capacity of the vision and question queues.
     preset, budget, bounded_kwargs, segmenter_kwargs, motion_size, short_term, dialogue_k, seed, backend
         The keywords of the pipeline before ``MemoryConfig``; still accepted
         instead of ``config`` (``config_from_keywords``).
+
+    Thread safety: ``submit``, ``ask``, ``wait``, ``summary``, ``close``,
+    ``running`` and ``error`` may be called from any thread, concurrently
+    with each other and with the pipeline's threads (``start`` once; ``close``
+    any number of times).  ``pipe.memory`` is thread-safe too (see
+    ``StreamMemory``), but frames pushed into it directly interleave with the
+    source's.  The counters (``frames_decoded``, ``frames_kept``, ...) are each
+    written by one thread and may be read anywhere.  The module docstring
+    lists what can and cannot block.
     """
 
     def __init__(self, source: Iterable, frame_encoder=None, text_encoder=None, *, config: MemoryConfig | None = None,
@@ -142,10 +184,16 @@ class StreamPipeline:
         unknown = sorted(set(keywords) - set(_KEYWORDS))
         if unknown:
             raise TypeError(f"StreamPipeline got unexpected keyword arguments {unknown}")
-        if isinstance(gate_batch, bool) or int(gate_batch) != gate_batch or gate_batch < 1:
-            raise ValueError(f"gate_batch must be an int >= 1, got {gate_batch!r}")
-        if isinstance(queue_size, bool) or int(queue_size) != queue_size or queue_size < 1:
-            raise ValueError(f"queue_size must be an int >= 1, got {queue_size!r}")
+        gate_batch = _check_int(gate_batch, "gate_batch", 1, MAX_GATE_BATCH)
+        queue_size = _check_int(queue_size, "queue_size", 1)
+        if frame_hook is not None and not callable(frame_hook):
+            raise ValueError(f"frame_hook must be callable or None, got {frame_hook!r}")
+        if gate_hook is not None and not callable(gate_hook):
+            raise ValueError(f"gate_hook must be callable or None, got {gate_hook!r}")
+        if answer_fn is not None and not callable(answer_fn):
+            raise ValueError(f"answer_fn must be callable or None, got {answer_fn!r}")
+        if not hasattr(source, "__iter__") and not hasattr(source, "__next__"):
+            raise ValueError(f"source must be an iterable of (timestamp, frame) pairs, got {type(source).__name__}")
         if memory is not None:
             given = [n for n, v in (("frame_encoder", frame_encoder), ("text_encoder", text_encoder),
                                     ("config", config), ("captioner", captioner),
@@ -178,17 +226,19 @@ class StreamPipeline:
         self.max_query_depth = 0
         self._stop = threading.Event()
         self._stream_done = threading.Event()
-        self._memory_lock = threading.Lock()
         self._schedule_lock = threading.Lock()
         self._scheduled: list = []  # heap of (stream_time, seq, question, future)
         self._seq = itertools.count()
         self._error: BaseException | None = None
         self._error_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._summariser: threading.Thread | None = None
+        self._iterator = None  # iter(source), taken by the frame-stacking thread
         self._started = False
         self.frames_decoded = 0
         self.frames_kept = 0
         self.frames_formed = 0
+        self.questions_failed = 0  # questions whose answering raised (their futures hold the exception)
         self.stream_time: float | None = None
         self.timings: Counter = Counter()  # seconds the pipeline itself spends (decoding)
         self.results: list[Context] = []
@@ -211,14 +261,19 @@ class StreamPipeline:
 
     # ---- lifecycle -----------------------------------------------------
     def start(self) -> "StreamPipeline":
+        """Start the three threads; a pipeline runs once (build a new one to run again)."""
         if self._started:
-            raise RuntimeError("pipeline already started")
+            raise RuntimeError("pipeline already started (a pipeline runs once; build a new one)")
+        if self._stop.is_set():
+            raise PipelineStopped("pipeline was closed before it started")
         self._started = True
         self._t_start = time.perf_counter()
         for name, fn in (("frame-stacking", self._frame_stacking), ("memory-formation", self._memory_formation),
                          ("contextual-summarisation", self._summarisation)):
             th = threading.Thread(target=self._guard, args=(fn,), name=f"streammem-{name}", daemon=True)
             self._threads.append(th)
+        self._summariser = self._threads[2]
+        for th in self._threads:
             th.start()
         return self
 
@@ -229,34 +284,82 @@ class StreamPipeline:
         self.close()
 
     def wait(self, timeout: float | None = None) -> None:
-        """Wait until the stream has been fully formed into memory; raises a thread's failure."""
+        """Wait until the stream has been fully formed into memory.
+
+        Raises a thread's failure; ``PipelineStopped`` when the pipeline was
+        closed before the stream ended; ``TimeoutError`` after ``timeout``
+        seconds; ``RuntimeError`` before ``start()`` or from the pipeline's
+        own threads.
+        """
+        timeout = _check_timeout(timeout)
+        self._require_started("wait")
+        self._refuse_own_thread("wait")
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._stream_done.is_set():
             self._raise_if_failed()
+            if self._stop.is_set():
+                raise PipelineStopped("pipeline was closed before the stream ended")
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError("stream not finished within the timeout")
+                raise TimeoutError(f"stream not finished within {timeout} s")
             self._stream_done.wait(_POLL_S)
         self._raise_if_failed()
 
     def close(self) -> None:
-        """Stop every thread; returns within about a second (threads are daemons)."""
+        """Stop every thread and fail the questions not yet answered; returns within about a second.
+
+        Safe to call from any thread, more than once.  A thread still busy
+        after the deadline (a source blocked in ``next()``, a slow hook) is a
+        daemon and ends on its own once that call returns; ``running`` tells.
+        """
         self._stop.set()
-        deadline = time.monotonic() + 0.9
-        for th in self._threads:
-            th.join(max(0.0, deadline - time.monotonic()))
+        deadline = time.monotonic() + _CLOSE_S
+        closer = self._close_iterator()  # first: it may wake a source blocked in next()
+        me = threading.current_thread()
+        for th in self._threads + ([closer] if closer is not None else []):
+            if th is not me:
+                th.join(max(0.0, deadline - time.monotonic()))
         self._fail_pending(PipelineStopped("pipeline closed before the question was answered"))
+
+    def _close_iterator(self) -> threading.Thread | None:
+        """``close()`` of the source's iterator, if it has one, in a daemon thread (it may block)."""
+        close = getattr(self._iterator, "close", None)
+        if not callable(close):
+            return None
+
+        def run():
+            try:
+                close()
+            except Exception:  # a generator still executing ("generator already executing"), or the source's own
+                pass
+
+        th = threading.Thread(target=run, name="streammem-source-close", daemon=True)
+        th.start()
+        return th
 
     @property
     def running(self) -> bool:
+        """Whether any of the pipeline's threads is still alive."""
         return any(th.is_alive() for th in self._threads)
 
     @property
     def error(self) -> BaseException | None:
+        """The failure that stopped the pipeline, if any."""
         return self._error
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._error
+
+    def _require_started(self, method: str) -> None:
+        if not self._started:
+            raise RuntimeError(f"StreamPipeline.{method}() before start(): call pipe.start(), use `with pipe:`, "
+                               f"or pipe.run(queries)")
+
+    def _refuse_own_thread(self, method: str, threads=None) -> None:
+        if threading.current_thread() in (self._threads if threads is None else threads):
+            raise RuntimeError(f"StreamPipeline.{method}() from the pipeline's own thread "
+                               f"{threading.current_thread().name} would wait for itself (called from answer_fn "
+                               f"or frame_hook?); use pipe.memory directly there")
 
     def _guard(self, fn) -> None:
         try:
@@ -266,9 +369,10 @@ class StreamPipeline:
                 if self._error is None:
                     self._error = exc
             self._stop.set()
-            self._fail_pending(exc)
+            self._fail_pending(self._error)
 
     def _fail_pending(self, exc: BaseException) -> None:
+        """Resolve every question not yet taken by the summarisation thread with ``exc``."""
         with self._schedule_lock:
             pending, self._scheduled = self._scheduled, []
         futures = [f for *_, f in pending]
@@ -281,8 +385,12 @@ class StreamPipeline:
                 futures.append(item[1])
                 item[3].set()
         for fut in futures:
-            if not fut.done():
-                fut.set_exception(exc)
+            _resolve(fut, exc)
+
+    def _settle_if_stopped(self) -> None:
+        # A question enqueued while close() (or a failure) drained the queues: drain again, so it is resolved.
+        if self._stop.is_set():
+            self._fail_pending(self._error or PipelineStopped("pipeline closed before the question was answered"))
 
     def _put(self, q: queue.Queue, item) -> bool:
         """Blocking put that polls the stop flag; False when stopped."""
@@ -304,10 +412,24 @@ class StreamPipeline:
 
     # ---- questions -----------------------------------------------------
     def submit(self, question: str, at: float | None = None) -> Future:
-        """Queue a question; with ``at``, it is released when the stream reaches ``at`` seconds
-        (or ends).  Returns a Future of the ``Context``."""
+        """Queue a question; returns a ``Future`` of its ``Context``, always resolved (module docstring).
+
+        Parameters
+        ----------
+        question : str
+            Non-empty.
+        at : float, optional
+            Stream time in seconds: the question is answered from the memory
+            of exactly the frames up to ``at`` (released when the first frame
+            after ``at`` arrives; at the end of the stream at the latest).
+            ``math.inf``: after the end of the stream.  None: now.  NaN and
+            ``-inf`` raise ``ValueError``.
+        """
         if not isinstance(question, str) or not question.strip():
-            raise ValueError("question must be a non-empty string")
+            raise ValueError(f"question must be a non-empty string, got {question!r:.80}")
+        at = _check_at(at)
+        self._require_started("submit")
+        self._refuse_own_thread("submit", [self._summariser])
         self._raise_if_failed()
         if self._stop.is_set():
             raise PipelineStopped("pipeline is closed")
@@ -316,13 +438,17 @@ class StreamPipeline:
             self._release(question, fut)
         else:
             with self._schedule_lock:
-                heapq.heappush(self._scheduled, (float(at), next(self._seq), question, fut))
+                heapq.heappush(self._scheduled, (at, next(self._seq), question, fut))
             if self._stream_done.is_set():
-                self._release_due(float("inf"))
+                self._release_due(math.inf)
+        self._settle_if_stopped()
         return fut
 
     def ask(self, question: str, timeout: float | None = None) -> Context:
-        """Submit now and wait for the context (and answer)."""
+        """Submit now and wait for the context (and answer); raises what answering it raised."""
+        timeout = _check_timeout(timeout)
+        self._require_started("ask")
+        self._refuse_own_thread("ask")
         return self.submit(question).result(timeout)
 
     def _release(self, question: str, fut: Future) -> threading.Event:
@@ -330,7 +456,7 @@ class StreamPipeline:
         retrieved = threading.Event()
         item = (question, fut, time.perf_counter(), retrieved)
         if not self._put(self._query_q, item):
-            fut.set_exception(self._error or PipelineStopped("pipeline is closed"))
+            _resolve(fut, self._error or PipelineStopped("pipeline is closed"))
             retrieved.set()
         self.max_query_depth = max(self.max_query_depth, self._query_q.qsize())
         return retrieved
@@ -355,27 +481,42 @@ class StreamPipeline:
 
     # ---- thread 1: frame stacking -------------------------------------
     def _frame_stacking(self) -> None:
-        batch: list[tuple[int, float, np.ndarray]] = []
-        source = iter(self.source)
+        it = self._iterator = iter(self.source)
+        batch = None  # (gate_batch, H, W, 3) uint8: each frame is copied in as it arrives
+        times: list[float] = []
+        previous = -math.inf
         while not self._stop.is_set():
             t0 = time.perf_counter()
             try:
-                ts, frame = next(source)
+                item = next(it)
             except StopIteration:
                 break
-            self.timings["decode"] += time.perf_counter() - t0
-            batch.append((self.frames_decoded, float(ts), frame))
-            self.frames_decoded += 1
-            if len(batch) == self.gate_batch and not self._stack(batch):
+            except BaseException:
+                if self._stop.is_set():  # closed meanwhile: what the source raises now is not a failure
+                    return
+                raise
+            if self._stop.is_set():  # a frame that arrived after close() is not formed
                 return
-        if batch and not self._stack(batch):
+            self.timings["decode"] += time.perf_counter() - t0
+            ts, frame = _check_source_item(item, self.frames_decoded, previous,
+                                           None if batch is None else batch.shape[1:])
+            if batch is None:
+                batch = np.empty((self.gate_batch,) + frame.shape, np.uint8)
+            batch[len(times)] = frame
+            times.append(ts)
+            previous = ts
+            self.frames_decoded += 1
+            if len(times) == self.gate_batch:
+                if not self._stack(batch, times):
+                    return
+                batch, times = np.empty_like(batch), []
+        if times and not self._stack(batch[:len(times)], times):
             return
         self._put(self._vision_q, _END)
 
-    def _stack(self, batch: list) -> bool:
-        frames = np.stack([f for _, _, f in batch])
-        times = [ts for _, ts, _ in batch]
-        batch.clear()
+    def _stack(self, frames: np.ndarray, times: list[float]) -> bool:
+        if self._stop.is_set():
+            return False
         indices, kept, scores = self.memory.select(frames, return_scores=True)
         if self.gate_hook is not None:
             self.gate_hook(GateBatch(indices, times, scores, kept, frames))
@@ -409,8 +550,7 @@ class StreamPipeline:
                 for t in item.timestamps:
                     if not self._answer_due_before(t):
                         return
-                    with self._memory_lock:
-                        self.memory.advance(t)
+                    self.memory.advance(t)
                     self.stream_time = t
                 continue
             record = item
@@ -418,15 +558,13 @@ class StreamPipeline:
                 return
             if self.frame_hook is not None:
                 self.frame_hook(record)
-            with self._memory_lock:
-                self.memory.form(record)
+            self.memory.form(record)
             self.stream_time = record.timestamp
             self.frames_formed += 1
-        with self._memory_lock:
-            self.memory.finish()
+        self.memory.finish()
         self._t_stream_end = time.perf_counter()
         self._stream_done.set()
-        self._release_due(float("inf"))
+        self._release_due(math.inf)
 
     # ---- thread 3: contextual summarisation ---------------------------
     def _summarisation(self) -> None:
@@ -436,62 +574,137 @@ class StreamPipeline:
                 return
             question, fut, submitted, retrieved = item
             try:
-                if fut.set_running_or_notify_cancel():
+                if not fut.set_running_or_notify_cancel():
+                    continue  # cancelled by the caller
+                try:
                     result = self._answer(question, submitted, retrieved)
-                    self.results.append(result)
-                    fut.set_result(result)
+                except Exception as exc:  # this question fails; the stream and the other questions go on
+                    self.questions_failed += 1
+                    _resolve(fut, exc)
+                    continue
+                except BaseException as exc:  # KeyboardInterrupt and the like stop the pipeline (_guard)
+                    _resolve(fut, exc)
+                    raise
+                self.results.append(result)
+                fut.set_result(result)
             finally:
-                retrieved.set()
+                retrieved.set()  # memory formation waits for it (it is also set once the context is retrieved)
 
     def _answer(self, question: str, submitted: float, retrieved: threading.Event) -> Context:
         t0 = time.perf_counter()
         q = self.memory.encode_question(question)
         timings = {"question_encode": time.perf_counter() - t0}
-        with self._memory_lock:
-            result = self.memory.retrieve(question, q, submitted=submitted, timings=timings)
+        result = self.memory.retrieve(question, q, submitted=submitted, timings=timings)
         retrieved.set()  # memory formation may go on; the answer is the summarisation thread's own work
         if self.answer_fn is not None:
             t1 = time.perf_counter()
             answer = self.answer_fn(result)
             result.answer_s = time.perf_counter() - t1
-            embedding = self.memory.dialogue.embed(question, answer)  # the slow part, outside the lock
-            with self._memory_lock:
-                self.memory.record_answer(result, answer, embedding=embedding)
+            if not isinstance(answer, str):
+                raise TypeError(f"answer_fn must return a str, got {type(answer).__name__}")
+            embedding = self.memory.dialogue.embed(question, answer)  # the slow part, outside the memory's lock
+            self.memory.record_answer(result, answer, embedding=embedding)
         return result
 
     # ---- reporting -----------------------------------------------------
     def summary(self) -> dict:
-        """The memory's summary plus this run's frame counts, wall time, processed FPS and queue depths."""
+        """The memory's summary plus this run's frame counts, wall time, processed FPS and queue depths.
+
+        With a source that reports its decoding (``VideoSource.decode_report``),
+        ``"source"`` holds its counts (frames declared, decoded, truncated).
+        """
         elapsed = None
         if self._t_start is not None:
             end = self._t_stream_end if self._t_stream_end is not None else time.perf_counter()
             elapsed = end - self._t_start
-        with self._memory_lock:
-            out = self.memory.summary()
+        out = self.memory.summary()
         components = Counter(out["component_seconds"])
         components.update({k: round(v, 4) for k, v in self.timings.items()})
         out.update({
             "frames_decoded": self.frames_decoded,
             "frames_kept": self.frames_kept,
             "frames_formed": self.frames_formed,
+            "questions_failed": self.questions_failed,
             "seconds": None if elapsed is None else round(elapsed, 3),
             "processed_fps": None if not elapsed else round(self.frames_decoded / elapsed, 2),
             "max_vision_queue": self.max_vision_depth,
             "max_query_queue": self.max_query_depth,
             "component_seconds": dict(sorted(components.items())),
         })
+        report = getattr(self.source, "decode_report", None)
+        if callable(getattr(report, "to_dict", None)):
+            out["source"] = report.to_dict()
         return out
 
     def run(self, queries: Iterable[tuple[float | None, str]] = ()) -> list[Context]:
         """Start, ask ``queries`` ((stream_time or None, question)), finish the stream, close.
 
-        Returns the results in the order of ``queries``; raises any thread's failure.
+        Every query is checked before the pipeline starts (``ValueError``
+        naming ``queries[i]``).  Returns the results in the order of
+        ``queries``; raises any thread's failure, or the first question's.
         """
+        checked = []
+        for i, item in enumerate(queries):
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise ValueError(f"queries[{i}] must be a (stream_time or None, question) pair, got {item!r:.80}")
+            at, question = item
+            if not isinstance(question, str) or not question.strip():
+                raise ValueError(f"queries[{i}] question must be a non-empty string, got {question!r:.80}")
+            checked.append((_check_at(at, f"queries[{i}][0]"), question))
         if not self._started:
             self.start()
         try:
-            futures = [self.submit(q, at) for at, q in queries]
+            futures = [self.submit(q, at) for at, q in checked]
             self.wait()
             return [f.result() for f in futures]
         finally:
             self.close()
+
+
+def _resolve(fut: Future, exc: BaseException) -> None:
+    """Fail a future unless it is already resolved (another path may have won the race)."""
+    try:
+        if not fut.done():
+            fut.set_exception(exc)
+    except InvalidStateError:
+        pass
+
+
+def _check_at(at, name: str = "at") -> float | None:
+    if at is None:
+        return None
+    # +inf is "after the last frame" (released once the stream ends); NaN compares false with every time
+    # and would never be released, -inf precedes every frame: both are errors.
+    if not _is_real(at) or math.isnan(at) or at == -math.inf:
+        raise ValueError(f"{name} must be a stream time in seconds (finite, or +inf for after the end of the "
+                         f"stream; None for now), got {at!r}")
+    return float(at)
+
+
+def _check_timeout(timeout) -> float | None:
+    if timeout is None:
+        return None
+    if not _is_real(timeout) or math.isnan(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+    return None if math.isinf(timeout) else float(timeout)
+
+
+def _check_source_item(item, index: int, previous: float, shape: tuple | None) -> tuple[float, np.ndarray]:
+    """One ``(timestamp, frame)`` of the source, checked: ValueError naming the frame otherwise."""
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        raise ValueError(f"source must yield (timestamp, frame) pairs; item {index} is {type(item).__name__}")
+    ts, frame = item
+    if not _is_real(ts) or not math.isfinite(ts):
+        raise ValueError(f"source yielded timestamp {ts!r} for frame {index}; timestamps must be finite seconds")
+    ts = float(ts)
+    if ts < previous:
+        raise ValueError(f"source yielded timestamp {ts} for frame {index} after {previous}; timestamps must not "
+                         f"decrease")
+    frame = np.asarray(frame)
+    if frame.ndim != 3 or frame.shape[-1] != 3 or frame.dtype != np.uint8 or min(frame.shape) < 1:
+        raise ValueError(f"source yielded frame {index} of {frame.dtype} {frame.shape}; frames must be uint8 RGB "
+                         f"(H, W, 3)")
+    if shape is not None and frame.shape != tuple(shape):
+        raise ValueError(f"source yielded frame {index} of shape {frame.shape} after frames of shape {tuple(shape)}; "
+                         f"the frame size must not change within a stream")
+    return ts, frame

@@ -34,6 +34,9 @@ class SyntheticVideo:
     seed : int
     total_frames : int, optional
         Cycle through the scenes until this many frames were produced.
+
+    Thread-safe: each iteration is independent (the textures are only read), so
+    several threads may iterate one instance at once.
     """
 
     def __init__(self, colours: Sequence[str], scene_frames: int | Sequence[int] = 40, *, size=(32, 32),

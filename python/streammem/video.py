@@ -6,10 +6,18 @@
 first decoded frame at or after each tick of the target clock, which gives
 uniform sampling without drift on files whose native rate is not a multiple of
 the target.
+
+A damaged file often decodes without any error up to the damage and then
+simply ends (OpenCV reports the end of the stream).  ``VideoSource`` compares
+what it decoded with the frame count the container declares and reports a
+shortfall: ``VideoTruncatedWarning`` (or ``ValueError`` with
+``on_truncation="raise"``), and the counts in ``decode_report`` either way.
 """
 from __future__ import annotations
 
 import os
+import warnings
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -17,7 +25,46 @@ import numpy as np
 
 from streammem_kernels._optional import require
 
-__all__ = ["VideoSource", "sample_video_path", "resize_long_side"]
+from .config import _check_int, _check_real
+
+__all__ = ["VideoSource", "VideoTruncatedWarning", "DecodeReport", "sample_video_path", "resize_long_side"]
+
+MAX_SIZE = 8192  # long side of the working resolution (8K); checked before any frame is allocated
+_TOLERATED_SHORTFALL = 0.01  # containers without an exact count (MKV, WebM) estimate it from the duration
+
+
+class VideoTruncatedWarning(UserWarning):
+    """A video file decoded to fewer frames than its container declares (damaged or cut short)."""
+
+
+@dataclass
+class DecodeReport:
+    """What the latest iteration over a ``VideoSource`` decoded.
+
+    ``frames_declared``: the container's frame count (None: a camera, or a
+    container that does not say); ``frames_decoded``: frames the decoder
+    returned; ``frames_yielded``: frames after frame-rate reduction and
+    ``max_frames``; ``finished``: the decoder reached the end of the stream
+    (False while iterating or when the iteration stopped early);
+    ``truncated``: it ended more than 1% (and more than 2 frames) short of
+    ``frames_declared``.
+    """
+
+    frames_declared: int | None
+    frames_decoded: int = 0
+    frames_yielded: int = 0
+    finished: bool = False
+    truncated: bool = False
+
+    @property
+    def frames_missing(self) -> int:
+        """Declared frames the decoder never returned (0 unless ``finished``)."""
+        if not self.finished or self.frames_declared is None:
+            return 0
+        return max(0, self.frames_declared - self.frames_decoded)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "frames_missing": self.frames_missing}
 
 
 def _cv2():
@@ -62,19 +109,29 @@ class VideoSource:
         Long side of the working resolution; ``None`` keeps the native size.
     max_frames : int, optional
         Stop after this many yielded frames.
+    on_truncation : {"warn", "raise", "ignore"}
+        What a file that ends short of its declared frame count does at the
+        end of the iteration: a ``VideoTruncatedWarning``, a ``ValueError``,
+        or nothing; ``decode_report`` holds the counts in every case.
 
     Iterating yields ``(timestamp_s, frame)`` with ``frame`` an RGB uint8
     ``(H, W, 3)`` array.  A missing file raises ``FileNotFoundError``; a file
-    OpenCV cannot decode raises ``ValueError`` naming it.
+    OpenCV cannot decode raises ``ValueError`` naming it; ``size`` above 8192
+    raises ``ValueError`` before any frame is decoded.  Each iteration opens
+    the file anew (a ``VideoSource`` can be iterated again, not from two
+    threads at once).
     """
 
-    def __init__(self, source, *, fps: float | None = None, size: int | None = None, max_frames: int | None = None):
-        if fps is not None and not (float(fps) > 0):
-            raise ValueError(f"fps must be > 0 or None, got {fps!r}")
-        if size is not None and (isinstance(size, bool) or int(size) != size or size < 8):
-            raise ValueError(f"size must be an int >= 8 or None, got {size!r}")
-        if max_frames is not None and (isinstance(max_frames, bool) or int(max_frames) != max_frames or max_frames < 1):
-            raise ValueError(f"max_frames must be an int >= 1 or None, got {max_frames!r}")
+    def __init__(self, source, *, fps: float | None = None, size: int | None = None, max_frames: int | None = None,
+                 on_truncation: str = "warn"):
+        if fps is not None:
+            fps = _check_real(fps, "fps", 0.0, open_low=True)
+        if size is not None:
+            size = _check_int(size, "size", 8, MAX_SIZE)
+        if max_frames is not None:
+            max_frames = _check_int(max_frames, "max_frames", 1)
+        if on_truncation not in ("warn", "raise", "ignore"):
+            raise ValueError(f"on_truncation must be 'warn', 'raise' or 'ignore', got {on_truncation!r}")
         self.is_camera = isinstance(source, int) and not isinstance(source, bool)
         if not self.is_camera:
             if not isinstance(source, (str, os.PathLike)):
@@ -86,9 +143,10 @@ class VideoSource:
                 raise ValueError(f"video source is not a file: {path}")
             source = str(path)
         self.source = source
-        self.fps = None if fps is None else float(fps)
-        self.size = None if size is None else int(size)
+        self.fps = fps
+        self.size = size
         self.max_frames = max_frames
+        self.on_truncation = on_truncation
         cap = self._open()
         try:
             self.native_fps = float(cap.get(5)) or 25.0  # cv2.CAP_PROP_FPS; 0 means unknown
@@ -99,6 +157,11 @@ class VideoSource:
         if not ok or first is None:
             raise ValueError(f"could not decode any frame from {self.source!r} (not a video OpenCV can read)")
         self.native_shape = first.shape[:2]
+        self.decode_report = DecodeReport(self._declared_frames())
+
+    def _declared_frames(self) -> int | None:
+        n = self.native_frame_count
+        return n if n is not None and n > 0 else None
 
     def _open(self):
         cv2 = _cv2()
@@ -123,6 +186,7 @@ class VideoSource:
         cv2 = _cv2()
 
         cap = self._open()
+        report = self.decode_report = DecodeReport(self._declared_frames())
         try:
             index, yielded = 0, 0
             next_tick = 0.0
@@ -130,9 +194,11 @@ class VideoSource:
             while True:
                 ok, bgr = cap.read()
                 if not ok:
+                    report.finished = True
                     break
                 t = index / self.native_fps
                 index += 1
+                report.frames_decoded = index
                 # A half-frame guard keeps float error from skipping a tick.
                 if period is not None and t + 0.5 / self.native_fps < next_tick:
                     continue
@@ -141,7 +207,25 @@ class VideoSource:
                 rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
                 yield t, resize_long_side(rgb, self.size)
                 yielded += 1
+                report.frames_yielded = yielded
                 if self.max_frames is not None and yielded >= self.max_frames:
                     break
         finally:
             cap.release()
+        if report.finished:
+            self._check_complete(report)
+
+    def _check_complete(self, report: DecodeReport) -> None:
+        declared = report.frames_declared
+        if declared is None or self.is_camera:
+            return
+        missing = declared - report.frames_decoded
+        if missing <= max(2, _TOLERATED_SHORTFALL * declared):
+            return
+        report.truncated = True
+        message = (f"video {self.source!r} ended after {report.frames_decoded} of the {declared} frames its "
+                   f"container declares ({missing} missing): the file is damaged or was cut short")
+        if self.on_truncation == "raise":
+            raise ValueError(message)
+        if self.on_truncation == "warn":
+            warnings.warn(message, VideoTruncatedWarning, stacklevel=2)
