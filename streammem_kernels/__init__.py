@@ -14,7 +14,9 @@ from .graph import (CSRGraph, GraphRetrieval, Neighbourhood, SourceChunks, graph
 from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
 from .logprobs import divergence_point, linear_token_logprobs, token_logprobs
 from .motion import MotionResult, motion_magnitude, select_frames, select_frames_mask
-from .tree import CosineTree, TopKResult, TreePathResult, cosine_topk, tree_search
+from .cosine_tree import CosineTree
+from .topk import TopKResult, cosine_topk
+from .traversal import TreePathResult, tree_search
 
 __all__ = [
     "BACKENDS",

@@ -3,16 +3,29 @@
 Each op has up to four implementations of one contract:
 
 * ``torch``  -- the pure-PyTorch reference (the executable spec; any device);
-* ``cpp``    -- a C++/OpenMP module ``streammem_kernels._cpu_<op>`` (CPU tensors);
+* ``cpp``    -- a C++/OpenMP module ``streammem_kernels._cpu_<native>`` (CPU tensors);
 * ``triton`` -- a Triton kernel (CUDA tensors, or CPU tensors when
   ``TRITON_INTERPRET=1`` runs it through the interpreter);
-* ``cuda``   -- a CUDA C++ module ``streammem_kernels._cuda_<op>`` (CUDA tensors).
+* ``cuda``   -- a CUDA C++ module ``streammem_kernels._cuda_<native>`` (CUDA tensors).
+
+An :class:`Op` is named after the public op it dispatches (``cosine_topk``,
+``tree_search``); ``native`` names the family of native modules its compiled
+backends live in (``tree``: ``_cpu_tree`` holds the tree search and the exact
+top-k), so several ops can share one module without sharing a name.
 
 Like xformers' dispatch, each backend reports *reasons it cannot run* for a given
 input; ``auto`` takes the first backend in the device's preference order that has
 no reasons, and when an explicit request cannot be honoured the error lists the
-reasons so the user learns why.  ``STREAMMEM_BACKEND`` (read at call time, not
-import time) overrides ``auto`` only; an explicit ``backend=`` argument wins.
+reasons, the op and the shapes and dtypes of its inputs so the user learns why.
+``STREAMMEM_BACKEND`` (read at call time, not import time) overrides ``auto``
+only; an explicit ``backend=`` argument wins.
+
+Dispatch is on every call's path, so it is cheap: :meth:`Op.select` remembers
+what it resolved per (request, device, ``STREAMMEM_BACKEND``,
+``TRITON_INTERPRET``) until :func:`load_native.cache_clear`, and
+:meth:`Op.cpp_module` answers the public functions' fast paths ("does this
+request run the C++ module on CPU tensors, whatever the input?") with two
+dictionary reads.
 
 When ``auto`` ends on the torch reference because a faster backend is not
 installed (its native module was not built, Triton is missing), it says so once
@@ -42,8 +55,37 @@ class BackendFallbackWarning(RuntimeWarning):
 _FALLBACK_WARNED: set[tuple[str, str]] = set()  # (op, device type) already warned about
 
 
+def _environ_reader():
+    """``getenv(name)`` through ``os.environ``'s own dict where CPython keeps one (a plain dict read,
+    ~0.1 us, where ``os.environ.get`` encodes the key first, ~1 us): every op reads
+    ``STREAMMEM_BACKEND`` on every call.  ``os.environ`` writes (``monkeypatch.setenv``) update that dict."""
+    data = getattr(os.environ, "_data", None)
+    encode = getattr(os.environ, "encodekey", None)
+    if isinstance(data, dict) and encode is not None and data and isinstance(next(iter(data)), bytes):
+        def getenv(name: str, _data=data, _keys={}):
+            key = _keys.get(name)
+            if key is None:
+                key = _keys[name] = encode(name)
+            value = _data.get(key)
+            return None if value is None else os.fsdecode(value)
+        return getenv
+    return os.environ.get
+
+
+getenv = _environ_reader()
+
+
 def triton_interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return (getenv("TRITON_INTERPRET") or "0") not in ("", "0")
+
+
+def backend_override() -> str | None:
+    """``STREAMMEM_BACKEND`` as given (None when unset or "auto")."""
+    value = getenv("STREAMMEM_BACKEND")
+    if value is None:
+        return None
+    value = value.strip().lower()
+    return None if value in ("", "auto") else value
 
 
 # Import outcomes, memoised in a plain dict rather than functools.cache: dispatch runs inside
@@ -64,7 +106,17 @@ def load_native(kind: str, op: str):
     return _IMPORTS[key]
 
 
-load_native.cache_clear = _IMPORTS.clear  # forget every import outcome (tests hide modules)
+# Resolutions of Op.select, per Op: forgotten with the import outcomes they depend on.
+_SELECTED: list[dict] = []
+
+
+def _forget_imports() -> None:
+    _IMPORTS.clear()
+    for cache in _SELECTED:
+        cache.clear()
+
+
+load_native.cache_clear = _forget_imports  # forget every import outcome (tests hide modules)
 
 
 def _import_native(kind: str, op: str):
@@ -154,7 +206,7 @@ def _warn_fallback(op: str, device: torch.device, missing: list[str]) -> None:
         + "; ".join(missing) + ". Set STREAMMEM_BACKEND=torch to choose the reference on purpose; "
         "streammem_kernels.backend_report() lists every backend.",
         BackendFallbackWarning,
-        stacklevel=4,
+        stacklevel=5,
     )
 
 
@@ -172,22 +224,46 @@ def call_op(custom_op, impls: Mapping[str, Callable], backend: str, *args):
         return impls[backend](*args)
 
 
-@dataclass
-class Op:
-    """The backends of one op.
+def describe_inputs(inputs: Mapping[str, object] | None) -> str:
+    """``"queries (1, 384) float32 cpu, keys (1000, 384) float32 cpu"`` for an error message."""
+    if not inputs:
+        return ""
+    parts = []
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            parts.append(f"{name} {tuple(value.shape)} {str(value.dtype).replace('torch.', '')} {value.device}")
+        elif value is not None:
+            parts.append(f"{name}={value!r}")
+    return ", ".join(parts)
 
-    ``impls`` maps backend names to callables sharing one signature.  Backends an
-    op does not have are simply absent.  ``extra_reasons`` optionally maps a
-    backend to ``fn(**info) -> list[str]`` for op-specific limits (dtype, sizes).
-    ``tolerances`` declares, next to the backends (xformers' ``ERROR_ATOL`` /
-    ``ERROR_RTOL``), each backend's ``(atol, rtol)`` against the reference
-    computed in float32/float64, per input dtype; the tests compare with these.
+
+@dataclass(eq=False)
+class Op:
+    """The backends of one public op.
+
+    ``name`` is the op (what the user called, and what errors and warnings
+    name); ``native`` the family of compiled modules its ``cpp`` / ``cuda``
+    backends load (``streammem_kernels._cpu_<native>``, ``_cuda_<native>``;
+    default: ``name``).  ``impls`` maps backend names to callables sharing one
+    signature.  Backends an op does not have are simply absent.
+    ``extra_reasons`` optionally maps a backend to ``fn(**info) -> list[str]``
+    for op-specific limits (dtype, sizes).  ``tolerances`` declares, next to
+    the backends (xformers' ``ERROR_ATOL`` / ``ERROR_RTOL``), each backend's
+    ``(atol, rtol)`` against the reference computed in float32/float64, per
+    input dtype; the tests compare with these.
     """
 
     name: str
     impls: Mapping[str, Callable]
     extra_reasons: Mapping[str, Callable[..., list[str]]] = field(default_factory=dict)
     tolerances: Mapping[str, Mapping[torch.dtype, tuple[float, float]]] = field(default_factory=dict)
+    native: str | None = None
+
+    def __post_init__(self):
+        if self.native is None:
+            self.native = self.name
+        self._selected: dict = {}
+        _SELECTED.append(self._selected)
 
     def tolerance(self, backend: str, dtype: torch.dtype) -> tuple[float, float]:
         """(atol, rtol) of ``backend`` on inputs of ``dtype`` against the reference."""
@@ -199,33 +275,73 @@ class Op:
     def reasons(self, backend: str, device: torch.device, **info) -> list[str]:
         if backend not in self.impls:
             return [f"op {self.name!r} has no {backend} backend"]
-        reasons = common_reasons(backend, self.name, device)
+        reasons = common_reasons(backend, self.native, device)
         if backend in self.extra_reasons:
             reasons += self.extra_reasons[backend](device=device, **info)
         return reasons
 
-    def select(self, backend: str, device: torch.device, **info) -> str:
-        """Resolve ``backend`` ("auto" or a name) to a backend that can run."""
+    def cpp_module(self, backend: str):
+        """The loaded ``_cpu_<native>`` module when ``backend`` resolves to ``cpp`` on CPU tensors
+        (``auto`` without a ``STREAMMEM_BACKEND`` override, or ``cpp``), else None.
+
+        The public functions' fast paths ask this after checking that their input is
+        within the C++ backend's limits (``extra_reasons``); anything else (an
+        override, another backend, a module that is not built) goes through
+        :meth:`select`, which explains itself.
+        """
+        if backend == "auto":
+            if backend_override() is not None:
+                return None
+        elif backend != "cpp":
+            return None
+        if "cpp" not in self.impls:
+            return None
+        module = _IMPORTS.get(("cpu", self.native))
+        if module is None:
+            module = load_native("cpu", self.native)
+        return module[0]
+
+    def select(self, backend: str, device: torch.device, *, inputs: Mapping[str, object] | None = None,
+               **info) -> str:
+        """Resolve ``backend`` ("auto" or a name) to a backend that can run.
+
+        ``inputs`` (name -> tensor) only serves the error message: when nothing can run,
+        it names the op and the shapes, dtypes and devices of its inputs.
+        """
+        key = None
+        if not info:
+            key = (backend, device, getenv("STREAMMEM_BACKEND"), getenv("TRITON_INTERPRET"))
+            hit = self._selected.get(key)
+            if hit is not None:
+                return hit
+        name, cacheable = self._resolve(backend, device, inputs, info)
+        if key is not None and cacheable:
+            self._selected[key] = name
+        return name
+
+    def _resolve(self, backend, device, inputs, info) -> tuple[str, bool]:
         if backend is None:
             backend = "auto"
         if not isinstance(backend, str) or backend not in ("auto",) + BACKENDS:
             raise ValueError(f"backend must be one of {('auto',) + BACKENDS}, got {backend!r}")
         source = "backend="
         if backend == "auto":
-            override = os.environ.get("STREAMMEM_BACKEND", "auto").strip().lower() or "auto"
+            override = (getenv("STREAMMEM_BACKEND") or "auto").strip().lower() or "auto"
             if override != "auto":
                 if override not in BACKENDS:
                     raise ValueError(
                         f"STREAMMEM_BACKEND must be one of {('auto',) + BACKENDS}, got {override!r}"
                     )
                 backend, source = override, "STREAMMEM_BACKEND="
+        on = describe_inputs(inputs)
+        on = f" ({on})" if on else ""
         if backend != "auto":
             why = self.reasons(backend, device, **info)
             if why:
                 raise RuntimeError(
-                    f"{self.name}: {source}{backend!r} cannot run on this input: " + "; ".join(why)
+                    f"{self.name}: {source}{backend!r} cannot run on this input{on}: " + "; ".join(why)
                 )
-            return backend
+            return backend, True
         order = _AUTO_ORDER.get(device.type, ("torch",))
         report, not_installed = [], []
         for candidate in order:
@@ -233,13 +349,14 @@ class Op:
             if not why:
                 if candidate == "torch" and not_installed:
                     _warn_fallback(self.name, device, not_installed)
-                return candidate
+                    return candidate, False  # not remembered: the warning is said once per op and device
+                return candidate, True
             report.append(f"{candidate}: " + "; ".join(why))
             # Only an uninstalled backend that would otherwise have run makes the fallback worth a warning.
-            missing = not_installed_reason(candidate, self.name) if candidate in self.impls else None
+            missing = not_installed_reason(candidate, self.native) if candidate in self.impls else None
             if missing is not None and why == [missing]:
                 not_installed.append(missing)
-        raise RuntimeError(f"{self.name}: no backend can run on device {device}: " + " | ".join(report))
+        raise RuntimeError(f"{self.name}: no backend can run on device {device}{on}: " + " | ".join(report))
 
     def available(self, device: torch.device, **info) -> list[str]:
         """Backends that can run on `device` now (used by tests and benchmarks)."""
@@ -249,7 +366,17 @@ class Op:
 # --------------------------------------------------------------------------
 # What can run here: backend_report()
 # --------------------------------------------------------------------------
-OP_MODULES = ("motion", "kmeans", "tree", "boundaries", "logprobs", "graph")
+# Op families, named after their native modules (``_cpu_<family>``, ``_cuda_<family>``), and the
+# package modules holding their public functions and Op tables.
+OP_FAMILIES: dict[str, tuple[str, ...]] = {
+    "motion": ("motion",),
+    "kmeans": ("kmeans",),
+    "tree": ("cosine_tree", "traversal", "topk"),
+    "boundaries": ("boundaries",),
+    "logprobs": ("logprobs",),
+    "graph": ("graph",),
+}
+OP_MODULES = tuple(OP_FAMILIES)
 # Backends that can apply to tensors of each device type (cpp never takes CUDA tensors, cuda never CPU ones).
 DEVICE_BACKENDS = {"cpu": ("torch", "cpp", "triton"), "cuda": ("torch", "triton", "cuda")}
 
@@ -316,16 +443,20 @@ class BackendReport:
         return "\n".join(lines)
 
 
-def _op_tables(op: str) -> list[Op]:
-    module = importlib.import_module(f"streammem_kernels.{op}")
-    return [v for v in vars(module).values() if isinstance(v, Op) and v.name == op]
+def _op_tables(family: str) -> list[Op]:
+    """The Op tables of one family (every op whose backends live in ``_cpu_<family>`` / ``_cuda_<family>``)."""
+    tables: list[Op] = []
+    for name in OP_FAMILIES[family]:
+        module = importlib.import_module(f"streammem_kernels.{name}")
+        tables += [v for v in vars(module).values() if isinstance(v, Op) and v.native == family and v not in tables]
+    return tables
 
 
 def _table_reasons(table: Op, backend: str, device: torch.device) -> list[str]:
     try:
         return table.reasons(backend, device)
     except TypeError:  # op-specific limits that need input facts (sizes, dtype): input-dependent, not listed
-        return common_reasons(backend, table.name, device)
+        return common_reasons(backend, table.native, device)
 
 
 def backend_report() -> BackendReport:
@@ -349,8 +480,9 @@ def backend_report() -> BackendReport:
     functions: dict[str, tuple[str, ...]] = {}
     for op in OP_MODULES:
         tables = _op_tables(op)
+        homes = {f"streammem_kernels.{name}" for name in OP_FAMILIES[op]}
         functions[op] = tuple(name for name in package.__all__
-                              if getattr(getattr(package, name), "__module__", None) == f"streammem_kernels.{op}")
+                              if getattr(getattr(package, name), "__module__", None) in homes)
         for device_type, candidates in DEVICE_BACKENDS.items():
             device = torch.device(device_type)
             rows = {}

@@ -81,6 +81,8 @@ Python-returning functions are thin wrappers around them.
 """
 from __future__ import annotations
 
+import functools
+
 from typing import NamedTuple
 
 import torch
@@ -231,6 +233,21 @@ def _event_ends(features, window, tau, min_depth, peak, max_event, drift, backen
     return _detect_ends(x, params, _select(backend, x))
 
 
+def _state_field(name: str) -> property:
+    """A state field of :class:`StreamingSegmenter` whose assignment drops push()'s fast-path
+    binding (it holds the state tensors' data pointers)."""
+    slot = "_state" + name
+
+    def get(self):
+        return self.__dict__[slot]
+
+    def set(self, value):
+        self.__dict__[slot] = value
+        self.__dict__["_fast_step"] = None
+
+    return property(get, set, doc=f"state field {name} (assigning it unbinds push()'s fast path)")
+
+
 class StreamingSegmenter:
     """Bounded-state event segmentation of one stream or B independent streams.
 
@@ -267,6 +284,14 @@ class StreamingSegmenter:
     :meth:`flush` (a :class:`SegmentStep` of tensors, no host synchronisation).
     """
 
+    _batched = _state_field("_batched")
+    _last_frame = _state_field("_last_frame")
+    _last_norm = _state_field("_last_norm")
+    _window_sims = _state_field("_window_sims")
+    _frames_in_window = _state_field("_frames_in_window")
+    _last_end = _state_field("_last_end")
+    _backend_name = _state_field("_backend_name")
+
     def __init__(self, window: int = 8, tau: float = 0.7, min_depth: float = 0.2, peak: str = "climb",
                  max_event: int | None = None, drift: float | None = None, *, backend: str = "auto"):
         self.params = _check_params(window, tau, min_depth, peak, max_event, drift)
@@ -282,6 +307,9 @@ class StreamingSegmenter:
         self._last_norm: torch.Tensor | None = None  # (B,) float64 squared norm of the last frame (cpp only)
         self._depth_scratch: torch.Tensor | None = None  # (B, window) float64 (cuda only)
         self._backend_name: str | None = None
+        # push()'s per-frame fast path (C++ backend): the native step with the state's pointers bound.
+        self._fast_step = None
+        self._fast_shape: tuple | None = None
 
     @property
     def num_streams(self) -> int | None:
@@ -295,9 +323,21 @@ class StreamingSegmenter:
         synchronisation per push on a GPU); :meth:`push_tensors` is the
         device-resident form, which this wraps.
         """
+        fast = self._fast_step
+        if (fast is not None and type(features) is torch.Tensor and features.dtype is torch.float32
+                and features.shape == self._fast_shape and features.is_cpu and not features.requires_grad
+                and features.is_contiguous()):
+            # The C++ backend on a float32 contiguous CPU frame of the fixed layout: one native call
+            # that checks the frame (ValueError on NaN/Inf, state untouched) and steps every stream.
+            rows = fast(features.data_ptr(), self.frames_seen)
+            self.frames_seen += 1
+            return [Event(*row) for row in rows.tolist()] if len(rows) else []
         x = self._admit(features)
         if self._backend_name == "cpp":
-            return self._push_cpp(x)
+            events = self._push_cpp(x)
+            if self._fast_step is None:
+                self._bind_fast_step()
+            return events
         return STREAM_STEP.impls[self._backend_name](self, x).events()
 
     def push_tensors(self, features) -> SegmentStep:
@@ -420,6 +460,34 @@ class StreamingSegmenter:
                                       has_last=self.frames_seen > 0)
         self.frames_seen += 1
         return self._shaped(SegmentStep(start, end))
+
+    def _bind_fast_step(self) -> None:
+        """Bind the state's data pointers to the native step (push()'s fast path).
+
+        Only when every state tensor is a C-contiguous CPU tensor of the layout the kernel reads.
+        The C++ step updates them in place, so the pointers stay valid until one of the state
+        fields is assigned (by this class or by a checkpoint restore): every such assignment goes
+        through :func:`_state_field`'s setter, which drops the binding, and the next general
+        push binds again.
+        """
+        state = (self._last_frame, self._last_norm, self._window_sims, self._frames_in_window, self._last_end)
+        if self._batched is None or any(t is None for t in state):
+            return
+        B, D = self._last_frame.shape if self._last_frame.dim() == 2 else (0, 0)
+        layout = ((torch.float32, (B, D)), (torch.float64, (B,)), (torch.float32, (B, self.params.window)),
+                  (torch.int64, (B,)), (torch.int64, (B,)))
+        if B < 1 or not all(type(t) is torch.Tensor and t.is_cpu and t.dtype == dtype and tuple(t.shape) == shape
+                            and t.is_contiguous() for t, (dtype, shape) in zip(state, layout)):
+            return
+        mod, _ = load_native("cpu", "boundaries")
+        step = getattr(mod, "stream_step_ptr", None)
+        if step is None:  # an extension built before the fast path: the general path still works
+            return
+        p = self.params
+        fast = functools.partial(step, *(t.data_ptr() for t in state), B, D, p.window, p.tau, p.min_depth,
+                                 p.peak_code, p.max_event or 0, float("nan") if p.drift is None else p.drift)
+        self._fast_shape = (B, D) if self._batched else (D,)
+        self._fast_step = fast
 
     def _push_cpp(self, x: torch.Tensor) -> list[Event]:
         # One fused native call: similarity, window shift, decision and state

@@ -87,7 +87,7 @@ import torch
 
 from ._dispatch import Op, call_op, load_native
 from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_rank, check_values
-from .tree import TopKResult, cosine_topk
+from .topk import TopKResult, cosine_topk
 
 __all__ = [
     "CSRGraph",

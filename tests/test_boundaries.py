@@ -786,3 +786,64 @@ def test_non_finite_features_raise_on_every_path(backend):
         detect_boundaries(single, backend=backend)  # T = 1: no pair at all
     big = torch.full((3, 4), 1e30)  # finite; squares overflow float32, not the double sums
     assert torch.equal(adjacent_cosine(big, backend=backend), torch.ones(2))
+
+
+# --------------------------------------------------------------------------
+# push()'s per-frame fast path (C++ backend, float32 contiguous CPU frames): one native call
+# --------------------------------------------------------------------------
+def test_fast_push_equals_the_reference_and_checks_frames():
+    if "cpp" not in BACKENDS:
+        pytest.skip("the C++ backend is not built")
+    g = torch.Generator().manual_seed(21)
+    x = torch.cat([torch.randn(3, 60, 16, generator=g), adversarial_batch(T=60, D=16)])
+    for params in (dict(), dict(max_event=7), dict(drift=0.2, max_event=11)):
+        want = detect_boundaries(x, backend="torch", **params)
+        seg = StreamingSegmenter(backend="cpp", **params)
+        got = []
+        for t in range(x.shape[1]):
+            frame = x[:, t].contiguous()
+            frame0 = frame.clone()
+            got += seg.push(frame)
+            assert torch.equal(frame, frame0)  # never modified
+            if t == 1:
+                assert seg._fast_step is not None  # bound after the first (general) push
+        got += seg.flush()
+        assert sorted(got) == sorted(want), params
+    # A non-finite frame raises ValueError naming features and leaves the state untouched.
+    seg, ref = StreamingSegmenter(backend="cpp", max_event=5), StreamingSegmenter(backend="cpp", max_event=5)
+    out, ref_out = [], []
+    for t in range(30):
+        frame = x[0, t].contiguous()
+        if t in (3, 17):
+            for bad in (float("nan"), float("inf")):
+                broken = frame.clone()
+                broken[5] = bad
+                with pytest.raises(ValueError, match="features must be finite"):
+                    seg.push(broken)
+        out += seg.push(frame)
+        ref_out += ref.push(frame.double())  # float64: the general path every time
+    assert out == ref_out and seg.frames_seen == ref.frames_seen == 30
+
+
+def test_fast_push_follows_state_restored_from_outside():
+    """Checkpoint restores and cross-stream batching assign the state fields: the fast path must
+    rebind to the new tensors, never write through stale pointers."""
+    if "cpp" not in BACKENDS:
+        pytest.skip("the C++ backend is not built")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(80, 12, generator=g)
+    whole = StreamingSegmenter(backend="cpp", max_event=9)
+    want = [e for t in range(80) for e in whole.push(x[t])]
+    first = StreamingSegmenter(backend="cpp", max_event=9)
+    got = [e for t in range(40) for e in first.push(x[t])]
+    second = StreamingSegmenter(backend="cpp", max_event=9)
+    second.push(torch.randn(12, generator=g))  # binds its own state
+    for name in ("_batched", "_backend_name", "_last_frame", "_window_sims", "_frames_in_window", "_last_end",
+                 "_last_norm"):
+        value = getattr(first, name)
+        setattr(second, name, value.clone() if isinstance(value, torch.Tensor) else value)
+    assert second._fast_step is None
+    second.frames_seen = first.frames_seen
+    del first  # its tensors are freed: a stale binding would write into freed memory
+    got += [e for t in range(40, 80) for e in second.push(x[t])]
+    assert got == want and second._fast_step is not None

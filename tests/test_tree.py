@@ -16,19 +16,17 @@ from conftest import cpu_backends
 from device_checks import DEVICES, HAS_CUDA, capture_in_cuda_graph, device_backends, guard_backend
 from streammem_kernels import CosineTree, cosine_topk, tree_search
 from streammem_kernels._launch import recording_gpu_launches
-from streammem_kernels.tree import (
-    COSINE_TOPK,
-    TREE_BEAM,
-    TREE_GREEDY,
-    TREE_SEARCH,
-    _cosine_topk_cpp_blas,
-    _cosine_topk_cpp_fused,
-    _unit_rows,
-    cosine_topk_uses_blas,
-)
+from streammem_kernels._cosine import unit_rows as _unit_rows
+from streammem_kernels.topk import COSINE_TOPK, _cosine_topk_cpp_blas, _cosine_topk_cpp_fused, cosine_topk_uses_blas
+from streammem_kernels.traversal import TREE_SEARCH
 
 TREE_BACKENDS = cpu_backends(TREE_SEARCH)
 TOPK_BACKENDS = cpu_backends(COSINE_TOPK)
+
+
+def runs_beam_search(backend, device) -> bool:
+    """tree_search has one Op; its CUDA backend declares that beam search is not its job."""
+    return not TREE_SEARCH.reasons(backend, torch.device(device), greedy=False)
 SCORE_ATOL = 2e-5  # float32 dot products of unit vectors, summed in different orders
 
 
@@ -595,12 +593,12 @@ def test_identical_nodes_resolve_to_lowest_id(device):
         node = int(kids[0])
     widest = int(torch.bincount(tree.level).max())
     leaves = sorted(int(i) for i in torch.nonzero(tree.level == 0)[:, 0])
-    for backend in device_backends(TREE_GREEDY, device):
+    for backend in device_backends(TREE_SEARCH, device):
         for q in (queries[:1], queries):
             res = tree_search(tree, q, backend=backend)
             assert res.path.tolist() == [path + [-1] * (tree.height + 1 - len(path))] * len(q), backend
             assert res.best_node.tolist() == [path[0]] * len(q), backend  # first maximum on the path
-            if backend not in TREE_BEAM.impls:
+            if not runs_beam_search(backend, device):
                 continue  # greedy-only backend (cuda)
             res = tree_search(tree, q, beam=widest, k=6, backend=backend)
             assert res.ids.tolist() == [leaves[:6]] * len(q), backend
@@ -618,13 +616,13 @@ def _gpu_path_calls(tree, keys, queries, device):
     ranges = ranges.to(device)
     calls = []
     for q in (queries[:1], queries):
-        for backend in device_backends(TREE_GREEDY, device):
+        for backend in device_backends(TREE_SEARCH, device):
             calls += [
                 (f"greedy Q={len(q)} {backend}", backend, lambda q=q, b=backend: tree_search(tree, q, backend=b)),
                 (f"every root Q={len(q)} {backend}", backend,
                  lambda q=q, b=backend: tree_search(tree, q, from_every_root=True, backend=b)),
             ]
-            if backend not in TREE_BEAM.impls:
+            if not runs_beam_search(backend, device):
                 continue  # the CUDA kernel is greedy descent only
             calls += [
                 (f"beam Q={len(q)} {backend}", backend,
@@ -668,7 +666,7 @@ def test_gpu_code_paths_never_synchronise(monkeypatch, backend):
     (item, tolist, bool(tensor), nonzero, boolean masks...): the code a GPU runs has none."""
     if backend not in TREE_BACKENDS:
         pytest.skip(f"{backend} is not available")
-    for op in (TREE_GREEDY, TREE_BEAM, COSINE_TOPK):
+    for op in (TREE_SEARCH, COSINE_TOPK):
         guard_backend(monkeypatch, op, backend)
     tree, keys, queries = _gpu_path_inputs("cpu")
     with recording_gpu_launches():  # the GPU's work split (several key slices) too
@@ -680,7 +678,7 @@ def test_gpu_code_paths_never_synchronise(monkeypatch, backend):
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("backend", ["torch", "triton", "cuda"])
 def test_searches_capture_in_cuda_graph(backend):
-    if backend not in device_backends(TREE_GREEDY, "cuda"):
+    if backend not in device_backends(TREE_SEARCH, "cuda"):
         pytest.skip(f"{backend} cannot run on this GPU")
     tree, keys, queries = _gpu_path_inputs("cuda")
     for name, b, fn in _gpu_path_calls(tree, keys, queries, "cuda"):
@@ -689,3 +687,114 @@ def test_searches_capture_in_cuda_graph(backend):
         eager, replayed = capture_in_cuda_graph(fn)
         for x, y in zip(eager, replayed):
             assert torch.equal(x, y), name
+
+
+# --------------------------------------------------------------------------
+# Single-item fast paths (float32 contiguous CPU inputs on the C++ backend: one native call
+# that validates and normalises itself): same results and same errors as the general path
+# --------------------------------------------------------------------------
+def _require_fast_path(monkeypatch):
+    """Make the general path of both public functions fail, so a passing call proves the fast path ran."""
+    import streammem_kernels.topk as topk_mod
+    import streammem_kernels.traversal as traversal_mod
+
+    if "cpp" not in TREE_BACKENDS:
+        pytest.skip("the C++ backend is not built")
+
+    def general(*args):
+        raise AssertionError("the general path ran")
+
+    monkeypatch.setattr(traversal_mod, "_tree_search_general", general)
+    monkeypatch.setattr(topk_mod, "_cosine_topk_general", general)
+
+
+def test_fast_paths_match_the_reference(monkeypatch):
+    tree = build_tree(150, 4, 16, seed=3, leftover=5)
+    g = torch.Generator().manual_seed(11)
+    keys = torch.randn(97, 16, generator=g) * 4
+    keys[5] = 0.0
+    keys[40] = keys[7] * 4  # parallel keys (exactly: a power of two) tie: the lower index first
+    queries = [torch.randn(1, 16, generator=g), torch.randn(7, 16, generator=g) * 1e3, torch.zeros(1, 16)]
+    expect = []
+    for q in queries:
+        expect.append((tree_search(tree, q, backend="torch"),
+                       tree_search(tree, q, from_every_root=True, backend="torch"),
+                       tree_search(tree, q, beam=(3, 5), k=4, backend="torch"),
+                       tree_search(tree, q, beam=2, k=3, use_utility=True, min_score=0.1, backend="torch"),
+                       cosine_topk(q, keys, 5, backend="torch"), cosine_topk(q, keys, 200, backend="torch")))
+    _require_fast_path(monkeypatch)
+    for q, (greedy, every, beam, util, top, top_all) in zip(queries, expect):
+        q0 = q.clone()
+        assert_same_path(tree_search(tree, q), greedy)
+        assert_same_path(tree_search(tree, q, from_every_root=True, backend="cpp"), every)
+        for got, want in ((tree_search(tree, q, beam=(3, 5), k=4), beam),
+                          (tree_search(tree, q, beam=2, k=3, use_utility=True, min_score=0.1), util),
+                          (cosine_topk(q, keys, 5, backend="cpp"), top), (cosine_topk(q, keys, 200), top_all)):
+            assert torch.equal(got.ids, want.ids)
+            torch.testing.assert_close(got.scores, want.scores, atol=SCORE_ATOL, rtol=0)
+        assert torch.equal(q, q0)
+
+
+def test_fast_paths_raise_the_documented_errors(monkeypatch):
+    tree = build_tree(40, 4, 6, seed=1)
+    keys = torch.randn(20, 6)
+    _require_fast_path(monkeypatch)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        q = torch.randn(1, 6)
+        q[0, 2] = bad
+        for call in (lambda: tree_search(tree, q), lambda: tree_search(tree, q, beam=3, k=2),
+                     lambda: tree_search(tree, q, from_every_root=True), lambda: cosine_topk(q, keys, 3)):
+            with pytest.raises(ValueError, match="queries must be finite"):
+                call()
+        k = keys.clone()
+        k[13, 4] = bad
+        with pytest.raises(ValueError, match="keys must be finite"):
+            cosine_topk(torch.randn(2, 6), k, 3)
+    # huge finite values overflow a squared norm without being NaN/Inf: accepted, scored like the reference
+    big = torch.full((1, 6), 3e38)
+    keys[3] = 3e38
+    cosine_topk(big, keys, 3)
+    tree_search(tree, big)
+
+
+def test_topk_cpp_paths_validate_values_alike():
+    """Fused scan (few queries, or narrow ranges) and BLAS path (Q >= 8) raise the same errors and
+    never score a key that overflows as NaN."""
+    if "cpp" not in TOPK_BACKENDS:
+        pytest.skip("the C++ backend is not built")
+    keys = torch.randn(50, 8)
+    for num_q in (1, 3, 8, 12):
+        q = torch.randn(num_q, 8)
+        whole = torch.tensor([[0, 50]] * num_q)
+        narrow = torch.tensor([[0, 2]] * num_q)
+        for ranges in (None, whole, narrow):
+            bad = keys.clone()
+            bad[49, 0] = float("nan")  # outside the narrow ranges: still an error (the contract covers all keys)
+            with pytest.raises(ValueError, match="keys must be finite"):
+                cosine_topk(q, bad, 2, ranges=ranges, backend="cpp")
+            bad_q = q.clone()
+            bad_q[-1, -1] = float("inf")
+            with pytest.raises(ValueError, match="queries must be finite"):
+                cosine_topk(bad_q, keys, 2, ranges=ranges, backend="cpp")
+        with pytest.raises(ValueError, match="ranges"):
+            cosine_topk(q, keys, 2, ranges=torch.tensor([[0, 51]] * num_q), backend="cpp")
+        with pytest.raises(ValueError, match="ranges"):
+            cosine_topk(q, keys, 2, ranges=torch.tensor([[-1, 5]] * num_q), backend="cpp")
+        huge = keys.clone()
+        huge[4] = 3e38  # |key|^2 overflows: the reference scales it to the zero vector (score 0)
+        got = cosine_topk(q, huge, 50, backend="cpp")
+        want = cosine_topk(q, huge, 50, backend="torch")
+        assert not bool(torch.isnan(got.scores).any())
+        assert torch.equal(got.ids, want.ids)
+
+
+def test_unavailable_backend_error_names_the_op_and_inputs():
+    """An explicit backend that cannot run says which op, and the shapes/dtypes/devices it was given."""
+    tree = build_tree(30, 4, 6, seed=2)
+    keys = torch.randn(20, 6)
+    with pytest.raises(RuntimeError, match=r"cosine_topk: backend='cuda' cannot run on this input "
+                                           r"\(queries \(2, 6\) float32 cpu, keys \(20, 6\) float32 cpu"):
+        cosine_topk(torch.randn(2, 6), keys, 3, backend="cuda")
+    with pytest.raises(RuntimeError, match=r"tree_search: backend='cuda' cannot run on this input "
+                                           r"\(queries \(1, 6\) float32 cpu, tree.embeddings \(\d+, 6\) float32 cpu"):
+        tree_search(tree, torch.randn(1, 6), backend="cuda")

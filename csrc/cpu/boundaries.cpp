@@ -224,90 +224,123 @@ py::array_t<int64_t> window_choices(carray<float> sim, int64_t window, double ta
 // from pair_terms like the offline pass (same bits); the window rule is
 // window_choice on the window's similarities, oldest first.  Returns the closed
 // events as (K, 3) int64 rows (stream, start, end), sorted by stream then start.
+// One streaming push for B streams (the fused form of StreamingSegmenter._step): the state
+// arrays are updated in place.  Checks the frames first: a frame's squared norm, summed in
+// double, is finite exactly when the frame holds no NaN/Inf (squares of float32 values cannot
+// overflow a double sum), so the check is the norm pass the similarity needs anyway; on a
+// non-finite frame nothing is updated and ValueError names `features`.
+py::array_t<int64_t> stream_step_core(const float* x, int64_t B, int64_t D, float* last, double* norm, float* sims,
+                                      int64_t* in_window, int64_t* ends, int64_t t, int64_t window, double tau,
+                                      double min_depth, int peak, int64_t max_event, double drift) {
+  require(B >= 1 && D >= 1 && window >= 2, "stream_step: bad sizes");
+  const bool drift_mode = drift == drift;
+  // Up to two events per stream: a window/drift cut and a max_event close.
+  std::vector<int64_t> found(B * 6, -1);
+  std::vector<double> terms(2 * B);
+  int bad = 0;
+  {
+    py::gil_scoped_release release;
+#pragma omp parallel if (B * D >= kParallelWork)
+    {
+      std::vector<double> scratch(3 * window);
+#pragma omp for schedule(static) reduction(| : bad)
+      for (int64_t b = 0; b < B; ++b) {
+        const float* v = x + b * D;
+        pair_terms(t == 0 ? v : last + b * D, v, D, &terms[2 * b], &terms[2 * b + 1]);
+        if (!std::isfinite(terms[2 * b + 1])) bad |= 1;
+      }
+      if (!bad) {
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < B; ++b) {
+          const float* v = x + b * D;
+          float* prev = last + b * D;
+          float* buf = sims + b * window;
+          int64_t* ev = found.data() + b * 6;
+          const double dot = terms[2 * b], nv = terms[2 * b + 1];
+          int64_t fiw = std::min(in_window[b] + 1, window + 1);
+          if (t > 0) {
+            const float sim = cosine_from_terms(dot, norm[b], nv);
+            if (fiw >= 2) {  // frame t-1 is after the last boundary
+              if (drift_mode) {
+                if (static_cast<double>(sim) < drift) {
+                  ev[0] = ends[b] + 1;
+                  ev[1] = t - 1;
+                  ends[b] = t - 1;
+                  fiw = 1;
+                }
+              } else {
+                std::memmove(buf, buf + 1, sizeof(float) * (window - 1));
+                buf[window - 1] = sim;
+                if (fiw == window + 1) {
+                  const int64_t c = window_choice(buf, window, tau, min_depth, peak, scratch.data());
+                  if (c >= 0) {
+                    const int64_t boundary = t - window + c;
+                    ev[0] = ends[b] + 1;
+                    ev[1] = boundary;
+                    ends[b] = boundary;
+                    fiw = t - boundary;
+                  }
+                }
+              }
+            }
+          }
+          if (max_event > 0 && t - ends[b] >= max_event) {
+            ev[2] = ends[b] + 1;
+            ev[3] = t;
+            ends[b] = t;
+            fiw = 0;
+          }
+          in_window[b] = fiw;
+          norm[b] = nv;
+          std::memcpy(prev, v, sizeof(float) * D);
+        }
+      }
+    }
+  }
+  require(!bad, "features must be finite, found NaN or Inf");
+  int64_t K = 0;
+  for (int64_t b = 0; b < B; ++b) K += (found[b * 6] >= 0) + (found[b * 6 + 2] >= 0);
+  py::array_t<int64_t> out({K, int64_t(3)});
+  int64_t* o = out.mutable_data();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int k = 0; k < 2; ++k) {
+      if (found[b * 6 + 2 * k] >= 0) {
+        *o++ = b;
+        *o++ = found[b * 6 + 2 * k];
+        *o++ = found[b * 6 + 2 * k + 1];
+      }
+    }
+  }
+  return out;
+}
+
 py::array_t<int64_t> stream_step(carray<float> frame, carray<float> last_frame, carray<double> last_norm,
                                  carray<float> window_sims, carray<int64_t> frames_in_window,
                                  carray<int64_t> last_end, int64_t t, int64_t window, double tau, double min_depth,
                                  int peak, int64_t max_event, double drift) {
   require(frame.ndim() == 2 && last_frame.ndim() == 2, "frames must be (B, D)");
   const int64_t B = frame.shape(0), D = frame.shape(1);
+  require(last_frame.shape(0) == B && last_frame.shape(1) == D && last_norm.shape(0) == B &&
+              frames_in_window.shape(0) == B && last_end.shape(0) == B,
+          "stream_step: state must match the frames' (B, D)");
   require(window_sims.shape(0) == B && window_sims.shape(1) == window, "window_sims must be (B, window)");
-  const bool drift_mode = drift == drift;
-  const float* x = frame.data();
-  float* last = last_frame.mutable_data();
-  double* norm = last_norm.mutable_data();
-  float* sims = window_sims.mutable_data();
-  int64_t* in_window = frames_in_window.mutable_data();
-  int64_t* ends = last_end.mutable_data();
-  // Up to two events per stream: a window/drift cut and a max_event close.
-  std::vector<int64_t> found(B * 6, -1);
-  {
-    py::gil_scoped_release release;
-#pragma omp parallel if (B * D >= kParallelWork)
-    {
-      std::vector<double> scratch(3 * window);
-#pragma omp for schedule(static)
-      for (int64_t b = 0; b < B; ++b) {
-        const float* v = x + b * D;
-        float* prev = last + b * D;
-        float* buf = sims + b * window;
-        int64_t* ev = found.data() + b * 6;
-        double dot, nv, unused;
-        int64_t fiw = std::min(in_window[b] + 1, window + 1);
-        if (t == 0) {
-          pair_terms(v, v, D, &unused, &nv);
-        } else {
-          pair_terms(prev, v, D, &dot, &nv);
-          const float sim = cosine_from_terms(dot, norm[b], nv);
-          if (fiw >= 2) {  // frame t-1 is after the last boundary
-            if (drift_mode) {
-              if (static_cast<double>(sim) < drift) {
-                ev[0] = ends[b] + 1;
-                ev[1] = t - 1;
-                ends[b] = t - 1;
-                fiw = 1;
-              }
-            } else {
-              std::memmove(buf, buf + 1, sizeof(float) * (window - 1));
-              buf[window - 1] = sim;
-              if (fiw == window + 1) {
-                const int64_t c = window_choice(buf, window, tau, min_depth, peak, scratch.data());
-                if (c >= 0) {
-                  const int64_t boundary = t - window + c;
-                  ev[0] = ends[b] + 1;
-                  ev[1] = boundary;
-                  ends[b] = boundary;
-                  fiw = t - boundary;
-                }
-              }
-            }
-          }
-        }
-        if (max_event > 0 && t - ends[b] >= max_event) {
-          ev[2] = ends[b] + 1;
-          ev[3] = t;
-          ends[b] = t;
-          fiw = 0;
-        }
-        in_window[b] = fiw;
-        norm[b] = nv;
-        std::memcpy(prev, v, sizeof(float) * D);
-      }
-    }
-  }
-  std::vector<int64_t> rows;
-  for (int64_t b = 0; b < B; ++b) {
-    for (int k = 0; k < 2; ++k) {
-      if (found[b * 6 + 2 * k] >= 0) {
-        rows.push_back(b);
-        rows.push_back(found[b * 6 + 2 * k]);
-        rows.push_back(found[b * 6 + 2 * k + 1]);
-      }
-    }
-  }
-  const int64_t K = static_cast<int64_t>(rows.size() / 3);
-  py::array_t<int64_t> out({K, int64_t(3)});
-  std::copy(rows.begin(), rows.end(), out.mutable_data());
-  return out;
+  return stream_step_core(frame.data(), B, D, last_frame.mutable_data(), last_norm.mutable_data(),
+                          window_sims.mutable_data(), frames_in_window.mutable_data(), last_end.mutable_data(), t,
+                          window, tau, min_depth, peak, max_event, drift);
+}
+
+// The per-push fast path of StreamingSegmenter.push: the state's data pointers (C-contiguous CPU
+// tensors the segmenter owns and keeps alive, laid out as stream_step's) and parameters come
+// first so that Python binds them once (functools.partial); each push passes the frame's
+// pointer ((B, D) float32, C-contiguous) and the frame index.
+py::array_t<int64_t> stream_step_ptr(std::uintptr_t last, std::uintptr_t norm, std::uintptr_t sims,
+                                     std::uintptr_t in_window, std::uintptr_t ends, int64_t B, int64_t D,
+                                     int64_t window, double tau, double min_depth, int peak, int64_t max_event,
+                                     double drift, std::uintptr_t frame, int64_t t) {
+  return stream_step_core(in_ptr<float>(frame), B, D, reinterpret_cast<float*>(last),
+                          reinterpret_cast<double*>(norm), reinterpret_cast<float*>(sims),
+                          reinterpret_cast<int64_t*>(in_window), reinterpret_cast<int64_t*>(ends), t, window, tau,
+                          min_depth, peak, max_event, drift);
 }
 
 }  // namespace
@@ -380,6 +413,11 @@ PYBIND11_MODULE(_cpu_boundaries, m) {
         py::arg("window_sims"), py::arg("frames_in_window"), py::arg("last_end"), py::arg("t"), py::arg("window"),
         py::arg("tau"), py::arg("min_depth"), py::arg("peak"), py::arg("max_event"), py::arg("drift"),
         "one streaming push for B streams, state updated in place -> (K,3) int64 (stream, start, end)");
+  m.def("stream_step_ptr", &streammem::stream_step_ptr, py::arg("last_frame"), py::arg("last_norm"),
+        py::arg("window_sims"), py::arg("frames_in_window"), py::arg("last_end"), py::arg("num_streams"),
+        py::arg("dim"), py::arg("window"), py::arg("tau"), py::arg("min_depth"), py::arg("peak"),
+        py::arg("max_event"), py::arg("drift"), py::arg("frame"), py::arg("t"),
+        "stream_step on raw pointers (state first, then the frame's pointer and t) -> (K,3) int64");
   m.def("scan_events", &streammem::scan_events, py::arg("sims"), py::arg("choices"), py::arg("window"),
         py::arg("max_event"), py::arg("drift"), "sequential event scan -> (B,M+1) uint8 event ends");
 }

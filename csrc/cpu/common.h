@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -36,8 +37,20 @@ inline int max_threads() {
 template <typename T>
 using carray = py::array_t<T, py::array::c_style>;
 
+// std::invalid_argument becomes Python's ValueError: kernels that validate values themselves (finite
+// inputs, ids in range) raise with the message the public function documents.  Never throw inside
+// an OpenMP region: record the failure there and throw after it.
 inline void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument(what);
+}
+
+// Entry points taking raw pointers (the per-call fast paths, like the CUDA modules' C ABI): the
+// Python side passes ``tensor.data_ptr()`` of C-contiguous CPU tensors of the stated dtype and
+// sizes, which it keeps alive for the call.  Converting a tensor to numpy costs about a
+// microsecond, which is most of a small op's budget.
+template <typename T>
+inline const T* in_ptr(std::uintptr_t address) {
+  return reinterpret_cast<const T*>(address);
 }
 
 }  // namespace streammem

@@ -14,9 +14,9 @@
 // traffic is one read of the points per iteration, which is what matters for
 // the StreamChat shape (N = 40 frames of D = 65,536).
 //
-// Scores: a register-tiled GEMM micro-kernel (6 points x 16 centres, or x 8
-// when k <= 8; centres transposed to (D, kp) so the inner loop is a broadcast
-// FMA over 8-lane vectors, GCC vector extensions, AVX2+FMA clone at load time).
+// Scores: the register-tiled GEMM micro-kernel of simd.h (6 points x 16 centres,
+// or x 8 when k <= 8; centres transposed to (D, kp) so the inner loop is a
+// broadcast FMA over 8-lane vectors, AVX2+FMA clone at load time).
 //
 // Threads: OpenMP over problems when there are at least 2 per thread (each
 // problem then runs serially, no synchronisation); otherwise problem by
@@ -24,10 +24,7 @@
 // owning float64 sums that are added in thread order (deterministic for a
 // fixed thread count).
 #include "common.h"
-
-// The 8-float vector helpers are always inlined, so the ABI note GCC emits for
-// the baseline (non-AVX) clone about returning them is moot.
-#pragma GCC diagnostic ignored "-Wpsabi"
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>
@@ -40,9 +37,8 @@
 namespace streammem {
 namespace {
 
-constexpr int kTilePoints = 6;  // 6 points x 2 vectors of 8 centres = 12 accumulators + 2 + 1 registers
-
-typedef float v8f __attribute__((vector_size(32)));
+using simd::v8f;
+constexpr int kTilePoints = simd::kTileRows;  // 6 points x 2 vectors of 8 centres (simd::fma_tile)
 
 struct Centres {
   const float* c;   // (k, D)
@@ -50,14 +46,6 @@ struct Centres {
   const float* ct;  // (D, kp) transposed, zero-padded to kp (a multiple of 8)
   int64_t kp;
 };
-
-__attribute__((always_inline)) inline v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-__attribute__((always_inline)) inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
 
 // Features per float32 partial dot product.  Each block's partial sums are
 // added into float64 totals, so a long dot (D = 65,536 frame features) carries
@@ -81,18 +69,11 @@ STREAMMEM_HOT void scores_tile(const float* const* rows, int64_t D, const Centre
       v8f acc[kTilePoints][NV];
       for (int p = 0; p < kTilePoints; ++p)
         for (int v = 0; v < NV; ++v) acc[p][v] = v8f{};
-      for (int64_t d = d0; d < d1; ++d) {
-        v8f cv[NV];
-        for (int v = 0; v < NV; ++v) cv[v] = load8(col + d * cs.kp + 8 * v);
-        for (int p = 0; p < kTilePoints; ++p) {
-          const float xv = rows[p][d];
-          for (int v = 0; v < NV; ++v) acc[p][v] += xv * cv[v];
-        }
-      }
+      simd::fma_tile<NV>([rows](int p, int64_t d) { return rows[p][d]; }, col, cs.kp, d0, d1, acc);
       for (int p = 0; p < kTilePoints; ++p)
         for (int v = 0; v < NV; ++v) {
           float part[8];
-          store8(part, acc[p][v]);
+          simd::store8(part, acc[p][v]);
           double* out = scores + p * cs.kp + j0 + 8 * v;
           for (int l = 0; l < 8; ++l) out[l] += part[l];
         }

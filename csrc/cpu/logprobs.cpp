@@ -20,6 +20,7 @@
 // own per-row running max / running sum / target logit.  The per-thread states
 // are merged once at the end.  Nothing of size (N, V) exists.
 #include "common.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>
@@ -171,45 +172,18 @@ constexpr int kCols = 16;        // vocabulary columns per micro-tile (NR): two 
 constexpr int kVocabTile = 128;  // weight rows per thread task: 128 x H floats stay in L2
 constexpr int kRowBlock = 96;    // hidden rows per logits scratch block
 
-// 256-bit vectors in the baseline clone lower to SSE pairs; the ABI note GCC
-// prints for them is moot because these helpers are always inlined.
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float v8sf __attribute__((vector_size(32)));
-
-inline v8sf load8(const float* p) {
-  v8sf v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
+using simd::kTileRows;
+static_assert(kRows == kTileRows, "the micro-tile is simd::fma_tile's 6 rows");
 
 // logits[0..5][0..15] = sum_h a_panel[h][r] * b_panel[h][c] over H.
 // a_panel: H x 6 (hidden rows interleaved), b_panel: H x 16 (weight columns).
 STREAMMEM_HOT void micro_kernel(const float* __restrict a_panel, const float* __restrict b_panel, int64_t H,
                                 float* __restrict out, int64_t out_stride) {
-  v8sf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
-  v8sf c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};
-  for (int64_t h = 0; h < H; ++h) {
-    const v8sf b0 = load8(b_panel + h * kCols);
-    const v8sf b1 = load8(b_panel + h * kCols + 8);
-    const float* a = a_panel + h * kRows;
-    // scalar * vector broadcasts (vbroadcastss) under GCC's vector extensions.
-    c00 += a[0] * b0;
-    c01 += a[0] * b1;
-    c10 += a[1] * b0;
-    c11 += a[1] * b1;
-    c20 += a[2] * b0;
-    c21 += a[2] * b1;
-    c30 += a[3] * b0;
-    c31 += a[3] * b1;
-    c40 += a[4] * b0;
-    c41 += a[4] * b1;
-    c50 += a[5] * b0;
-    c51 += a[5] * b1;
-  }
-  const v8sf acc[kRows][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+  simd::v8f acc[kRows][2] = {};
+  simd::fma_tile<2>([a_panel](int r, int64_t h) { return a_panel[h * kRows + r]; }, b_panel, kCols, 0, H, acc);
   for (int r = 0; r < kRows; ++r) {
-    std::memcpy(out + r * out_stride, &acc[r][0], sizeof(v8sf));
-    std::memcpy(out + r * out_stride + 8, &acc[r][1], sizeof(v8sf));
+    simd::store8(out + r * out_stride, acc[r][0]);
+    simd::store8(out + r * out_stride + 8, acc[r][1]);
   }
 }
 

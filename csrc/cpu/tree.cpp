@@ -1,27 +1,39 @@
 // Cosine memory tree search and exact cosine top-k, CPU kernels.
 //
-// Contract (streammem_kernels/tree.py is the spec; inputs arrive prepared):
-//   greedy(emb (n,D) f32 unit rows, child_ptr (n+1) i64, child_idx (m) i64,
-//          roots (R) i64 ascending, queries (Q,D) f32 unit rows, height,
-//          from_every_root)
-//     -> path (S,H+1) i64, path_scores (S,H+1) f32, best_node (S,) i64,
-//        best_score (S,) f32 with S = Q, or Q*R rows when from_every_root.
-//   beam(emb, child_ptr, child_idx, roots, level (n) i64, utility (n) f32,
-//        queries, widths (H) i64, k, min_score, use_utility)
+// Contract (the specs: streammem_kernels/traversal.py for the searches, topk.py for the top-k).
+// Per-call inputs arrive as raw pointers to C-contiguous CPU memory (common.h, in_ptr); the
+// queries are the caller's float32 rows, *not* normalised: every entry point checks them
+// (ValueError "queries must be finite, found NaN or Inf") and scales them to unit rows itself
+// (unit_queries), so a public call needs no torch op before the kernel.
+//   greedy(emb (n,D) f32 unit rows, child_ptr (n+1) i64, child_idx i64, roots (R) i64 ascending,
+//          queries (Q,D) f32, Q, D, height, from_every_root)
+//     -> path (Q,H+1) i64, path_scores (Q,H+1) f32, best_node (Q,) i64, best_score (Q,) f32,
+//        with a root axis (Q,R,...) when from_every_root.
+//   beam(emb, child_ptr, child_idx, roots, R, level (n) i64, utility (n) f32, queries, Q, D,
+//        widths [H], k, min_score, use_utility)
 //     -> ids (Q,k) i64, scores (Q,k) f32 (padded -1 / -inf).
-//   cosine_topk(queries (Q,D) f32 unit, keys (N,D) f32 raw, k, ranges (Q,2))
-//     -> ids (Q,k), scores (Q,k): one fused pass, key norms computed on the
-//        fly next to the dot products while the key row is in L1.
+//   cosine_topk(queries, Q, keys (N,D) f32 raw, N, D, k, ranges (Q,2) i64 or 0 for whole)
+//     -> ids (Q,k), scores (Q,k): one fused pass, key norms computed on the fly next to the dot
+//        products while the key row is in L1; the keys' finiteness is read off the same pass
+//        (a key's squared norm is finite unless it holds NaN/Inf or overflows, and only then is
+//        the row itself checked), ranges are checked (ValueError) before the scan.
+//   unit_rows(queries (Q,D) f32) -> (Q,D) f32: the checked unit rows every entry point uses
+//        (the BLAS path of topk.py multiplies with them).
 //   row_norms(keys (N,D) f32) -> (N,) sqrt(dot(key, key)), the norms cosine_topk divides by.
-//   topk_merge(dots (Q,B) f32, norms (B,) f32, queries (Q,D) f32, keys (B,D) f32, offset,
+//   topk_merge(dots (Q,B) f32, norms (B,) f32, queries (Q,D) f32 unit, keys (B,D) f32, offset,
 //              ranges, ids (Q,k) inout, scores (Q,k) inout): folds one score block of
 //        a BLAS GEMM into each query's running top-k (the GEMM filters, the
 //        admitted keys are scored like cosine_topk scores them).
+//   all_finite(values) -> bool.
 //
-// Every ranking orders by (score desc, id asc).  A running top-k is a sorted
-// array: k is small (<= a few hundred) and, after the first few hundred keys,
-// almost every candidate fails the one comparison with the current k-th.
+// Dot products are simd::dot (four 8-lane accumulators, a fixed lane layout), so a row scores the
+// same wherever it lies and identical rows tie exactly.  Every ranking orders by (score desc, id
+// asc).  A running top-k is a sorted array: k is small (<= a few hundred) and, after the first
+// few hundred keys, almost every candidate fails the one comparison with the current k-th.
 #include "common.h"
+#include "simd.h"
+
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <cmath>
@@ -33,14 +45,59 @@ namespace streammem {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kInf = std::numeric_limits<float>::infinity();
 // Queries sharing one pass over a key row (the row stays in L1 for all of them).
 constexpr int64_t kQueryBlock = 8;
 
 STREAMMEM_HOT float dot(const float* __restrict a, const float* __restrict b, int64_t d) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < d; ++i) s += a[i] * b[i];
-  return s;
+  return simd::dot(a, b, d);
+}
+
+// Validation pass without a boolean temporary: x - x is 0 for finite x and NaN for NaN/Inf, so
+// one sum per chunk detects both.
+STREAMMEM_HOT bool chunk_finite(const float* __restrict x, int64_t n) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += x[i] - x[i];
+  return acc == 0.f;
+}
+
+bool finite_values(const float* x, int64_t n) {
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (n >= (int64_t(1) << 20))
+  for (int64_t c = 0; c < chunks; ++c)
+    if (!chunk_finite(x + c * kChunk, std::min(kChunk, n - c * kChunk))) bad |= 1;
+  return bad == 0;
+}
+
+// Queries scaled to unit L2 norm in float32, as the reference's unit_rows does: q / max(|q|, the
+// smallest normal float), so a zero query stays zero and scores 0 everywhere.  Raises ValueError
+// naming `name` on NaN/Inf (a finite |q|^2 proves the row finite; otherwise the row is checked,
+// since squares of large finite values overflow too).
+std::vector<float> unit_queries(const float* q, int64_t Q, int64_t D, const char* name) {
+  std::vector<float> unit(static_cast<size_t>(Q * D));
+  constexpr float kTiny = std::numeric_limits<float>::min();
+  for (int64_t r = 0; r < Q; ++r) {
+    const float* row = q + r * D;
+    const float sq = dot(row, row, D);
+    require(std::isfinite(sq) || chunk_finite(row, D), std::string(name) + " must be finite, found NaN or Inf");
+    const float norm = std::max(std::sqrt(sq), kTiny);
+    float* out = unit.data() + r * D;
+    for (int64_t d = 0; d < D; ++d) out[d] = row[d] / norm;
+  }
+  return unit;
+}
+
+// Beam search scores nodes scattered over a tree far larger than the caches (a 10^6-leaf tree of
+// D = 384 is 1.7 GB): each row is a run of cache misses.  Asking for the row kAhead candidates
+// ahead overlaps those misses with the dot products in between.
+constexpr size_t kAhead = 4;
+
+inline void prefetch_row(const float* row, int64_t D) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t off = 0; off < D * int64_t(sizeof(float)); off += 64) __builtin_prefetch(p + off, 0, 1);
 }
 
 inline bool better(float s1, int64_t i1, float s2, int64_t i2) { return s1 > s2 || (s1 == s2 && i1 < i2); }
@@ -87,21 +144,27 @@ T* inplace_ptr(py::array& a, const char* name) {
 // ---------------------------------------------------------------------------
 // Greedy descent (Algorithm 1)
 // ---------------------------------------------------------------------------
-py::tuple greedy(carray<float> emb, carray<int64_t> child_ptr, carray<int64_t> child_idx, carray<int64_t> roots,
-                 carray<float> queries, int64_t height, bool from_every_root) {
-  require(emb.ndim() == 2 && queries.ndim() == 2 && emb.shape(1) == queries.shape(1), "greedy: bad shapes");
-  const int64_t D = emb.shape(1), Q = queries.shape(0), R = roots.shape(0), width = height + 1;
+py::tuple greedy(std::uintptr_t emb_ptr, int64_t D, std::uintptr_t child_ptr_ptr, std::uintptr_t child_idx_ptr,
+                 std::uintptr_t roots_ptr, int64_t R, std::uintptr_t queries_ptr, int64_t Q, int64_t height,
+                 bool from_every_root) {
   require(R >= 1, "greedy: the tree has no roots");
+  require(Q >= 1 && D >= 1 && height >= 0, "greedy: bad sizes");
+  const int64_t width = height + 1;
   const int64_t S = from_every_root ? Q * R : Q;
-  py::array_t<int64_t> path({S, width});
-  py::array_t<float> path_scores({S, width});
-  py::array_t<int64_t> best_node(S);
-  py::array_t<float> best_score(S);
-  const float* E = emb.data();
-  const int64_t* ptr = child_ptr.data();
-  const int64_t* kids = child_idx.data();
-  const int64_t* root = roots.data();
-  const float* Qm = queries.data();
+  const std::vector<float> unit = unit_queries(in_ptr<float>(queries_ptr), Q, D, "queries");
+  using Shape = std::vector<py::ssize_t>;
+  const Shape lead = from_every_root ? Shape{Q, R} : Shape{Q};
+  Shape full = lead;
+  full.push_back(width);
+  py::array_t<int64_t> path(full);
+  py::array_t<float> path_scores(full);
+  py::array_t<int64_t> best_node(lead);
+  py::array_t<float> best_score(lead);
+  const float* E = in_ptr<float>(emb_ptr);
+  const int64_t* ptr = in_ptr<int64_t>(child_ptr_ptr);
+  const int64_t* kids = in_ptr<int64_t>(child_idx_ptr);
+  const int64_t* root = in_ptr<int64_t>(roots_ptr);
+  const float* Qm = unit.data();
   int64_t* P = out_ptr(path);
   float* PS = out_ptr(path_scores);
   int64_t* BN = out_ptr(best_node);
@@ -168,21 +231,23 @@ py::tuple greedy(carray<float> emb, carray<int64_t> child_ptr, carray<int64_t> c
 // ---------------------------------------------------------------------------
 // Level-synchronous beam search
 // ---------------------------------------------------------------------------
-py::tuple beam(carray<float> emb, carray<int64_t> child_ptr, carray<int64_t> child_idx, carray<int64_t> roots,
-               carray<int64_t> level, carray<float> utility, carray<float> queries, carray<int64_t> widths,
-               int64_t k, float min_score, bool use_utility) {
-  require(emb.ndim() == 2 && queries.ndim() == 2 && emb.shape(1) == queries.shape(1), "beam: bad shapes");
+py::tuple beam(std::uintptr_t emb_ptr, int64_t D, std::uintptr_t child_ptr_ptr, std::uintptr_t child_idx_ptr,
+               std::uintptr_t roots_ptr, int64_t R, std::uintptr_t level_ptr, std::uintptr_t utility_ptr,
+               std::uintptr_t queries_ptr, int64_t Q, const std::vector<int64_t>& widths, int64_t k,
+               float min_score, bool use_utility) {
   require(k >= 1, "beam: k must be >= 1");
-  const int64_t D = emb.shape(1), Q = queries.shape(0), R = roots.shape(0), H = widths.shape(0);
+  require(Q >= 1 && D >= 1, "beam: bad sizes");
+  const int64_t H = static_cast<int64_t>(widths.size());
+  const std::vector<float> unit = unit_queries(in_ptr<float>(queries_ptr), Q, D, "queries");
   py::array_t<int64_t> ids({Q, k});
   py::array_t<float> scores({Q, k});
-  const float* E = emb.data();
-  const int64_t* ptr = child_ptr.data();
-  const int64_t* kids = child_idx.data();
-  const int64_t* root = roots.data();
-  const int64_t* lvl = level.data();
-  const float* util = utility.data();
-  const float* Qm = queries.data();
+  const float* E = in_ptr<float>(emb_ptr);
+  const int64_t* ptr = in_ptr<int64_t>(child_ptr_ptr);
+  const int64_t* kids = in_ptr<int64_t>(child_idx_ptr);
+  const int64_t* root = in_ptr<int64_t>(roots_ptr);
+  const int64_t* lvl = in_ptr<int64_t>(level_ptr);
+  const float* util = in_ptr<float>(utility_ptr);
+  const float* Qm = unit.data();
   const int64_t* W = widths.data();
   int64_t* I = out_ptr(ids);
   float* S = out_ptr(scores);
@@ -203,7 +268,11 @@ py::tuple beam(carray<float> emb, carray<int64_t> child_ptr, carray<int64_t> chi
           const int64_t at = H - step;
           pool.clear();
           next.clear();
-          for (int64_t node : pending) {
+          const size_t np = pending.size();
+          for (size_t i = 0; i < std::min<size_t>(kAhead, np); ++i) prefetch_row(E + pending[i] * D, D);
+          for (size_t i = 0; i < np; ++i) {
+            const int64_t node = pending[i];
+            if (i + kAhead < np) prefetch_row(E + pending[i + kAhead] * D, D);
             if (lvl[node] == at)
               pool.emplace_back(dot(qv, E + node * D, D), node);
             else
@@ -219,7 +288,11 @@ py::tuple beam(carray<float> emb, carray<int64_t> child_ptr, carray<int64_t> chi
           pending.swap(next);
         }
         pool.clear();
-        for (int64_t node : pending) {
+        const size_t np = pending.size();
+        for (size_t i = 0; i < std::min<size_t>(kAhead, np); ++i) prefetch_row(E + pending[i] * D, D);
+        for (size_t i = 0; i < np; ++i) {
+          const int64_t node = pending[i];
+          if (i + kAhead < np) prefetch_row(E + pending[i + kAhead] * D, D);
           const float cos = dot(qv, E + node * D, D);
           if (!(cos >= min_score)) continue;
           pool.emplace_back(use_utility ? cos * util[node] : cos, node);
@@ -241,10 +314,13 @@ py::tuple beam(carray<float> emb, carray<int64_t> child_ptr, carray<int64_t> chi
 // Exact cosine top-k
 // ---------------------------------------------------------------------------
 // Scans keys [k_lo, k_hi) for the queries [q_lo, q_hi), each restricted to its
-// range, folding into the running top-k arrays (row stride k).
+// range, folding into the running top-k arrays (row stride k).  Sets *bad when a
+// scanned key holds NaN/Inf (its squared norm is then not finite; a finite one
+// proves the row finite, and only a non-finite one, NaN/Inf or an overflow of
+// huge finite values, has its row checked).
 STREAMMEM_HOT void scan_keys(const float* __restrict Qm, const float* __restrict K, int64_t D, int64_t q_lo,
                              int64_t q_hi, int64_t k_lo, int64_t k_hi, const int64_t* __restrict ranges,
-                             float* top_score, int64_t* top_id, int64_t k) {
+                             float* top_score, int64_t* top_id, int64_t k, int* bad) {
   for (int64_t qb = q_lo; qb < q_hi; qb += kQueryBlock) {
     const int64_t qe = std::min(q_hi, qb + kQueryBlock);
     int64_t lo = k_hi, hi = k_lo;
@@ -255,44 +331,89 @@ STREAMMEM_HOT void scan_keys(const float* __restrict Qm, const float* __restrict
     std::vector<TopK> tops;
     tops.reserve(qe - qb);
     for (int64_t q = qb; q < qe; ++q) tops.emplace_back(top_score + q * k, top_id + q * k, k);
+    const bool single = qe - qb == 1;
+    int found_bad = 0;
     for (int64_t i = lo; i < hi; ++i) {
       const float* key = K + i * D;
-      const float nsq = dot(key, key, D);
+      float nsq, first = 0.f;
+      // One query: its dot product and the key's squared norm in one pass (same bits as two dots).
+      if (single)
+        simd::dot_and_square(Qm + qb * D, key, D, &first, &nsq);
+      else
+        nsq = dot(key, key, D);
+      if (!std::isfinite(nsq) && !chunk_finite(key, D)) found_bad = 1;
       // Divide (not multiply by 1/norm) so that a key parallel to the query
       // scores exactly like its normalised copy in the reference.
       const float norm = std::sqrt(nsq);
       for (int64_t q = qb; q < qe; ++q) {
         if (i < ranges[2 * q] || i >= ranges[2 * q + 1]) continue;
-        const float s = nsq > 0.f ? dot(Qm + q * D, key, D) / norm : 0.f;
+        // A key whose squared norm overflows is the zero vector after the reference's scaling
+        // (key / inf): it scores 0, never inf / inf = NaN.
+        const float s = nsq > 0.f && nsq < kInf ? (single ? first : dot(Qm + q * D, key, D)) / norm : 0.f;
         TopK& t = tops[q - qb];
         if (t.admits(s, i)) t.push(s, i);
       }
     }
+    if (found_bad) {
+#pragma omp atomic write
+      *bad = 1;
+    }
   }
 }
 
-py::tuple cosine_topk(carray<float> queries, carray<float> keys, int64_t k, carray<int64_t> ranges) {
-  require(queries.ndim() == 2 && keys.ndim() == 2 && queries.shape(1) == keys.shape(1), "cosine_topk: bad shapes");
+// 0 <= start <= end <= N for every query (ValueError otherwise).
+void check_ranges(const int64_t* rg, int64_t Q, int64_t N) {
+  for (int64_t q = 0; q < Q; ++q)
+    require(rg[2 * q] >= 0 && rg[2 * q] <= rg[2 * q + 1] && rg[2 * q + 1] <= N,
+            "ranges must satisfy 0 <= start <= end <= N=" + std::to_string(N) + " for every query");
+}
+
+py::tuple cosine_topk(std::uintptr_t queries_ptr, int64_t Q, std::uintptr_t keys_ptr, int64_t N, int64_t D,
+                      int64_t k, std::uintptr_t ranges_ptr) {
+  require(Q >= 1 && N >= 1 && D >= 1, "cosine_topk: bad sizes");
   require(k >= 1, "cosine_topk: k must be >= 1");
-  const int64_t Q = queries.shape(0), N = keys.shape(0), D = keys.shape(1);
+  const std::vector<float> unit = unit_queries(in_ptr<float>(queries_ptr), Q, D, "queries");
+  const float* K = in_ptr<float>(keys_ptr);
+  std::vector<int64_t> whole;
+  const int64_t* rg = in_ptr<int64_t>(ranges_ptr);
+  if (ranges_ptr == 0) {  // every query scans every key: the scan proves every key finite
+    whole.resize(2 * Q);
+    for (int64_t q = 0; q < Q; ++q) {
+      whole[2 * q] = 0;
+      whole[2 * q + 1] = N;
+    }
+    rg = whole.data();
+  } else {  // keys outside every range are not scanned, but the contract covers all keys
+    check_ranges(rg, Q, N);
+    bool ok;
+    {
+      py::gil_scoped_release nogil;
+      ok = finite_values(K, N * D);
+    }
+    require(ok, "keys must be finite, found NaN or Inf");
+  }
   py::array_t<int64_t> ids({Q, k});
   py::array_t<float> scores({Q, k});
   int64_t* I = out_ptr(ids);
   float* S = out_ptr(scores);
   std::fill(I, I + Q * k, int64_t(-1));
   std::fill(S, S + Q * k, kNegInf);
-  const float* Qm = queries.data();
-  const float* K = keys.data();
-  const int64_t* rg = ranges.data();
+  const float* Qm = unit.data();
   const int threads = max_threads();
-  {
+  int bad = 0;
+  if (Q * N * D < (int64_t(1) << 16)) {
+    // A few microseconds of work (one query against a few hundred keys): no thread team, no GIL
+    // hand-off, which would cost about as much as the scan.
+    for (int64_t b = 0; b < Q; b += kQueryBlock)
+      scan_keys(Qm, K, D, b, std::min(Q, b + kQueryBlock), 0, N, rg, S, I, k, &bad);
+  } else {
     py::gil_scoped_release nogil;
     if (Q >= 2 * int64_t(threads) * kQueryBlock || threads == 1 || Q * N * D < (int64_t(1) << 20)) {
       // Enough query blocks to keep every thread busy.
       const int64_t blocks = (Q + kQueryBlock - 1) / kQueryBlock;
 #pragma omp parallel for schedule(dynamic, 1) if (Q * N * D >= (int64_t(1) << 20))
       for (int64_t b = 0; b < blocks; ++b)
-        scan_keys(Qm, K, D, b * kQueryBlock, std::min(Q, (b + 1) * kQueryBlock), 0, N, rg, S, I, k);
+        scan_keys(Qm, K, D, b * kQueryBlock, std::min(Q, (b + 1) * kQueryBlock), 0, N, rg, S, I, k, &bad);
     } else {
       // Few queries: split the keys across threads, then merge the partial top-k.
       std::vector<float> part_s(size_t(threads) * Q * k, kNegInf);
@@ -306,7 +427,7 @@ py::tuple cosine_topk(carray<float> queries, carray<float> keys, int64_t k, carr
 #endif
         const int64_t lo = N * t / nt, hi = N * (t + 1) / nt;
         scan_keys(Qm, K, D, 0, Q, lo, hi, rg, part_s.data() + size_t(t) * Q * k, part_i.data() + size_t(t) * Q * k,
-                  k);
+                  k, &bad);
       }
       for (int64_t q = 0; q < Q; ++q) {
         TopK top(S + q * k, I + q * k, k);
@@ -319,7 +440,18 @@ py::tuple cosine_topk(carray<float> queries, carray<float> keys, int64_t k, carr
       }
     }
   }
+  require(!bad, "keys must be finite, found NaN or Inf");
   return py::make_tuple(ids, scores);
+}
+
+// The checked unit rows of the queries (see unit_queries), for the BLAS path of topk.py.
+py::array_t<float> unit_rows(carray<float> queries) {
+  require(queries.ndim() == 2, "unit_rows: queries must be (Q, D)");
+  const int64_t Q = queries.shape(0), D = queries.shape(1);
+  const std::vector<float> unit = unit_queries(queries.data(), Q, D, "queries");
+  py::array_t<float> out({Q, D});
+  std::copy(unit.begin(), unit.end(), out_ptr(out));
+  return out;
 }
 
 // Does any of row[0..n) * inv[0..n) reach thr?  A vectorised pre-filter: after the first
@@ -393,33 +525,18 @@ void topk_merge(carray<float> dots, carray<float> norms, carray<float> queries, 
       if (full && !any_at_least(row + j, iv + j, end - j, thr)) continue;
       for (int64_t t = j; t < end; ++t) {
         if (full && !(row[t] * iv[t] >= thr)) continue;
-        const float s = norm[t] > 0.f ? dot(qv, K + t * D, D) / norm[t] : 0.f;
+        const float s = norm[t] > 0.f && norm[t] < kInf ? dot(qv, K + t * D, D) / norm[t] : 0.f;
         if (top.admits(s, offset + t)) top.push(s, offset + t);
       }
     }
   }
 }
 
-// Validation pass over the keys without a boolean temporary: x - x is 0 for
-// finite x and NaN for NaN/Inf, so one sum per chunk detects both.
-STREAMMEM_HOT bool chunk_finite(const float* __restrict x, int64_t n) {
-  float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += x[i] - x[i];
-  return acc == 0.f;
-}
-
 bool all_finite(carray<float> values) {
   const float* x = values.data();
   const int64_t n = values.size();
-  constexpr int64_t kChunk = 1 << 16;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  int bad = 0;
   py::gil_scoped_release nogil;
-#pragma omp parallel for schedule(static) reduction(| : bad) if (n >= (int64_t(1) << 20))
-  for (int64_t c = 0; c < chunks; ++c)
-    if (!chunk_finite(x + c * kChunk, std::min(kChunk, n - c * kChunk))) bad |= 1;
-  return bad == 0;
+  return finite_values(x, n);
 }
 
 }  // namespace
@@ -429,13 +546,15 @@ namespace py = pybind11;
 
 PYBIND11_MODULE(_cpu_tree, m) {
   m.doc() = "Cosine memory tree search and exact cosine top-k (CPU, OpenMP over queries)";
-  m.def("greedy", &streammem::greedy, py::arg("emb"), py::arg("child_ptr"), py::arg("child_idx"), py::arg("roots"),
-        py::arg("queries"), py::arg("height"), py::arg("from_every_root"));
-  m.def("beam", &streammem::beam, py::arg("emb"), py::arg("child_ptr"), py::arg("child_idx"), py::arg("roots"),
-        py::arg("level"), py::arg("utility"), py::arg("queries"), py::arg("widths"), py::arg("k"),
-        py::arg("min_score"), py::arg("use_utility"));
-  m.def("cosine_topk", &streammem::cosine_topk, py::arg("queries"), py::arg("keys"), py::arg("k"),
-        py::arg("ranges"));
+  m.def("greedy", &streammem::greedy, py::arg("emb"), py::arg("dim"), py::arg("child_ptr"), py::arg("child_idx"),
+        py::arg("roots"), py::arg("num_roots"), py::arg("queries"), py::arg("num_queries"), py::arg("height"),
+        py::arg("from_every_root"));
+  m.def("beam", &streammem::beam, py::arg("emb"), py::arg("dim"), py::arg("child_ptr"), py::arg("child_idx"),
+        py::arg("roots"), py::arg("num_roots"), py::arg("level"), py::arg("utility"), py::arg("queries"),
+        py::arg("num_queries"), py::arg("widths"), py::arg("k"), py::arg("min_score"), py::arg("use_utility"));
+  m.def("cosine_topk", &streammem::cosine_topk, py::arg("queries"), py::arg("num_queries"), py::arg("keys"),
+        py::arg("num_keys"), py::arg("dim"), py::arg("k"), py::arg("ranges"));
+  m.def("unit_rows", &streammem::unit_rows, py::arg("queries"));
   m.def("all_finite", &streammem::all_finite, py::arg("values"));
   m.def("row_norms", &streammem::row_norms, py::arg("keys"));
   m.def("topk_merge", &streammem::topk_merge, py::arg("dots"), py::arg("norms"), py::arg("queries"),

@@ -1,0 +1,69 @@
+"""The scoring and ranking rules every cosine search of the package shares.
+
+* A score is ``dot(q / |q|, v / |v|)`` in float32; a row whose squared norm is
+  0 in float32 is the zero vector and scores 0 against everything
+  (:func:`unit_rows`).
+* A dot product is a product summed along D (:func:`dot_rows`), never a GEMM:
+  a GEMM's summation order depends on where a row falls in its tiles, so two
+  identical rows could score an ulp apart and the tie rule would not hold.
+* A ranking orders by (score desc, id asc); ``-inf`` marks an absent entry
+  (:func:`topk_low_id`).
+
+The torch references of :mod:`~streammem_kernels.topk` (exact top-k),
+:mod:`~streammem_kernels.traversal` (tree search) and the store
+(:mod:`~streammem_kernels.cosine_tree`, which normalises on insertion) are
+written with these; the native kernels implement the same rules.
+"""
+from __future__ import annotations
+
+import torch
+
+FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+INT_INPUTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """Rows scaled to unit L2 norm in float32; zero rows stay zero (never NaN).
+
+    Dividing by the norm clamped to the smallest normal float changes nothing for
+    a non-zero row (its norm is at least that, unless every entry is subnormal)
+    and gives 0 / tiny = 0 for a zero row: two ops where a masked form needs six.
+    """
+    x = x.to(torch.float32)
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return x / norm.clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def dot_rows(queries: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """dots[s, c] = queries[s] . rows[s, c] for queries (S, D) and rows (S, C, D), summed along D."""
+    return (rows * queries[:, None, :]).sum(-1)
+
+
+def topk_low_id(ids: torch.Tensor, scores: torch.Tensor, k: int):
+    """Top-k of each row by (score desc, id asc); -inf scores count as absent (id -1).
+
+    Returns ``(ids, scores)`` of shape (S, k), padded with -1 / -inf when a row has
+    fewer than k columns.
+    """
+    s_rows = ids.shape[0]
+    key = torch.where(ids >= 0, ids, torch.full_like(ids, torch.iinfo(torch.int64).max))
+    by_id = torch.argsort(key, dim=1, stable=True)
+    ids, scores = ids.gather(1, by_id), scores.gather(1, by_id)
+    order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k]
+    top_ids, top_scores = ids.gather(1, order), scores.gather(1, order)
+    top_ids = torch.where(torch.isfinite(top_scores), top_ids, torch.full_like(top_ids, -1))
+    if top_ids.shape[1] < k:
+        pad = k - top_ids.shape[1]
+        top_ids = torch.cat([top_ids, top_ids.new_full((s_rows, pad), -1)], 1)
+        top_scores = torch.cat([top_scores, top_scores.new_full((s_rows, pad), float("-inf"))], 1)
+    return top_ids, top_scores
+
+
+_TENSOR, _F32, _STRIDED = torch.Tensor, torch.float32, torch.strided
+
+
+def cpu_fast_path(t) -> bool:
+    """A plain float32 C-contiguous CPU tensor that needs no autograd: the input the native kernels
+    read in place through ``data_ptr()`` (every other input goes through the general path)."""
+    return (type(t) is _TENSOR and t.dtype is _F32 and t.is_cpu and not t.requires_grad and t.layout is _STRIDED
+            and t.is_contiguous())
