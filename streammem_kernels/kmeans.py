@@ -83,6 +83,14 @@ _INITS = ("k-means++", "random", "first")
 # Elements of float64 scratch (about 64 MB) the torch reference allows itself
 # per chunk of problems or points; keeps the reference's memory bounded.
 _CHUNK_ELEMENTS = 1 << 23
+# Lloyd iterations are a real cap: the GPU path launches every iteration up to it (no host-read early exit).
+MAX_ITERS = 10_000
+# A problem whose largest |x| (or weight) lies outside [2**-40, 2**40] is clustered at a power-of-two scale
+# that brings it into [0.5, 1): squared distances and weighted sums then neither overflow float32 (|x| near
+# float32 max gave inf inertia and, on Triton, NaN centres) nor underflow (|x| ~ 1e-30 made every distance 0).
+# Multiplying by a power of two is exact, so labels and centres are those of the unscaled problem wherever
+# that one is computable; inside the range nothing is scaled and results are unchanged bit for bit.
+_SCALE_RANGE = (2.0 ** -40, 2.0 ** 40)
 
 
 class KMeansResult(NamedTuple):
@@ -96,9 +104,11 @@ class KMeansResult(NamedTuple):
     labels : (B, N) int64
         Index of each point's centre (consistent with ``centroids``); -1 for the
         points past ``lengths[b]``.
-    inertia : (B,) float32
+    inertia : (B,) float64
         Weighted sum of squared distances (cosine: of ``1 - x.c``) of each
-        problem's points to their centres.
+        problem's points to their centres; float64 so that it is finite for
+        every finite float32 input (points near float32 max have squared
+        distances far beyond it).
     n_iter : (B,) int64
         Lloyd iterations run by each problem (1..iters).
     """
@@ -150,14 +160,49 @@ def batched_kmeans(x, k: int, *, iters: int = 10, tol: float = 1e-4, init="k-mea
     -------
     KMeansResult
         ``centroids (B, k, D)`` float32, ``labels (B, N)`` int64,
-        ``inertia (B,)`` float32, ``n_iter (B,)`` int64.
+        ``inertia (B,)`` float64, ``n_iter (B,)`` int64.
+
+    Notes
+    -----
+    Problems whose largest magnitude (or weight) lies outside
+    ``[2**-40, 2**40]`` are clustered at an exact power-of-two scale, so
+    inputs near float32 max or tiny ones give finite centres and inertia on
+    every backend.  Inputs that require grad are accepted (outputs never
+    require grad); meta tensors are refused.
     """
     points, point_weights, lengths_t, k, iters, tol, cosine = _prepare(x, k, iters, tol, metric, weights, lengths)
-    centres = initial_centres(points, k, init, point_weights, lengths_t, seed, cosine)
+    x_scale = torch.ones(points.shape[0], dtype=torch.float32, device=points.device)
+    if not cosine:  # cosine points are unit vectors already (scaled before normalising in _prepare)
+        x_scale = _power_of_two_scale(points)
+        points = _apply_scale(points, x_scale)
+    w_scale = _power_of_two_scale(point_weights)
+    point_weights = _apply_scale(point_weights, w_scale)
+    centres = initial_centres(points, k, init, point_weights, lengths_t, seed, cosine, scale=x_scale)
     name = select_backend(backend, points, k)
     centroids, labels, inertia, n_iter = call_op(torch.ops.streammem.lloyd, LLOYD.impls, name, points,
                                                  point_weights, lengths_t, centres, tol, iters, cosine)
+    inertia = inertia.double() / (x_scale.double() ** 2 * w_scale.double())
+    if not cosine:
+        centroids = (centroids.double() / x_scale.double()[:, None, None]).to(torch.float32)
     return KMeansResult(centroids, labels, inertia, n_iter)
+
+
+def _power_of_two_scale(t: torch.Tensor) -> torch.Tensor:
+    """(B,) float32: ``2**-e`` bringing problem b's largest ``|t[b]|`` into [0.5, 1) when it lies outside
+    ``_SCALE_RANGE``, else 1.  Tensors only (no host synchronisation on CUDA)."""
+    amax = t.abs().amax(dim=tuple(range(1, t.dim())))
+    _, exponent = torch.frexp(amax)  # amax = m * 2**exponent, m in [0.5, 1)
+    # Clamped to float32's normal exponent range (a subnormal-only problem scales up by 2**126 at most).
+    scale = torch.ldexp(torch.ones_like(amax), (-exponent).clamp(-128, 126))
+    outside = (amax > _SCALE_RANGE[1]) | ((amax < _SCALE_RANGE[0]) & (amax > 0))
+    return torch.where(outside, scale, torch.ones_like(amax))
+
+
+def _apply_scale(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``t * scale`` per problem; on CPU nothing is copied when no problem is scaled (a free host check)."""
+    if t.device.type == "cpu" and bool((scale == 1).all()):
+        return t
+    return (t * scale.reshape((-1,) + (1,) * (t.dim() - 1))).contiguous()
 
 
 def kmeans_frames(frames, k: int, **kwargs) -> KMeansResult:
@@ -211,15 +256,17 @@ def _prepare(x, k, iters, tol, metric, weights, lengths):
         raise ValueError(f"x must hold at least one problem with one point, got shape {tuple(x.shape)}")
     check_finite_by_extremes(x, "x")
     k = check_int(k, "k", minimum=1)
+    if k > N:  # a host check before anything of size k is allocated (lengths <= N, so it always holds)
+        raise ValueError(f"k must be <= the number of points of every problem ({N}), got k={k}")
     iters = check_int(iters, "iters", minimum=1)
+    if iters > MAX_ITERS:
+        raise ValueError(f"iters must be <= {MAX_ITERS}, got {iters}")
     tol = check_float(tol, "tol", low=0.0)
     if metric not in _METRICS:
         raise ValueError(f"metric must be one of {_METRICS}, got {metric!r}")
     cosine = metric == "cosine"
 
     if lengths is None:
-        if k > N:
-            raise ValueError(f"k must be <= the number of points of every problem ({N}), got k={k}")
         lengths_t = torch.full((B,), N, dtype=torch.int64, device=x.device)
     else:
         lengths_t = as_tensor(lengths, "lengths")
@@ -237,8 +284,8 @@ def _prepare(x, k, iters, tol, metric, weights, lengths):
         check_values(shortest >= k, f"k must be <= the number of points of every problem (lengths), got k={k}")
 
     points = x.to(torch.float32)
-    if cosine:
-        points = torch.nn.functional.normalize(points, dim=-1)
+    if cosine:  # normalised at a power-of-two scale: the norms of huge or tiny points neither overflow nor vanish
+        points = torch.nn.functional.normalize(_apply_scale(points, _power_of_two_scale(points)), dim=-1)
     points = points.contiguous()
     valid = torch.arange(N, device=x.device)[None, :] < lengths_t[:, None]
 
@@ -250,6 +297,8 @@ def _prepare(x, k, iters, tol, metric, weights, lengths):
             w = w.unsqueeze(0)
         if tuple(w.shape) != (B, N):
             raise ValueError(f"weights must have shape (B, N) = ({B}, {N}), got {tuple(w.shape)}")
+        if w.is_complex():
+            raise ValueError(f"weights must be real, got dtype {str(w.dtype).replace('torch.', '')}")
         if not w.is_floating_point():
             w = w.to(torch.float32)
         check_finite(w, "weights")
@@ -283,14 +332,17 @@ def mean_feature_variance(points: torch.Tensor, lengths: torch.Tensor) -> torch.
 # --------------------------------------------------------------------------
 # Initialisation (shared by every backend)
 # --------------------------------------------------------------------------
-def initial_centres(points, k, init, weights, lengths, seed, cosine) -> torch.Tensor:
-    """(B, k, D) float32 starting centres for prepared points (B, N, D)."""
+def initial_centres(points, k, init, weights, lengths, seed, cosine, scale=None) -> torch.Tensor:
+    """(B, k, D) float32 starting centres for prepared points (B, N, D); given centres are multiplied by
+    ``scale`` ((B,), the points' power-of-two scale) when it is passed."""
     B, N, D = points.shape
     valid = torch.arange(N, device=points.device)[None, :] < lengths[:, None]
     if isinstance(init, str):
         if init not in _INITS:
             raise ValueError(f"init must be one of {_INITS} or a (B, k, D) tensor, got {init!r}")
         seed = check_int(seed, "seed")
+        if not -(1 << 63) <= seed < (1 << 64):
+            raise ValueError(f"seed must lie in [-2**63, 2**64) (a torch.Generator seed), got {seed}")
         if init == "first":
             return points[:, :k].clone()
         generator = torch.Generator(device=points.device)
@@ -310,6 +362,8 @@ def initial_centres(points, k, init, weights, lengths, seed, cosine) -> torch.Te
         raise ValueError(f"init must be a floating tensor, got dtype {init_t.dtype}")
     check_finite(init_t, "init")
     centres = init_t.to(device=points.device, dtype=torch.float32)
+    if scale is not None:
+        centres = _apply_scale(centres, scale)
     if cosine:
         centres = torch.nn.functional.normalize(centres, dim=-1)
     return centres.contiguous()
