@@ -230,7 +230,7 @@ def test_ints_beyond_int32_never_reach_pybind(arg, value):
     ([0, 1], [True], "col_idx must have dtype"),
     ([0, 1], [5], r"col_idx must hold ids in \[0, num_cols=1\)"),
     ([0, 1], [-1], r"col_idx must hold ids"),
-    ([], [], "row_ptr must have shape"),
+    (torch.zeros(0, dtype=torch.int64), [], "row_ptr must have shape"),
 ])
 def test_csr_graph_rejects_hostile_arrays(row_ptr, col_idx, match):
     with pytest.raises(ValueError, match=match):
