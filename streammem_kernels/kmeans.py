@@ -67,12 +67,13 @@ graph replay would not repeat the eager draws; pass ``lengths`` and
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 
 from ._dispatch import Op, call_op, load_native
-from ._utils import (as_tensor, check_dtype, check_finite, check_finite_by_extremes, check_float, check_int,
+from ._utils import (as_tensor, check_dtype, check_finite, check_float, check_int,
                      check_rank, check_values)
 
 __all__ = ["KMeansResult", "batched_kmeans", "kmeans_frames", "lloyd"]
@@ -170,37 +171,50 @@ def batched_kmeans(x, k: int, *, iters: int = 10, tol: float = 1e-4, init="k-mea
     every backend.  Inputs that require grad are accepted (outputs never
     require grad); meta tensors are refused.
     """
-    points, point_weights, lengths_t, k, iters, tol, cosine = _prepare(x, k, iters, tol, metric, weights, lengths)
-    x_scale = torch.ones(points.shape[0], dtype=torch.float32, device=points.device)
-    if not cosine:  # cosine points are unit vectors already (scaled before normalising in _prepare)
-        x_scale = _power_of_two_scale(points)
-        points = _apply_scale(points, x_scale)
-    w_scale = _power_of_two_scale(point_weights)
-    point_weights = _apply_scale(point_weights, w_scale)
+    points, point_weights, lengths_t, k, iters, tol, cosine, x_scale, w_scale = _prepare_scaled(
+        x, k, iters, tol, metric, weights, lengths)
     centres = initial_centres(points, k, init, point_weights, lengths_t, seed, cosine, scale=x_scale)
     name = select_backend(backend, points, k)
     centroids, labels, inertia, n_iter = call_op(torch.ops.streammem.lloyd, LLOYD.impls, name, points,
                                                  point_weights, lengths_t, centres, tol, iters, cosine)
-    inertia = inertia.double() / (x_scale.double() ** 2 * w_scale.double())
-    if not cosine:
+    inertia = inertia.double()
+    if x_scale is not None:
+        inertia = inertia / x_scale.double() ** 2
         centroids = (centroids.double() / x_scale.double()[:, None, None]).to(torch.float32)
+    if w_scale is not None:
+        inertia = inertia / w_scale.double()
     return KMeansResult(centroids, labels, inertia, n_iter)
 
 
-def _power_of_two_scale(t: torch.Tensor) -> torch.Tensor:
-    """(B,) float32: ``2**-e`` bringing problem b's largest ``|t[b]|`` into [0.5, 1) when it lies outside
-    ``_SCALE_RANGE``, else 1.  Tensors only (no host synchronisation on CUDA)."""
-    amax = t.abs().amax(dim=tuple(range(1, t.dim())))
+def _largest_magnitude(t: torch.Tensor) -> torch.Tensor | list[float]:
+    """Largest ``|t[b]|`` of each problem (NaN if it holds one): two reductions, no temporary.  A list of
+    floats for CPU tensors, a (B,) float32 tensor otherwise."""
+    flat = t.reshape(t.shape[0], -1)
+    low, high = flat.amin(dim=1), flat.amax(dim=1)
+    if t.device.type == "cpu":
+        return [max(-a, b) if a == a and b == b else math.nan for a, b in zip(low.tolist(), high.tolist())]
+    return torch.maximum(-low, high).to(torch.float32)
+
+
+def _power_of_two_scale(amax: torch.Tensor) -> torch.Tensor | None:
+    """(B,) float32: ``2**-e`` bringing each problem's largest magnitude ``amax`` into [0.5, 1) when it lies
+    outside ``_SCALE_RANGE``, else 1.  ``None`` when no problem needs it, decided on the host for CPU tensors
+    only (free there); on CUDA always a tensor (no synchronisation)."""
+    low, high = _SCALE_RANGE
+    if isinstance(amax, list):  # CPU: decided on the host
+        if all(low <= v <= high or v == 0 for v in amax):
+            return None
+        amax = torch.tensor(amax, dtype=torch.float32)
+    outside = (amax > high) | ((amax < low) & (amax > 0))
     _, exponent = torch.frexp(amax)  # amax = m * 2**exponent, m in [0.5, 1)
     # Clamped to float32's normal exponent range (a subnormal-only problem scales up by 2**126 at most).
     scale = torch.ldexp(torch.ones_like(amax), (-exponent).clamp(-128, 126))
-    outside = (amax > _SCALE_RANGE[1]) | ((amax < _SCALE_RANGE[0]) & (amax > 0))
     return torch.where(outside, scale, torch.ones_like(amax))
 
 
-def _apply_scale(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``t * scale`` per problem; on CPU nothing is copied when no problem is scaled (a free host check)."""
-    if t.device.type == "cpu" and bool((scale == 1).all()):
+def _apply_scale(t: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``t * scale`` per problem (``t`` itself when ``scale`` is None)."""
+    if scale is None:
         return t
     return (t * scale.reshape((-1,) + (1,) * (t.dim() - 1))).contiguous()
 
@@ -243,6 +257,11 @@ def select_backend(backend: str, points: torch.Tensor, k: int) -> str:
 
 def _prepare(x, k, iters, tol, metric, weights, lengths):
     """Validate; return float32 contiguous (B,N,D) points, float32 (B,N) weights, int64 (B,) lengths."""
+    return _prepare_scaled(x, k, iters, tol, metric, weights, lengths)[:7]
+
+
+def _prepare_scaled(x, k, iters, tol, metric, weights, lengths):
+    """``_prepare``, plus the power-of-two scales applied to the points (l2) and weights (None: unscaled)."""
     x = as_tensor(x, "x")
     check_rank(x, "x", (2, 3), "(B, N, D) or (N, D)")
     check_dtype(x, "x", _POINT_DTYPES)
@@ -254,7 +273,14 @@ def _prepare(x, k, iters, tol, metric, weights, lengths):
         raise ValueError(f"x must have at least one feature (D >= 1), got shape {tuple(x.shape)}")
     if N == 0 or B == 0:
         raise ValueError(f"x must hold at least one problem with one point, got shape {tuple(x.shape)}")
-    check_finite_by_extremes(x, "x")
+    # Per-problem extremes decide finiteness (min and max propagate NaN and expose +-Inf, as in
+    # check_finite_by_extremes) and the power-of-two scale.
+    x_amax = _largest_magnitude(x)
+    if x.device.type == "cpu":  # plain floats on the host: the common small call stays cheap
+        if not all(math.isfinite(v) for v in x_amax):
+            raise ValueError("x must be finite, found NaN or Inf")
+    else:
+        check_values(torch.isfinite(x_amax).all(), "x must be finite, found NaN or Inf")
     k = check_int(k, "k", minimum=1)
     if k > N:  # a host check before anything of size k is allocated (lengths <= N, so it always holds)
         raise ValueError(f"k must be <= the number of points of every problem ({N}), got k={k}")
@@ -283,14 +309,15 @@ def _prepare(x, k, iters, tol, metric, weights, lengths):
         check_values((shortest >= 1) & (longest <= N), f"lengths must lie in [1, N={N}]")
         check_values(shortest >= k, f"k must be <= the number of points of every problem (lengths), got k={k}")
 
-    points = x.to(torch.float32)
+    x_scale = _power_of_two_scale(x_amax)
+    points = _apply_scale(x.to(torch.float32), x_scale)
     if cosine:  # normalised at a power-of-two scale: the norms of huge or tiny points neither overflow nor vanish
-        points = torch.nn.functional.normalize(_apply_scale(points, _power_of_two_scale(points)), dim=-1)
+        points, x_scale = torch.nn.functional.normalize(points, dim=-1), None
     points = points.contiguous()
     valid = torch.arange(N, device=x.device)[None, :] < lengths_t[:, None]
 
     if weights is None:
-        point_weights = torch.ones((B, N), dtype=torch.float32, device=x.device)
+        point_weights, w_scale = torch.ones((B, N), dtype=torch.float32, device=x.device), None
     else:
         w = as_tensor(weights, "weights")
         if single and w.dim() == 1:
@@ -306,8 +333,9 @@ def _prepare(x, k, iters, tol, metric, weights, lengths):
         check_values((w >= 0).all(), "weights must be non-negative, found a negative weight")
         check_values(((w * valid).sum(dim=1) > 0).all(),
                      "weights must have a positive sum over the points of every problem")
-        point_weights = w.contiguous()
-    return points, point_weights, lengths_t, k, iters, tol, cosine
+        w_scale = _power_of_two_scale(_largest_magnitude(w))
+        point_weights = _apply_scale(w, w_scale).contiguous()
+    return points, point_weights, lengths_t, k, iters, tol, cosine, x_scale, w_scale
 
 
 def mean_feature_variance(points: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

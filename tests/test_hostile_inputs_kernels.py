@@ -174,8 +174,11 @@ def test_kmeans_near_float32_max_or_tiny_is_finite_and_scale_equivariant_on_ever
 def test_kmeans_inputs_inside_the_scale_range_are_not_rescaled():
     x = _blobs(1.0)
     points, *_ = kmeans._prepare(x, 3, 10, 1e-4, "l2", None, None)
-    assert torch.equal(kmeans._power_of_two_scale(points), torch.ones(2))
-    assert kmeans._apply_scale(points, torch.ones(2)) is points
+    assert kmeans._power_of_two_scale(kmeans._largest_magnitude(points)) is None  # host decision on CPU
+    scale = kmeans._power_of_two_scale(kmeans._largest_magnitude(points * 2.0**60))
+    assert torch.equal(scale, torch.full((2,), 2.0**-62))
+    tiny_and_plain = kmeans._power_of_two_scale(kmeans._largest_magnitude(torch.stack((points[0] * 1e-30, points[1]))))
+    assert tiny_and_plain[1] == 1 and tiny_and_plain[0] > 2.0**90
 
 
 def test_kmeans_huge_weights_give_the_unweighted_clustering():
