@@ -269,6 +269,12 @@ class StreamingSegmenter:
     (frame indices keep counting).  :meth:`push_tensors` and
     :meth:`flush_tensors` are the device-resident forms of :meth:`push` and
     :meth:`flush` (a :class:`SegmentStep` of tensors, no host synchronisation).
+
+    Thread safety: a segmenter is a sequential state machine (frame order is
+    its input), so one instance must not be pushed from two threads at once;
+    give each stream source its own segmenter (several segmenters in several
+    threads are safe, interpreted Triton launches included, which
+    ``streammem_kernels`` serialises), or serialise pushes with a lock.
     """
 
     def __init__(self, window: int = 8, tau: float = 0.7, min_depth: float = 0.2, peak: str = "climb",

@@ -212,7 +212,9 @@ class CSRGraph:
 
     The tensors are converted to contiguous int64 (a copy only when they are
     not already) and must not be modified afterwards.  On CUDA tensors the
-    value checks are device-side assertions (no synchronisation).
+    value checks are device-side assertions (no synchronisation).  A graph is
+    immutable after construction, so any number of threads may query it at
+    once.
     """
 
     def __init__(self, row_ptr, col_idx, *, num_cols: int | None = None):
