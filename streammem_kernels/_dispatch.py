@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -221,6 +222,9 @@ def call_op(custom_op, impls: Mapping[str, Callable], backend: str, *args):
         return custom_op(*args, backend)
     # Same contract as the custom op, which has no autograd formula: outputs never require grad.
     with torch.no_grad():
+        if backend == "triton" and triton_interpreting():
+            with _INTERPRETER_LOCK:
+                return impls[backend](*args)
         return impls[backend](*args)
 
 
@@ -235,6 +239,14 @@ def describe_inputs(inputs: Mapping[str, object] | None) -> str:
         elif value is not None:
             parts.append(f"{name}={value!r}")
     return ", ".join(parts)
+
+
+# The Triton interpreter is not thread-safe: a launch patches triton.language module-wide for its duration
+# and keeps per-launch state in globals, so two threads launching at once corrupt each other (wrong results
+# or errors).  Interpreted launches (CPU tensors, TRITON_INTERPRET=1) are therefore serialised here, the one
+# place every op's backend call passes; compiled launches on CUDA tensors are thread-safe and never take it.
+# Re-entrant: a backend may call call_op again (the streaming segmenter's step does).
+_INTERPRETER_LOCK = threading.RLock()
 
 
 @dataclass(eq=False)

@@ -24,8 +24,16 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def as_tensor(x, name: str) -> torch.Tensor:
-    """Accept a torch tensor or anything numpy can hold; never copies a tensor."""
+    """Accept a torch tensor or anything numpy can hold; never copies a tensor.
+
+    Meta tensors (shape only, no data) are refused here, for every op: the ops
+    compute values.  Tensors that require grad are accepted; no op has an
+    autograd formula, so outputs never require grad (see ``_dispatch.call_op``).
+    """
     if isinstance(x, torch.Tensor):
+        if x.device.type == "meta":
+            raise ValueError(f"{name} must hold data (a CPU or CUDA tensor), got a meta tensor of shape "
+                             f"{tuple(x.shape)}")
         return x
     if isinstance(x, np.ndarray) or isinstance(x, (list, tuple)):
         arr = np.asarray(x)

@@ -97,6 +97,10 @@ __all__ = ["Event", "SegmentStep", "adjacent_cosine", "depth_scores", "Streaming
 _FEATURE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _PEAKS = ("climb", "max")
 _PEAK_CODE = {"climb": 0, "max": 1}
+# Largest analysis window.  Each push costs O(window) per stream and the offline pass O(T * window), so a
+# window beyond this is a mistake rather than a configuration (StreamRAG uses 8); checked before any
+# state or native scratch is allocated.
+MAX_WINDOW = 1 << 16
 
 
 class Event(NamedTuple):
@@ -253,7 +257,7 @@ class StreamingSegmenter:
 
     Parameters
     ----------
-    window : int >= 2
+    window : int in [2, 65536]
         Similarities in the analysis window (the window holds ``window + 1``
         frames).  StreamRAG uses 8.
     tau : float >= 0
@@ -282,6 +286,12 @@ class StreamingSegmenter:
     (frame indices keep counting).  :meth:`push_tensors` and
     :meth:`flush_tensors` are the device-resident forms of :meth:`push` and
     :meth:`flush` (a :class:`SegmentStep` of tensors, no host synchronisation).
+
+    Thread safety: a segmenter is a sequential state machine (frame order is
+    its input), so one instance must not be pushed from two threads at once;
+    give each stream source its own segmenter (several segmenters in several
+    threads are safe, interpreted Triton launches included, which
+    ``streammem_kernels`` serialises), or serialise pushes with a lock.
     """
 
     _batched = _state_field("_batched")
@@ -543,11 +553,14 @@ def _check_peak(peak) -> str:
 
 def _check_params(window, tau, min_depth, peak, max_event, drift) -> _Params:
     window = check_int(window, "window", minimum=2)
+    if window > MAX_WINDOW:
+        raise ValueError(f"window must be <= {MAX_WINDOW} (similarities per analysis window), got {window}")
     tau = check_float(tau, "tau", low=0.0)
     min_depth = check_float(min_depth, "min_depth", low=0.0)
     peak = _check_peak(peak)
     if max_event is not None:
-        max_event = check_int(max_event, "max_event", minimum=1)
+        # Any cap beyond 2**62 frames never closes an event; clamped so native int64 arithmetic cannot overflow.
+        max_event = min(check_int(max_event, "max_event", minimum=1), 1 << 62)
     if drift is not None:
         drift = check_float(drift, "drift", low=-1.0, high=1.0)
     return _Params(window, tau, min_depth, peak, _PEAK_CODE[peak], max_event, drift)

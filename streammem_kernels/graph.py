@@ -212,7 +212,9 @@ class CSRGraph:
 
     The tensors are converted to contiguous int64 (a copy only when they are
     not already) and must not be modified afterwards.  On CUDA tensors the
-    value checks are device-side assertions (no synchronisation).
+    value checks are device-side assertions (no synchronisation).  A graph is
+    immutable after construction, so any number of threads may query it at
+    once.
     """
 
     def __init__(self, row_ptr, col_idx, *, num_cols: int | None = None):
@@ -448,7 +450,9 @@ def khop_neighbourhood(graph: CSRGraph, seeds, hops: int, *, capacity: int, max_
     if graph.num_cols != graph.num_rows:
         raise ValueError(f"graph must be square for a k-hop expansion (num_cols == num_rows), got "
                          f"{graph.num_rows} x {graph.num_cols}; a node -> chunk map goes to neighbourhood_chunks")
-    hops = check_int(hops, "hops", minimum=0)
+    # Each hop that does not end the expansion lists at least one new node, so hops beyond the node count
+    # cannot change the result: clamped, so a huge value neither loops for ages nor overflows native ints.
+    hops = min(check_int(hops, "hops", minimum=0), graph.num_rows)
     capacity = _check_capacity(capacity, "capacity")
     fanout = _check_cap(max_fanout, "max_fanout")
     frontier = _check_cap(max_frontier, "max_frontier")

@@ -67,12 +67,13 @@ graph replay would not repeat the eager draws; pass ``lengths`` and
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 
 from ._dispatch import Op, call_op, load_native
-from ._utils import (as_tensor, check_dtype, check_finite, check_finite_by_extremes, check_float, check_int,
+from ._utils import (as_tensor, check_dtype, check_finite, check_float, check_int,
                      check_rank, check_values)
 
 __all__ = ["KMeansResult", "batched_kmeans", "kmeans_frames", "lloyd"]
@@ -83,6 +84,14 @@ _INITS = ("k-means++", "random", "first")
 # Elements of float64 scratch (about 64 MB) the torch reference allows itself
 # per chunk of problems or points; keeps the reference's memory bounded.
 _CHUNK_ELEMENTS = 1 << 23
+# Lloyd iterations are a real cap: the GPU path launches every iteration up to it (no host-read early exit).
+MAX_ITERS = 10_000
+# A problem whose largest |x| (or weight) lies outside [2**-40, 2**40] is clustered at a power-of-two scale
+# that brings it into [0.5, 1): squared distances and weighted sums then neither overflow float32 (|x| near
+# float32 max gave inf inertia and, on Triton, NaN centres) nor underflow (|x| ~ 1e-30 made every distance 0).
+# Multiplying by a power of two is exact, so labels and centres are those of the unscaled problem wherever
+# that one is computable; inside the range nothing is scaled and results are unchanged bit for bit.
+_SCALE_RANGE = (2.0 ** -40, 2.0 ** 40)
 
 
 class KMeansResult(NamedTuple):
@@ -96,9 +105,11 @@ class KMeansResult(NamedTuple):
     labels : (B, N) int64
         Index of each point's centre (consistent with ``centroids``); -1 for the
         points past ``lengths[b]``.
-    inertia : (B,) float32
+    inertia : (B,) float64
         Weighted sum of squared distances (cosine: of ``1 - x.c``) of each
-        problem's points to their centres.
+        problem's points to their centres; float64 so that it is finite for
+        every finite float32 input (points near float32 max have squared
+        distances far beyond it).
     n_iter : (B,) int64
         Lloyd iterations run by each problem (1..iters).
     """
@@ -150,14 +161,62 @@ def batched_kmeans(x, k: int, *, iters: int = 10, tol: float = 1e-4, init="k-mea
     -------
     KMeansResult
         ``centroids (B, k, D)`` float32, ``labels (B, N)`` int64,
-        ``inertia (B,)`` float32, ``n_iter (B,)`` int64.
+        ``inertia (B,)`` float64, ``n_iter (B,)`` int64.
+
+    Notes
+    -----
+    Problems whose largest magnitude (or weight) lies outside
+    ``[2**-40, 2**40]`` are clustered at an exact power-of-two scale, so
+    inputs near float32 max or tiny ones give finite centres and inertia on
+    every backend.  Inputs that require grad are accepted (outputs never
+    require grad); meta tensors are refused.
     """
-    points, point_weights, lengths_t, k, iters, tol, cosine = _prepare(x, k, iters, tol, metric, weights, lengths)
-    centres = initial_centres(points, k, init, point_weights, lengths_t, seed, cosine)
+    points, point_weights, lengths_t, k, iters, tol, cosine, x_scale, w_scale = _prepare_scaled(
+        x, k, iters, tol, metric, weights, lengths)
+    centres = initial_centres(points, k, init, point_weights, lengths_t, seed, cosine, scale=x_scale)
     name = select_backend(backend, points, k)
     centroids, labels, inertia, n_iter = call_op(torch.ops.streammem.lloyd, LLOYD.impls, name, points,
                                                  point_weights, lengths_t, centres, tol, iters, cosine)
+    inertia = inertia.double()
+    if x_scale is not None:
+        inertia = inertia / x_scale.double() ** 2
+        centroids = (centroids.double() / x_scale.double()[:, None, None]).to(torch.float32)
+    if w_scale is not None:
+        inertia = inertia / w_scale.double()
     return KMeansResult(centroids, labels, inertia, n_iter)
+
+
+def _largest_magnitude(t: torch.Tensor) -> torch.Tensor | list[float]:
+    """Largest ``|t[b]|`` of each problem (NaN if it holds one): two reductions, no temporary.  A list of
+    floats for CPU tensors, a (B,) float32 tensor otherwise."""
+    flat = t.reshape(t.shape[0], -1)
+    low, high = flat.amin(dim=1), flat.amax(dim=1)
+    if t.device.type == "cpu":
+        return [max(-a, b) if a == a and b == b else math.nan for a, b in zip(low.tolist(), high.tolist())]
+    return torch.maximum(-low, high).to(torch.float32)
+
+
+def _power_of_two_scale(amax: torch.Tensor) -> torch.Tensor | None:
+    """(B,) float32: ``2**-e`` bringing each problem's largest magnitude ``amax`` into [0.5, 1) when it lies
+    outside ``_SCALE_RANGE``, else 1.  ``None`` when no problem needs it, decided on the host for CPU tensors
+    only (free there); on CUDA always a tensor (no synchronisation)."""
+    low, high = _SCALE_RANGE
+    if isinstance(amax, list):  # CPU: decided on the host
+        if all(low <= v <= high or v == 0 for v in amax):
+            return None
+        amax = torch.tensor(amax, dtype=torch.float32)
+    outside = (amax > high) | ((amax < low) & (amax > 0))
+    _, exponent = torch.frexp(amax)  # amax = m * 2**exponent, m in [0.5, 1)
+    # Clamped to float32's normal exponent range (a subnormal-only problem scales up by 2**126 at most).
+    scale = torch.ldexp(torch.ones_like(amax), (-exponent).clamp(-128, 126))
+    return torch.where(outside, scale, torch.ones_like(amax))
+
+
+def _apply_scale(t: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``t * scale`` per problem (``t`` itself when ``scale`` is None)."""
+    if scale is None:
+        return t
+    return (t * scale.reshape((-1,) + (1,) * (t.dim() - 1))).contiguous()
 
 
 def kmeans_frames(frames, k: int, **kwargs) -> KMeansResult:
@@ -198,6 +257,11 @@ def select_backend(backend: str, points: torch.Tensor, k: int) -> str:
 
 def _prepare(x, k, iters, tol, metric, weights, lengths):
     """Validate; return float32 contiguous (B,N,D) points, float32 (B,N) weights, int64 (B,) lengths."""
+    return _prepare_scaled(x, k, iters, tol, metric, weights, lengths)[:7]
+
+
+def _prepare_scaled(x, k, iters, tol, metric, weights, lengths):
+    """``_prepare``, plus the power-of-two scales applied to the points (l2) and weights (None: unscaled)."""
     x = as_tensor(x, "x")
     check_rank(x, "x", (2, 3), "(B, N, D) or (N, D)")
     check_dtype(x, "x", _POINT_DTYPES)
@@ -209,17 +273,26 @@ def _prepare(x, k, iters, tol, metric, weights, lengths):
         raise ValueError(f"x must have at least one feature (D >= 1), got shape {tuple(x.shape)}")
     if N == 0 or B == 0:
         raise ValueError(f"x must hold at least one problem with one point, got shape {tuple(x.shape)}")
-    check_finite_by_extremes(x, "x")
+    # Per-problem extremes decide finiteness (min and max propagate NaN and expose +-Inf, as in
+    # check_finite_by_extremes) and the power-of-two scale.
+    x_amax = _largest_magnitude(x)
+    if x.device.type == "cpu":  # plain floats on the host: the common small call stays cheap
+        if not all(math.isfinite(v) for v in x_amax):
+            raise ValueError("x must be finite, found NaN or Inf")
+    else:
+        check_values(torch.isfinite(x_amax).all(), "x must be finite, found NaN or Inf")
     k = check_int(k, "k", minimum=1)
+    if k > N:  # a host check before anything of size k is allocated (lengths <= N, so it always holds)
+        raise ValueError(f"k must be <= the number of points of every problem ({N}), got k={k}")
     iters = check_int(iters, "iters", minimum=1)
+    if iters > MAX_ITERS:
+        raise ValueError(f"iters must be <= {MAX_ITERS}, got {iters}")
     tol = check_float(tol, "tol", low=0.0)
     if metric not in _METRICS:
         raise ValueError(f"metric must be one of {_METRICS}, got {metric!r}")
     cosine = metric == "cosine"
 
     if lengths is None:
-        if k > N:
-            raise ValueError(f"k must be <= the number of points of every problem ({N}), got k={k}")
         lengths_t = torch.full((B,), N, dtype=torch.int64, device=x.device)
     else:
         lengths_t = as_tensor(lengths, "lengths")
@@ -236,20 +309,23 @@ def _prepare(x, k, iters, tol, metric, weights, lengths):
         check_values((shortest >= 1) & (longest <= N), f"lengths must lie in [1, N={N}]")
         check_values(shortest >= k, f"k must be <= the number of points of every problem (lengths), got k={k}")
 
-    points = x.to(torch.float32)
-    if cosine:
-        points = torch.nn.functional.normalize(points, dim=-1)
+    x_scale = _power_of_two_scale(x_amax)
+    points = _apply_scale(x.to(torch.float32), x_scale)
+    if cosine:  # normalised at a power-of-two scale: the norms of huge or tiny points neither overflow nor vanish
+        points, x_scale = torch.nn.functional.normalize(points, dim=-1), None
     points = points.contiguous()
     valid = torch.arange(N, device=x.device)[None, :] < lengths_t[:, None]
 
     if weights is None:
-        point_weights = torch.ones((B, N), dtype=torch.float32, device=x.device)
+        point_weights, w_scale = torch.ones((B, N), dtype=torch.float32, device=x.device), None
     else:
         w = as_tensor(weights, "weights")
         if single and w.dim() == 1:
             w = w.unsqueeze(0)
         if tuple(w.shape) != (B, N):
             raise ValueError(f"weights must have shape (B, N) = ({B}, {N}), got {tuple(w.shape)}")
+        if w.is_complex():
+            raise ValueError(f"weights must be real, got dtype {str(w.dtype).replace('torch.', '')}")
         if not w.is_floating_point():
             w = w.to(torch.float32)
         check_finite(w, "weights")
@@ -257,8 +333,9 @@ def _prepare(x, k, iters, tol, metric, weights, lengths):
         check_values((w >= 0).all(), "weights must be non-negative, found a negative weight")
         check_values(((w * valid).sum(dim=1) > 0).all(),
                      "weights must have a positive sum over the points of every problem")
-        point_weights = w.contiguous()
-    return points, point_weights, lengths_t, k, iters, tol, cosine
+        w_scale = _power_of_two_scale(_largest_magnitude(w))
+        point_weights = _apply_scale(w, w_scale).contiguous()
+    return points, point_weights, lengths_t, k, iters, tol, cosine, x_scale, w_scale
 
 
 def mean_feature_variance(points: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -283,14 +360,17 @@ def mean_feature_variance(points: torch.Tensor, lengths: torch.Tensor) -> torch.
 # --------------------------------------------------------------------------
 # Initialisation (shared by every backend)
 # --------------------------------------------------------------------------
-def initial_centres(points, k, init, weights, lengths, seed, cosine) -> torch.Tensor:
-    """(B, k, D) float32 starting centres for prepared points (B, N, D)."""
+def initial_centres(points, k, init, weights, lengths, seed, cosine, scale=None) -> torch.Tensor:
+    """(B, k, D) float32 starting centres for prepared points (B, N, D); given centres are multiplied by
+    ``scale`` ((B,), the points' power-of-two scale) when it is passed."""
     B, N, D = points.shape
     valid = torch.arange(N, device=points.device)[None, :] < lengths[:, None]
     if isinstance(init, str):
         if init not in _INITS:
             raise ValueError(f"init must be one of {_INITS} or a (B, k, D) tensor, got {init!r}")
         seed = check_int(seed, "seed")
+        if not -(1 << 63) <= seed < (1 << 64):
+            raise ValueError(f"seed must lie in [-2**63, 2**64) (a torch.Generator seed), got {seed}")
         if init == "first":
             return points[:, :k].clone()
         generator = torch.Generator(device=points.device)
@@ -310,6 +390,8 @@ def initial_centres(points, k, init, weights, lengths, seed, cosine) -> torch.Te
         raise ValueError(f"init must be a floating tensor, got dtype {init_t.dtype}")
     check_finite(init_t, "init")
     centres = init_t.to(device=points.device, dtype=torch.float32)
+    if scale is not None:
+        centres = _apply_scale(centres, scale)
     if cosine:
         centres = torch.nn.functional.normalize(centres, dim=-1)
     return centres.contiguous()

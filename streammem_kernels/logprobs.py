@@ -201,6 +201,9 @@ def divergence_point(logprobs, *, delta: int = 20, alpha: float = 0.85, beta: fl
     single = logprobs.dim() == 1
     lp2d = logprobs.reshape(1, -1) if single else logprobs
     batch, max_len = lp2d.shape
+    # A window longer than the captions averages the same positions as one of length L: clamped, so any int
+    # gives the answer of the largest meaningful one (and never overflows the native int64 argument).
+    delta = min(delta, max(max_len, 1))
     if lengths is None:
         lens = torch.full((batch,), max_len, dtype=torch.int64, device=lp2d.device)
     else:

@@ -29,7 +29,7 @@ def assert_same_result(got: KMeansResult, ref: KMeansResult, *, atol=1e-5, rtol=
     """Labels and iteration counts exact; centres and inertia within (atol, rtol) (inertia: rtol only)."""
     got = KMeansResult(*(t.cpu() for t in got))
     assert got.labels.dtype == torch.int64 and got.n_iter.dtype == torch.int64
-    assert got.centroids.dtype == torch.float32 and got.inertia.dtype == torch.float32
+    assert got.centroids.dtype == torch.float32 and got.inertia.dtype == torch.float64
     assert torch.equal(got.labels, ref.labels)
     assert torch.equal(got.n_iter, ref.n_iter)
     torch.testing.assert_close(got.inertia, ref.inertia, rtol=rtol, atol=1e-6)
@@ -272,7 +272,7 @@ def test_empty_cluster_reseeded_with_farthest_point(backend):
     res = batched_kmeans(x, 2, init=init, backend=backend)
     assert res.labels.tolist() == [[0, 0, 0, 1]]
     torch.testing.assert_close(res.centroids[0], torch.tensor([[1.0], [10.0]]))
-    torch.testing.assert_close(res.inertia, torch.tensor([2.0]))
+    torch.testing.assert_close(res.inertia, torch.tensor([2.0], dtype=torch.float64))
     assert res.n_iter.tolist() == [3]  # move + re-seed, move, no change
 
 

@@ -21,6 +21,9 @@
 #include <vector>
 
 namespace streammem {
+
+// Largest analysis window (boundaries.MAX_WINDOW in Python).
+constexpr int64_t kMaxWindow = int64_t{1} << 16;
 namespace {
 
 constexpr int kLanes = 16;  // floats per step of the similarity pass (four 4-wide double accumulators)
@@ -198,7 +201,7 @@ py::array_t<double> depth_scores(carray<float> sim, int peak) {
 
 py::array_t<int64_t> window_choices(carray<float> sim, int64_t window, double tau, double min_depth, int peak) {
   require(sim.ndim() == 2, "sim must be (B, M)");
-  require(window >= 2, "window must be >= 2");
+  require(window >= 2 && window <= kMaxWindow, "window must lie in [2, 65536]");
   require(peak == 0 || peak == 1, "peak must be 0 (climb) or 1 (max)");
   const int64_t B = sim.shape(0), M = sim.shape(1);
   const int64_t P = std::max<int64_t>(M - window + 1, 0);
@@ -319,6 +322,9 @@ py::array_t<int64_t> stream_step(carray<float> frame, carray<float> last_frame, 
                                  carray<int64_t> last_end, int64_t t, int64_t window, double tau, double min_depth,
                                  int peak, int64_t max_event, double drift) {
   require(frame.ndim() == 2 && last_frame.ndim() == 2, "frames must be (B, D)");
+  // Bounded before the per-thread scratch below is allocated: an allocation failure inside an
+  // OpenMP region cannot be caught and aborts the process.
+  require(window >= 2 && window <= kMaxWindow, "window must lie in [2, 65536]");
   const int64_t B = frame.shape(0), D = frame.shape(1);
   require(last_frame.shape(0) == B && last_frame.shape(1) == D && last_norm.shape(0) == B &&
               frames_in_window.shape(0) == B && last_end.shape(0) == B,
