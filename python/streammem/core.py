@@ -234,19 +234,23 @@ class StreamMemory:
         self.frames_seen += n
         return list(range(start, start + n))
 
-    def select(self, frames, *, first_index: int | None = None) -> tuple[list[int], list[bool]]:
+    def select(self, frames, *, first_index: int | None = None, return_scores: bool = False):
         """Motion gate: stream indices of ``frames`` ((n, H, W, 3) uint8) and which of them are kept.
 
         ``first_index`` is the stream position of ``frames[0]`` when frames
         before it never arrived (they are counted in ``frames_missing``).
+        Returns ``(indices, kept)``, or ``(indices, kept, scores)`` with
+        ``return_scores`` (the gate's motion score per frame, 1.0 for the
+        first frame of the stream, which is kept by definition).
         """
         frames = np.asarray(frames) if not isinstance(frames, torch.Tensor) else frames
         if frames.ndim != 4 or frames.shape[0] < 1:
             raise ValueError(f"frames must have shape (n, H, W, 3) with n >= 1, got {tuple(frames.shape)}")
         t0 = time.perf_counter()
-        _, kept = self.gate.push(frames)
+        scores, kept = self.gate.push(frames)
         self.timings["motion_gate"] += time.perf_counter() - t0
-        return self._claim_indices(frames.shape[0], first_index), kept
+        indices = self._claim_indices(frames.shape[0], first_index)
+        return (indices, kept, scores) if return_scores else (indices, kept)
 
     def encode(self, frames) -> EncodedFrames:
         """Frame encoder on (n, H, W, 3) uint8 frames."""
@@ -287,6 +291,18 @@ class StreamMemory:
         self.frames_formed += 1
         self._advance(record.timestamp)
         return len(created), len(entries)
+
+    def advance(self, timestamp: float) -> None:
+        """The stream reached ``timestamp`` without a frame to form (the motion gate dropped it).
+
+        ``push`` does this itself; a scheduler that runs ``select`` and ``form``
+        apart calls it for dropped frames, so ``stream_time`` (the "now" of
+        every later question) is the stream's own time, not the last kept frame's.
+        """
+        timestamp = float(timestamp)
+        if not math.isfinite(timestamp):
+            raise ValueError(f"timestamp must be finite, got {timestamp!r}")
+        self._advance(timestamp)
 
     def _advance(self, timestamp: float) -> None:
         self.stream_time = timestamp if self.stream_time is None else max(self.stream_time, timestamp)

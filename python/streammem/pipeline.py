@@ -8,10 +8,20 @@ consumer slows the producer down and no selected frame is ever dropped):
 2. memory formation: short-term memory, long-term memory tree, event
    segmentation and knowledge base, bounded-memory upkeep
    (``StreamMemory.form``); it also releases questions scheduled at a stream
-   time once the stream reaches that time;
+   time (see below);
 3. contextual summarisation: answers questions from the memory
    (``StreamMemory.retrieve``; the question and the dialogue entry are
    embedded outside the memory lock).
+
+Stream time is the source's own timestamps, whatever frames the gate drops.
+A question scheduled at stream time T is answered from the memory of exactly
+the frames with timestamp <= T: it is released when the first frame after T
+(kept or dropped) reaches memory formation, which then waits until the
+question's context is retrieved before it forms that frame; questions after
+the last frame are answered after the end of the stream (``finish``).  The
+context's ``stream_time`` is the last frame at or before T.  A question
+scheduled at a time the stream has already passed is answered from the memory
+as it is when the next frame arrives.
 
 The memory itself is single-threaded; this class only schedules it.  A failure
 in any thread stops the pipeline; ``wait()`` (and every pending question)
@@ -28,6 +38,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
@@ -36,7 +47,7 @@ from .config import BoundedConfig, MemoryConfig, SegmenterConfig, ShortTermConfi
 from .core import Context, StreamMemory
 from .gate import PRESETS, Preset
 
-__all__ = ["StreamPipeline", "QueryResult", "PipelineStopped", "config_from_keywords"]
+__all__ = ["StreamPipeline", "QueryResult", "PipelineStopped", "GateBatch", "config_from_keywords"]
 
 QueryResult = Context  # the name before StreamMemory existed
 
@@ -46,6 +57,29 @@ _POLL_S = 0.05
 
 class PipelineStopped(RuntimeError):
     """Raised for questions that cannot be answered because the pipeline was closed."""
+
+
+@dataclass
+class GateBatch:
+    """One motion-gate call, as ``gate_hook`` sees it: every decoded frame, kept or not.
+
+    ``frames`` is the (n, H, W, 3) uint8 batch itself (do not modify it);
+    ``scores`` the gate's motion score per frame (1.0 for the stream's first
+    frame, kept by definition).
+    """
+
+    indices: list[int]
+    timestamps: list[float]
+    scores: list[float]
+    kept: list[bool]
+    frames: np.ndarray
+
+
+@dataclass
+class _Dropped:
+    """Vision-queue marker: timestamps of frames the gate dropped (they advance stream time)."""
+
+    timestamps: list[float]
 
 
 def config_from_keywords(*, preset: str | Preset = "base", budget: int | None = None,
@@ -88,6 +122,9 @@ class StreamPipeline:
         As for ``StreamMemory``.
     frame_hook : callable(FrameRecord), optional
         Called by the memory-formation thread for every frame it receives.
+    gate_hook : callable(GateBatch), optional
+        Called by the frame-stacking thread after every motion-gate call, with
+        every decoded frame's time, score and decision (and the pixels).
     gate_batch : int
         Frames per motion-gate / encoder call.
     queue_size : int
@@ -100,7 +137,8 @@ class StreamPipeline:
     def __init__(self, source: Iterable, frame_encoder=None, text_encoder=None, *, config: MemoryConfig | None = None,
                  memory: StreamMemory | None = None, captioner=None, event_captioner=None,
                  answer_fn: Callable | None = None, instantaneity: Callable | None = None,
-                 frame_hook: Callable | None = None, gate_batch: int = 8, queue_size: int = 32, **keywords):
+                 frame_hook: Callable | None = None, gate_hook: Callable | None = None, gate_batch: int = 8,
+                 queue_size: int = 32, **keywords):
         unknown = sorted(set(keywords) - set(_KEYWORDS))
         if unknown:
             raise TypeError(f"StreamPipeline got unexpected keyword arguments {unknown}")
@@ -131,6 +169,7 @@ class StreamPipeline:
         self.gate_batch = int(gate_batch)
         self.answer_fn = answer_fn if answer_fn is not None else memory.answer_fn
         self.frame_hook = frame_hook
+        self.gate_hook = gate_hook
 
         self._vision_q: queue.Queue = queue.Queue(maxsize=int(queue_size))
         self._query_q: queue.Queue = queue.Queue(maxsize=int(queue_size))
@@ -240,6 +279,7 @@ class StreamPipeline:
                 break
             if item is not _END:
                 futures.append(item[1])
+                item[3].set()
         for fut in futures:
             if not fut.done():
                 fut.set_exception(exc)
@@ -285,19 +325,33 @@ class StreamPipeline:
         """Submit now and wait for the context (and answer)."""
         return self.submit(question).result(timeout)
 
-    def _release(self, question: str, fut: Future) -> None:
-        item = (question, fut, time.perf_counter())
+    def _release(self, question: str, fut: Future) -> threading.Event:
+        """Queue a question for thread 3; the returned event is set once its context is retrieved."""
+        retrieved = threading.Event()
+        item = (question, fut, time.perf_counter(), retrieved)
         if not self._put(self._query_q, item):
             fut.set_exception(self._error or PipelineStopped("pipeline is closed"))
+            retrieved.set()
         self.max_query_depth = max(self.max_query_depth, self._query_q.qsize())
+        return retrieved
 
-    def _release_due(self, stream_time: float) -> None:
+    def _release_due(self, stream_time: float, *, before: bool = False) -> list[threading.Event]:
+        """Release the questions scheduled at or before ``stream_time`` (strictly before with ``before``)."""
         due = []
         with self._schedule_lock:
-            while self._scheduled and self._scheduled[0][0] <= stream_time:
+            while self._scheduled and (self._scheduled[0][0] < stream_time if before
+                                       else self._scheduled[0][0] <= stream_time):
                 due.append(heapq.heappop(self._scheduled))
-        for _, _, question, fut in due:
-            self._release(question, fut)
+        return [self._release(question, fut) for _, _, question, fut in due]
+
+    def _answer_due_before(self, timestamp: float) -> bool:
+        """Before a frame at ``timestamp`` enters memory: questions scheduled before it get their
+        context from the memory as it is now.  False when the pipeline stopped meanwhile."""
+        for retrieved in self._release_due(timestamp, before=True):
+            while not retrieved.wait(_POLL_S):
+                if self._stop.is_set():
+                    return False
+        return True
 
     # ---- thread 1: frame stacking -------------------------------------
     def _frame_stacking(self) -> None:
@@ -322,33 +376,52 @@ class StreamPipeline:
         frames = np.stack([f for _, _, f in batch])
         times = [ts for _, ts, _ in batch]
         batch.clear()
-        indices, kept = self.memory.select(frames)
+        indices, kept, scores = self.memory.select(frames, return_scores=True)
+        if self.gate_hook is not None:
+            self.gate_hook(GateBatch(indices, times, scores, kept, frames))
         keep = [i for i, k in enumerate(kept) if k]
-        if not keep:
-            return True
-        encoded = self.memory.encode(frames[keep])
-        for record in self.memory.records([indices[i] for i in keep], [times[i] for i in keep], encoded):
-            if not self._put(self._vision_q, record):
+        records = iter(self.memory.records([indices[i] for i in keep], [times[i] for i in keep],
+                                           self.memory.encode(frames[keep]))) if keep else iter(())
+        # Frames in stream order: each kept frame's record, and each run of dropped frames as one marker.
+        dropped: list[float] = []
+        for t, k in zip(times, kept):
+            if not k:
+                dropped.append(t)
+                continue
+            if dropped and not self._put(self._vision_q, _Dropped(dropped)):
+                return False
+            dropped = []
+            if not self._put(self._vision_q, next(records)):
                 return False
             self.frames_kept += 1
             self.max_vision_depth = max(self.max_vision_depth, self._vision_q.qsize())
-        return True
+        return not dropped or self._put(self._vision_q, _Dropped(dropped))
 
     # ---- thread 2: memory formation -----------------------------------
     def _memory_formation(self) -> None:
         while True:
-            record = self._get(self._vision_q)
-            if record is _END:
+            item = self._get(self._vision_q)
+            if item is _END:
                 if self._stop.is_set():
                     return
                 break
+            if isinstance(item, _Dropped):
+                for t in item.timestamps:
+                    if not self._answer_due_before(t):
+                        return
+                    with self._memory_lock:
+                        self.memory.advance(t)
+                    self.stream_time = t
+                continue
+            record = item
+            if not self._answer_due_before(record.timestamp):
+                return
             if self.frame_hook is not None:
                 self.frame_hook(record)
             with self._memory_lock:
                 self.memory.form(record)
             self.stream_time = record.timestamp
             self.frames_formed += 1
-            self._release_due(record.timestamp)
         with self._memory_lock:
             self.memory.finish()
         self._t_stream_end = time.perf_counter()
@@ -361,18 +434,22 @@ class StreamPipeline:
             item = self._get(self._query_q)
             if item is _END:
                 return
-            question, fut, submitted = item
-            if fut.set_running_or_notify_cancel():
-                result = self._answer(question, submitted)
-                self.results.append(result)
-                fut.set_result(result)
+            question, fut, submitted, retrieved = item
+            try:
+                if fut.set_running_or_notify_cancel():
+                    result = self._answer(question, submitted, retrieved)
+                    self.results.append(result)
+                    fut.set_result(result)
+            finally:
+                retrieved.set()
 
-    def _answer(self, question: str, submitted: float) -> Context:
+    def _answer(self, question: str, submitted: float, retrieved: threading.Event) -> Context:
         t0 = time.perf_counter()
         q = self.memory.encode_question(question)
         timings = {"question_encode": time.perf_counter() - t0}
         with self._memory_lock:
             result = self.memory.retrieve(question, q, submitted=submitted, timings=timings)
+        retrieved.set()  # memory formation may go on; the answer is the summarisation thread's own work
         if self.answer_fn is not None:
             t1 = time.perf_counter()
             answer = self.answer_fn(result)
