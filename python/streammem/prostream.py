@@ -96,7 +96,6 @@ __all__ = [
     "SyntheticDialogue",
     "synthetic_dialogue",
     "evaluate",
-    "add_parser",
     "run",
 ]
 
@@ -404,7 +403,17 @@ class ProStreamConfig:
     min_similarity : float
         Turns with cosine below it are never returned.
     access : {"context", "answer", "none"}
-        Which recalled turns count a use (every returned turn, the best one, none).
+        Which recalled turns count a use (every returned turn, the best one,
+        none) -- for the eviction utility only.
+    rank_utility : float >= 0
+        Recall ranks turns by cos(q, v) x w with w = 1 + ``rank_utility`` x u:
+        0 ranks by cosine alone, larger values let the eviction utility u
+        (uses, recency) lift a turn.  Small by default: counting a recall's
+        answer as a use would otherwise let a turn that was (wrongly) recalled
+        once keep winning -- a feedback loop that the synthetic stream shows.
+    superseded_weight : float in (0, 1]
+        w is further multiplied by this for a superseded turn, so the newer
+        version of a restated subject ranks above the older one (1: no effect).
     cite_threshold : float
         Citation by similarity for distillers that do not cite (``Distillate.cited`` None).
     backend : str
@@ -429,6 +438,8 @@ class ProStreamConfig:
     k: int = 5
     min_similarity: float = 0.35
     access: str = "answer"
+    rank_utility: float = 0.05
+    superseded_weight: float = 0.5
     cite_threshold: float = 0.5
     backend: str = "auto"
 
@@ -470,6 +481,8 @@ class ProStreamConfig:
         real("min_similarity", -1.0, 1.0)
         if self.access not in _ACCESS:
             raise ValueError(f"access must be one of {_ACCESS}, got {self.access!r}")
+        real("rank_utility", 0.0)
+        real("superseded_weight", 0.0, 1.0, open_low=True)
         real("cite_threshold", -1.0, 1.0)
         if not isinstance(self.backend, str):
             raise ValueError(f"backend must be a string, got {self.backend!r}")
@@ -574,7 +587,12 @@ class DialogueTree(LongTermMemory):
 # --------------------------------------------------------------------------
 @dataclass
 class RecalledUnit:
-    """One recalled turn (or merged run of turns): turn indices, time, speaker, text and its scores."""
+    """One recalled turn (or merged run of turns): turn indices, time, speaker, text and its scores.
+
+    ``cosine``: with the question; ``utility``: the eviction utility u at the
+    recall's stream time; ``score``: what ranked it (cosine x rank weight, see
+    :meth:`ProStream.rank_weight`; the cosine for the flat baselines).
+    """
 
     node: int
     first_turn: int
@@ -704,12 +722,14 @@ class ProStream:
         self._open_turns: list[tuple[int, int | None]] = []  # (segmenter position, node id or None if skipped)
         self._open_segments: list[int] = []  # segment node ids of the open session
         self._cited: set[int] = set()  # cited, not superseded turn node ids
+        self._superseded: set[int] = set()  # turn node ids replaced by a newer statement
+        self._cost = 0  # == self.bounded.total_cost(), kept incrementally
 
     # ---- reading the memory ----------------------------------------------------
     @property
     def memory_tokens(self) -> int:
         """Token cost of everything stored (what ``budget`` bounds)."""
-        return self.bounded.total_cost()
+        return self._cost
 
     @property
     def stored_turns(self) -> int:
@@ -788,6 +808,8 @@ class ProStream:
         self._time("insert", t0)
         if node is None:
             self.stats.skipped += 1
+        else:
+            self._cost += self.bounded.cost(node)
         t0 = time.perf_counter()
         events = self.segmenter.push(emb)
         self._time("segment", t0)
@@ -820,6 +842,7 @@ class ProStream:
                 raise ValueError(f"Distillate.cited must index the segment's {len(nodes)} turns, got {cited}")
         t0 = time.perf_counter()
         segment = self.tree.add_summary(ids, distillate.summary, summary_emb)
+        self._cost += self.bounded.cost(segment)
         self._time("insert", t0)
         self._open_segments.append(segment.node_id)
         self.stats.segments += 1
@@ -857,6 +880,7 @@ class ProStream:
                 node.access_count = max(node.access_count, old.access_count)
                 old.access_count = 0
                 self._cited.discard(old.node_id)
+                self._superseded.add(old.node_id)
                 self.stats.superseded += 1
         self._cited.add(node.node_id)
 
@@ -876,7 +900,8 @@ class ProStream:
             self._time("distill", t0)
             emb = self._embed_summary(caption, [self.tree.nodes[i] for i in ids])
             t0 = time.perf_counter()
-            self.tree.add_summary(ids, caption, emb)
+            session = self.tree.add_summary(ids, caption, emb)
+            self._cost += self.bounded.cost(session)
             self._time("insert", t0)
             self.stats.sessions += 1
             self._enforce()
@@ -889,8 +914,15 @@ class ProStream:
     def _enforce(self) -> None:
         if self.stream_time is None:
             return
+        # Node costs are fixed at creation, so the running sum is exact and BoundedMemory's
+        # O(nodes) pass (total_cost, then eviction) runs only when the budget is exceeded.
+        stats = self.bounded.stats
+        stats.peak_cost = max(stats.peak_cost, self._cost)
+        if self._cost <= self.bounded.budget:
+            return
         t0 = time.perf_counter()
         self.bounded.enforce(self.stream_time)
+        self._cost = self.bounded.total_cost()
         self._time("evict", t0)
 
     # ---- questions ---------------------------------------------------------------
@@ -919,15 +951,21 @@ class ProStream:
         sessions, segments = self.config.beam
         return (sessions, segments) if self.tree.tree.height >= 2 else (segments,)
 
+    def rank_weight(self, node: MemoryNode, now: float | None = None) -> float:
+        """Recall's weight of a turn: (1 + rank_utility x u) x (superseded_weight if superseded)."""
+        now = (self.stream_time or 0.0) if now is None else now
+        w = 1.0 + self.config.rank_utility * self.bounded.utility(node, now)
+        return w * self.config.superseded_weight if node.node_id in self._superseded else w
+
     def refresh_utility(self) -> None:
-        """Write every stored turn's utility at the current stream time into the tree (for the ranking)."""
+        """Write every stored turn's rank weight at the current stream time into the tree's utility column."""
         tree = self.tree.tree
         if tree is None or tree.num_live == 0:
             return
         now = self.stream_time if self.stream_time is not None else 0.0
+        self._superseded &= self.tree.nodes.keys()
         rows = ((tree.level == 0) & tree.alive).nonzero()[:, 0]
-        leaf_rows = rows.tolist()
-        values = [self.bounded.utility(self.tree.node_at(r), now) for r in leaf_rows]
+        values = [self.rank_weight(self.tree.node_at(r), now) for r in rows.tolist()]
         tree.set_utility(rows, torch.tensor(values, dtype=torch.float32))
 
     def recall(self, query_embedding, *, question: str = "", k: int | None = None) -> Recall:
@@ -962,11 +1000,11 @@ class ProStream:
                               use_utility=True, backend=self.config.backend)
             t2 = time.perf_counter()
             timings.update(utility=t1 - t0, search=t2 - t1)
-            utility = tree.utility
+            now = self.stream_time if self.stream_time is not None else 0.0
             for row, score in zip(res.ids[0].tolist(), res.scores[0].tolist()):
                 if row >= 0:
-                    units.append(_unit(self.tree.node_at(row), q, float(utility[row]), score))
-            now = self.stream_time if self.stream_time is not None else 0.0
+                    node = self.tree.node_at(row)
+                    units.append(_unit(node, q, self.bounded.utility(node, now), score))
             used = units if self.config.access == "context" else units[:1] if self.config.access == "answer" else []
             for u in used:
                 node = self.tree.nodes[u.node]
@@ -988,6 +1026,7 @@ class ProStream:
             "stats": asdict(self.stats), "stream_time": self.stream_time, "timings": dict(self.timings),
             "session": self._session, "open_turns": [[p, -1 if n is None else n] for p, n in self._open_turns],
             "open_segments": list(self._open_segments), "cited": sorted(self._cited),
+            "superseded": sorted(self._superseded),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -1010,6 +1049,8 @@ class ProStream:
         self._open_turns = [(int(p), None if n < 0 else int(n)) for p, n in state["open_turns"]]
         self._open_segments = [int(i) for i in state["open_segments"]]
         self._cited = set(int(i) for i in state["cited"])
+        self._superseded = set(int(i) for i in state["superseded"])
+        self._cost = self.bounded.total_cost()
 
     def save(self, path) -> Path:
         """Write ``state_dict()`` to ``path`` (a file)."""
@@ -1423,31 +1464,6 @@ def _parse_beam(text: str) -> tuple[int, int]:
     return a, b
 
 
-def add_parser(subparsers) -> None:
-    """Register ``streammem prostream`` on an argparse subparsers object."""
-    p = subparsers.add_parser(
-        "prostream", help="ProStream bounded memory over a dialogue stream (JSONL), with recall accuracy",
-        description="Stream dialogue turns into ProStream's bounded hierarchical memory and answer the questions "
-                    "in the stream (or --ask). Without DIALOGUE it generates a synthetic STEM-like stream.")
-    p.add_argument("dialogue", nargs="?", default=None, help="JSONL: turns {t, speaker, text} and questions "
-                                                            "{t, question[, answer, turn]} in stream order")
-    p.add_argument("--generate", type=int, default=1000, metavar="TURNS",
-                   help="turns of the synthetic stream used without DIALOGUE (default 1000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic stream")
-    p.add_argument("--write", default=None, metavar="PATH", help="write the stream as JSONL to PATH and exit")
-    p.add_argument("--ask", action="append", default=None, metavar='"QUESTION"',
-                   help="a question asked at the end of the stream (repeatable)")
-    p.add_argument("--text-encoder", default="auto", choices=("auto", "minilm", "hashing"))
-    p.add_argument("--budget", type=int, default=None, help="memory token budget (default 6000)")
-    p.add_argument("--drift", type=float, default=None, help="drift threshold (default: calibrated per encoder)")
-    p.add_argument("--beam", default=None, metavar="SESSIONS,SEGMENTS", help="beam widths (default 5,50)")
-    p.add_argument("-k", type=int, default=None, help="turns recalled per question (default 5)")
-    p.add_argument("--compare", action="store_true", help="also run retrieve-everything and the recent window")
-    p.add_argument("--show", type=int, default=5, help="questions printed in full (default 5)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=run)
-
-
 def _config_from_args(args, encoder_name: str) -> ProStreamConfig:
     changes = {}
     if args.budget is not None:
@@ -1492,37 +1508,34 @@ def _print_report(report: dict, show: int) -> None:
 
 
 def run(args) -> int:
-    """``streammem prostream``: stream a dialogue, answer its questions, print a report."""
-    import sys
+    """``streammem prostream`` (parser: ``streammem.cli.add_prostream_command``): stream, answer, print a report.
 
-    from streammem_kernels._optional import MissingExtraError
-
+    Bad input raises ValueError / FileNotFoundError (``streammem.cli.main``
+    turns them into one line and exit code 2).
+    """
     from .encoders import load_text_encoder
 
-    try:
-        if args.dialogue is not None:
-            items, source = read_dialogue(args.dialogue), args.dialogue
-        else:
-            if args.generate < 1:
-                raise ValueError(f"--generate must be >= 1, got {args.generate}")
-            items = synthetic_dialogue(args.generate, seed=args.seed).items
-            source = f"synthetic_dialogue({args.generate}, seed={args.seed})"
-        if args.write is not None:
-            write_dialogue(args.write, items)
-            print(f"wrote {len(items)} lines to {args.write}")
-            return 0
-        if not any(isinstance(x, Turn) for x in items):
-            raise ValueError(f"{source} holds no turns")
-        if args.ask:
-            end = max(x.t for x in items)
-            items = list(items) + [Question(end, q) for q in args.ask]
-        encoder = load_text_encoder(args.text_encoder)
-        config = _config_from_args(args, getattr(encoder, "name", ""))
-        methods = ("prostream", "everything", "recent") if args.compare else ("prostream",)
-        report = evaluate(items, encoder, config=config, methods=methods, keep_recalls=True)
-    except (FileNotFoundError, ValueError, MissingExtraError) as exc:
-        print(f"streammem: error: {exc}", file=sys.stderr)
-        return 2
+    for flag, value, low in (("--generate", args.generate, 1), ("--show", args.show, 0)):
+        if value < low:
+            raise ValueError(f"{flag} must be >= {low}, got {value}")
+    if args.dialogue is not None:
+        items, source = read_dialogue(args.dialogue), args.dialogue
+    else:
+        items = synthetic_dialogue(args.generate, seed=args.seed).items
+        source = f"synthetic_dialogue({args.generate}, seed={args.seed})"
+    if args.write is not None:
+        write_dialogue(args.write, items)
+        print(f"wrote {len(items)} lines to {args.write}")
+        return 0
+    if not any(isinstance(x, Turn) for x in items):
+        raise ValueError(f"{source} holds no turns")
+    if args.ask:
+        end = max(x.t for x in items)
+        items = list(items) + [Question(end, q) for q in args.ask]
+    encoder = load_text_encoder(args.text_encoder)
+    config = _config_from_args(args, getattr(encoder, "name", ""))
+    methods = ("prostream", "everything", "recent") if args.compare else ("prostream",)
+    report = evaluate(items, encoder, config=config, methods=methods, keep_recalls=True)
     questions = [x for x in items if isinstance(x, Question)]
     shown = []
     for q, rec in zip(questions, report["methods"]["prostream"].pop("recalls")):
