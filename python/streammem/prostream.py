@@ -1079,8 +1079,8 @@ def _turn_cost(text: str) -> int:
 class FlatTurnMemory:
     """Every turn (``window_tokens=None``: retrieve-everything) or the newest within a token budget.
 
-    Recall is exact ``cosine_topk`` over the stored turns (with ``ranges`` for
-    the window, so nothing is copied), best ``k`` with cosine >=
+    Recall is exact ``cosine_topk`` over the stored turns (the window is a
+    view of the newest rows: nothing is copied), best ``k`` with cosine >=
     ``min_similarity``.  Same ``push`` / ``recall`` interface as :class:`ProStream`.
     """
 
@@ -1146,10 +1146,11 @@ class FlatTurnMemory:
         t0 = time.perf_counter()
         units = []
         if self._turns:
-            ranges = None if self._start == 0 else torch.tensor([[self._start, len(self._turns)]])
-            res = cosine_topk(q, self._rows.rows, k, ranges=ranges, backend=self.backend)
+            # The window is a view of the newest rows: nothing outside it is read (or validated).
+            res = cosine_topk(q, self._rows.rows[self._start:], k, backend=self.backend)
             for i, s in zip(res.ids[0].tolist(), res.scores[0].tolist()):
-                if i >= 0 and s >= self.min_similarity:
+                i += self._start
+                if i >= self._start and s >= self.min_similarity:
                     turn = self._turns[i]
                     units.append(RecalledUnit(-1, i, i, turn.t, turn.speaker, turn.text, s, 1.0, s))
         latency = time.perf_counter() - t0
@@ -1364,7 +1365,7 @@ def _percentiles(values: Sequence[float]) -> dict:
 def evaluate(items: Sequence[Turn | Question], text_encoder, *, config: ProStreamConfig | None = None,
              methods: Sequence[str] = ("prostream", "everything", "recent"), turn_embeddings: torch.Tensor | None = None,
              question_embeddings: torch.Tensor | None = None, distiller: Distiller | None = None,
-             keep_recalls: bool = False) -> dict:
+             keep_recalls: bool = False, keep_memories: bool = False) -> dict:
     """Stream ``items`` through each method, asking every question when it comes; score and time the recalls.
 
     Methods: ``"prostream"`` (:class:`ProStream`), ``"everything"``
@@ -1379,7 +1380,8 @@ def evaluate(items: Sequence[Turn | Question], text_encoder, *, config: ProStrea
     kind and overall, recall latency percentiles (ms, question encoding
     excluded), push seconds, stored turns and memory tokens at the end, and
     ``summary`` (ProStream's) -- plus ``recalls`` (per method, per question)
-    with ``keep_recalls``.
+    with ``keep_recalls``, and ``memory`` (the memory object after the stream)
+    with ``keep_memories``.
     """
     config = ProStreamConfig() if config is None else config
     unknown = sorted(set(methods) - {"prostream", "everything", "recent"})
@@ -1449,6 +1451,8 @@ def evaluate(items: Sequence[Turn | Question], text_encoder, *, config: ProStrea
             out["summary"] = memory.summary()
         if keep_recalls:
             out["recalls"] = [r["recall"] for r in rows]
+        if keep_memories:
+            out["memory"] = memory
         report["methods"][name] = out
     return report
 
