@@ -30,16 +30,18 @@ package already has:
   segment and session close: turns are evicted by least u / token cost, and a
   segment or session goes with its last turn.  f counts uses of a turn: being
   quoted by its segment summary is one (so distilled turns outlive chatter),
-  every recall that returns it is another.  **Supersession**: when a quoted
-  turn is close to an older quoted turn (cosine >= ``theta_update``: the same
-  subject restated, e.g. a changed address), the newer one takes over the
-  older one's uses and the older one's drop to 0, so the older version ranks
-  below the newer and is evicted first.
+  being a recall's best turn is another (``config.access``).
+  **Supersession** (at a segment's close, when its summary quotes a turn):
+  when a quoted turn is close to an older quoted turn (cosine >=
+  ``theta_update``: the same subject restated, e.g. a changed address), the
+  newer one takes over the older one's uses, the older one's drop to 0 (it is
+  evicted first) and it is marked superseded (it ranks lower in recall).
 * **Ad-hoc recall** (:meth:`ProStream.recall`, :meth:`ProStream.ask`), at any
   point of the stream: ``tree_search`` beam search as in ProStream -- the top
   ``beam[0]`` sessions, the top ``beam[1]`` segments under them (plus the open
   session's segments and the open segment's turns, which are roots), and the
-  turns under those ranked by cos(q, v) x utility among those with cosine >=
+  turns under those ranked by cos(q, v) x w (w = (1 + 0.05 u), halved for a superseded turn:
+  ``rank_utility``, ``superseded_weight``) among those with cosine >=
   ``min_similarity``.  The default answer (:func:`extractive_answer`) is the
   best unit's text, labelled extractive: it is not a language model; pass
   ``answer_fn`` for one.
@@ -969,7 +971,7 @@ class ProStream:
         tree.set_utility(rows, torch.tensor(values, dtype=torch.float32))
 
     def recall(self, query_embedding, *, question: str = "", k: int | None = None) -> Recall:
-        """Ad-hoc recall now: beam over sessions and segments, turns by cos x utility (>= min_similarity).
+        """Ad-hoc recall now: beam over sessions and segments, turns by cos x rank weight (cos >= min_similarity).
 
         Parameters
         ----------
