@@ -349,3 +349,13 @@ def test_cli_prostream_json_and_errors(tmp_path, capsys):
     assert main(["prostream", str(tmp_path / "missing.jsonl")]) == 2
     assert main(["prostream", "--beam", "3", "--text-encoder", "hashing"]) == 2
     assert "--beam must be SESSIONS,SEGMENTS" in capsys.readouterr().err
+
+
+def test_novelty_filter_skips_restated_turns(encoder):
+    # theta_concept (off by default): a turn this close to a stored one is not stored again.
+    memory = ProStream(encoder, ProStreamConfig.for_encoder("hashing", theta_concept=0.95))
+    memory.push([Turn(float(i), "user", "Marlow's car is Volvo.") for i in range(5)])
+    memory.finish()
+    s = memory.summary()
+    assert s["skipped_redundant"] == 4 and s["stored"] == {"turns": 1, "segments": 1, "sessions": 1}
+    assert memory.ask("What is Marlow's car?").best.first_turn == 0

@@ -322,7 +322,8 @@ ground truth.  Summaries and answers are extractive (no language model)."""
 
 def add_prostream_command(subparsers) -> argparse.ArgumentParser:
     """``streammem prostream``: ProStream over a dialogue stream (JSONL or synthetic), recall accuracy."""
-    ps = subparsers.add_parser("prostream", help="ProStream bounded memory over a dialogue stream, with recall accuracy",
+    ps = subparsers.add_parser("prostream",
+                               help="ProStream bounded memory over a dialogue stream, with recall accuracy",
                                description=PROSTREAM_DESCRIPTION, formatter_class=_HelpFormatter)
     ps.add_argument("dialogue", nargs="?", default=None,
                     help="JSONL dialogue (turns and questions in stream order); default: a synthetic stream")

@@ -989,7 +989,8 @@ class ProStream:
             raise ValueError(f"k must be an int >= 1, got {k!r}")
         q = torch.as_tensor(query_embedding, dtype=torch.float32).reshape(-1)
         if q.shape[0] != self.text_encoder.dim or not bool(torch.isfinite(q).all()):
-            raise ValueError(f"query_embedding must be a finite ({self.text_encoder.dim},) vector, got {tuple(q.shape)}")
+            raise ValueError(f"query_embedding must be a finite ({self.text_encoder.dim},) vector, "
+                             f"got {tuple(q.shape)}")
         q = F.normalize(q, dim=0)
         t0 = time.perf_counter()
         tree = self.tree.tree
@@ -1365,7 +1366,8 @@ def _percentiles(values: Sequence[float]) -> dict:
 
 
 def evaluate(items: Sequence[Turn | Question], text_encoder, *, config: ProStreamConfig | None = None,
-             methods: Sequence[str] = ("prostream", "everything", "recent"), turn_embeddings: torch.Tensor | None = None,
+             methods: Sequence[str] = ("prostream", "everything", "recent"),
+             turn_embeddings: torch.Tensor | None = None,
              question_embeddings: torch.Tensor | None = None, distiller: Distiller | None = None,
              keep_recalls: bool = False, keep_memories: bool = False) -> dict:
     """Stream ``items`` through each method, asking every question when it comes; score and time the recalls.
