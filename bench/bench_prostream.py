@@ -29,7 +29,9 @@ encoding excluded), push time per turn and the memory held at the end -- into
 ``extra_info`` and ``bench/results/prostream_summary[_quick].md``.  The
 pytest-benchmark rows (group ``prostream-recall-N<N>``) time recalls on each
 method's memory at the end of the stream, cycling through the stream's
-question embeddings, side by side.  torch runs on one intra-op thread (the
+question embeddings, side by side.  ``test_budget_sweep`` repeats ProStream at
+N = 10^4 with budgets of 3,000, 12,000 and 48,000 tokens
+(``prostream_budget_summary.md``).  torch runs on one intra-op thread (the
 machine has two cores and is shared).
 """
 import os
@@ -47,7 +49,9 @@ QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
 SIZES = (1_000, 10_000) if QUICK else (1_000, 10_000, 100_000)
 METHODS = ("prostream", "everything", "recent")
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+BUDGETS = (3_000, 12_000, 48_000)
 SUMMARY: list[dict] = []
+BUDGET_SUMMARY: list[dict] = []
 _LOAD_BEFORE = os.getloadavg()
 
 
@@ -126,11 +130,38 @@ def test_minilm_accuracy(benchmark):
         benchmark.extra_info[name] = row
 
 
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_budget_sweep(benchmark, budget):
+    """Accuracy and recall latency against the token budget at N = 10^4 (the budget is the knob)."""
+    n = 10_000
+    encoder = HashingTextEncoder()
+    dialogue = synthetic_dialogue(n, seed=0)
+    report = evaluate(dialogue.items, encoder, config=ProStreamConfig.for_encoder("hashing", budget=budget),
+                      methods=("prostream",), keep_memories=True)
+    m = report["methods"]["prostream"]
+    row = _row(m)
+    BUDGET_SUMMARY.append({"encoder": "hashing", "N": n, "method": f"prostream, budget {budget:,}", **row})
+    q = encoder.encode([x.question for x in dialogue.questions])
+    state = {"i": 0}
+
+    def recall():
+        state["i"] = (state["i"] + 1) % q.shape[0]
+        return m["memory"].recall(q[state["i"]])
+
+    benchmark.group = f"prostream-recall-N{n}-budget"
+    benchmark.extra_info.update({"N": n, "budget": budget, "unit": "queries", "units": 1, **row})
+    benchmark.pedantic(recall, rounds=200, iterations=1, warmup_rounds=5)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _write_summary():
     yield
-    if not SUMMARY:
-        return
+    for rows, name in ((SUMMARY, "prostream_summary"), (BUDGET_SUMMARY, "prostream_budget_summary")):
+        if rows:
+            _write_table(rows, name)
+
+
+def _write_table(rows: list[dict], name: str) -> None:
     load_after = os.getloadavg()
     lines = [f"ProStream bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average before "
              f"{'/'.join(f'{x:.1f}' for x in _LOAD_BEFORE)}, after {'/'.join(f'{x:.1f}' for x in load_after)}",
@@ -142,13 +173,13 @@ def _write_summary():
     def acc(r, k):
         return "-" if r.get(f"{k}_correct") is None else f"{r[f'{k}_correct']:.2f} ({r[f'{k}_n']})"
 
-    for r in SUMMARY:
+    for r in rows:
         lat = " / ".join(f"{r[f'stream_{p}_ms']:.2f}" for p in ("p20", "p50", "p80"))
         lines.append(f"| {r['encoder']} | {r['N']:,} | {r['method']} | {acc(r, 'near')} | {acc(r, 'far')} | "
                      f"{acc(r, 'updated')} | {acc(r, 'all')} | {r['stale']:.2f} | {lat} | "
                      f"{r['push_us_per_turn']:.0f} | {r['stored_turns']:,} | {r['memory_tokens']:,} |")
     os.makedirs(RESULTS_DIR, exist_ok=True)
-    path = os.path.join(RESULTS_DIR, f"prostream_summary{'_quick' if QUICK else ''}.md")
+    path = os.path.join(RESULTS_DIR, f"{name}{'_quick' if QUICK else ''}.md")
     with open(path, "w") as fh:
         fh.write("\n".join(lines) + "\n")
     print("\n" + "\n".join(lines))

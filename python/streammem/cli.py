@@ -342,7 +342,7 @@ def add_prostream_command(subparsers) -> argparse.ArgumentParser:
                     help="cut a segment where consecutive turns' cosine drops below this (default: calibrated "
                          "for the text encoder)")
     ps.add_argument("--beam", default=None, metavar="SESSIONS,SEGMENTS",
-                    help="recall's beam widths over sessions, then segments (default: 5,50)")
+                    help="recall's beam widths over sessions, then segments (default: 20,100)")
     ps.add_argument("-k", type=int, default=None, help="turns recalled per question (default: 5)")
     ps.add_argument("--compare", action="store_true",
                     help="also run the retrieve-everything and recent-window baselines on the same embeddings")
