@@ -31,7 +31,8 @@ pytest-benchmark rows (group ``prostream-recall-N<N>``) time recalls on each
 method's memory at the end of the stream, cycling through the stream's
 question embeddings, side by side.  ``test_budget_sweep`` repeats ProStream at
 N = 10^4 with budgets of 3,000, 12,000 and 48,000 tokens
-(``prostream_budget_summary.md``).  torch runs on one intra-op thread (the
+(``prostream_budget_summary.md``), and ``test_supersession_off`` at N = 10^4
+without supersession.  torch runs on one intra-op thread (the
 machine has two cores and is shared).
 """
 import os
@@ -151,6 +152,15 @@ def test_budget_sweep(benchmark, budget):
     benchmark.group = f"prostream-recall-N{n}-budget"
     benchmark.extra_info.update({"N": n, "budget": budget, "unit": "queries", "units": 1, **row})
     benchmark.pedantic(recall, rounds=200, iterations=1, warmup_rounds=5)
+
+
+def test_supersession_off():
+    """ProStream at N = 10^4 without supersession (theta_update=None): what the cosine rule costs and buys."""
+    dialogue = synthetic_dialogue(10_000, seed=0)
+    config = ProStreamConfig.for_encoder("hashing", theta_update=None)
+    report = evaluate(dialogue.items, HashingTextEncoder(), config=config, methods=("prostream",))
+    BUDGET_SUMMARY.append({"encoder": "hashing", "N": 10_000, "method": "prostream, theta_update=None",
+                           **_row(report["methods"]["prostream"])})
 
 
 @pytest.fixture(scope="session", autouse=True)
