@@ -1,7 +1,7 @@
 """ProStream over a dialogue stream: recall accuracy and question latency against stream length.
 
 Run:  .venv/bin/python -m pytest bench/bench_prostream.py -q -p no:cacheprovider --benchmark-json bench/results/prostream.json
-      (``STREAMMEM_BENCH_QUICK=1``: 10^3 and 10^4 turns only)
+      (``STREAMMEM_BENCH_QUICK=1``: 10^3 and 10^4 turns, MiniLM at 10^3, no budget sweep)
 
 Data: :func:`streammem.prostream.synthetic_dialogue` (seed 0) of N turns, N in
 {10^3, 10^4, 10^5}: topic segments of chatter, sessions separated by pauses of
@@ -132,6 +132,7 @@ def test_minilm_accuracy(benchmark, n):
         benchmark.extra_info[name] = row
 
 
+@pytest.mark.skipif(QUICK, reason="three streams of 10^4 turns: full mode only")
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_budget_sweep(benchmark, budget):
     """Accuracy and recall latency against the token budget at N = 10^4 (the budget is the knob)."""
@@ -155,6 +156,7 @@ def test_budget_sweep(benchmark, budget):
     benchmark.pedantic(recall, rounds=200, iterations=1, warmup_rounds=5)
 
 
+@pytest.mark.skipif(QUICK, reason="10^4 turns: full mode only")
 def test_supersession_off():
     """ProStream at N = 10^4 without supersession (theta_update=None): what the cosine rule costs and buys."""
     dialogue = synthetic_dialogue(10_000, seed=0)
