@@ -377,6 +377,57 @@ def _videoagent_command(args) -> int:
     return run_command(args)
 # ---- end of streammem videoagent -------------------------------------------------------------------
 
+# ---- streammem prostream (issue 16, ProStream recipe; the command itself is streammem.prostream.run) ----
+PROSTREAM_DESCRIPTION = """\
+Streams dialogue turns into ProStream's bounded hierarchical memory (drift
+segments, extractive turn -> segment -> session summaries in a CosineTree,
+utility-based eviction within --budget tokens) and answers every question of the
+stream when it comes, from the memory at that moment.  DIALOGUE is JSONL: turns
+{"t": 12.5, "speaker": "user", "text": "..."} and questions {"t": 14.0,
+"question": "...", optional ground truth "answer", "turn"} in stream order.
+Without DIALOGUE: a synthetic STEM-like stream with planted facts, later
+updates and questions about near, far and updated facts, scored against its
+ground truth.  Summaries and answers are extractive (no language model)."""
+
+
+def add_prostream_command(subparsers) -> argparse.ArgumentParser:
+    """``streammem prostream``: ProStream over a dialogue stream (JSONL or synthetic), recall accuracy."""
+    ps = subparsers.add_parser("prostream",
+                               help="ProStream bounded memory over a dialogue stream, with recall accuracy",
+                               description=PROSTREAM_DESCRIPTION, formatter_class=_HelpFormatter)
+    ps.add_argument("dialogue", nargs="?", default=None,
+                    help="JSONL dialogue (turns and questions in stream order); default: a synthetic stream")
+    ps.add_argument("--generate", type=int, default=1000, metavar="TURNS",
+                    help="turns of the synthetic stream used without DIALOGUE (default: 1000)")
+    ps.add_argument("--seed", type=int, default=0, help="seed of the synthetic stream (default: 0)")
+    ps.add_argument("--write", default=None, metavar="PATH",
+                    help="write the stream (DIALOGUE or the synthetic one) as JSONL to PATH and exit")
+    ps.add_argument("--ask", action="append", default=None, metavar='"QUESTION"',
+                    help="a question asked at the end of the stream (repeatable)")
+    ps.add_argument("--text-encoder", default="auto", choices=("auto", "minilm", "hashing"),
+                    help="embeds turns, summaries and questions: all-MiniLM-L6-v2, or hashing (bag of words, no "
+                         "model); auto (default): MiniLM, else hashing with a notice")
+    ps.add_argument("--budget", type=int, default=None, help="memory token budget (default: 6000)")
+    ps.add_argument("--drift", type=float, default=None,
+                    help="cut a segment where consecutive turns' cosine drops below this (default: calibrated "
+                         "for the text encoder)")
+    ps.add_argument("--beam", default=None, metavar="SESSIONS,SEGMENTS",
+                    help="recall's beam widths over sessions, then segments (default: 20,100)")
+    ps.add_argument("-k", type=int, default=None, help="turns recalled per question (default: 5)")
+    ps.add_argument("--compare", action="store_true",
+                    help="also run the retrieve-everything and recent-window baselines on the same embeddings")
+    ps.add_argument("--show", type=int, default=5, help="questions printed with their recalled turns (default: 5)")
+    ps.add_argument("--json", action="store_true", help="print the report as JSON")
+    ps.set_defaults(handler=_prostream_command)
+    return ps
+
+
+def _prostream_command(args) -> int:
+    from .prostream import run
+
+    return run(args)
+# ---- end streammem prostream ----
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streammem", description="Streaming video memory (StreamChat, StreamRAG, "
@@ -391,6 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_memverse_command(subparsers)
     # --- end MemVerse --------------------------------------------------------
+
+    add_prostream_command(subparsers)
     return parser
 
 
