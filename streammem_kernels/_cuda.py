@@ -29,8 +29,11 @@ _F32 = ctypes.c_float
 # module (tests/test_cuda_compile.py checks both the built and a fresh build).
 PROTOTYPES: dict[str, dict[str, tuple]] = {
     "motion": {
-        "streammem_motion_products": (_I32, (_P, _I32, _P, _I64, _I64, _I64, _F32, _P)),
-        "streammem_motion_fields": (_I32, (_P, _P, _I64, _I64, _I64, _I64, _F32, _P)),
+        "streammem_motion_products": (_I32, (_P, _P, _I32, _P, _I64, _I64, _I64, _F32, _P)),
+        "streammem_motion_fields": (_I32, (_P, _P, _P, _I64, _I64, _I64, _I64, _F32, _I64, _I64, _I64, _P)),
+        "streammem_motion_guess": (_I32, (_P, _P, _I64, _I64, _I64, _I64, _P)),
+        "streammem_motion_warp": (_I32, (_P, _I32, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _P)),
+        "streammem_motion_reduce": (_I32, (_P, _I32, _P, _I64, _I64, _I64, _F32, _P)),
     },
     "tree": {
         "streammem_tree_greedy": (_I32, (_P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I32, _P, _P, _P, _P, _P)),
