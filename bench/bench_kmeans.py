@@ -23,8 +23,12 @@ grows while the others stay at B=64, N=256, D=64 (k=8, Gaussian blobs), ours
 (auto) next to the faiss loop and fast-pytorch-kmeans on the same data.
 
 In a GPU run (``STREAMMEM_BENCH_DEVICE=cuda``, bench/_device.py) the
-``kmeans-gpu-<regime>`` groups time ours (auto, triton) and fast-pytorch-kmeans
-on CUDA tensors, and the faiss loop on the GPU when faiss has GPU support.
+``kmeans-gpu-<regime>`` groups time ours (auto, triton, and triton replayed
+from a CUDA graph) and fast-pytorch-kmeans on CUDA tensors, and the faiss loop
+on the GPU when faiss has GPU support; the
+``kmeans-gpu-after-convergence-<regime>`` groups time the Triton backend with
+``iters`` equal to the iterations needed and with 20 more (masked iterations
+after convergence), eagerly and from a CUDA graph.
 """
 import json
 import os
@@ -221,12 +225,35 @@ def test_scale_fast_pytorch_kmeans(benchmark, scale_case):
 # --------------------------------------------------------------------------
 # GPU: the regimes on CUDA tensors (GPU runs only)
 # --------------------------------------------------------------------------
-@pytest.mark.parametrize("provider", gpu_params("ours-auto", "ours-triton", "fast-pytorch-kmeans", "faiss-gpu-loop"))
+def _graphed(call):
+    """Capture ``call()`` (a batched_kmeans call on CUDA tensors) in a CUDA graph; return a replay that
+    gives (centres, n_iter) like ``_ours``.  The Triton backend is device-resident, so it captures."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # compiles the kernels outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        res = call()
+
+    def replay():
+        graph.replay()
+        torch.cuda.synchronize()
+        return res.centroids, res.n_iter.cpu().numpy()
+
+    return replay
+
+
+@pytest.mark.parametrize("provider", gpu_params("ours-auto", "ours-triton", "ours-triton-graph",
+                                                "fast-pytorch-kmeans", "faiss-gpu-loop"))
 def test_gpu(benchmark, regime, provider):
     device = require_gpu()
     name, p, x, init = regime
     xg, initg = x.to(device), init.to(device)
-    if provider.startswith("ours"):
+    if provider == "ours-triton-graph":  # one CUDA-graph replay per call: no per-launch host overhead
+        fn = _graphed(lambda: batched_kmeans(xg, p["k"], init=initg, iters=ITERS, tol=0.0, backend="triton"))
+    elif provider.startswith("ours"):
         backend = provider.split("-", 1)[1]
         fn = synced(lambda: _ours(backend)(xg, initg, p["k"]), device)
     elif provider == "fast-pytorch-kmeans":
@@ -244,6 +271,29 @@ def test_gpu(benchmark, regime, provider):
     _record_inertia(benchmark, x, out)
 
 
+# Iterations after convergence: the Triton loop has no host-side early exit (it would synchronise),
+# so a batch that has converged still launches 5 kernels per iteration up to `iters`, whose
+# programs exit at once.  Same data and result, `iters` = the iterations needed vs 20 more.
+@pytest.mark.parametrize("provider", gpu_params("eager-needed", "eager-plus-20", "graph-needed", "graph-plus-20"))
+def test_gpu_iterations_after_convergence(benchmark, regime, provider):
+    device = require_gpu()
+    name, p, x, init = regime
+    xg, initg = x.to(device), init.to(device)
+    needed = int(batched_kmeans(xg, p["k"], init=initg, iters=ITERS, tol=0.0, backend="triton").n_iter.max())
+    iters = needed + (20 if provider.endswith("plus-20") else 0)
+
+    def call():
+        return batched_kmeans(xg, p["k"], init=initg, iters=iters, tol=0.0, backend="triton")
+
+    if provider.startswith("graph"):
+        fn = _graphed(call)
+    else:
+        fn = synced(lambda: (lambda r: (r.centroids, r.n_iter.cpu().numpy()))(call()), device)
+    fn()
+    _run(benchmark, f"gpu-after-convergence-{name}", p, fn, f"triton-{provider}", 5)
+    benchmark.extra_info.update(iters_cap=iters, iters_needed=needed)
+
+
 def markdown_table(path):
     """Rows per regime: provider, backend, mean s, problems/s, point-iterations/s, ratio to ours-auto, inertia."""
     with open(path) as f:
@@ -255,7 +305,8 @@ def markdown_table(path):
     lines = []
     for group in sorted(rows):
         entries = rows[group]
-        ours = next(s["mean"] for i, s in entries if i["provider"] == "ours-auto")
+        # Ratios against ours-auto, or against the first entry in groups without it.
+        ours = next((s["mean"] for i, s in entries if i["provider"] == "ours-auto"), entries[0][1]["mean"])
         info0 = entries[0][0]
         lines.append(f"\n**{group}** (B={info0['problems']}, N={info0['N']}, D={info0['D']}, k={info0['k']}, "
                      f"max {info0['max_iters']} iterations)\n")

@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from streammem import (
-    PRESETS, EncodedFrames, LabelCaptioner, StreamPipeline, VideoSource, load_frame_encoder, load_text_encoder,
-    sample_video_path,
+    PRESETS, EncodedFrames, LabelCaptioner, MemoryConfig, StreamPipeline, VideoSource, load_frame_encoder,
+    load_text_encoder, sample_video_path,
 )
 from streammem.cli import DEFAULT_QUERIES, _parse_query, extractive_answer
 from streammem.memory import FrameRecord
@@ -247,7 +247,8 @@ def _uniform(n_frames: int, n_keep: int) -> set[int]:
 # --------------------------------------------------------------------------
 def _ours(encoders, source, queries, frame_encoder=None, kept=None):
     frame_encoder = frame_encoder or encoders[0]
-    pipe = StreamPipeline(source, frame_encoder, encoders[1], preset="base", answer_fn=extractive_answer,
+    pipe = StreamPipeline(source, frame_encoder, encoders[1], config=MemoryConfig.from_preset("base"),
+                          answer_fn=extractive_answer,
                           frame_hook=(lambda r: kept.append(r.index)) if kept is not None else None)
     results = pipe.run(queries)
     s = pipe.summary()

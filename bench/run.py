@@ -56,6 +56,8 @@ import report  # noqa: E402  (bench/report.py, next to this file)
 # Suites left out of --quick, with the reason printed when they are skipped.  Each
 # entry was measured: the whole quick run has to stay under 3 minutes on 2 cores.
 QUICK_SKIPS: dict[str, str] = {
+    "distributed": "starts a Ray cluster and shard actors with the real models, streams for seconds per grid "
+                   "point: about 10 min on 2 cores (2026-11-23); run `python bench/run.py --only distributed`",
     "caption_reuse": "decodes with SmolLM2-135M: 72 s alone with STREAMMEM_BENCH_QUICK=1 on 2 idle cores "
                      "(2026-11-23), which would take the quick run past 3 minutes; run "
                      "`python bench/run.py --only caption_reuse`",

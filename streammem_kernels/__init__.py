@@ -7,7 +7,10 @@ shape contract.  Importing the package is cheap: native
 modules and Triton load lazily on first use.
 """
 from ._dispatch import BACKENDS, BackendFallbackWarning, BackendReport, backend_report
-from .boundaries import Event, StreamingSegmenter, adjacent_cosine, depth_scores, detect_boundaries
+from .boundaries import (Event, SegmentStep, StreamingSegmenter, adjacent_cosine, depth_scores, detect_boundaries,
+                         event_ends)
+from .graph import (CSRGraph, GraphRetrieval, Neighbourhood, SourceChunks, graph_retrieve, khop_neighbourhood,
+                    neighbourhood_chunks)
 from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
 from .logprobs import divergence_point, linear_token_logprobs, token_logprobs
 from .motion import MotionResult, motion_magnitude, select_frames, select_frames_mask
@@ -19,10 +22,12 @@ __all__ = [
     "BackendReport",
     "backend_report",
     "Event",
+    "SegmentStep",
     "StreamingSegmenter",
     "adjacent_cosine",
     "depth_scores",
     "detect_boundaries",
+    "event_ends",
     "KMeansResult",
     "batched_kmeans",
     "kmeans_frames",
@@ -35,6 +40,13 @@ __all__ = [
     "TreePathResult",
     "cosine_topk",
     "tree_search",
+    "CSRGraph",
+    "GraphRetrieval",
+    "Neighbourhood",
+    "SourceChunks",
+    "graph_retrieve",
+    "khop_neighbourhood",
+    "neighbourhood_chunks",
     "token_logprobs",
     "linear_token_logprobs",
     "divergence_point",

@@ -246,9 +246,11 @@ def _compile_one(task: dict) -> dict:
         backend = make_backend(target)
         args = [_decode(a) for a in task["args"]]
         kwargs = {k: _decode(v) for k, v in task["kwargs"].items()}
-        kwargs.setdefault("debug", False)
-        kwargs.setdefault("instrumentation_mode", "")
-        kwargs.setdefault("fpsan_homomorphic_casts", False)
+        # The options JITFunction.run adds before binding, where this Triton knows them (3.6 has no fpsan).
+        known = _option_fields(backend)
+        for key, default in (("debug", False), ("instrumentation_mode", ""), ("fpsan_homomorphic_casts", False)):
+            if key in known:
+                kwargs.setdefault(key, default)
         bound, specialization, options = _binder_for(jit_fn, backend)(*args, **kwargs)
         options, signature, constexprs, attrs = jit_fn._pack_args(backend, kwargs, bound, specialization, options)
         result["signature"] = {k: v for k, v in signature.items() if v != "constexpr"}
@@ -272,6 +274,13 @@ def _compile_one(task: dict) -> dict:
     return result
 
 
+def _option_fields(backend) -> set:
+    import dataclasses
+
+    options = backend.parse_options({})
+    return {f.name for f in dataclasses.fields(options)}
+
+
 def _plain(v):
     return v.value if hasattr(v, "value") else v
 
@@ -280,7 +289,9 @@ def _dedupe(launches: list[dict], archs) -> list[dict]:
     """One task per (kernel, arch, arguments as specialisation sees them)."""
     tasks: dict[str, dict] = {}
     for launch in launches:
-        key_args = [_spec_key(a) for a in launch["args"]]
+        fixed = _unspecialised(launch["kernel"])  # do_not_specialize: every value shares one binary
+        key_args = [{"int": "any"} if name in fixed and isinstance(a, dict) and "int" in a and abs(a["int"]) < 2**31
+                    else _spec_key(a) for a, name in zip(launch["args"], launch["params"])]
         key_kwargs = {k: _spec_key(v) for k, v in launch["kwargs"].items()}
         for arch in archs:
             key = json.dumps([launch["kernel"], arch, key_args, key_kwargs], sort_keys=True)
@@ -289,6 +300,16 @@ def _dedupe(launches: list[dict], archs) -> list[dict]:
             if launch["scenario"] not in task["scenarios"]:
                 task["scenarios"].append(launch["scenario"])
     return list(tasks.values())
+
+
+def _unspecialised(kernel: str) -> frozenset:
+    """Parameters of ``kernel`` declared ``do_not_specialize`` (empty if it cannot be imported here)."""
+    mod_name, _, fn_name = kernel.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except Exception:  # reported by the compile step
+        return frozenset()
+    return frozenset(p.name for p in getattr(fn, "params", ()) if getattr(p, "do_not_specialize", False))
 
 
 def _spec_key(value):

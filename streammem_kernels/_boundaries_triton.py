@@ -1,20 +1,35 @@
 """Triton kernels of the depth-score event boundaries (see boundaries.py for the contract).
 
-* ``adjacent_cosine``: one program per (stream, time tile); the tile's frames
-  and their successors are streamed once over D in float32, dot and both
-  squared norms fused in the same loop.  Tile sizes depend only on D, so a
-  pair gives the same bits in an offline block and in a streaming (B, 2, D)
-  pair.
-* ``window_choices``: one program per (stream, tile of window positions); the
-  window is a (positions, window) tile, the climbing peaks are segmented scans
-  (``tl.associative_scan`` with a reset flag), the rule runs in float64.
+* ``adjacent_cosine``: one program per tile of BLOCK_T pairs (the pairs of
+  all streams in one flat index, so a streaming push of B streams is B pairs
+  in B / BLOCK_T programs); the tile's frames and their successors are streamed
+  once over D, dot and both squared norms
+  accumulated in float64 in the same loop, like the reference and the C++
+  kernel: the products of float32 values are exact in float64 and the sums
+  cannot overflow (features up to float32's largest value are fine), so after
+  the final rounding to float32 the similarities equal the reference's except
+  when a double sum lies within its last bits of a float32 rounding boundary.
+  Tile sizes depend only on D, so a pair gives the same bits in an offline
+  block and in a streaming (B, 2, D) pair.
+* ``window_choices``: one program per tile of window positions (all streams
+  in one flat index, as above); the window is a (positions, window) tile, the climbing peaks are segmented scans
+  (``tl.associative_scan`` with a reset flag), the rule runs in float64 with
+  the sums of mu and sigma taken left to right, in the reference's order.
 * ``window_depth``: one program per block of rows, a sequential sweep over the
   row (peaks search the whole row, so it is not tiled).
 * ``scan_events``: the streaming state machine, one program per stream block,
   sequential over time and vectorised over the block's streams.
 
-Launches pass ``enable_fp_fusion=False`` so ``mu + tau * sigma`` rounds like
-the reference (no FMA), which keeps decisions identical across backends.
+Exactness: the module docstring of boundaries.py promises identical decisions
+on every backend, so every kernel here is launched with
+``enable_fp_fusion=False`` (``mu + tau * sigma`` rounds twice, as in the
+reference, not once as an FMA) and computes in float64, where square root and
+division are always correctly rounded (``sqrt.rn.f64`` / ``div.rn.f64``: the
+approximate forms exist for float32 only; ``tl.sqrt_rn`` / ``tl.div_rn`` are
+the float32 spellings of the same guarantee).  ``tau``, ``min_depth`` and
+``drift`` are float64 parameters (a Python float argument would be a float32
+one) and every comparison is in float64, like the reference.
+``streammem_kernels._aot`` checks the PTX of every launched specialisation.
 """
 from __future__ import annotations
 
@@ -22,29 +37,41 @@ import torch
 import triton
 import triton.language as tl
 
+KERNEL_CONTRACTS = {
+    "_adjacent_cosine_kernel": {"hot": True, "exact": True},
+    "_window_choices_kernel": {"hot": True, "exact": True},
+    "_window_depth_kernel": {"hot": False, "exact": True},
+    "_scan_events_kernel": {"hot": False, "exact": True},
+}
+
+# One launch configuration on every target (GPU and interpreter alike).
 _COS_BLOCK_T = 16
+_COS_MAX_BLOCK_D = 64
+_COS_WARPS = 8  # 16 x 64 float64 tiles: 4 values per thread and accumulator (64 registers; 4 warps: 124)
 _CHOICE_BLOCK_P = 32
 _ROW_BLOCK = 16
 _SCAN_BLOCK_B = 32
+_WARPS = 4
 
 
 @triton.jit
-def _adjacent_cosine_kernel(x_ptr, out_ptr, T, D, M,
+def _adjacent_cosine_kernel(x_ptr, out_ptr, T, D, M, n_pairs,
                             BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    stream = tl.program_id(0)
-    tile = tl.program_id(1)
-    t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
-    t_ok = t < M
-    base = x_ptr + stream.to(tl.int64) * T * D
-    dot = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
-    norm_a = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
-    norm_b = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
+    # Pairs of all streams are one flat index (stream * M + t), so a streaming
+    # push of B streams (M = 1) fills tiles with B pairs rather than one.
+    pair = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    pair_ok = pair < n_pairs
+    stream = pair // M
+    first = (stream * T + (pair - stream * M)) * D  # offset of frame t; frame t + 1 follows at + D
+    dot = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float64)
+    norm_a = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float64)
+    norm_b = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float64)
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
-        m = t_ok[:, None] & (d < D)[None, :]
-        offs = t[:, None].to(tl.int64) * D + d[None, :]
-        a = tl.load(base + offs, mask=m, other=0.0).to(tl.float32)
-        b = tl.load(base + offs + D, mask=m, other=0.0).to(tl.float32)
+        m = pair_ok[:, None] & (d < D)[None, :]
+        offs = first[:, None] + d[None, :]
+        a = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float64)
+        b = tl.load(x_ptr + offs + D, mask=m, other=0.0).to(tl.float64)
         dot += a * b
         norm_a += a * a
         norm_b += b * b
@@ -55,10 +82,11 @@ def _adjacent_cosine_kernel(x_ptr, out_ptr, T, D, M,
     denom = tl.where(nonzero, tl.sqrt(na) * tl.sqrt(nb), 1.0)
     cos = tl.minimum(tl.maximum(dot_s / denom, -1.0), 1.0)
     cos = tl.where(nonzero, cos, 0.0)
-    # NaN/Inf inputs (or float32 overflow of the sums) give NaN; the caller raises.
+    # Squares of float32 values cannot overflow a float64 sum: a non-finite
+    # term means a NaN/Inf input, reported as NaN (the caller raises).
     finite = (tl.abs(dot_s) < float("inf")) & (na < float("inf")) & (nb < float("inf"))
     cos = tl.where(finite, cos, float("nan"))
-    tl.store(out_ptr + stream.to(tl.int64) * M + t, cos, mask=t_ok)
+    tl.store(out_ptr + pair, cos.to(tl.float32), mask=pair_ok)
 
 
 def adjacent_cosine_triton(x: torch.Tensor) -> torch.Tensor:
@@ -67,9 +95,10 @@ def adjacent_cosine_triton(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((B, M), dtype=torch.float32, device=x.device)
     if M == 0 or B == 0:
         return out
-    block_d = min(triton.next_power_of_2(D), 128)
-    grid = (B, triton.cdiv(M, _COS_BLOCK_T))
-    _adjacent_cosine_kernel[grid](x, out, T, D, M, BLOCK_T=_COS_BLOCK_T, BLOCK_D=block_d)
+    block_d = min(triton.next_power_of_2(D), _COS_MAX_BLOCK_D)
+    grid = (triton.cdiv(B * M, _COS_BLOCK_T),)
+    _adjacent_cosine_kernel[grid](x, out, T, D, M, B * M, BLOCK_T=_COS_BLOCK_T, BLOCK_D=block_d,
+                                  num_warps=_COS_WARPS, enable_fp_fusion=False)
     return out
 
 
@@ -85,25 +114,32 @@ def _larger(a, b):
 
 
 @triton.jit
-def _window_choices_kernel(sim_ptr, out_ptr, M, P, tau, min_depth,
+def _window_column(tile, i, k):
+    # Column k of a (rows, W_PAD) tile: a sum of one value and zeros, so exact.
+    return tl.sum(tl.where(i[None, :] == k, tile, 0.0), axis=1)
+
+
+@triton.jit
+def _window_choices_kernel(sim_ptr, out_ptr, M, P, n_windows, tau: tl.float64, min_depth: tl.float64,
                            WINDOW: tl.constexpr, W_PAD: tl.constexpr, CLIMB: tl.constexpr,
                            BLOCK_P: tl.constexpr):
-    stream = tl.program_id(0)
-    tile = tl.program_id(1)
-    p = tile * BLOCK_P + tl.arange(0, BLOCK_P)
+    # Windows of all streams are one flat index (stream * P + p), so a
+    # streaming push of B streams (P = 1) fills tiles with B windows rather than one.
+    window_id = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_ok = window_id < n_windows
+    stream = window_id // P
+    start = stream * M + (window_id - stream * P)  # first similarity of the window
     i = tl.arange(0, W_PAD)
-    p_ok = p < P
     valid = p_ok[:, None] & (i < WINDOW)[None, :]
-    row = sim_ptr + stream.to(tl.int64) * M
-    idx = p[:, None] + i[None, :]
-    s = tl.load(row + idx, mask=valid, other=0.0).to(tl.float64)
+    idx = start[:, None] + i[None, :]
+    s = tl.load(sim_ptr + idx, mask=valid, other=0.0).to(tl.float64)
     if CLIMB:
         has_prev = valid & (i > 0)[None, :]
-        prev = tl.load(row + idx - 1, mask=has_prev, other=0.0).to(tl.float64)
+        prev = tl.load(sim_ptr + idx - 1, mask=has_prev, other=0.0).to(tl.float64)
         reset_l = (~has_prev | (prev < s)).to(tl.int32)
         left, _ = tl.associative_scan((s, reset_l), 1, _keep_unless_reset)
         has_next = valid & (i < WINDOW - 1)[None, :]
-        nxt = tl.load(row + idx + 1, mask=has_next, other=0.0).to(tl.float64)
+        nxt = tl.load(sim_ptr + idx + 1, mask=has_next, other=0.0).to(tl.float64)
         reset_r = (~has_next | (nxt < s)).to(tl.int32)
         right, _ = tl.associative_scan((s, reset_r), 1, _keep_unless_reset, reverse=True)
     else:
@@ -112,18 +148,30 @@ def _window_choices_kernel(sim_ptr, out_ptr, M, P, tau, min_depth,
         right = tl.associative_scan(lowest, 1, _larger, reverse=True)
     depth = 0.5 * ((left - s) + (right - s))
     depth = tl.where(valid, depth, 0.0)
-    mu = tl.sum(depth, axis=1) / WINDOW
-    diff = tl.where(valid, depth - mu[:, None], 0.0)
-    sigma = tl.sqrt(tl.sum(diff * diff, axis=1) / WINDOW)
+    # mu and sigma summed left to right, as the reference does: a tree
+    # reduction rounds differently and could move a depth across the threshold.
+    window = tl.full((BLOCK_P,), WINDOW, tl.float64)
+    total = tl.zeros((BLOCK_P,), tl.float64)
+    for k in range(WINDOW):
+        total = total + _window_column(depth, i, k)
+    mu = total / window
+    sq = tl.zeros((BLOCK_P,), tl.float64)
+    for k in range(WINDOW):
+        centred = _window_column(depth, i, k) - mu
+        sq = sq + centred * centred
+    sigma = tl.sqrt(sq / window)
     hi = tl.max(tl.where(valid, depth, float("-inf")), axis=1)
     lo = tl.min(tl.where(valid, depth, float("inf")), axis=1)
-    threshold = mu + tau * sigma
-    cand = valid & (depth > threshold[:, None]) & (depth > min_depth) & (hi > lo)[:, None]
+    # tl.full keeps the float64 parameters float64 under the interpreter too (a bare Python float
+    # in an expression is a float32 constant there).
+    threshold = mu + tl.full((BLOCK_P,), tau, tl.float64) * sigma
+    floor = tl.full((BLOCK_P,), min_depth, tl.float64)
+    cand = valid & (depth > threshold[:, None]) & (depth > floor[:, None]) & (hi > lo)[:, None]
     score = tl.where(cand, depth, -1.0)
     best = tl.max(score, axis=1)
     first = tl.min(tl.where(cand & (score == best[:, None]), i[None, :], W_PAD), axis=1)
     choice = tl.where(best >= 0.0, first, -1).to(tl.int64)
-    tl.store(out_ptr + stream.to(tl.int64) * P + p, choice, mask=p_ok)
+    tl.store(out_ptr + window_id, choice, mask=p_ok)
 
 
 def window_choices_triton(sim: torch.Tensor, window: int, tau: float, min_depth: float, peak_code: int):
@@ -133,10 +181,10 @@ def window_choices_triton(sim: torch.Tensor, window: int, tau: float, min_depth:
     if P == 0 or B == 0:
         return out
     sim = sim.contiguous()
-    grid = (B, triton.cdiv(P, _CHOICE_BLOCK_P))
-    _window_choices_kernel[grid](sim, out, M, P, float(tau), float(min_depth), WINDOW=window,
+    grid = (triton.cdiv(B * P, _CHOICE_BLOCK_P),)
+    _window_choices_kernel[grid](sim, out, M, P, B * P, float(tau), float(min_depth), WINDOW=window,
                                  W_PAD=triton.next_power_of_2(window), CLIMB=peak_code == 0,
-                                 BLOCK_P=_CHOICE_BLOCK_P, enable_fp_fusion=False)
+                                 BLOCK_P=_CHOICE_BLOCK_P, num_warps=_WARPS, enable_fp_fusion=False)
     return out
 
 
@@ -178,12 +226,12 @@ def window_depth_triton(sim: torch.Tensor, peak_code: int) -> torch.Tensor:
         return out
     grid = (triton.cdiv(B, _ROW_BLOCK),)
     _window_depth_kernel[grid](sim.contiguous(), out, B, M, CLIMB=peak_code == 0, BLOCK_B=_ROW_BLOCK,
-                               enable_fp_fusion=False)
+                               num_warps=_WARPS, enable_fp_fusion=False)
     return out
 
 
 @triton.jit
-def _scan_events_kernel(sims_ptr, choices_ptr, ends_ptr, B, T, P, window, max_event, drift,
+def _scan_events_kernel(sims_ptr, choices_ptr, ends_ptr, B, T, P, window, max_event, drift: tl.float64,
                         DRIFT_MODE: tl.constexpr, BLOCK_B: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     ok = rows < B
@@ -195,8 +243,8 @@ def _scan_events_kernel(sims_ptr, choices_ptr, ends_ptr, B, T, P, window, max_ev
         in_window = tl.minimum(in_window + 1, window + 1)
         if DRIFT_MODE:
             if t >= 1:
-                s = tl.load(sims_ptr + rows64 * M + (t - 1), mask=ok, other=1.0)
-                cut = ok & (in_window >= 2) & (s < drift)
+                s = tl.load(sims_ptr + rows64 * M + (t - 1), mask=ok, other=1.0).to(tl.float64)
+                cut = ok & (in_window >= 2) & (s < tl.full((BLOCK_B,), drift, tl.float64))
                 tl.store(ends_ptr + rows64 * T + (t - 1), tl.full((BLOCK_B,), 1, tl.int8), mask=cut)
                 last_end = tl.where(cut, t - 1, last_end)
                 in_window = tl.where(cut, 1, in_window)
@@ -230,5 +278,5 @@ def scan_events_triton(sims: torch.Tensor, choices: torch.Tensor, window: int, m
     grid = (triton.cdiv(B, _SCAN_BLOCK_B),)
     _scan_events_kernel[grid](sims.contiguous(), choices.contiguous(), ends, B, T, P, window, max_event,
                               float(drift) if drift_mode else 0.0, DRIFT_MODE=drift_mode,
-                              BLOCK_B=_SCAN_BLOCK_B)
+                              BLOCK_B=_SCAN_BLOCK_B, num_warps=_WARPS, enable_fp_fusion=False)
     return ends.bool()

@@ -24,6 +24,7 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _I32 = ctypes.c_int
 _F32 = ctypes.c_float
+_F64 = ctypes.c_double
 
 # op -> {function: (restype, argtypes)}; every symbol here must exist in the
 # module (tests/test_cuda_compile.py checks both the built and a fresh build).
@@ -34,6 +35,10 @@ PROTOTYPES: dict[str, dict[str, tuple]] = {
         "streammem_motion_guess": (_I32, (_P, _P, _I64, _I64, _I64, _I64, _P)),
         "streammem_motion_warp": (_I32, (_P, _I32, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _P)),
         "streammem_motion_reduce": (_I32, (_P, _I32, _P, _I64, _I64, _I64, _F32, _P)),
+    },
+    "boundaries": {
+        "streammem_boundaries_stream_step": (_I32, (_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _F64,
+                                                    _F64, _I32, _I64, _F64, _I32, _I32, _P)),
     },
     "tree": {
         "streammem_tree_greedy": (_I32, (_P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I32, _P, _P, _P, _P, _P)),

@@ -249,7 +249,7 @@ class Op:
 # --------------------------------------------------------------------------
 # What can run here: backend_report()
 # --------------------------------------------------------------------------
-OP_MODULES = ("motion", "kmeans", "tree", "boundaries", "logprobs")
+OP_MODULES = ("motion", "kmeans", "tree", "boundaries", "logprobs", "graph")
 # Backends that can apply to tensors of each device type (cpp never takes CUDA tensors, cuda never CPU ones).
 DEVICE_BACKENDS = {"cpu": ("torch", "cpp", "triton"), "cuda": ("torch", "triton", "cuda")}
 

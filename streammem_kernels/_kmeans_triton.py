@@ -1,21 +1,58 @@
-"""Triton kernels of batched k-means (imported lazily by kmeans.py).
+"""Triton backend of batched k-means: a device-resident Lloyd loop (imported lazily by kmeans.py).
 
-* ``_assign_kernel``: one program per (problem, tile of BLOCK_N points).  It
+All B problems iterate together; nothing in :func:`lloyd_triton` reads a
+tensor value on the host, so a call never synchronises the CUDA stream and can
+be captured in a CUDA graph.  Each problem's state lives on the device:
+``active[b]`` (still iterating), ``n_iter[b]`` and its centres.  A problem
+that has converged keeps its centres and ``n_iter`` frozen: every kernel reads
+``active[b]`` first and a converged problem's programs skip their whole
+body, so the remaining iterations up to ``iters`` cost launches, not
+arithmetic.  There is no early exit of the whole loop: deciding that every
+problem has converged would need the host to read ``active``.  The price is
+5 launches per remaining iteration (a few microseconds each, less inside a
+CUDA graph) once all problems have converged; see kmeans.py.
+
+One Lloyd iteration is five launches, in stream order:
+
+* ``_assign_kernel``: one program per (tile of BLOCK_N points, problem).  It
   walks the centres in tiles of BLOCK_K and the features in tiles of BLOCK_D,
   forms ``x.c`` with ``tl.dot`` (``input_precision="ieee"``: true float32, no
-  TF32) per feature tile, adds the tiles' partial dots in float64 (so long
-  rows, D = 65,536, do not drift as one long float32 sum would), turns it into the score ``||c||^2 - 2 x.c`` (cosine: ``-x.c``) and
-  keeps a running (min, argmin) per point, as flash-kmeans does: the N x k
-  distance matrix is never written, only the labels.
-* ``_centre_sums_kernel``: one program per (problem, tile of BLOCK_K centres,
-  tile of BLOCK_D features).  It walks the points in tiles and accumulates
+  TF32) per feature tile and adds the tiles' partial dots with Kahan
+  compensation in float32, so long rows (D = 65,536 frame features) do not
+  drift as one long float32 sum would, without float64 arithmetic in the
+  inner loop (float64 runs at 1/64 of the float32 rate on consumer GPUs).  The
+  compensated sum is turned into the float64 score ``||c||^2 - 2 x.c``
+  (cosine: ``-x.c``) and a running (min, argmin) is kept per point, as
+  flash-kmeans does: the N x k distance matrix is never written.
+* ``_centre_sums_kernel``: one program per (tile of BLOCK_K centres, tile of
+  BLOCK_D features, problem); it walks the points in tiles and accumulates
   ``onehot(labels)^T @ (w x)`` in float32 with ``tl.dot``: a segmented
   reduction without atomics, in a fixed order, so the sums are bit-identical
-  from run to run (deterministic; float32, not the float64 of the C++ kernel).
+  from run to run (float32, not the float64 of the C++ kernel).
+* ``_update_kernel``: one program per (tile of centres, problem): the new
+  centre ``sums / mass`` (cosine: ``sums / ||sums||``) with the reference's
+  rounding (a correctly rounded float32 division gives the same bits as the
+  reference's float64 quotient rounded to float32; cosine divides in
+  float64 by the float64 norm), its squared norm for the next assignment,
+  the empty-cluster flags, each row's squared shift, and the number of empty
+  clusters per problem (an integer atomic add: exact, so still deterministic).
+* ``_own_distance_kernel``: the float64 direct distance of each point to the
+  centre it was assigned to (``||x - c||^2``, cosine ``1 - x.c``), needed to
+  re-seed empty clusters; its programs do nothing unless their problem is
+  active and has an empty cluster, the rare case.  The same kernel, with every
+  problem selected, gives the final inertia.
+* ``_finish_kernel``: one program per problem: re-seeds the empty clusters by
+  the documented rule (farthest points, ties to the lowest point index, each
+  point once, empty clusters in increasing order), completes the squared
+  centre shift, and updates ``n_iter`` and ``active`` (shift > tol).
 
-The convergence test, empty-cluster re-seeding and inertia are the shared
-torch code of kmeans.py (they touch O(k D) or O(N D) data once per iteration).
-Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (tests).
+Offsets into the points are 64-bit (one problem may hold N * D >= 2^31
+elements); the points' row stride is an argument, so a test can check that
+arithmetic on a strided view of an untouched 8 GB allocation.  ``N`` and ``K``
+are not specialised (a launch with k = 1 or one point reuses the general
+binary); ``D`` and the row stride are, for 16-byte-aligned vector loads.  The
+kernels use the same block sizes under ``TRITON_INTERPRET=1`` (tests, CPU
+tensors) as on a GPU.
 """
 from __future__ import annotations
 
@@ -23,95 +60,335 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_N = 32
-BLOCK_K = 16
-BLOCK_D = 32
+# The hot kernels must stay within 128 registers and not spill on sm_80/sm_90
+# (tests/test_triton_compile.py).  No kernel promises bit-identical decisions:
+# the centre sums are float32 here, float64 in the reference.
+KERNEL_CONTRACTS = {
+    "_assign_kernel": {"hot": True, "exact": False},
+    "_centre_sums_kernel": {"hot": True, "exact": False},
+    "_update_kernel": {"hot": False, "exact": False},
+    "_own_distance_kernel": {"hot": False, "exact": False},
+    "_finish_kernel": {"hot": False, "exact": False},
+}
+
+# Assignment tile: BLOCK_N points x BLOCK_K centres.  The feature tile depends on
+# whether the rows are 16-byte aligned (D and the row stride multiples of 16,
+# which Triton specialises on): aligned rows load 4 floats per instruction and
+# a 64-wide tile stays within ~96 registers on sm_80/sm_90, while unaligned
+# rows load element by element and only a 16-wide tile stays under 128 (a
+# 32-wide one spills on sm_80).  Two pipeline stages: three cost 30 more
+# registers on unaligned rows for a loop whose float32 FMA dot already hides
+# the load latency.  Wider tiles also mean fewer Kahan steps (4 adds per 64 FMAs).
+ASSIGN_BLOCK_N = 32
+ASSIGN_BLOCK_K = 16
+ASSIGN_BLOCK_D_ALIGNED = 64
+ASSIGN_BLOCK_D_UNALIGNED = 16
+ASSIGN_WARPS = 4
+ASSIGN_STAGES = 2
+# Centre sums: BLOCK_K centres x BLOCK_D features per program, BLOCK_N points per step.
+SUMS_BLOCK_N = 32
+SUMS_BLOCK_K = 16
+SUMS_BLOCK_D = 32
+# Update, distances and re-seeding: memory-bound row sweeps.
+ROWS_BLOCK_K = 16
+ROWS_BLOCK_N = 32
+ROWS_BLOCK_D = 32
 
 
-@triton.jit
-def _assign_kernel(x_ptr, c_ptr, csq_ptr, len_ptr, labels_ptr, N, D, K,
+@triton.jit(do_not_specialize=["N", "K"])
+def _assign_kernel(x_ptr, c_ptr, csq_ptr, len_ptr, active_ptr, labels_ptr, N, D, K, stride_xn,
                    COSINE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_n = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     n_valid = tl.load(len_ptr + b)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < n_valid
-    x_base = x_ptr + b * N * D
-    c_base = c_ptr + b * K * D
-    best = tl.full((BLOCK_N,), float("inf"), tl.float64)
-    best_idx = tl.zeros((BLOCK_N,), tl.int64)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        col_ok = cols < K
-        dots = tl.zeros((BLOCK_N, BLOCK_K), tl.float64)
-        for d0 in range(0, D, BLOCK_D):
-            feats = d0 + tl.arange(0, BLOCK_D)
-            f_ok = feats < D
-            xt = tl.load(x_base + rows[:, None] * D + feats[None, :], mask=row_ok[:, None] & f_ok[None, :], other=0.0)
-            ct = tl.load(c_base + cols[:, None] * D + feats[None, :], mask=col_ok[:, None] & f_ok[None, :], other=0.0)
-            dots += tl.dot(xt, tl.trans(ct), input_precision="ieee").to(tl.float64)
-        if COSINE:
-            score = -dots
-        else:
-            csq = tl.load(csq_ptr + b * K + cols, mask=col_ok, other=0.0)
-            score = csq[None, :] - 2.0 * dots
-        score = tl.where(col_ok[None, :], score, float("inf"))
-        tile_best = tl.min(score, axis=1)
-        # Lowest index among the tile's minima (explicit, not relying on argmin's tie rule).
-        tile_idx = tl.min(tl.where(score == tile_best[:, None], cols[None, :], K), axis=1).to(tl.int64)
-        better = tile_best < best  # strict: an earlier tile keeps ties
-        best_idx = tl.where(better, tile_idx, best_idx)
-        best = tl.where(better, tile_best, best)
-    labels = tl.where(row_ok, best_idx, -1)
-    tl.store(labels_ptr + b * N + rows, labels, mask=rows < N)
+    row0 = pid_n * BLOCK_N
+    # A converged problem, or a tile past the problem's length, does nothing (labels past the
+    # length stay -1 from the allocation).
+    if (tl.load(active_ptr + b) != 0) & (row0 < n_valid):
+        rows = row0 + tl.arange(0, BLOCK_N)
+        row_ok = rows < n_valid
+        x_rows = x_ptr + b * N * stride_xn + rows.to(tl.int64)[:, None] * stride_xn
+        best = tl.full((BLOCK_N,), float("inf"), tl.float64)
+        best_idx = tl.zeros((BLOCK_N,), tl.int64)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            col_ok = cols < K
+            c_rows = c_ptr + (b * K + cols.to(tl.int64))[:, None] * D
+            dots = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+            comp = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)  # Kahan: the low-order part `dots` lost
+            for d0 in range(0, D, BLOCK_D):
+                feats = d0 + tl.arange(0, BLOCK_D)
+                f_ok = feats < D
+                xt = tl.load(x_rows + feats[None, :], mask=row_ok[:, None] & f_ok[None, :], other=0.0)
+                ct = tl.load(c_rows + feats[None, :], mask=col_ok[:, None] & f_ok[None, :], other=0.0)
+                part = tl.dot(xt, tl.trans(ct), input_precision="ieee") - comp
+                total = dots + part
+                comp = (total - dots) - part
+                dots = total
+            dot64 = dots.to(tl.float64) - comp.to(tl.float64)
+            if COSINE:
+                score = -dot64
+            else:
+                csq = tl.load(csq_ptr + b * K + cols, mask=col_ok, other=0.0)
+                score = csq[None, :] - 2.0 * dot64
+            score = tl.where(col_ok[None, :], score, float("inf"))
+            # Ties go to the lowest centre index: within the tile by the documented tie rule of the
+            # reduction, across tiles because a later tile must be strictly better.
+            tile_best, tile_arg = tl.min(score, axis=1, return_indices=True, return_indices_tie_break_left=True)
+            better = tile_best < best
+            best_idx = tl.where(better, k0 + tile_arg.to(tl.int64), best_idx)
+            best = tl.where(better, tile_best, best)
+        tl.store(labels_ptr + b * N + rows, tl.where(row_ok, best_idx, -1), mask=rows < N)
 
 
-@triton.jit
-def _centre_sums_kernel(x_ptr, w_ptr, labels_ptr, sums_ptr, mass_ptr, N, D, K,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+@triton.jit(do_not_specialize=["N", "K"])
+def _centre_sums_kernel(x_ptr, w_ptr, labels_ptr, len_ptr, active_ptr, sums_ptr, mass_ptr, N, D, K,
+                        stride_xn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_k = tl.program_id(0)
     pid_d = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
-    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    feats = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    f_ok = feats < D
-    acc = tl.zeros((BLOCK_K, BLOCK_D), tl.float32)
-    mass = tl.zeros((BLOCK_K,), tl.float32)
-    for n0 in range(0, N, BLOCK_N):
-        rows = n0 + tl.arange(0, BLOCK_N)
-        row_ok = rows < N
-        lab = tl.load(labels_ptr + b * N + rows, mask=row_ok, other=-1)
-        w = tl.load(w_ptr + b * N + rows, mask=row_ok, other=0.0)
-        onehot = tl.where(lab[:, None] == cols[None, :], w[:, None], 0.0)  # (BLOCK_N, BLOCK_K); label -1 matches nothing
-        xt = tl.load(x_ptr + b * N * D + rows[:, None] * D + feats[None, :], mask=row_ok[:, None] & f_ok[None, :],
-                     other=0.0)
-        acc += tl.dot(tl.trans(onehot), xt, input_precision="ieee")
-        mass += tl.sum(onehot, axis=0)
-    col_ok = cols < K
-    tl.store(sums_ptr + b * K * D + cols[:, None] * D + feats[None, :], acc, mask=col_ok[:, None] & f_ok[None, :])
-    if pid_d == 0:
-        tl.store(mass_ptr + b * K + cols, mass, mask=col_ok)
+    if tl.load(active_ptr + b) != 0:
+        n_valid = tl.load(len_ptr + b)
+        cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+        feats = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+        f_ok = feats < D
+        acc = tl.zeros((BLOCK_K, BLOCK_D), tl.float32)
+        mass = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)  # reduced over the points once, after the loop
+        for n0 in range(0, n_valid, BLOCK_N):
+            rows = n0 + tl.arange(0, BLOCK_N)
+            row_ok = rows < n_valid
+            lab = tl.load(labels_ptr + b * N + rows, mask=row_ok, other=-1)
+            w = tl.load(w_ptr + b * N + rows, mask=row_ok, other=0.0)
+            onehot = tl.where(lab[:, None] == cols[None, :], w[:, None], 0.0)  # (BLOCK_N, BLOCK_K)
+            xt = tl.load(x_ptr + b * N * stride_xn + rows.to(tl.int64)[:, None] * stride_xn + feats[None, :],
+                         mask=row_ok[:, None] & f_ok[None, :], other=0.0)
+            acc = tl.dot(tl.trans(onehot), xt, acc, input_precision="ieee")
+            mass += onehot
+        col_ok = cols < K
+        rows_k = b * K + cols.to(tl.int64)
+        tl.store(sums_ptr + rows_k[:, None] * D + feats[None, :], acc, mask=col_ok[:, None] & f_ok[None, :])
+        if pid_d == 0:
+            tl.store(mass_ptr + rows_k, tl.sum(mass, axis=0), mask=col_ok)
 
 
-def assign_triton(points: torch.Tensor, centres: torch.Tensor, lengths: torch.Tensor, cosine: bool) -> torch.Tensor:
-    """(B, N) int64 labels, -1 past lengths[b]."""
+@triton.jit(do_not_specialize=["K", "cosine"])
+def _update_kernel(sums_ptr, mass_ptr, old_ptr, new_ptr, new_csq_ptr, empty_ptr, n_empty_ptr, row_shift_ptr,
+                   active_ptr, D, K, cosine, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_k = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    if tl.load(active_ptr + b) != 0:
+        cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        rows_k = b * K + cols.to(tl.int64)
+        row_base = rows_k[:, None] * D
+        mass = tl.load(mass_ptr + rows_k, mask=col_ok, other=0.0)
+        # The arithmetic of kmeans.finish_update: the float64 quotient of the sums by the mass (cosine:
+        # by their float64 norm), rounded to float32.
+        if cosine != 0:
+            norm_sq = tl.zeros((BLOCK_K, BLOCK_D), tl.float64)
+            for d0 in range(0, D, BLOCK_D):
+                feats = d0 + tl.arange(0, BLOCK_D)
+                s = tl.load(sums_ptr + row_base + feats[None, :], mask=col_ok[:, None] & (feats < D)[None, :],
+                            other=0.0).to(tl.float64)
+                norm_sq += s * s
+            norm = tl.sqrt(tl.sum(norm_sq, axis=1))
+            empty = (mass <= 0) | (norm <= 0)
+            norm = tl.where(empty, 1.0, norm)
+        else:
+            empty = mass <= 0
+            norm = tl.full((BLOCK_K,), 1.0, tl.float64)
+        mass = tl.where(empty, 1.0, mass)
+        empty = empty & col_ok
+        shift = tl.zeros((BLOCK_K, BLOCK_D), tl.float64)
+        norm_new = tl.zeros((BLOCK_K, BLOCK_D), tl.float64)
+        for d0 in range(0, D, BLOCK_D):
+            feats = d0 + tl.arange(0, BLOCK_D)
+            ok = col_ok[:, None] & (feats < D)[None, :]
+            old = tl.load(old_ptr + row_base + feats[None, :], mask=ok, other=0.0).to(tl.float64)
+            s = tl.load(sums_ptr + row_base + feats[None, :], mask=ok, other=0.0)
+            if cosine != 0:
+                new = (s.to(tl.float64) / norm[:, None]).to(tl.float32)
+            else:
+                # The correctly rounded float32 quotient of two float32 numbers equals their float64
+                # quotient rounded to float32 (double rounding is innocuous: 53 >= 2 * 24 + 2), and
+                # costs no float64 division (1/64 of the float32 rate on consumer GPUs).
+                new = tl.div_rn(s, mass[:, None])
+            tl.store(new_ptr + row_base + feats[None, :], new, mask=ok)
+            new = new.to(tl.float64)
+            shift += (new - old) * (new - old)
+            norm_new += new * new
+        tl.store(new_csq_ptr + rows_k, tl.sum(norm_new, axis=1), mask=col_ok)
+        tl.store(empty_ptr + rows_k, empty.to(tl.int32), mask=col_ok)
+        # Empty rows move to the point _finish_kernel picks: their shift is added there.
+        tl.store(row_shift_ptr + rows_k, tl.where(empty, 0.0, tl.sum(shift, axis=1)), mask=col_ok)
+        # Empty clusters per problem: an integer sum, exact whatever the order of the atomics.
+        tl.atomic_add(n_empty_ptr + b + tl.zeros((BLOCK_K,), tl.int64), empty.to(tl.int32), mask=empty)
+
+
+@triton.jit(do_not_specialize=["N", "K", "cosine"])
+def _own_distance_kernel(x_ptr, c_ptr, labels_ptr, len_ptr, active_ptr, n_empty_ptr, dist_ptr, N, D, K,
+                         stride_xn, cosine, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_n = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    n_valid = tl.load(len_ptr + b)
+    row0 = pid_n * BLOCK_N
+    # Only an active problem with an empty cluster needs the distances (points past the length
+    # stay at -1 from the allocation, so they are never chosen).
+    if (tl.load(active_ptr + b) != 0) & (tl.load(n_empty_ptr + b) > 0) & (row0 < n_valid):
+        rows = row0 + tl.arange(0, BLOCK_N)
+        row_ok = rows < n_valid
+        lab = tl.load(labels_ptr + b * N + rows, mask=row_ok, other=0)
+        x_rows = x_ptr + b * N * stride_xn + rows.to(tl.int64)[:, None] * stride_xn
+        c_rows = c_ptr + (b * K + lab)[:, None] * D
+        acc = tl.zeros((BLOCK_N, BLOCK_D), tl.float64)
+        for d0 in range(0, D, BLOCK_D):
+            feats = d0 + tl.arange(0, BLOCK_D)
+            ok = row_ok[:, None] & (feats < D)[None, :]
+            xt = tl.load(x_rows + feats[None, :], mask=ok, other=0.0).to(tl.float64)
+            ct = tl.load(c_rows + feats[None, :], mask=ok, other=0.0).to(tl.float64)
+            if cosine != 0:
+                acc += xt * ct
+            else:
+                acc += (xt - ct) * (xt - ct)
+        dist = tl.sum(acc, axis=1)
+        if cosine != 0:
+            dist = 1.0 - dist
+        tl.store(dist_ptr + b * N + rows, tl.where(row_ok, dist, -1.0), mask=rows < N)
+
+
+@triton.jit(do_not_specialize=["N", "K"])
+def _finish_kernel(x_ptr, old_ptr, new_ptr, new_csq_ptr, empty_ptr, n_empty_ptr, row_shift_ptr, dist_ptr, tol_ptr,
+                   active_ptr, n_iter_ptr, N, D, K, stride_xn,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    if tl.load(active_ptr + b) != 0:
+        shift = tl.zeros((BLOCK_K,), tl.float64)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            shift += tl.load(row_shift_ptr + b * K + cols, mask=cols < K, other=0.0)
+        shift = tl.sum(shift, axis=0)
+        if tl.load(n_empty_ptr + b) > 0:
+            # The last point taken, in the order (distance descending, index ascending): the next
+            # empty cluster takes the farthest point after it, so each point is taken at most once.
+            last_dist = tl.full((), float("inf"), tl.float64)
+            last_idx = tl.full((), -1, tl.int64)
+            moved = tl.zeros((BLOCK_D,), tl.float64)  # squared shift of the re-seeded centres
+            for k0 in range(0, K, BLOCK_K):
+                cols = k0 + tl.arange(0, BLOCK_K)
+                if tl.sum(tl.load(empty_ptr + b * K + cols, mask=cols < K, other=0), axis=0) > 0:
+                    for cluster in range(k0, tl.minimum(k0 + BLOCK_K, K)):  # empty ones in increasing order
+                        if tl.load(empty_ptr + b * K + cluster) != 0:
+                            # Per lane, the farthest eligible point among the rows it saw (an earlier tile keeps
+                            # ties: lower index); then the farthest over the lanes, ties to the lowest index.
+                            lane_dist = tl.full((BLOCK_N,), float("-inf"), tl.float64)
+                            lane_idx = tl.zeros((BLOCK_N,), tl.int64)
+                            for n0 in range(0, N, BLOCK_N):
+                                rows = n0 + tl.arange(0, BLOCK_N)
+                                d = tl.load(dist_ptr + b * N + rows, mask=rows < N, other=float("-inf"))
+                                after = (d < last_dist) | ((d == last_dist) & (rows > last_idx))
+                                better = after & (rows < N) & (d > lane_dist)
+                                lane_idx = tl.where(better, rows.to(tl.int64), lane_idx)
+                                lane_dist = tl.where(better, d, lane_dist)
+                            last_dist = tl.max(lane_dist, axis=0)
+                            last_idx = tl.min(tl.where(lane_dist == last_dist, lane_idx, N), axis=0)
+                            # The chosen point becomes the centre; its shift and squared norm follow.
+                            point = x_ptr + b * N * stride_xn + last_idx * stride_xn
+                            row = (b * K + cluster) * D
+                            norm_sq = tl.zeros((BLOCK_D,), tl.float64)
+                            for d0 in range(0, D, BLOCK_D):
+                                feats = d0 + tl.arange(0, BLOCK_D)
+                                f_ok = feats < D
+                                xv = tl.load(point + feats, mask=f_ok, other=0.0)
+                                ov = tl.load(old_ptr + row + feats, mask=f_ok, other=0.0).to(tl.float64)
+                                tl.store(new_ptr + row + feats, xv, mask=f_ok)
+                                xv = xv.to(tl.float64)
+                                moved += (xv - ov) * (xv - ov)
+                                norm_sq += xv * xv
+                            tl.store(new_csq_ptr + b * K + cluster, tl.sum(norm_sq, axis=0))
+            shift += tl.sum(moved, axis=0)
+            tl.store(n_empty_ptr + b, 0)
+        tl.store(n_iter_ptr + b, tl.load(n_iter_ptr + b) + 1)
+        tl.store(active_ptr + b, (shift > tl.load(tol_ptr + b)).to(tl.int32))
+
+
+def lloyd_triton(points: torch.Tensor, weights: torch.Tensor, lengths: torch.Tensor, centres: torch.Tensor,
+                 tol: torch.Tensor, iters: int, cosine: bool):
+    """Lloyd iterations of B problems on the device, without host synchronisation.
+
+    points (B, N, D) float32 with unit feature stride and any row stride s
+    (batch stride N * s), weights (B, N) float32, lengths (B,) int64,
+    centres (B, k, D) float32 initial centres (not modified), tol (B,) float64 absolute
+    thresholds on the total squared centre shift, ``iters`` the iteration cap.
+    Returns (centroids (B, k, D) float32, labels (B, N) int64, inertia (B,)
+    float32, n_iter (B,) int64) with the semantics of kmeans.lloyd_loop.
+    """
     B, N, D = points.shape
     K = centres.shape[1]
-    centres = centres.contiguous()
-    csq = (centres.double() ** 2).sum(-1).contiguous()
-    labels = torch.empty((B, N), dtype=torch.int64, device=points.device)
-    grid = (triton.cdiv(N, BLOCK_N), B)
-    _assign_kernel[grid](points, centres, csq, lengths, labels, N, D, K, COSINE=bool(cosine),
-                         BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, BLOCK_D=BLOCK_D)
-    return labels
+    if points.stride(2) != 1 or (B > 1 and points.stride(0) != N * points.stride(1)):
+        raise ValueError(f"points must be rows of unit feature stride, evenly spaced across problems, got "
+                         f"strides {tuple(points.stride())} for shape {tuple(points.shape)}")
+    device = points.device
+    weights = weights.to(torch.float32).contiguous()
+    lengths = lengths.to(torch.int64).contiguous()
+    tol = tol.to(torch.float64).contiguous()
+    # Centres after an even / odd number of updates.  Iteration i reads buffer i % 2 and writes
+    # the other; a problem that has stopped is no longer written, so its final centres are in
+    # buffer n_iter[b] % 2 and nothing is copied for it.
+    buffers = [centres.to(torch.float32).contiguous().clone(), torch.empty((B, K, D), dtype=torch.float32,
+                                                                           device=device)]
+    norms = [(buffers[0].double() ** 2).sum(-1), torch.empty((B, K), dtype=torch.float64, device=device)]
+    labels = torch.full((B, N), -1, dtype=torch.int64, device=device)
+    dist = torch.full((B, N), -1.0, dtype=torch.float64, device=device)
+    sums = torch.empty((B, K, D), dtype=torch.float32, device=device)
+    mass = torch.empty((B, K), dtype=torch.float32, device=device)
+    empty = torch.empty((B, K), dtype=torch.int32, device=device)
+    row_shift = torch.empty((B, K), dtype=torch.float64, device=device)
+    n_empty = torch.zeros((B,), dtype=torch.int32, device=device)
+    active = torch.ones((B,), dtype=torch.int32, device=device)
+    n_iter = torch.zeros((B,), dtype=torch.int64, device=device)
+    # The assignment and sums are the arithmetic-heavy kernels (FMA allowed); the row sweeps that
+    # mirror finish_update are launched without fusion, so their float64 products and sums round as
+    # the reference's separate multiplies and adds do.
+    for i in range(iters):
+        current, following = buffers[i % 2], buffers[1 - i % 2]
+        _assign(points, current, norms[i % 2], lengths, active, labels, cosine)
+        _centre_sums_kernel[(triton.cdiv(K, SUMS_BLOCK_K), triton.cdiv(D, SUMS_BLOCK_D), B)](
+            points, weights, labels, lengths, active, sums, mass, N, D, K, points.stride(1),
+            BLOCK_N=SUMS_BLOCK_N, BLOCK_K=SUMS_BLOCK_K, BLOCK_D=SUMS_BLOCK_D, enable_fp_fusion=True)
+        _update_kernel[(triton.cdiv(K, ROWS_BLOCK_K), B)](
+            sums, mass, current, following, norms[1 - i % 2], empty, n_empty, row_shift, active, D, K, int(cosine),
+            BLOCK_K=ROWS_BLOCK_K, BLOCK_D=ROWS_BLOCK_D, enable_fp_fusion=False)
+        _own_distance(points, current, labels, lengths, active, n_empty, dist, cosine)
+        _finish_kernel[(B,)](
+            points, current, following, norms[1 - i % 2], empty, n_empty, row_shift, dist, tol, active, n_iter,
+            N, D, K, points.stride(1), BLOCK_N=ROWS_BLOCK_N, BLOCK_K=ROWS_BLOCK_K,
+            BLOCK_D=ROWS_BLOCK_D, enable_fp_fusion=False)
+    odd = (n_iter % 2 == 1)
+    centroids = torch.where(odd[:, None, None], buffers[1], buffers[0])
+    centre_norms = torch.where(odd[:, None], norms[1], norms[0])
+    # Final assignment (labels consistent with the returned centres) and inertia, for every problem.
+    every = torch.ones((B,), dtype=torch.int32, device=device)
+    _assign(points, centroids, centre_norms, lengths, every, labels, cosine)
+    _own_distance(points, centroids, labels, lengths, every, every, dist, cosine)
+    valid = torch.arange(N, device=device)[None, :] < lengths[:, None]
+    inertia = (dist * weights.double() * valid).sum(dim=1).to(torch.float32)
+    return centroids, labels, inertia, n_iter
 
 
-def centre_sums_triton(points: torch.Tensor, weights: torch.Tensor, labels: torch.Tensor, k: int):
-    """(B, k, D) float32 weighted sums and (B, k) float32 weights per cluster."""
+def _assign(points, centres, centre_norms, lengths, active, labels, cosine):
     B, N, D = points.shape
-    sums = torch.empty((B, k, D), dtype=torch.float32, device=points.device)
-    mass = torch.empty((B, k), dtype=torch.float32, device=points.device)
-    grid = (triton.cdiv(k, BLOCK_K), triton.cdiv(D, BLOCK_D), B)
-    _centre_sums_kernel[grid](points, weights.contiguous(), labels, sums, mass, N, D, k,
-                              BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, BLOCK_D=BLOCK_D)
-    return sums, mass
+    K = centres.shape[1]
+    aligned = D % 16 == 0 and points.stride(1) % 16 == 0
+    _assign_kernel[(triton.cdiv(N, ASSIGN_BLOCK_N), B)](
+        points, centres, centre_norms, lengths, active, labels, N, D, K, points.stride(1),
+        COSINE=bool(cosine), BLOCK_N=ASSIGN_BLOCK_N, BLOCK_K=ASSIGN_BLOCK_K,
+        BLOCK_D=ASSIGN_BLOCK_D_ALIGNED if aligned else ASSIGN_BLOCK_D_UNALIGNED,
+        num_warps=ASSIGN_WARPS, num_stages=ASSIGN_STAGES, enable_fp_fusion=True)
+
+
+def _own_distance(points, centres, labels, lengths, active, n_empty, dist, cosine):
+    B, N, D = points.shape
+    K = centres.shape[1]
+    _own_distance_kernel[(triton.cdiv(N, ROWS_BLOCK_N), B)](
+        points, centres, labels, lengths, active, n_empty, dist, N, D, K, points.stride(1), int(cosine),
+        BLOCK_N=ROWS_BLOCK_N, BLOCK_D=ROWS_BLOCK_D, enable_fp_fusion=False)

@@ -56,8 +56,28 @@ Backends: ``torch`` (the reference), ``cpp`` (OpenMP over streams: fused
 normalise + dot in one pass over the features, per-window decisions, the
 sequential event scan), ``triton`` (one program per (stream, time tile) for the
 similarity pass and the window decisions, one program per stream block for the
-event scan).  Float64 is used for every decision, so backends agree exactly
-unless a depth score lies within rounding of a threshold.
+event scan).
+
+Identical decisions on every backend.  Similarities are dot products and
+squared norms summed in float64 (exact products of float32 values, no
+overflow for any finite float32 feature), rounded once to float32.  Every
+decision is then float64 arithmetic in the reference's operation order:
+depth scores, mu and sigma summed left to right, correctly rounded division
+and square root, no fused multiply-add (the Triton kernels are launched with
+floating-point fusion off, and ``streammem_kernels._aot`` checks their PTX),
+and ``tau``, ``min_depth`` and ``drift`` compared as the float64 values given.
+Given the same similarities, the backends therefore make the same decisions
+bit for bit; the similarities themselves are equal unless a float64 sum lies
+within its last bits of a float32 rounding boundary.
+
+Device-resident forms.  :func:`detect_boundaries`, :meth:`StreamingSegmenter.push`
+and :meth:`~StreamingSegmenter.flush` return Python :class:`Event` objects,
+which reads the decisions on the host.  :func:`event_ends`,
+:meth:`StreamingSegmenter.push_tensors` and
+:meth:`~StreamingSegmenter.flush_tensors` return tensors instead and, on CUDA
+tensors, never synchronise with the host (value checks are device-side
+assertions), so a GPU pipeline can keep them inside a CUDA graph; the
+Python-returning functions are thin wrappers around them.
 """
 from __future__ import annotations
 
@@ -66,9 +86,11 @@ from typing import NamedTuple
 import torch
 
 from ._dispatch import Op, call_op, load_native
-from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank
+from ._utils import (as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank,
+                     check_values)
 
-__all__ = ["Event", "adjacent_cosine", "depth_scores", "StreamingSegmenter", "detect_boundaries"]
+__all__ = ["Event", "SegmentStep", "adjacent_cosine", "depth_scores", "StreamingSegmenter", "detect_boundaries",
+           "event_ends"]
 
 _FEATURE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _PEAKS = ("climb", "max")
@@ -81,6 +103,28 @@ class Event(NamedTuple):
     stream: int
     start: int
     end: int
+
+
+class SegmentStep(NamedTuple):
+    """The events one push (or flush) closed, as tensors on the features' device.
+
+    ``start`` and ``end`` are ``(B, 2)`` int64 (``(2,)`` for a single stream):
+    slot 0 holds the event closed by the window rule (or the drift rule), slot 1
+    the event closed by ``max_event`` (or by ``flush``); both are ``-1`` where
+    that slot closed nothing, so ``end >= 0`` are the per-stream event-end
+    flags.  A push closes at most one event per slot, and slot 0's event
+    precedes slot 1's.  :meth:`events` turns it into :class:`Event` objects
+    (one host round trip).
+    """
+
+    start: torch.Tensor
+    end: torch.Tensor
+
+    def events(self) -> list[Event]:
+        """The closed events, sorted by (stream, start): reads the tensors on the host."""
+        start, end = self.start.reshape(-1, 2), self.end.reshape(-1, 2)
+        rows = torch.stack((start, end), dim=-1).tolist()  # the one host synchronisation
+        return [Event(s, a, b) for s, slots in enumerate(rows) for a, b in slots if b >= 0]
 
 
 # --------------------------------------------------------------------------
@@ -157,12 +201,34 @@ def detect_boundaries(features, *, window: int = 8, tau: float = 0.7, min_depth:
     -------
     list of :class:`Event` sorted by (stream, start); ``stream`` is 0 for a
     (T, D) input.  Per stream the events cover frames 0..T-1 exactly once.
+    Building Python objects reads the result on the host; :func:`event_ends`
+    is the same computation with a tensor result that stays on the device.
     """
+    return _events_from_ends(_event_ends(features, window, tau, min_depth, peak, max_event, drift, backend))
+
+
+def event_ends(features, *, window: int = 8, tau: float = 0.7, min_depth: float = 0.2, peak: str = "climb",
+               max_event: int | None = None, drift: float | None = None, backend: str = "auto") -> torch.Tensor:
+    """Device-resident :func:`detect_boundaries`: which frames end an event.
+
+    Parameters are those of :func:`detect_boundaries`.
+
+    Returns
+    -------
+    (T,) or (B, T) bool tensor on the device of ``features``: ``True`` at the
+    last frame of every event (the last frame always is), i.e. the events of
+    a stream are the runs between consecutive ``True`` entries.  On CUDA
+    tensors nothing synchronises with the host (the finiteness check is a
+    device-side assertion), so this can run inside a CUDA graph.
+    """
+    ends = _event_ends(features, window, tau, min_depth, peak, max_event, drift, backend)
+    return ends if as_tensor(features, "features").dim() == 3 else ends[0]
+
+
+def _event_ends(features, window, tau, min_depth, peak, max_event, drift, backend) -> torch.Tensor:
     params = _check_params(window, tau, min_depth, peak, max_event, drift)
     x, _ = _prepare_features(features, "features")
-    name = _select(backend, x)
-    ends = _detect_ends(x, params, name)
-    return _events_from_ends(ends)
+    return _detect_ends(x, params, _select(backend, x))
 
 
 class StreamingSegmenter:
@@ -185,7 +251,8 @@ class StreamingSegmenter:
     drift : float in [-1, 1], optional
         ProStream mode: cut after frame t-1 when ``cos(v_t, v_{t-1}) < drift``
         (replaces the window rule).
-    backend : {"auto", "torch", "cpp", "triton"}
+    backend : {"auto", "torch", "cpp", "triton", "cuda"}
+        ``cuda``: one fused launch per push for all streams (CUDA tensors).
 
     Notes
     -----
@@ -195,7 +262,9 @@ class StreamingSegmenter:
     one window decision).  The first push fixes the layout: ``(D,)`` for a
     single stream or ``(B, D)`` for B streams; later pushes must match.
     ``flush()`` closes every open event; pushing afterwards starts new events
-    (frame indices keep counting).
+    (frame indices keep counting).  :meth:`push_tensors` and
+    :meth:`flush_tensors` are the device-resident forms of :meth:`push` and
+    :meth:`flush` (a :class:`SegmentStep` of tensors, no host synchronisation).
     """
 
     def __init__(self, window: int = 8, tau: float = 0.7, min_depth: float = 0.2, peak: str = "climb",
@@ -211,6 +280,7 @@ class StreamingSegmenter:
         self._frames_in_window: torch.Tensor | None = None  # (B,) int64, 0..window+1
         self._last_end: torch.Tensor | None = None  # (B,) int64, -1 before the first event
         self._last_norm: torch.Tensor | None = None  # (B,) float64 squared norm of the last frame (cpp only)
+        self._depth_scratch: torch.Tensor | None = None  # (B, window) float64 (cuda only)
         self._backend_name: str | None = None
 
     @property
@@ -221,7 +291,30 @@ class StreamingSegmenter:
         """Push one frame (``(D,)``) or one frame per stream (``(B, D)``).
 
         Returns the events closed by this push, sorted by (stream, start).
+        Returning Python objects reads the decisions on the host (one
+        synchronisation per push on a GPU); :meth:`push_tensors` is the
+        device-resident form, which this wraps.
         """
+        x = self._admit(features)
+        if self._backend_name == "cpp":
+            return self._push_cpp(x)
+        return STREAM_STEP.impls[self._backend_name](self, x).events()
+
+    def push_tensors(self, features) -> SegmentStep:
+        """Device-resident :meth:`push`: the closed events as a :class:`SegmentStep` of tensors.
+
+        Same input and state update as :meth:`push`.  On CUDA tensors (backend
+        ``torch`` or ``triton``) nothing synchronises with the host: decisions
+        are made for every stream as tensors (no data-dependent subsets), and
+        the finiteness check is a device-side assertion.  The frame index is
+        host state (a counter of pushes), so a CUDA graph captured around
+        pushes replays those frame indices.
+        """
+        x = self._admit(features)
+        return STREAM_STEP.impls[self._backend_name](self, x)
+
+    def _admit(self, features) -> torch.Tensor:
+        """Validate a push, fix the layout and backend on the first one; (B, D) float32 features."""
         x = as_tensor(features, "features")
         check_rank(x, "features", (1, 2), "(D,) for one stream or (B, D) for B streams")
         check_dtype(x, "features", _FEATURE_DTYPES)
@@ -244,23 +337,30 @@ class StreamingSegmenter:
                 raise ValueError(f"features must hold B={self._last_frame.shape[0]} streams like earlier pushes, "
                                  f"got {x.shape[0]}")
         x = _to_kernel_dtype(x)
-        p = self.params
-        if self._last_frame is None:
+        if self._window_sims is None:
             B = x.shape[0]
-            self._backend_name = _select(self.backend, x)  # fixed for the life of the segmenter
-            self._window_sims = torch.zeros((B, p.window), dtype=torch.float32, device=x.device)
+            self._backend_name = STREAM_STEP.select(self.backend, x.device)  # fixed for the segmenter's life
+            self._window_sims = torch.zeros((B, self.params.window), dtype=torch.float32, device=x.device)
             self._frames_in_window = torch.zeros(B, dtype=torch.int64, device=x.device)
             self._last_end = torch.full((B,), -1, dtype=torch.int64, device=x.device)
             if self._backend_name == "cpp":
                 self._last_frame = torch.zeros_like(x, memory_format=torch.contiguous_format)
                 self._last_norm = torch.zeros(B, dtype=torch.float64)
-        if self._backend_name == "cpp":
-            return self._push_cpp(x)
+            elif self._backend_name == "cuda":
+                self._last_frame = torch.zeros_like(x, memory_format=torch.contiguous_format)
+                self._depth_scratch = torch.empty((B, self.params.window), dtype=torch.float64, device=x.device)
+        return x
+
+    def _step(self, x: torch.Tensor) -> SegmentStep:
+        """One push on the torch/Triton backends: tensors only, every stream decided at once (the
+        reference of the fused C++ and CUDA steps)."""
+        p = self.params
         name = self._backend_name
         t = self.frames_seen
-        events: list[Event] = []
+        none = torch.full((x.shape[0],), -1, dtype=torch.int64, device=x.device)
         fiw = torch.clamp(self._frames_in_window + 1, max=p.window + 1)
-        last_end = self._last_end.clone()
+        last_end = self._last_end
+        rule_start, rule_end = none, none
         if self._last_frame is not None:
             # The same core op as the offline pass on a (B, 2, D) pair, so both
             # paths see bit-identical similarities.
@@ -270,42 +370,56 @@ class StreamingSegmenter:
             if p.drift is None:
                 shifted = torch.cat((self._window_sims[:, 1:], sim[:, None]), dim=1)
                 self._window_sims = torch.where(in_window[:, None], shifted, self._window_sims)
-                full = fiw == p.window + 1
-                if bool(full.any()):
-                    rows = full.nonzero()[:, 0]
-                    choice = call_op(torch.ops.streammem.window_choices, WINDOW_CHOICES.impls, name,
-                                     self._window_sims[rows].contiguous(), p.window, p.tau, p.min_depth,
-                                     p.peak_code)[:, 0]
-                    cut = choice >= 0
-                    if bool(cut.any()):
-                        rows, choice = rows[cut], choice[cut]
-                        boundary = t - p.window + choice  # left frame of the chosen similarity
-                        for s, start, end in zip(rows.tolist(), (last_end[rows] + 1).tolist(), boundary.tolist()):
-                            events.append(Event(s, start, end))
-                        last_end[rows] = boundary
-                        fiw[rows] = t - boundary
+                # Every stream's window is decided; only the full ones count.
+                choice = call_op(torch.ops.streammem.window_choices, WINDOW_CHOICES.impls, name,
+                                 self._window_sims, p.window, p.tau, p.min_depth, p.peak_code)[:, 0]
+                cut = (fiw == p.window + 1) & (choice >= 0)
+                boundary = t - p.window + choice  # left frame of the chosen similarity
             else:
-                cut = in_window & (sim < p.drift)
-                if bool(cut.any()):
-                    rows = cut.nonzero()[:, 0]
-                    for s, start in zip(rows.tolist(), (last_end[rows] + 1).tolist()):
-                        events.append(Event(s, start, t - 1))
-                    last_end[rows] = t - 1
-                    fiw[rows] = 1
+                cut = in_window & (sim.double() < p.drift)
+                boundary = none + t  # frame t - 1
+            rule_start = torch.where(cut, last_end + 1, none)
+            rule_end = torch.where(cut, boundary, none)
+            last_end = torch.where(cut, boundary, last_end)
+            fiw = torch.where(cut, t - boundary, fiw)
+        cap_start, cap_end = none, none
         if p.max_event is not None:
             cap = (t - last_end) >= p.max_event
-            if bool(cap.any()):
-                rows = cap.nonzero()[:, 0]
-                for s, start in zip(rows.tolist(), (last_end[rows] + 1).tolist()):
-                    events.append(Event(s, start, t))
-                last_end[rows] = t
-                fiw[rows] = 0
+            cap_start = torch.where(cap, last_end + 1, none)
+            cap_end = torch.where(cap, t, none)
+            last_end = torch.where(cap, t, last_end)
+            fiw = torch.where(cap, 0, fiw)
         self._frames_in_window = fiw
         self._last_end = last_end
         self._last_frame = x.clone()
         self.frames_seen = t + 1
-        events.sort(key=lambda e: (e.stream, e.start))
-        return events
+        return self._shaped(SegmentStep(torch.stack((rule_start, cap_start), dim=1),
+                                        torch.stack((rule_end, cap_end), dim=1)))
+
+    def _shaped(self, step: SegmentStep) -> SegmentStep:
+        return step if self._batched else SegmentStep(step.start[0], step.end[0])
+
+    def _step_from_events(self, events: list[Event], B: int, t: int) -> SegmentStep:
+        # The C++ step returns Python rows: at most a rule event and an event ending at t per stream.
+        start = torch.full((B, 2), -1, dtype=torch.int64)
+        end = torch.full((B, 2), -1, dtype=torch.int64)
+        for e in events:
+            slot = 1 if e.end == t else 0
+            start[e.stream, slot], end[e.stream, slot] = e.start, e.end
+        return self._shaped(SegmentStep(start, end))
+
+    def _step_cpp(self, x: torch.Tensor) -> SegmentStep:
+        return self._step_from_events(self._push_cpp(x), x.shape[0], self.frames_seen - 1)
+
+    def _step_cuda(self, x: torch.Tensor) -> SegmentStep:
+        from ._boundaries_cuda import stream_step_cuda
+
+        p = self.params
+        start, end = stream_step_cuda(x, self._last_frame, self._window_sims, self._depth_scratch,
+                                      self._frames_in_window, self._last_end, self.frames_seen, p,
+                                      has_last=self.frames_seen > 0)
+        self.frames_seen += 1
+        return self._shaped(SegmentStep(start, end))
 
     def _push_cpp(self, x: torch.Tensor) -> list[Event]:
         # One fused native call: similarity, window shift, decision and state
@@ -322,13 +436,25 @@ class StreamingSegmenter:
 
     def flush(self) -> list[Event]:
         """Close every open event; returns them sorted by stream."""
-        if self._last_frame is None:
+        if self._last_end is None:
             return []
+        return self.flush_tensors().events()
+
+    def flush_tensors(self) -> SegmentStep:
+        """Device-resident :meth:`flush`: the closed events in slot 1 of a :class:`SegmentStep`.
+
+        Raises ValueError before the first push (the layout is not known yet).
+        """
+        if self._last_end is None:
+            raise ValueError("flush_tensors needs a first push (the number of streams is not known yet)")
         t_last = self.frames_seen - 1
-        events = [Event(s, int(e) + 1, t_last) for s, e in enumerate(self._last_end.tolist()) if e < t_last]
+        none = torch.full_like(self._last_end, -1)
+        open_ = self._last_end < t_last
+        start = torch.stack((none, torch.where(open_, self._last_end + 1, none)), dim=1)
+        end = torch.stack((none, torch.where(open_, t_last, none)), dim=1)
         self._last_end.fill_(t_last)
         self._frames_in_window.zero_()
-        return events
+        return self._shaped(SegmentStep(start, end))
 
 
 class _Params(NamedTuple):
@@ -382,15 +508,14 @@ def _checked_cosines(x: torch.Tensor, name: str, arg: str) -> torch.Tensor:
     """Adjacent cosines, raising ValueError if ``x`` holds NaN/Inf.
 
     Every frame is in some pair and a pair with a non-finite input yields a NaN
-    similarity, so scanning the (B, T-1) similarities replaces a full scan of
-    the features (torch.isfinite over a large (B, T, D) block costs more than
-    the similarity pass itself).
+    similarity (every backend sums in float64, where squares of float32 values
+    cannot overflow), so scanning the (B, T-1) similarities replaces a full
+    scan of the features (torch.isfinite over a large (B, T, D) block costs
+    more than the similarity pass itself).  A device-side assertion on CUDA.
     """
     sims = call_op(torch.ops.streammem.adjacent_cosine, ADJACENT_COSINE.impls, name, x)
-    if sims.numel() and not bool(torch.isfinite(sims).all()):
-        check_finite(x, arg)  # names the argument
-        raise ValueError(f"{arg} has values too large for the {name} backend's float32 accumulation "
-                         "(|x| above ~1e19); rescale the features")
+    if sims.numel():
+        check_values(torch.isfinite(sims).all(), f"{arg} must be finite, found NaN or Inf")
     return sims
 
 
@@ -547,26 +672,28 @@ def _scan_events_torch(sims: torch.Tensor, choices: torch.Tensor, window: int, m
     B, T = sims.shape[0], sims.shape[1] + 1
     drift_mode = drift == drift  # not NaN
     ends = torch.zeros((B, T), dtype=torch.bool, device=sims.device)
+    streams = torch.arange(B, device=sims.device)
     last_end = torch.full((B,), -1, dtype=torch.int64, device=sims.device)
     frames_in_window = torch.zeros(B, dtype=torch.int64, device=sims.device)
+    # Masks are or-ed into ends (no boolean-mask indexing: on CUDA that waits for the host).
     for t in range(T):
         frames_in_window = torch.clamp(frames_in_window + 1, max=window + 1)
         if drift_mode:
             if t >= 1:
-                cut = (frames_in_window >= 2) & (sims[:, t - 1] < drift)
-                ends[cut, t - 1] = True
+                cut = (frames_in_window >= 2) & (sims[:, t - 1].double() < drift)
+                ends[:, t - 1] |= cut
                 last_end = torch.where(cut, t - 1, last_end)
                 frames_in_window = torch.where(cut, 1, frames_in_window)
         elif t >= window:
             choice = choices[:, t - window]
             cut = (frames_in_window == window + 1) & (choice >= 0)
             boundary = t - window + choice
-            ends[cut, boundary[cut]] = True
+            ends[streams, boundary.clamp(min=0)] |= cut
             last_end = torch.where(cut, boundary, last_end)
             frames_in_window = torch.where(cut, t - boundary, frames_in_window)
         if max_event > 0:
             cap = (t - last_end) >= max_event
-            ends[cap, t] = True
+            ends[:, t] |= cap
             last_end = torch.where(cap, t, last_end)
             frames_in_window = torch.where(cap, 0, frames_in_window)
     ends[:, T - 1] = True  # flush
@@ -628,11 +755,29 @@ def _scan_events_triton(sims, choices, window, max_event, drift):
 
 # One Op table per core op; they share the native module, so the same backend
 # is available to all four and dispatch is resolved once through ADJACENT_COSINE.
+# Tolerances against the reference on the same (float32-rounded) features:
+# similarities within one float32 rounding (every backend sums in float64 and
+# rounds once, so they are equal unless a double sum lies within its last bits
+# of a float32 rounding boundary; the tests on CPU check equality), decisions
+# (window choices, event ends) exact.
+_SIM_TOL = {dt: (1.2e-7, 0.0) for dt in _FEATURE_DTYPES}
+_EXACT = {dt: (0.0, 0.0) for dt in _FEATURE_DTYPES}
+_BACKENDS = ("torch", "cpp", "triton")
 ADJACENT_COSINE = Op("boundaries", {"torch": _adjacent_cosine_torch, "cpp": _adjacent_cosine_cpp,
-                                    "triton": _adjacent_cosine_triton})
+                                    "triton": _adjacent_cosine_triton},
+                     tolerances={b: _SIM_TOL for b in _BACKENDS})
 WINDOW_DEPTH = Op("boundaries", {"torch": _window_depth_torch, "cpp": _window_depth_cpp,
-                                 "triton": _window_depth_triton})
+                                 "triton": _window_depth_triton},
+                  tolerances={b: _EXACT for b in _BACKENDS})
 WINDOW_CHOICES = Op("boundaries", {"torch": _window_choices_torch, "cpp": _window_choices_cpp,
-                                   "triton": _window_choices_triton})
+                                   "triton": _window_choices_triton},
+                    tolerances={b: _EXACT for b in _BACKENDS})
 SCAN_EVENTS = Op("boundaries", {"torch": _scan_events_torch, "cpp": _scan_events_cpp,
-                                "triton": _scan_events_triton})
+                                "triton": _scan_events_triton},
+                 tolerances={b: _EXACT for b in _BACKENDS})
+# The streaming push (StreamingSegmenter.push / push_tensors): impls take (segmenter, (B, D) float32
+# features) and return the SegmentStep.  torch and triton run the tensor step (the reference, with
+# each backend's core ops), cpp and cuda one fused native step each (decisions identical).
+STREAM_STEP = Op("boundaries", {"torch": StreamingSegmenter._step, "triton": StreamingSegmenter._step,
+                                "cpp": StreamingSegmenter._step_cpp, "cuda": StreamingSegmenter._step_cuda},
+                 tolerances={b: _EXACT for b in _BACKENDS + ("cuda",)})

@@ -49,6 +49,21 @@ reduction per (problem, centre tile, feature tile), no atomics, so results are
 bit-reproducible run to run).  ``auto`` on CPU takes the C++ kernel for every
 shape: it beat the torch/BLAS path in all three benchmark regimes, including
 the large-k x D one (bench/RESULTS.md), so no per-shape rule is needed.
+
+GPU path (``triton`` on CUDA tensors): the whole call is device-resident, with
+no host synchronisation, so it can be captured in a CUDA graph
+(_kmeans_triton.py).  All problems iterate together; each problem's stop is a
+device-side flag, and a stopped problem keeps its centres and ``n_iter``
+while its kernels' programs skip their work.  There is no early exit of the
+loop (it would need the host to read the flags): a batch that has converged
+still launches 5 kernels per remaining iteration up to ``iters``, each a few
+microseconds of launch with programs that exit at once (less inside a CUDA
+graph), which is why ``iters`` should be a real cap rather than a large
+number.  Value checks of the input run as device-side assertions there
+(``torch._assert_async``).  To capture a call, pass the initial centres (or
+``init="first"``): "k-means++" and "random" draw from a generator whose
+graph replay would not repeat the eager draws; pass ``lengths`` and
+``weights`` on the device of ``x``.
 """
 from __future__ import annotations
 
@@ -57,7 +72,8 @@ from typing import NamedTuple
 import torch
 
 from ._dispatch import Op, call_op, load_native
-from ._utils import as_tensor, check_dtype, check_finite, check_finite_by_extremes, check_float, check_int, check_rank
+from ._utils import (as_tensor, check_dtype, check_finite, check_finite_by_extremes, check_float, check_int,
+                     check_rank, check_values)
 
 __all__ = ["KMeansResult", "batched_kmeans", "kmeans_frames", "lloyd"]
 
@@ -202,6 +218,8 @@ def _prepare(x, k, iters, tol, metric, weights, lengths):
     cosine = metric == "cosine"
 
     if lengths is None:
+        if k > N:
+            raise ValueError(f"k must be <= the number of points of every problem ({N}), got k={k}")
         lengths_t = torch.full((B,), N, dtype=torch.int64, device=x.device)
     else:
         lengths_t = as_tensor(lengths, "lengths")
@@ -213,12 +231,10 @@ def _prepare(x, k, iters, tol, metric, weights, lengths):
         if lengths_t.shape[0] != B:
             raise ValueError(f"lengths must have shape (B,) = ({B},), got {tuple(lengths_t.shape)}")
         lengths_t = lengths_t.to(device=x.device, dtype=torch.int64)
-        lo, hi = int(lengths_t.min()), int(lengths_t.max())
-        if lo < 1 or hi > N:
-            raise ValueError(f"lengths must lie in [1, N={N}], got values in [{lo}, {hi}]")
-    min_points = int(lengths_t.min())
-    if k > min_points:
-        raise ValueError(f"k must be <= the number of points of every problem ({min_points}), got k={k}")
+        # Value checks: on the host for CPU tensors, device-side assertions on CUDA (no synchronisation).
+        shortest, longest = torch.aminmax(lengths_t)
+        check_values((shortest >= 1) & (longest <= N), f"lengths must lie in [1, N={N}]")
+        check_values(shortest >= k, f"k must be <= the number of points of every problem (lengths), got k={k}")
 
     points = x.to(torch.float32)
     if cosine:
@@ -238,10 +254,9 @@ def _prepare(x, k, iters, tol, metric, weights, lengths):
             w = w.to(torch.float32)
         check_finite(w, "weights")
         w = w.to(device=x.device, dtype=torch.float32)
-        if bool((w < 0).any()):
-            raise ValueError("weights must be non-negative, found a negative weight")
-        if bool(((w * valid).sum(dim=1) <= 0).any()):
-            raise ValueError("weights must have a positive sum over the points of every problem")
+        check_values((w >= 0).all(), "weights must be non-negative, found a negative weight")
+        check_values(((w * valid).sum(dim=1) > 0).all(),
+                     "weights must have a positive sum over the points of every problem")
         point_weights = w.contiguous()
     return points, point_weights, lengths_t, k, iters, tol, cosine
 
@@ -418,9 +433,9 @@ def centre_sums_torch(points, weights, labels, k):
 
 
 def finish_update(points, labels, centres, sums, mass, cosine) -> torch.Tensor:
-    """New (B,k,D) float32 centres from cluster sums, empty clusters re-seeded.
+    """New (B,k,D) float32 centres from float64 cluster sums, empty clusters re-seeded.
 
-    Shared by the torch and Triton backends (the C++ kernel mirrors it).
+    The C++ kernel and the Triton ``_update_kernel`` / ``_finish_kernel`` mirror it.
     """
     if cosine:
         norm = torch.linalg.vector_norm(sums, dim=-1)
@@ -447,30 +462,29 @@ def _lloyd_torch(points, weights, lengths, centres, tol, iters, cosine):
     step = max(1, _CHUNK_ELEMENTS // max(1, N * D))  # problems per chunk: bounds the float64 scratch
     for b0 in range(0, B, step):
         outs.append(lloyd_loop(points[b0:b0 + step], weights[b0:b0 + step], lengths[b0:b0 + step],
-                               centres[b0:b0 + step], tol, iters, cosine, _assign_torch_kernel, centre_sums_torch))
+                               centres[b0:b0 + step], tol, iters, cosine))
     return tuple(torch.cat(parts) for parts in zip(*outs))
 
 
-def _assign_torch_kernel(points, centres, lengths, cosine):
-    valid = torch.arange(points.shape[1], device=points.device)[None, :] < lengths[:, None]
-    return assign_torch(points, centres, valid, cosine)
+def shift_thresholds(points, lengths, tol: float) -> torch.Tensor:
+    """(B,) float64 absolute stop thresholds: ``tol`` x each problem's mean feature variance."""
+    if tol > 0:
+        return tol * mean_feature_variance(points, lengths)
+    # Stop only at a fixed point: no variance needed.
+    return torch.zeros(points.shape[0], dtype=torch.float64, device=points.device)
 
 
-def lloyd_loop(points, weights, lengths, centres, tol, iters, cosine, assign, centre_sums):
-    """Lloyd iterations with per-problem stopping, shared by the torch and Triton backends.
+def lloyd_loop(points, weights, lengths, centres, tol, iters, cosine):
+    """Lloyd iterations with per-problem stopping: the reference (torch backend).
 
-    ``assign(points, centres, lengths, cosine) -> labels`` and
-    ``centre_sums(points, weights, labels, k) -> (sums, mass)`` are the hot
-    parts each backend provides; the rest (re-seeding, shift, stop, final
-    assignment, inertia) is this reference code.
+    Each iteration runs only the problems still active (a host loop: the
+    Triton backend keeps the same semantics on the device, masking converged
+    problems instead of selecting the active ones).
     """
     B, N, D = points.shape
     k = centres.shape[1]
     valid = torch.arange(N, device=points.device)[None, :] < lengths[:, None]
-    if tol > 0:
-        tol = tol * mean_feature_variance(points, lengths)
-    else:  # stop only at a fixed point: no variance needed
-        tol = torch.zeros(B, dtype=torch.float64, device=points.device)
+    tol = shift_thresholds(points, lengths, tol)
     centres = centres.clone()
     active = torch.ones(B, dtype=torch.bool, device=points.device)
     n_iter = torch.zeros(B, dtype=torch.int64, device=points.device)
@@ -478,18 +492,18 @@ def lloyd_loop(points, weights, lengths, centres, tol, iters, cosine, assign, ce
         idx = torch.nonzero(active).flatten()
         if idx.numel() == 0:
             break
-        if idx.numel() == B:
-            x, w, n, c = points, weights, lengths, centres
+        if idx.numel() == B:  # no copies while every problem iterates
+            x, w, c, ok = points, weights, centres, valid
         else:
-            x, w, n, c = points[idx], weights[idx], lengths[idx], centres[idx]
-        labels = assign(x, c, n, cosine)
-        sums, mass = centre_sums(x, w, labels, k)
-        new = finish_update(x, labels, c, sums.double(), mass.double(), cosine)
+            x, w, c, ok = points[idx], weights[idx], centres[idx], valid[idx]
+        labels = assign_torch(x, c, ok, cosine)
+        sums, mass = centre_sums_torch(x, w, labels, k)
+        new = finish_update(x, labels, c, sums, mass, cosine)
         shift = ((new.double() - c.double()) ** 2).sum(dim=(1, 2))
         centres[idx] = new
         n_iter[idx] += 1
         active[idx] = shift > tol[idx]
-    labels = assign(points, centres, lengths, cosine)
+    labels = assign_torch(points, centres, valid, cosine)
     dist = distance_to_own_centre(points, centres, labels, cosine)
     inertia = (dist * weights.double() * valid).sum(dim=1).to(torch.float32)
     return centres, labels, inertia, n_iter
@@ -509,12 +523,19 @@ def _lloyd_cpp(points, weights, lengths, centres, tol, iters, cosine):
 # Backend: Triton
 # --------------------------------------------------------------------------
 def _lloyd_triton(points, weights, lengths, centres, tol, iters, cosine):
-    from ._kmeans_triton import assign_triton, centre_sums_triton
+    from ._kmeans_triton import lloyd_triton
 
-    return lloyd_loop(points, weights, lengths, centres, tol, iters, cosine, assign_triton, centre_sums_triton)
+    return lloyd_triton(points, weights, lengths, centres, shift_thresholds(points, lengths, tol), iters, cosine)
 
+
+# (atol, rtol) of each backend's centres and inertia against the torch reference on the CPU, per input
+# dtype (every dtype is clustered in float32, so they agree); labels and n_iter must be identical.
+# torch: on CUDA, cuBLAS orders the dot products differently.  cpp: float64 sums like the reference.
+# triton: float32 centre sums (one rounding per point added, in a fixed order).
+_TOLERANCES = {"torch": (1e-5, 1e-5), "cpp": (1e-5, 1e-5), "triton": (5e-5, 1e-5)}
 
 LLOYD = Op(
     "kmeans",
     {"torch": _lloyd_torch, "cpp": _lloyd_cpp, "triton": _lloyd_triton},
+    tolerances={backend: dict.fromkeys(_POINT_DTYPES, tol) for backend, tol in _TOLERANCES.items()},
 )

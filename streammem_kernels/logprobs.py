@@ -24,6 +24,13 @@ vocabulary entries); NaN or ``+inf`` anywhere in a row makes that row's result
 NaN inside the kernels, and the public functions turn that into a
 ``ValueError`` instead of returning NaN silently.
 
+On CUDA tensors nothing here synchronises with the host: the value checks
+(targets in range, finite inputs, NaN results, lengths) are device-side
+assertions (``streammem_kernels._utils.check_values``) that surface at the next
+synchronisation as a "device-side assert triggered" error with the same
+message, so every function can be captured in a CUDA graph.  On CPU tensors
+they raise ``ValueError`` at once.
+
 Divergence-point convention (0-indexed).  Caption tokens ``c[0..L-1]``;
 ``lp[j] = log p(c[j] | prefix, c[0..j-1])``.  For ``j`` from ``delta+1`` to
 ``L-1``, ``mu_j = mean(lp[j-delta .. j-1])``; the divergence point ``o`` is the
@@ -36,7 +43,10 @@ Backends: ``torch`` (row-chunked / vocabulary-chunked PyTorch; the plain
 ``cpp`` (OpenMP over rows or vocabulary tiles, a packed AVX2 micro-kernel for
 the linear form), ``triton`` (one program per row / per (row block, vocabulary
 split) with ``tl.dot`` tiles).  ``divergence_point`` is O(L) per caption and has
-``torch`` and ``cpp`` backends only.
+``torch`` and ``cpp`` backends only: it returns a tensor (no host round trip),
+and on a GPU its torch backend is a handful of small kernels on (B, L) with no
+synchronisation, far from the log-prob passes that dominate (a Triton kernel
+would save launches, not time that shows).
 """
 from __future__ import annotations
 
@@ -45,7 +55,8 @@ from typing import Optional
 import torch
 
 from ._dispatch import Op, call_op, load_native
-from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank
+from ._utils import (as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank,
+                     check_values)
 
 __all__ = [
     "token_logprobs",
@@ -200,10 +211,13 @@ def divergence_point(logprobs, *, delta: int = 20, alpha: float = 0.85, beta: fl
         if lens.shape != (batch,):
             raise ValueError(f"lengths must have shape (B,) = ({batch},), got {tuple(lens.shape)}")
         lens = lens.to(device=lp2d.device, dtype=torch.int64)
-        if lens.numel() and (int(lens.min()) < 0 or int(lens.max()) > max_len):
-            raise ValueError(f"lengths must lie in [0, L] = [0, {max_len}]")
-    valid = torch.arange(max_len, device=lp2d.device)[None, :] < lens[:, None]
-    check_finite(lp2d[valid], "logprobs (within lengths)")
+        if lens.numel():
+            low, high = torch.aminmax(lens)
+            check_values((low >= 0) & (high <= max_len), f"lengths must lie in [0, L] = [0, {max_len}]")
+    if lp2d.numel():
+        # Padding past a caption's length may hold anything; no boolean-mask indexing (a host sync).
+        valid = torch.arange(max_len, device=lp2d.device)[None, :] < lens[:, None]
+        check_values((torch.isfinite(lp2d) | ~valid).all(), "logprobs (within lengths) must be finite, found NaN or Inf")
     lp64 = lp2d.to(torch.float64).contiguous()
     name = DIVERGENCE_POINT.select(backend, lp64.device)
     out = call_op(torch.ops.streammem.divergence_point, DIVERGENCE_POINT.impls, name, lp64, lens.contiguous(), delta,
@@ -225,20 +239,29 @@ def _check_targets(targets: torch.Tensor, expected_shape, vocab: int, device, sh
         raise ValueError(f"targets must have shape {shape_doc} = {tuple(expected_shape)}, got {tuple(targets.shape)}")
     flat = targets.reshape(-1).to(device=device, dtype=torch.int64).contiguous()
     if flat.numel():
-        low, high = int(flat.min()), int(flat.max())
-        if low < 0 or high >= vocab:
-            raise ValueError(f"targets must be token ids in [0, V) = [0, {vocab}), got values in [{low}, {high}]")
+        low, high = torch.aminmax(flat)
+        message = f"targets must be token ids in [0, V) = [0, {vocab})"
+        if flat.device.type == "cpu":  # a host check, with the offending range
+            low, high = int(low), int(high)
+            if low < 0 or high >= vocab:
+                raise ValueError(f"{message}, got values in [{low}, {high}]")
+        else:  # a device-side assertion: no synchronisation
+            check_values((low >= 0) & (high < vocab), message)
     return flat
 
 
 def _raise_on_nan(out: torch.Tensor, source: str) -> None:
     # A NaN or +inf anywhere in a row poisons that row's running sum, so checking
     # the O(T) output replaces an O(T*V) scan (and its (T, V) boolean mask).
-    if out.numel() and bool(torch.isnan(out).any()):
-        rows = torch.nonzero(torch.isnan(out.reshape(-1))).flatten()[:5].tolist()
-        raise ValueError(
-            f"{source} must be finite: rows {rows} produced NaN (a NaN or +inf logit, or a row that is all -inf)"
-        )
+    if not out.numel():
+        return
+    why = "(a NaN or +inf logit, or a row that is all -inf)"
+    if out.device.type == "cpu":
+        if bool(torch.isnan(out).any()):
+            rows = torch.nonzero(torch.isnan(out.reshape(-1))).flatten()[:5].tolist()
+            raise ValueError(f"{source} must be finite: rows {rows} produced NaN {why}")
+    else:  # a device-side assertion: no synchronisation
+        check_values(~torch.isnan(out).any(), f"{source} must be finite: some row produced NaN {why}")
 
 
 # --------------------------------------------------------------------------
@@ -429,15 +452,28 @@ def _kernel_dtype_reasons(device, dtype=None, **_):
     return []
 
 
+# (atol, rtol) of each backend against the float32 reference computed from the
+# same (rounded) inputs; float64 against the float64 reference.  Inputs are
+# upcast exactly (and 16-bit products are exact in the float32 accumulator,
+# tensor cores included), so the only error is float32 summation order and the
+# polynomial exp of the kernels; the linear form adds an H-term dot per logit.
+_TOKEN_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-5, 1e-5), torch.bfloat16: (2e-5, 1e-5)}
+_LINEAR_TOL = {torch.float32: (3e-5, 1e-5), torch.float16: (6e-5, 1e-5), torch.bfloat16: (6e-5, 1e-5)}
+_FLOAT64_TOL = {torch.float64: (1e-12, 1e-12)}
+
 TOKEN_LOGPROBS = Op(
     "logprobs",
     {"torch": _token_logprobs_torch, "cpp": _token_logprobs_cpp, "triton": _token_logprobs_triton},
     extra_reasons={"cpp": _kernel_dtype_reasons, "triton": _kernel_dtype_reasons},
+    tolerances={"torch": {**_TOKEN_TOL, **_FLOAT64_TOL}, "cpp": _TOKEN_TOL, "triton": _TOKEN_TOL},
 )
 LINEAR_TOKEN_LOGPROBS = Op(
     "logprobs",
     {"torch": _linear_token_logprobs_torch, "cpp": _linear_token_logprobs_cpp,
      "triton": _linear_token_logprobs_triton},
     extra_reasons={"cpp": _kernel_dtype_reasons, "triton": _kernel_dtype_reasons},
+    tolerances={"torch": {**_LINEAR_TOL, **_FLOAT64_TOL}, "cpp": _LINEAR_TOL, "triton": _LINEAR_TOL},
 )
-DIVERGENCE_POINT = Op("logprobs", {"torch": _divergence_point_torch, "cpp": _divergence_point_cpp})
+# Integer results: every backend must match exactly.
+DIVERGENCE_POINT = Op("logprobs", {"torch": _divergence_point_torch, "cpp": _divergence_point_cpp},
+                      tolerances={b: {dt: (0, 0) for dt in _LOGIT_DTYPES} for b in ("torch", "cpp")})

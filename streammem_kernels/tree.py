@@ -69,9 +69,15 @@ Searches (``tree_search``):
 
 Backends: ``torch`` (the reference: padded candidate matrices, gathered rows,
 one level at a time), ``cpp`` (the whole search per query in C++, OpenMP over
-queries), ``triton`` (the same level loop as the reference, with the
-gather-and-dot of each level's candidates in a Triton kernel, one program per
-query block).
+queries), ``triton`` (greedy: the whole descent in one kernel launch; beam:
+the reference's level loop with the gather-and-dot of each level's candidates
+in a Triton kernel).  The torch and Triton searches never read a tensor on the
+host: every shape comes from host metadata (query and root counts, the
+tree's ``height`` and ``max_fanout``, which its mutations maintain, and the
+beam widths), so on a GPU a search is a fixed sequence of launches that a CUDA
+graph can capture.  Identical embeddings score identically on every backend
+(no GEMM decides a ranking: its summation order depends on a row's position),
+so ties do go to the lower id.
 
 ``cosine_topk(queries, keys, k, ranges=None)`` is exact exhaustive search.
 The ``cpp`` backend has two paths and picks one by a fixed rule
@@ -79,8 +85,11 @@ The ``cpp`` backend has two paths and picks one by a fixed rule
 on the fly, running top-k per query) when there are few queries or the ranges
 are narrow, and for large exhaustive batches (``Q >= 8`` and the ranges
 covering at least half of the Q x N pairs) blocked ``torch.mm`` GEMMs (the CPU
-BLAS) whose score blocks a C++ running top-k consumes.  ``triton`` is a
-blocked GEMM with the running top-k in registers.
+BLAS) filter the keys for a C++ running top-k, which scores the keys it admits
+as the fused scan does.  ``triton`` splits the keys into slices scanned by
+separate programs (one query or a block of 16 per program) that keep exact
+running top-k sets, merged by a second launch; it validates ranges on the
+device and never synchronises.
 """
 from __future__ import annotations
 
@@ -90,7 +99,16 @@ import numpy as np
 import torch
 
 from ._dispatch import Op, call_op, load_native
-from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank
+from ._utils import (
+    as_tensor,
+    check_dtype,
+    check_finite,
+    check_float,
+    check_int,
+    check_nonempty,
+    check_rank,
+    check_values,
+)
 
 __all__ = [
     "CosineTree",
@@ -208,6 +226,9 @@ class CosineTree:
         self._n = 0
         self._n_edges = 0
         self._n_dead = 0
+        # Most children of any node: host metadata the searches pad each level's candidates
+        # to (updated by every mutation, so a search never asks the device for it).
+        self._max_fanout = 0
         self._alloc_nodes(capacity)
         self._child_idx = torch.empty(capacity, dtype=torch.int64, device=self._device)
         # Current roots per level, in insertion (= ascending id) order; dicts
@@ -312,6 +333,12 @@ class CosineTree:
             ids = sorted(i for d in self._roots_by_level for i in d)
             self._roots_cache = torch.tensor(ids, dtype=torch.int64, device=self._device)
         return self._roots_cache
+
+    @property
+    def max_fanout(self) -> int:
+        """Most children of any node (0 when every node is a leaf): the candidates per level
+        a search pads to.  Kept by the mutations, so reading it never touches the device."""
+        return self._max_fanout
 
     @property
     def height(self) -> int:
@@ -455,6 +482,7 @@ class CosineTree:
         self._payload[lo:hi] = pay
         self._alive[lo:hi] = True
         self._n, self._n_edges = hi, e0 + len(flat)
+        self._max_fanout = max(self._max_fanout, max(sizes))
         for c, lvl in zip(flat, child_levels):
             del self._roots_by_level[lvl][c]
         for node, lvl in zip(range(lo, hi), levels):
@@ -649,6 +677,7 @@ class CosineTree:
             kept = edges[keep]
             self._child_idx[: kept.numel()] = kept
             self._n_edges = kept.numel()
+            self._max_fanout = _max_run(self._child_ptr[: n + 1])
         for node in removed:
             if parent[node] == -1:
                 self._roots_by_level[level[node]].pop(node, None)
@@ -748,6 +777,7 @@ class CosineTree:
         tree._alive[:n] = state["alive"].to(dev)
         tree._n, tree._n_edges = n, n_edges
         tree._n_dead = int((~state["alive"]).sum())
+        tree._max_fanout = _max_run(state["child_ptr"])
         parent = state["parent"].tolist()
         level = state["level"].tolist()
         alive = state["alive"].tolist()
@@ -759,6 +789,11 @@ class CosineTree:
     def __repr__(self) -> str:
         return (f"CosineTree(dim={self._dim}, num_nodes={self._n}, roots={len(self.roots)}, "
                 f"height={self.height}, device={self._device})")
+
+
+def _max_run(child_ptr: torch.Tensor) -> int:
+    """Longest CSR run (most children of a node); a host read, done once per mutation."""
+    return int((child_ptr[1:] - child_ptr[:-1]).max()) if child_ptr.numel() > 1 else 0
 
 
 def _check_saved_structure(state: dict, n: int, n_edges: int, path) -> None:
@@ -851,19 +886,20 @@ def tree_search(tree: CosineTree, queries, *, beam=1, k: int = 1, min_score: flo
     greedy = isinstance(beam, (int, np.integer)) and not isinstance(beam, bool) and int(beam) == 1
     widths = _beam_widths(beam, height)
     arrays = (tree.embeddings, tree.child_ptr, tree.child_idx, tree.roots)
-    name = TREE_SEARCH.select(backend, tree.device)
     if greedy:
         if k != 1 or min_score is not None or use_utility:
             raise ValueError(
                 "beam=1 is greedy search (one path, no leaf ranking); k, min_score and use_utility "
                 "need beam search: pass beam=(1,) or a wider beam"
             )
-        return TreePathResult(*call_op(torch.ops.streammem.tree_greedy, _GREEDY_IMPLS, name, *arrays, q, height,
-                                       from_every_root))
+        name = TREE_GREEDY.select(backend, tree.device)
+        return TreePathResult(*call_op(torch.ops.streammem.tree_greedy, TREE_GREEDY.impls, name, *arrays, q, height,
+                                       tree.max_fanout, from_every_root))
     if from_every_root:
         raise ValueError("from_every_root applies to greedy search (beam=1) only")
-    ids, scores = call_op(torch.ops.streammem.tree_beam, _BEAM_IMPLS, name, *arrays, tree.level, tree.utility, q,
-                          list(widths), k, min_val, use_utility)
+    name = TREE_BEAM.select(backend, tree.device)
+    ids, scores = call_op(torch.ops.streammem.tree_beam, TREE_BEAM.impls, name, *arrays, tree.level, tree.utility, q,
+                          list(widths), tree.max_fanout, k, min_val, use_utility)
     return TopKResult(ids, scores)
 
 
@@ -878,8 +914,9 @@ def _prepare_ranges(ranges, num_queries: int, num_keys: int, device) -> torch.Te
         raise ValueError(f"ranges must have shape (Q, 2)=({num_queries}, 2), got {tuple(ranges.shape)}")
     ranges = ranges.to(device=device, dtype=torch.int64).contiguous()
     start, end = ranges[:, 0], ranges[:, 1]
-    if bool(((start < 0) | (end > num_keys) | (start > end)).any()):
-        raise ValueError(f"ranges must satisfy 0 <= start <= end <= N={num_keys} for every query")
+    # A host check on CPU; on CUDA a device-side assertion (no synchronisation).
+    check_values(((start >= 0) & (end <= num_keys) & (start <= end)).all(),
+                 f"ranges must satisfy 0 <= start <= end <= N={num_keys} for every query")
     return ranges
 
 
@@ -929,7 +966,7 @@ def cosine_topk(queries, keys, k: int, *, ranges=None, backend: str = "auto") ->
     q = _prepare_queries(queries, keys.shape[1], keys.device)
     k = check_int(k, "k", minimum=1)
     r = _prepare_ranges(ranges, q.shape[0], keys.shape[0], keys.device)
-    name = COSINE_TOPK.select(backend, keys.device)
+    name = COSINE_TOPK.select(backend, keys.device, k=k, num_keys=keys.shape[0])
     ids, scores = call_op(torch.ops.streammem.cosine_topk, COSINE_TOPK.impls, name, q, keys, k, r)
     return TopKResult(ids, scores)
 
@@ -939,19 +976,20 @@ def cosine_topk(queries, keys, k: int, *, ranges=None, backend: str = "auto") ->
 # --------------------------------------------------------------------------
 @torch.library.custom_op("streammem::tree_greedy", mutates_args=())
 def tree_greedy(embeddings: torch.Tensor, child_ptr: torch.Tensor, child_idx: torch.Tensor, roots: torch.Tensor,
-                queries: torch.Tensor, height: int, from_every_root: bool,
+                queries: torch.Tensor, height: int, fanout: int, from_every_root: bool,
                 backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Core greedy descent on prepared input (unit float32 queries).
 
+    ``fanout`` is the tree's ``max_fanout`` (candidates per level, padded).
     Returns path (S, H+1), path_scores (S, H+1), best_node (S,), best_score (S,)
     with S = Q, or (Q, R, H+1) ... with ``from_every_root``.
     """
-    return tuple(TREE_SEARCH.impls[backend]["greedy"](embeddings, child_ptr, child_idx, roots, queries, height,
-                                                       from_every_root))
+    return tuple(TREE_GREEDY.impls[backend](embeddings, child_ptr, child_idx, roots, queries, height, fanout,
+                                            from_every_root))
 
 
 @tree_greedy.register_fake
-def _(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root, backend):
+def _(embeddings, child_ptr, child_idx, roots, queries, height, fanout, from_every_root, backend):
     lead = (queries.shape[0], roots.shape[0]) if from_every_root else (queries.shape[0],)
     return (
         queries.new_empty(lead + (height + 1,), dtype=torch.int64),
@@ -963,15 +1001,16 @@ def _(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root,
 
 @torch.library.custom_op("streammem::tree_beam", mutates_args=())
 def tree_beam(embeddings: torch.Tensor, child_ptr: torch.Tensor, child_idx: torch.Tensor, roots: torch.Tensor,
-              level: torch.Tensor, utility: torch.Tensor, queries: torch.Tensor, widths: list[int], k: int,
-              min_score: float, use_utility: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Core beam search; ``widths[i]`` is the beam at level ``height - i``."""
-    return tuple(TREE_SEARCH.impls[backend]["beam"](embeddings, child_ptr, child_idx, roots, level, utility,
-                                                     queries, list(widths), k, min_score, use_utility))
+              level: torch.Tensor, utility: torch.Tensor, queries: torch.Tensor, widths: list[int], fanout: int,
+              k: int, min_score: float, use_utility: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Core beam search; ``widths[i]`` is the beam at level ``height - i``, ``fanout`` the tree's ``max_fanout``."""
+    return tuple(TREE_BEAM.impls[backend](embeddings, child_ptr, child_idx, roots, level, utility, queries,
+                                          list(widths), fanout, k, min_score, use_utility))
 
 
 @tree_beam.register_fake
-def _(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, k, min_score, use_utility, backend):
+def _(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, fanout, k, min_score, use_utility,
+      backend):
     q = queries.shape[0]
     return queries.new_empty((q, k), dtype=torch.int64), queries.new_empty((q, k), dtype=torch.float32)
 
@@ -992,48 +1031,52 @@ def _(queries, keys, k, ranges, backend):
 # --------------------------------------------------------------------------
 # Backend: torch reference (the spec)
 # --------------------------------------------------------------------------
+# Every shape below is fixed by host metadata (number of queries and roots, the tree's
+# height and max_fanout, the beam widths), never by tensor values: the reference runs on
+# a GPU without synchronising, and the Triton beam search shares its level loop.
+def _dot_rows(queries: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """dots[s, c] = queries[s] . rows[s, c] for queries (S, D) and rows (S, C, D).
+
+    A product summed along D, not a GEMM: a GEMM's summation order depends on
+    where a row falls in its tiles, so two identical rows could score an ulp
+    apart and the tie rule (lower id first) would not hold.
+    """
+    return (rows * queries[:, None, :]).sum(-1)
+
+
 def _score_candidates_torch(queries: torch.Tensor, embeddings: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
     """scores[s, c] = queries[s] . embeddings[cand[s, c]]; -inf where cand < 0."""
     s_rows, c = cand.shape
     out = torch.full((s_rows, c), float("-inf"), dtype=torch.float32, device=queries.device)
-    if c == 0:
-        return out
-    if s_rows * embeddings.shape[0] <= _GATHER_BUDGET:
-        # Small trees: score every node once, then pick (cheaper than gathering rows).
-        dense = queries @ embeddings.T
-        return torch.where(cand >= 0, dense.gather(1, cand.clamp_min(0)), out)
-    chunk = max(1, _GATHER_BUDGET // max(1, c * embeddings.shape[1]))
-    for lo in range(0, s_rows, chunk):
+    chunk = max(1, _GATHER_BUDGET // max(1, c * embeddings.shape[1]))  # bounds the (chunk, C, D) gather
+    for lo in range(0, s_rows if c else 0, chunk):
         ids = cand[lo : lo + chunk]
-        rows = embeddings[ids.clamp_min(0)]  # (chunk, C, D)
-        dots = torch.einsum("sd,scd->sc", queries[lo : lo + chunk], rows)
+        dots = _dot_rows(queries[lo : lo + chunk], embeddings[ids.clamp_min(0)])
         out[lo : lo + chunk] = torch.where(ids >= 0, dots, out[lo : lo + chunk])
     return out
 
 
-def _children_of(nodes: torch.Tensor, child_ptr: torch.Tensor, child_idx: torch.Tensor) -> torch.Tensor:
-    """(S, C) padded (-1) children of nodes (S, B) (-1 entries have none), in order."""
+def _children_of(nodes: torch.Tensor, child_ptr: torch.Tensor, child_idx: torch.Tensor, fanout: int) -> torch.Tensor:
+    """(S, B * fanout) children of nodes (S, B), each node's run padded with -1 to ``fanout``
+    (-1 entries of ``nodes`` have none), in order."""
     s_rows = nodes.shape[0]
+    if fanout == 0 or child_idx.numel() == 0:
+        return torch.full((s_rows, 0), -1, dtype=torch.int64, device=nodes.device)
     flat = nodes.reshape(-1)
     safe = flat.clamp_min(0)
     start = child_ptr[safe]
     count = torch.where(flat >= 0, child_ptr[safe + 1] - start, torch.zeros_like(start))
-    width = int(count.max()) if count.numel() else 0
-    if width == 0:
-        return torch.full((s_rows, 0), -1, dtype=torch.int64, device=nodes.device)
-    offs = torch.arange(width, device=nodes.device)
+    offs = torch.arange(fanout, device=nodes.device)
     valid = offs[None, :] < count[:, None]
-    pos = (start[:, None] + offs[None, :]).clamp_max(max(child_idx.numel() - 1, 0))
+    pos = (start[:, None] + offs[None, :]).clamp_max(child_idx.numel() - 1)
     kids = torch.where(valid, child_idx[pos], torch.full_like(pos, -1))
     return kids.reshape(s_rows, -1)
 
 
-def _pack_left(ids: torch.Tensor) -> torch.Tensor:
-    """Move valid (>= 0) ids to the front of each row, keep their order, trim."""
-    order = torch.argsort((ids < 0).to(torch.int8), dim=1, stable=True)
-    packed = ids.gather(1, order)
-    width = int((ids >= 0).sum(1).max()) if ids.numel() else 0
-    return packed[:, :width]
+def _pack_left(ids: torch.Tensor, width: int) -> torch.Tensor:
+    """The first ``width`` columns after moving valid (>= 0) ids to the front of each row, in order."""
+    order = torch.argsort((ids < 0).to(torch.int8), dim=1, stable=True)[:, :width]
+    return ids.gather(1, order)
 
 
 def _topk_low_id(ids: torch.Tensor, scores: torch.Tensor, k: int):
@@ -1052,7 +1095,7 @@ def _topk_low_id(ids: torch.Tensor, scores: torch.Tensor, k: int):
     return top_ids, top_scores
 
 
-def _greedy_levels(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root, score_fn):
+def _greedy_levels(embeddings, child_ptr, child_idx, roots, queries, height, fanout, from_every_root, score_fn):
     """Greedy descent, one level per step; ``score_fn(queries, emb, cand)`` scores candidates."""
     num_q, num_r = queries.shape[0], roots.shape[0]
     dev = queries.device
@@ -1071,11 +1114,9 @@ def _greedy_levels(embeddings, child_ptr, child_idx, roots, queries, height, fro
     path_scores = torch.full((rows, height + 1), float("-inf"), dtype=torch.float32, device=dev)
     path[:, 0], path_scores[:, 0] = cur, cur_score
     row_queries = queries[query_of]
-    for step in range(1, height + 1):
-        kids = _children_of(cur[:, None], child_ptr, child_idx)
-        if kids.shape[1] == 0:
-            break
-        active = kids[:, 0] >= 0
+    for step in range(1, height + 1):  # height >= 1 implies fanout >= 1
+        kids = _children_of(cur[:, None], child_ptr, child_idx, fanout)
+        active = kids[:, 0] >= 0  # a row below a leaf (or already past one) stays -1
         scores = score_fn(row_queries, embeddings, kids)
         best = torch.argmax(scores, dim=1)
         nxt = kids.gather(1, best[:, None])[:, 0]
@@ -1092,42 +1133,52 @@ def _greedy_levels(embeddings, child_ptr, child_idx, roots, queries, height, fro
     return path, path_scores, best_node, best_score
 
 
-def _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, k, min_score,
+def _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, fanout, k, min_score,
                  use_utility, score_fn):
-    """Level-synchronous beam search; ``score_fn`` scores padded candidate ids."""
-    num_q = queries.shape[0]
+    """Level-synchronous beam search; ``score_fn`` scores padded candidate ids.
+
+    ``pending`` holds the nodes discovered and not yet expanded (-1: none): the
+    roots, then the children of every node kept so far.  Each level adds at
+    most ``width x fanout`` of them, and they are distinct nodes, so its width
+    is bounded before the search: ``min(num_nodes, roots + fanout x sum of
+    widths so far)``.
+    """
+    num_q, num_nodes = queries.shape[0], embeddings.shape[0]
     height = len(widths)
-    pending = roots.expand(num_q, roots.shape[0]).contiguous()  # discovered, not yet processed
+    pending = roots.expand(num_q, roots.shape[0])
     for step, width in enumerate(widths):
         lvl = height - step
         at_level = (pending >= 0) & (level[pending.clamp_min(0)] == lvl)
-        if not bool(at_level.any()):
-            continue
         pool = torch.where(at_level, pending, torch.full_like(pending, -1))
-        pool = _pack_left(pool)
-        kept, _ = _topk_low_id(pool, score_fn(queries, embeddings, pool), width)
+        kept, _ = _topk_low_id(pool, score_fn(queries, embeddings, pool), min(width, pool.shape[1]))
         rest = torch.where(at_level, torch.full_like(pending, -1), pending)
-        pending = _pack_left(torch.cat([rest, _children_of(kept, child_ptr, child_idx)], 1))
+        bound = min(num_nodes, pending.shape[1] + kept.shape[1] * fanout)
+        pending = _pack_left(torch.cat([rest, _children_of(kept, child_ptr, child_idx, fanout)], 1), bound)
     cos = score_fn(queries, embeddings, pending)
     rank = cos * utility[pending.clamp_min(0)] if use_utility else cos
     rank = torch.where((pending >= 0) & (cos >= min_score), rank, torch.full_like(rank, float("-inf")))
     return _topk_low_id(pending, rank, k)
 
 
-def _greedy_torch(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root):
-    return _greedy_levels(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root,
+def _greedy_torch(embeddings, child_ptr, child_idx, roots, queries, height, fanout, from_every_root):
+    return _greedy_levels(embeddings, child_ptr, child_idx, roots, queries, height, fanout, from_every_root,
                           _score_candidates_torch)
 
 
-def _beam_torch(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, k, min_score,
+def _beam_torch(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, fanout, k, min_score,
                 use_utility):
-    return _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, k, min_score,
-                        use_utility, _score_candidates_torch)
+    return _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, fanout, k,
+                        min_score, use_utility, _score_candidates_torch)
 
 
 def _cosine_topk_torch(queries, keys, k, ranges):
-    scores = queries @ _unit_rows(keys).T  # (Q, N)
-    idx = torch.arange(keys.shape[0], device=keys.device)
+    num_q, num_k = queries.shape[0], keys.shape[0]
+    unit = _unit_rows(keys)
+    scores = torch.empty((num_q, num_k), dtype=torch.float32, device=keys.device)
+    chunk = max(1, _GATHER_BUDGET // (num_q * keys.shape[1]))  # bounds the (Q, chunk, D) product
+    for lo in range(0, num_k, chunk):
+        scores[:, lo : lo + chunk] = _dot_rows(queries, unit[None, lo : lo + chunk].expand(num_q, -1, -1))
+    idx = torch.arange(num_k, device=keys.device)
     inside = (idx[None, :] >= ranges[:, :1]) & (idx[None, :] < ranges[:, 1:])
     scores = torch.where(inside, scores, torch.full_like(scores, float("-inf")))
     return _topk_low_id(idx.expand_as(scores), scores, k)
@@ -1140,7 +1191,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
 
-def _greedy_cpp(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root):
+def _greedy_cpp(embeddings, child_ptr, child_idx, roots, queries, height, fanout, from_every_root):
     mod, _ = load_native("cpu", "tree")
     out = mod.greedy(_np(embeddings), _np(child_ptr), _np(child_idx), _np(roots), _np(queries), int(height),
                      bool(from_every_root))
@@ -1148,7 +1199,8 @@ def _greedy_cpp(embeddings, child_ptr, child_idx, roots, queries, height, from_e
     return tuple(torch.from_numpy(a).reshape(lead + a.shape[1:]) for a in out)
 
 
-def _beam_cpp(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, k, min_score, use_utility):
+def _beam_cpp(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, fanout, k, min_score,
+              use_utility):
     mod, _ = load_native("cpu", "tree")
     ids, scores = mod.beam(_np(embeddings), _np(child_ptr), _np(child_idx), _np(roots), _np(level), _np(utility),
                            _np(queries), np.asarray(widths, dtype=np.int64), int(k), float(min_score),
@@ -1163,19 +1215,20 @@ def _cosine_topk_cpp_fused(queries, keys, k, ranges):
 
 
 def _cosine_topk_cpp_blas(queries, keys, k, ranges):
-    """Blocked torch.mm (CPU BLAS) score blocks consumed by a C++ running top-k."""
+    """Blocked torch.mm (CPU BLAS) score blocks filtered by a C++ running top-k, which scores
+    the keys it admits exactly as the fused scan does (the same ranking, ties included)."""
     mod, _ = load_native("cpu", "tree")
     num_q, num_k = queries.shape[0], keys.shape[0]
-    key_norm = torch.linalg.vector_norm(keys, dim=1).contiguous()
     ids = np.full((num_q, k), -1, dtype=np.int64)
     scores = np.full((num_q, k), -np.inf, dtype=np.float32)
     block = min(num_k, max(256, _BLAS_BLOCK_BUDGET // num_q))
-    ranges_np, norm_np = _np(ranges), key_norm.numpy()
+    ranges_np, queries_np, keys_np = _np(ranges), _np(queries), _np(keys)
+    norms = mod.row_norms(keys_np)
     buf = torch.empty((num_q, block), dtype=queries.dtype)  # one score block, reused (cache-resident output)
     for lo in range(0, num_k, block):
         hi = min(num_k, lo + block)
         dots = torch.mm(queries, keys[lo:hi].T, out=buf) if hi - lo == block else torch.mm(queries, keys[lo:hi].T)
-        mod.topk_merge(dots.numpy(), norm_np[lo:hi], lo, ranges_np, ids, scores)
+        mod.topk_merge(dots.numpy(), norms[lo:hi], queries_np, keys_np[lo:hi], lo, ranges_np, ids, scores)
     return torch.from_numpy(ids), torch.from_numpy(scores)
 
 
@@ -1188,21 +1241,41 @@ def _cosine_topk_cpp(queries, keys, k, ranges):
 # --------------------------------------------------------------------------
 # Backend: Triton (streammem_kernels/_tree_triton.py)
 # --------------------------------------------------------------------------
+# Limits of the Triton top-k: its running top-k (min(k, N) rounded up to a power of two)
+# lives in registers, and a key index in 31 bits of the packed (score, index) int.
+TRITON_TOPK_MAX_K = 1024
+TRITON_TOPK_MAX_KEYS = 2**31 - 1
+
+
 def _score_candidates_triton(queries, embeddings, cand):
     from ._tree_triton import gather_dot_triton
 
-    return gather_dot_triton(queries, embeddings, cand)
+    return gather_dot_triton(queries, embeddings, cand.contiguous())
 
 
-def _greedy_triton(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root):
-    return _greedy_levels(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root,
-                          _score_candidates_triton)
+def _greedy_triton(embeddings, child_ptr, child_idx, roots, queries, height, fanout, from_every_root):
+    from ._tree_triton import greedy_triton
+
+    out = greedy_triton(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root)
+    if from_every_root:
+        lead = (queries.shape[0], roots.shape[0])
+        return tuple(t.view(lead + t.shape[1:]) for t in out)
+    return out
 
 
-def _beam_triton(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, k, min_score,
+def _beam_triton(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, fanout, k, min_score,
                  use_utility):
-    return _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, k, min_score,
-                        use_utility, _score_candidates_triton)
+    return _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, fanout, k,
+                        min_score, use_utility, _score_candidates_triton)
+
+
+# --------------------------------------------------------------------------
+# Backend: CUDA (csrc/cuda/tree.cu): greedy descent, one block per query, one launch
+# --------------------------------------------------------------------------
+def _greedy_cuda(embeddings, child_ptr, child_idx, roots, queries, height, fanout, from_every_root):
+    from ._tree_cuda import greedy_cuda
+
+    return greedy_cuda(embeddings, child_ptr, child_idx, roots, queries, height, from_every_root)
 
 
 def _cosine_topk_triton(queries, keys, k, ranges):
@@ -1211,20 +1284,32 @@ def _cosine_topk_triton(queries, keys, k, ranges):
     return cosine_topk_triton(queries, keys, k, ranges)
 
 
-TREE_SEARCH = Op(
-    "tree",
-    {
-        "torch": {"greedy": _greedy_torch, "beam": _beam_torch},
-        "cpp": {"greedy": _greedy_cpp, "beam": _beam_cpp},
-        "triton": {"greedy": _greedy_triton, "beam": _beam_triton},
-    },
-)
+def _cosine_topk_triton_reasons(device, k: int = 1, num_keys: int = 1, **_) -> list[str]:
+    reasons = []
+    if min(k, num_keys) > TRITON_TOPK_MAX_K:
+        reasons.append(f"the Triton top-k keeps at most k={TRITON_TOPK_MAX_K} results per query, got k={k}")
+    if num_keys > TRITON_TOPK_MAX_KEYS:
+        reasons.append(f"the Triton top-k indexes at most {TRITON_TOPK_MAX_KEYS} keys, got N={num_keys}")
+    return reasons
 
-# Per-kind views of TREE_SEARCH's impls, in the shape call_op takes ({backend: fn}).
-_GREEDY_IMPLS = {backend: fns["greedy"] for backend, fns in TREE_SEARCH.impls.items()}
-_BEAM_IMPLS = {backend: fns["beam"] for backend, fns in TREE_SEARCH.impls.items()}
+
+# Scores against the reference's (unit rows dotted in float32), per query dtype: queries
+# are converted to float32 first, so every dtype gets the float32 figure (a dot product of
+# unit vectors summed in a different order).  Ids must match exactly.
+_SCORE_TOLERANCES = {dtype: (2e-5, 0.0) for dtype in _FLOAT_INPUTS}
+_TOLERANCES = {"torch": {dtype: (0.0, 0.0) for dtype in _FLOAT_INPUTS}, "cpp": _SCORE_TOLERANCES,
+               "triton": _SCORE_TOLERANCES, "cuda": _SCORE_TOLERANCES}
+
+# tree_search dispatches greedy and beam search separately: greedy has a CUDA kernel (pointer
+# chasing in one launch), beam search runs on Triton on a GPU.
+TREE_GREEDY = Op("tree", {"torch": _greedy_torch, "cpp": _greedy_cpp, "triton": _greedy_triton,
+                          "cuda": _greedy_cuda}, tolerances=_TOLERANCES)
+TREE_BEAM = Op("tree", {"torch": _beam_torch, "cpp": _beam_cpp, "triton": _beam_triton}, tolerances=_TOLERANCES)
+TREE_SEARCH = TREE_GREEDY  # kept for callers of the earlier single-Op API
 
 COSINE_TOPK = Op(
     "tree",
     {"torch": _cosine_topk_torch, "cpp": _cosine_topk_cpp, "triton": _cosine_topk_triton},
+    extra_reasons={"triton": _cosine_topk_triton_reasons},
+    tolerances=_TOLERANCES,
 )

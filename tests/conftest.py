@@ -13,6 +13,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    import interpreter_speedup
+
+    interpreter_speedup.install()  # tl.sum & co. re-patch triton.language on every call otherwise
+
 
 def cpu_backends(op) -> list[str]:
     """Backends of `op` to compare against the reference on CPU tensors."""

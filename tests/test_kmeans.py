@@ -1,15 +1,19 @@
-"""Batched k-means: backend parity with the torch reference, scikit-learn ground
-truth, empty-cluster re-seeding, seeding, bad inputs, opcheck and torch.compile."""
+"""Batched k-means: backend parity with the torch reference (on CPU and CUDA
+tensors), scikit-learn ground truth, empty-cluster re-seeding, seeding, bad
+inputs, opcheck and torch.compile, and the GPU path's contract: no host
+synchronisation, CUDA-graph capture, 64-bit offsets."""
 import numpy as np
 import pytest
 import torch
 
 from conftest import cpu_backends
+from device_checks import DEVICES, HAS_CUDA, HostSync, capture_in_cuda_graph, device_backends, guard_backend
 from streammem_kernels import KMeansResult, batched_kmeans, kmeans_frames
-from streammem_kernels.kmeans import LLOYD, initial_centres, mean_feature_variance
+from streammem_kernels.kmeans import LLOYD, initial_centres, lloyd_loop, mean_feature_variance
 
 BACKENDS = cpu_backends(LLOYD)
 FAST_BACKENDS = [b for b in BACKENDS if b != "triton"]  # Triton is interpreted on CPU: small cases only
+HAS_TRITON = "triton" in BACKENDS
 
 
 def blobs(B, N, D, n_blobs, *, seed=0, spread=0.05, scale=4.0, dtype=torch.float32):
@@ -21,14 +25,37 @@ def blobs(B, N, D, n_blobs, *, seed=0, spread=0.05, scale=4.0, dtype=torch.float
     return x.to(dtype)
 
 
-def assert_same_result(got: KMeansResult, ref: KMeansResult, *, rtol=1e-5, centre_atol=1e-5):
+def assert_same_result(got: KMeansResult, ref: KMeansResult, *, atol=1e-5, rtol=1e-5):
+    """Labels and iteration counts exact; centres and inertia within (atol, rtol) (inertia: rtol only)."""
+    got = KMeansResult(*(t.cpu() for t in got))
     assert got.labels.dtype == torch.int64 and got.n_iter.dtype == torch.int64
     assert got.centroids.dtype == torch.float32 and got.inertia.dtype == torch.float32
     assert torch.equal(got.labels, ref.labels)
     assert torch.equal(got.n_iter, ref.n_iter)
     torch.testing.assert_close(got.inertia, ref.inertia, rtol=rtol, atol=1e-6)
-    torch.testing.assert_close(got.centroids, ref.centroids, rtol=1e-5, atol=centre_atol)
+    torch.testing.assert_close(got.centroids, ref.centroids, rtol=rtol, atol=atol)
     assert torch.isfinite(got.centroids).all()
+
+
+def _device_backend_params():
+    """(device, backend) pairs: every non-reference CPU backend, and on CUDA every backend the op has
+    (resolved against the GPU at run time by device_backends; the "cuda" params skip without one)."""
+    # Interpreted Triton on CPU runs the TRITON_GRID subset only (test_triton_matches_reference).
+    params = [pytest.param("cpu", b, id=f"cpu-{b}") for b in FAST_BACKENDS if b != "torch"]
+    cuda = next(d for d in DEVICES if not isinstance(d, str))
+    for b in ("torch", "triton", "cuda"):
+        if b in LLOYD.impls:
+            params.append(pytest.param("cuda", b, id=f"cuda-{b}", marks=cuda.marks))
+    return params
+
+
+def _require(device, backend):
+    if backend not in device_backends(LLOYD, device):
+        pytest.skip(f"{backend} cannot run on {device} here")
+
+
+def _to(device, *tensors):
+    return [t.to(device) if isinstance(t, torch.Tensor) else t for t in tensors]
 
 
 # --------------------------------------------------------------------------
@@ -67,6 +94,14 @@ def _grid_case(case, seed=0):
     return x, k, kwargs
 
 
+def _cpu_initial_centres(x, k, init, kwargs):
+    from streammem_kernels.kmeans import _prepare
+
+    points, weights, lengths, k, _, _, cosine = _prepare(x, k, 10, 1e-4, kwargs.get("metric", "l2"),
+                                                         kwargs.get("weights"), kwargs.get("lengths"))
+    return initial_centres(points, k, init, weights, lengths, 0, cosine)
+
+
 def _param_grid(grid):
     return [pytest.param(c, id=f"B{c[0]}-N{c[1]}-D{c[2]}-k{c[3]}-{c[5]}-{str(c[6])[6:]}"
                          f"{'-w' if c[7] else ''}{'-ragged' if c[8] else ''}") for c in grid]
@@ -74,22 +109,30 @@ def _param_grid(grid):
 
 @pytest.mark.parametrize("init", ["k-means++", "random", "first"])
 @pytest.mark.parametrize("case", _param_grid(GRID))
-@pytest.mark.parametrize("backend", [b for b in FAST_BACKENDS if b != "torch"])
-def test_backends_match_reference(backend, case, init):
+@pytest.mark.parametrize("device, backend", _device_backend_params())
+def test_backends_match_reference(device, backend, case, init):
+    _require(device, backend)
     x, k, kwargs = _grid_case(case)
-    ref = batched_kmeans(x, k, init=init, backend="torch", **kwargs)
-    got = batched_kmeans(x, k, init=init, backend=backend, **kwargs)
-    assert_same_result(got, ref)
+    if device != "cpu":  # the same initial centres for both: the seeding generator would run on the device
+        init = _cpu_initial_centres(x, k, init, kwargs)
+    ref = batched_kmeans(x, k, init=init, backend="torch", **kwargs)  # CPU reference
+    if device != "cpu":
+        init = init.to(device)
+        kwargs = {name: value.to(device) if isinstance(value, torch.Tensor) else value
+                  for name, value in kwargs.items()}
+    got = batched_kmeans(x.to(device), k, init=init, backend=backend, **kwargs)
+    atol, rtol = LLOYD.tolerance(backend, x.dtype)
+    assert_same_result(got, ref, atol=atol, rtol=rtol)
 
 
-@pytest.mark.skipif("triton" not in BACKENDS, reason="Triton unavailable")
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton unavailable")
 @pytest.mark.parametrize("case", _param_grid(TRITON_GRID))
 def test_triton_matches_reference(case):
     x, k, kwargs = _grid_case(case)
     ref = batched_kmeans(x, k, iters=4, backend="torch", **kwargs)
     got = batched_kmeans(x, k, iters=4, backend="triton", **kwargs)
-    # Triton accumulates centre sums in float32 (the others in float64).
-    assert_same_result(got, ref, centre_atol=5e-5)
+    atol, rtol = LLOYD.tolerance("triton", x.dtype)
+    assert_same_result(got, ref, atol=atol, rtol=rtol)
 
 
 def test_reference_runs_to_convergence_on_blobs():
@@ -97,6 +140,26 @@ def test_reference_runs_to_convergence_on_blobs():
     x, k, kwargs = _grid_case(GRID[3])
     res = batched_kmeans(x, k, init="random", iters=50, backend="torch", **kwargs)
     assert (res.n_iter >= 2).all() and (res.n_iter < 50).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_problems_stop_independently(backend):
+    # One batch whose problems converge after different numbers of iterations: a problem that has
+    # stopped keeps its centres and n_iter (the Triton loop masks it on the device while the others
+    # go on), so each problem's result equals that of running it alone.
+    x = torch.cat([blobs(1, 24, 3, 3, seed=50, spread=0.01),  # tight blobs: converges at once
+                   blobs(1, 24, 3, 3, seed=68, spread=1.5, scale=1.0),  # overlapping: several iterations
+                   blobs(1, 24, 3, 3, seed=168, spread=1.0, scale=1.0)])  # (2, 3 and 4 iterations)
+    init = x[:, [0, 1, 2]].clone()
+    res = batched_kmeans(x, 3, init=init, iters=6, backend=backend)
+    ref = batched_kmeans(x, 3, init=init, iters=6, backend="torch")
+    atol, rtol = LLOYD.tolerance(backend, x.dtype)
+    assert_same_result(res, ref, atol=atol, rtol=rtol)
+    assert len(set(ref.n_iter.tolist())) == 3 and int(ref.n_iter.max()) < 6, ref.n_iter  # distinct stops
+    for b in range(3):
+        alone = batched_kmeans(x[b], 3, init=init[b], iters=6, backend=backend)
+        assert torch.equal(alone.labels[0], res.labels[b]) and int(alone.n_iter[0]) == int(res.n_iter[b])
+        assert torch.equal(alone.centroids[0], res.centroids[b])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -120,23 +183,35 @@ def _prep_for_init(x, k, lengths):
     return points, k, "k-means++", weights, lengths_t, 0, cosine
 
 
-@pytest.mark.parametrize("backend", FAST_BACKENDS)
-def test_non_contiguous_and_numpy_inputs(backend):
+_SLICED_PARAMS = _device_backend_params() + ([pytest.param("cpu", "triton", id="cpu-triton")] if HAS_TRITON else [])
+
+
+@pytest.mark.parametrize("device, backend", _SLICED_PARAMS)
+def test_non_contiguous_and_numpy_inputs(device, backend):
     base = blobs(4, 60, 12, 3, seed=5)
     x = base[::2, 5:55, ::2]  # sliced in every dimension
-    assert not x.is_contiguous()
-    ref = batched_kmeans(x.contiguous(), 3, backend="torch")
-    assert_same_result(batched_kmeans(x, 3, backend=backend), ref)
-    assert_same_result(batched_kmeans(x.contiguous().numpy(), 3, backend=backend), ref)
+    _require(device, backend)
+    iters = 4 if backend == "triton" and device == "cpu" else 10
+    init = _cpu_initial_centres(x, 3, "k-means++", {})
+    ref = batched_kmeans(x.contiguous(), 3, init=init, iters=iters, backend="torch")
+    sliced = base.to(device)[::2, 5:55, ::2]
+    assert not sliced.is_contiguous()
+    atol, rtol = LLOYD.tolerance(backend, x.dtype)
+    assert_same_result(batched_kmeans(sliced, 3, init=init.to(device), iters=iters, backend=backend), ref,
+                       atol=atol, rtol=rtol)
+    if device == "cpu":
+        assert_same_result(batched_kmeans(x.contiguous().numpy(), 3, init=init, iters=iters, backend=backend), ref,
+                           atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_inputs_not_mutated(backend):
     x = blobs(2, 30, 5, 3, seed=6)
     w = torch.rand(2, 30) + 0.5
     init = x[:, :3].clone() + 0.01
     copies = (x.clone(), w.clone(), init.clone())
-    batched_kmeans(x, 3, weights=w, init=init, backend=backend, metric="cosine")
+    batched_kmeans(x, 3, weights=w, init=init, iters=3, backend=backend, metric="cosine")
+    batched_kmeans(x, 3, weights=w, init=init, iters=3, backend=backend)
     for before, after in zip(copies, (x, w, init)):
         assert torch.equal(before, after)
 
@@ -217,20 +292,114 @@ def test_several_empty_clusters_take_distinct_points_in_decreasing_distance(back
 def test_duplicated_points_k_close_to_n_never_nan(backend, metric):
     distinct = torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 3.0]])
     x = distinct.repeat(4, 1)[None].repeat(2, 1, 1)  # (2, 12, 3): 3 distinct points, 4 copies each
-    for k in (3, 5, 11, 12):
-        for init in ("k-means++", "random", "first"):
-            res = batched_kmeans(x, k, init=init, metric=metric, backend=backend)
+    # Interpreted Triton re-seeds cluster by cluster in one program per problem: a subset.
+    for k in (3, 5, 11, 12) if backend != "triton" else (5, 12):
+        for init in ("k-means++", "random", "first") if backend != "triton" else ("k-means++", "first"):
+            # Every case converges within 3 iterations: the cap of 4 only saves interpreted launches.
+            res = batched_kmeans(x, k, init=init, metric=metric, iters=4, backend=backend)
             assert torch.isfinite(res.centroids).all() and torch.isfinite(res.inertia).all()
             # Every centre is one of the data points and the partition is exact.
             expect = distinct if metric == "l2" else torch.nn.functional.normalize(distinct, dim=-1)
             gap = torch.cdist(res.centroids.reshape(-1, 3), expect).min(dim=1).values
             assert gap.max() < 1e-6
             assert res.inertia.abs().max() < 1e-5
-            ref = batched_kmeans(x, k, init=init, metric=metric, backend="torch")
-            assert torch.equal(res.labels, ref.labels)
+            ref = batched_kmeans(x, k, init=init, metric=metric, iters=4, backend="torch")
+            assert torch.equal(res.labels, ref.labels) and torch.equal(res.n_iter, ref.n_iter)
+            assert int(ref.n_iter.max()) < 4
 
 
-@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_centre_update_rounds_like_the_reference(device):
+    # The update kernel divides float32 sums by float32 masses in float32 (tl.div_rn), the reference
+    # in float64 then rounds to float32: the same bits (double rounding is innocuous for a division
+    # when 53 >= 2 * 24 + 2).  Quotients over 70 orders of magnitude; an empty cluster (mass 0) keeps its sums.
+    if "triton" not in device_backends(LLOYD, device):
+        pytest.skip("Triton cannot run here")
+    import triton
+
+    from streammem_kernels import _kmeans_triton as kt
+
+    g = torch.Generator().manual_seed(90)
+    B, K, D = 2, 40, 50
+    sums = torch.randn(B, K, D, generator=g) * torch.logspace(-25, 25, D)  # quotients stay finite
+    mass = torch.rand(B, K, generator=g) * torch.logspace(-10, 10, K)
+    mass[0, 3] = 0.0
+    old = torch.randn(B, K, D, generator=g)
+    # kmeans.finish_update's arithmetic (an empty cluster keeps its sums until it is re-seeded).
+    expect = (sums.double() / torch.where(mass > 0, mass, 1.0).double()[..., None]).float()
+    t = [v.to(device) for v in (sums, mass, old)]
+    new = torch.empty_like(t[2])
+    csq = torch.empty(B, K, dtype=torch.float64, device=device)
+    empty = torch.empty(B, K, dtype=torch.int32, device=device)
+    row_shift = torch.empty(B, K, dtype=torch.float64, device=device)
+    n_empty = torch.zeros(B, dtype=torch.int32, device=device)
+    active = torch.ones(B, dtype=torch.int32, device=device)
+    kt._update_kernel[(triton.cdiv(K, kt.ROWS_BLOCK_K), B)](
+        t[0], t[1], t[2], new, csq, empty, n_empty, row_shift, active, D, K, 0,
+        BLOCK_K=kt.ROWS_BLOCK_K, BLOCK_D=kt.ROWS_BLOCK_D, enable_fp_fusion=False)
+    assert torch.equal(new.cpu(), expect)
+    assert n_empty.tolist() == [1, 0] and empty.cpu()[0, 3] == 1
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton unavailable")
+@pytest.mark.parametrize("cosine", [False, True])
+def test_triton_assignment_ties_go_to_the_lowest_centre_index(cosine):
+    # Centres 2, 5 and 18 coincide (18 in the second tile of 16 centres): the points nearest to them
+    # take label 2, as the reference's argmin does.  (A Lloyd step re-seeds the tied, now empty,
+    # centres, so the public function is checked against the reference in the duplicate tests.)
+    from streammem_kernels import _kmeans_triton as kt
+    from streammem_kernels.kmeans import assign_torch
+
+    g = torch.Generator().manual_seed(80)
+    centres = torch.randn(1, 20, 4, generator=g) * 10
+    centres[0, [5, 18]] = centres[0, 2].clone()
+    x = torch.cat([centres[0, 2] + 0.01 * torch.randn(6, 4, generator=g), centres[0, [0, 7, 19]]])[None]
+    if cosine:
+        x, centres = torch.nn.functional.normalize(x, dim=-1), torch.nn.functional.normalize(centres, dim=-1)
+    labels = torch.full((1, 9), -1, dtype=torch.int64)
+    kt._assign(x, centres, (centres.double() ** 2).sum(-1), torch.tensor([9]), torch.ones(1, dtype=torch.int32),
+               labels, cosine)
+    assert labels.tolist() == [[2] * 6 + [0, 7, 19]]
+    assert torch.equal(labels, assign_torch(x, centres, torch.ones(1, 9, dtype=torch.bool), cosine))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reseeding_ties_go_to_the_lowest_point_index(backend):
+    # Points -3 and 3 are equally far (9) from centre 0; the two empty clusters (1 and 2, far away)
+    # take them in increasing cluster order: cluster 1 the lower index (-3), cluster 2 the other.
+    x = torch.tensor([[0.0], [0.0], [-3.0], [3.0], [1.0]])
+    res = batched_kmeans(x, 3, init=torch.tensor([[0.0], [100.0], [200.0]]), iters=1, backend=backend)
+    torch.testing.assert_close(res.centroids[0, 1:], torch.tensor([[-3.0], [3.0]]))
+    x = torch.tensor([[0.0], [3.0], [0.0], [-3.0], [1.0]])  # the same points, the tie in the other order
+    res = batched_kmeans(x, 3, init=torch.tensor([[0.0], [100.0], [200.0]]), iters=1, backend=backend)
+    torch.testing.assert_close(res.centroids[0, 1:], torch.tensor([[3.0], [-3.0]]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_reseeding_batched_problems_with_different_empty_clusters(backend, metric):
+    # One batch: problem 0 has two empty clusters, problem 1 none, problem 2 one (and a shorter
+    # length, so its padded points must never be chosen); each equals its own run.
+    g = torch.Generator().manual_seed(60)
+    x = torch.randn(3, 20, 4, generator=g)
+    x[2, 15:] = 50.0  # padding far from everything: it would win the farthest-point rule if considered
+    init = x[:, :4].clone()
+    init[0, 2:] = 80.0  # two centres far from every point
+    init[2, 3] = -80.0
+    lengths = torch.tensor([20, 20, 15])
+    res = batched_kmeans(x, 4, init=init, lengths=lengths, iters=2, metric=metric, backend=backend)
+    ref = batched_kmeans(x, 4, init=init, lengths=lengths, iters=2, metric=metric, backend="torch")
+    atol, rtol = LLOYD.tolerance(backend, x.dtype)
+    assert_same_result(res, ref, atol=atol, rtol=rtol)
+    for b in range(3):
+        n = int(lengths[b])
+        alone = batched_kmeans(x[b, :n], 4, init=init[b], iters=2, metric=metric, backend=backend)
+        assert torch.equal(alone.labels[0], res.labels[b, :n]) and torch.equal(alone.n_iter[0], res.n_iter[b])
+        torch.testing.assert_close(alone.centroids[0], res.centroids[b], atol=atol, rtol=rtol)
+    assert (res.centroids[2].abs() < 49).all()  # the padding was never taken
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_zero_weight_cluster_is_reseeded(backend):
     # Centre 1 only attracts a zero-weight point: its weighted mean is
     # undefined, so it is re-seeded (never NaN, never a zero centre).
@@ -380,22 +549,180 @@ def test_torch_compile_on_cpu():
     torch.testing.assert_close(got[0], ref.centroids)
 
 
-def test_long_dot_products_keep_float64_labels_regression():
+_CUDA_MARKS = next(d for d in DEVICES if not isinstance(d, str)).marks
+
+
+@pytest.mark.parametrize("device, backend", [
+    pytest.param("cpu", "cpp" if "cpp" in BACKENDS else "torch", id="cpu"),
+    pytest.param("cuda", "triton", id="cuda-triton", marks=_CUDA_MARKS),  # interpreted: far too slow at this D
+])
+def test_long_dot_products_keep_float64_labels_regression(device, backend):
     # Regression: with D = 65,536 (StreamChat frames) a single 65,536-term
     # float32 accumulation per dot product moved near-boundary frames of one
     # problem in 16 to another cluster, and the C++ kernel settled in a worse
     # fixed point than scikit-learn in float64.  Blocked float32 partial sums
-    # added in float64 keep the labels.
+    # added in float64 (C++) or with Kahan compensation (Triton) keep the labels.
     sklearn_cluster = pytest.importorskip("sklearn.cluster")
+    _require(device, backend)
     B, N, D, k = 16, 40, 65536, 5
     g = torch.Generator().manual_seed(0)
     steps = 0.3 * torch.randn(B, N, D, generator=g)
     steps[:, 0] = torch.randn(B, D, generator=g)
     x = steps.cumsum(dim=1)  # video-like drifting frame features
     init = initial_centres(x, k, "k-means++", torch.ones(B, N), torch.full((B,), N), 0, False)
-    res = batched_kmeans(x, k, init=init, tol=0.0, backend="cpp" if "cpp" in BACKENDS else "torch")
+    res = batched_kmeans(x.to(device), k, init=init.to(device), tol=0.0, backend=backend)
     for b in range(B):
         km = sklearn_cluster.KMeans(k, init=init[b].double().numpy(), n_init=1, max_iter=10, tol=0.0,
                                     algorithm="lloyd").fit(x[b].double().numpy())
-        np.testing.assert_array_equal(res.labels[b].numpy(), km.labels_)
+        np.testing.assert_array_equal(res.labels[b].cpu().numpy(), km.labels_)
         assert int(res.n_iter[b]) == km.n_iter_
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton unavailable")
+def test_triton_assignment_compensates_long_dot_products():
+    # The Triton assignment adds its per-tile float32 dots with Kahan compensation.  Points placed
+    # at a distance 1e-3..1e-2 (in score) from the bisector of two centres, on features ~1 (so the
+    # D = 8192 dots are ~8192): the float64 argmin is the ground truth.  Plain float32 sums of the
+    # same 64-feature tiles flip some of them (checked below: the case can fail); the kernel's do not.
+    from streammem_kernels import _kmeans_triton as kt
+
+    D, N = 8192, 64
+    g = torch.Generator().manual_seed(2)
+    c = 1 + 0.01 * torch.randn(2, D, generator=g, dtype=torch.float64)
+    axis = c[0] - c[1]
+    eps = torch.logspace(-3, -2, N, dtype=torch.float64) * torch.where(torch.rand(N, generator=g) < 0.5, -1.0, 1.0)
+    x = (((c[0] + c[1]) / 2)[None] + eps[:, None] * axis[None] / (axis @ axis)).float()[None]
+    c = c.float()[None]
+    csq = (c.double() ** 2).sum(-1)
+    exact = (csq[:, None, :] - 2 * torch.bmm(x.double(), c.double().transpose(1, 2))).argmin(-1)
+    plain = torch.zeros(1, N, 2)
+    for d0 in range(0, D, kt.ASSIGN_BLOCK_D_ALIGNED):
+        plain = plain + torch.bmm(x[:, :, d0:d0 + kt.ASSIGN_BLOCK_D_ALIGNED],
+                                  c[:, :, d0:d0 + kt.ASSIGN_BLOCK_D_ALIGNED].transpose(1, 2))
+    assert ((csq[:, None, :] - 2 * plain.double()).argmin(-1) != exact).sum() >= 5
+    labels = torch.full((1, N), -1, dtype=torch.int64)
+    kt._assign(x, c, csq, torch.tensor([N]), torch.ones(1, dtype=torch.int32), labels, False)
+    assert torch.equal(labels, exact)
+
+
+# --------------------------------------------------------------------------
+# GPU path: no host synchronisation, CUDA-graph capture, 64-bit offsets
+# --------------------------------------------------------------------------
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton unavailable")
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_triton_path_never_synchronises_with_the_host(monkeypatch, metric):
+    # The Triton backend runs inside a mode that raises on any tensor-to-host conversion (.item(),
+    # bool(tensor), nonzero, boolean-mask indexing...): its Lloyd loop, convergence mask, re-seeding
+    # and inertia stay on the device.  Ragged lengths, weights, empty clusters and early stops included.
+    guard_backend(monkeypatch, LLOYD, "triton")
+    x = blobs(3, 20, 6, 3, seed=70)
+    x[1, 10:] = x[1, 0]  # duplicates: empty clusters get re-seeded
+    init = x[:, :4].clone()
+    init[0, 3] = 40.0  # a centre far from every point: empty at the first step
+    lengths = torch.tensor([20, 20, 13])
+    weights = torch.rand(3, 20, generator=torch.Generator().manual_seed(71)) + 0.1
+    res = batched_kmeans(x, 4, init=init, lengths=lengths, weights=weights, iters=3, metric=metric,
+                         backend="triton")
+    ref = batched_kmeans(x, 4, init=init, lengths=lengths, weights=weights, iters=3, metric=metric, backend="torch")
+    atol, rtol = LLOYD.tolerance("triton", x.dtype)
+    assert_same_result(res, ref, atol=atol, rtol=rtol)
+    frames = kmeans_frames(x.reshape(3, 20, 2, 3), 3, init="first", iters=2, metric=metric, backend="triton")
+    assert frames.centroids.shape == (3, 3, 2, 3)
+
+
+def test_host_sync_guard_catches_the_reference_loop(monkeypatch):
+    # The guard of the test above can fail: the reference's host loop (torch.nonzero per iteration)
+    # trips it.
+    guard_backend(monkeypatch, LLOYD, "torch")
+    with pytest.raises(HostSync):
+        batched_kmeans(blobs(2, 10, 3, 2, seed=72), 2, iters=2, backend="torch")
+
+
+def _graph_case(device, metric):
+    x = blobs(3, 50, 24, 4, seed=73).to(device)
+    x[1, 30:] = x[1, 0]  # duplicates: the re-seeding path runs inside the graph too
+    init = x[:, :5].clone()
+    init[0, 4] = 40.0
+    lengths = torch.tensor([50, 50, 37], device=device)
+    weights = (torch.rand(3, 50, generator=torch.Generator().manual_seed(74)) + 0.1).to(device)
+    return x, init, lengths, weights
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_cuda_graph_capture(metric):
+    # Both public functions capture in a CUDA graph (the initial centres given: k-means++ and
+    # "random" draw from a generator, whose replay would not repeat the eager draws) and a replay
+    # reproduces the eager result bit for bit.
+    x, init, lengths, weights = _graph_case("cuda", metric)
+    eager, replayed = capture_in_cuda_graph(
+        lambda: batched_kmeans(x, 5, init=init, lengths=lengths, weights=weights, iters=6, metric=metric,
+                               backend="triton"))
+    for a, b in zip(eager, replayed):
+        assert torch.equal(a, b)
+    ref = batched_kmeans(x.cpu(), 5, init=init.cpu(), lengths=lengths.cpu(), weights=weights.cpu(), iters=6,
+                         metric=metric, backend="torch")
+    atol, rtol = LLOYD.tolerance("triton", x.dtype)
+    assert_same_result(KMeansResult(*replayed), ref, atol=atol, rtol=rtol)
+    frames = x.reshape(3, 50, 4, 6)
+    eager, replayed = capture_in_cuda_graph(lambda: kmeans_frames(frames, 3, init="first", iters=3, metric=metric,
+                                                                  backend="triton"))
+    for a, b in zip(eager, replayed):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton unavailable")
+def test_triton_offsets_are_64_bit():
+    # Regression: offsets computed as rows[:, None] * D in int32 overflow once one problem holds
+    # N * D >= 2^31 elements.  The kernels take the points' row stride, so strided views of an
+    # untouched 8 GB allocation (virtual memory only: a few rows are touched) put rows 2^31
+    # elements apart; every kernel that reads points (assign, sums, distances, re-seeding) runs on
+    # them.  An int32 offset reads 8 GB before the allocation: the run dies of a segmentation
+    # fault, whose faulthandler traceback names this test.
+    from streammem_kernels._kmeans_triton import lloyd_triton
+
+    try:
+        base = torch.empty(2**31 + 64, dtype=torch.float32)
+    except RuntimeError:  # no overcommit: the address space is not available
+        pytest.skip("cannot reserve 8 GB of virtual memory")
+    g = torch.Generator().manual_seed(0)
+    views = [
+        base.as_strided((1, 3, 16), (3 * 2**30, 2**30, 1)),  # rows 0, 2^30, 2^31: row * stride overflows int32
+        base[32:].as_strided((3, 1, 16), (2**30, 2**30, 1)),  # problem 2 at 2^31: b * N * stride overflows
+    ]
+    for x in views:
+        x.copy_(torch.randn(x.shape, generator=g))
+        B, N, D = x.shape
+        k = min(N, 2)
+        init = x[:, :k].clone()
+        if k == 2:
+            x[0, 2] += 10.0  # the farthest point from centre 0 (row 0): row 2, at 8 GB
+            init[:, 1] = 100.0  # an empty cluster, re-seeded with that point
+        weights, lengths = torch.ones(B, N), torch.full((B,), N)
+        got = lloyd_triton(x, weights, lengths, init, torch.zeros(B, dtype=torch.float64), 1, False)
+        ref = lloyd_loop(x.contiguous(), weights, lengths, init, 0.0, 1, False)
+        assert torch.equal(got[1], ref[1]) and torch.equal(got[3], ref[3])
+        torch.testing.assert_close(got[0], ref[0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got[2], ref[2], rtol=1e-6, atol=1e-6)
+        if k == 2:
+            assert torch.equal(got[0][0, 1], x[0, 2])  # the point at 2^31 elements became a centre
+    del views, base
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+def test_cuda_problem_larger_than_2_31_elements():
+    # The real thing where the GPU has the memory: one problem of 32,769 frames x 65,536 features
+    # (8.6 GB, N * D > 2^31) through the public function.
+    free, _ = torch.cuda.mem_get_info()
+    if free < 24 * 2**30:
+        pytest.skip("needs 24 GB of free GPU memory")
+    N, D = 2**15 + 1, 2**16
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(1, N, D, device="cuda", generator=g)
+    x[0, -100:] += 5.0  # the last rows (past 2^31 elements) form their own cluster
+    init = torch.stack([x[0, 0], x[0, -1]])[None].clone()
+    res = batched_kmeans(x, 2, init=init, iters=2, tol=0.0, backend="triton")
+    ref = batched_kmeans(x, 2, init=init, iters=2, tol=0.0, backend="torch")
+    assert torch.equal(res.labels, ref.labels)
+    assert (res.labels[0, -100:] == 1).all()
+    torch.testing.assert_close(res.centroids, ref.centroids, atol=5e-5, rtol=1e-5)

@@ -1,4 +1,5 @@
-"""token_logprobs / linear_token_logprobs / divergence_point against their references."""
+"""token_logprobs / linear_token_logprobs / divergence_point against their references,
+on CPU (every backend; Triton through the interpreter) and on CUDA tensors where a GPU exists."""
 import math
 
 import numpy as np
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from conftest import cpu_backends
+from device_checks import DEVICES, capture_in_cuda_graph, device_backends, guard_backend
 from streammem_kernels import divergence_point, linear_token_logprobs, token_logprobs
 from streammem_kernels.logprobs import (
     DIVERGENCE_POINT,
@@ -19,53 +21,66 @@ from streammem_kernels.logprobs import (
 TOKEN_BACKENDS = cpu_backends(TOKEN_LOGPROBS)
 LINEAR_BACKENDS = cpu_backends(LINEAR_TOKEN_LOGPROBS)
 DIV_BACKENDS = cpu_backends(DIVERGENCE_POINT)
-
-# (dtype, atol): inputs are upcast exactly, so every dtype is compared with the
-# float32 reference computed from the same (rounded) inputs; the only error is
-# float32 summation order and the kernels' polynomial exp.
-TOLERANCES = [(torch.float32, 1e-5), (torch.float16, 2e-5), (torch.bfloat16, 2e-5)]
+KERNEL_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+CUDA = DEVICES[1].marks[0]  # skipped without a GPU
 
 
-def _small_for(backend, size):
+def device_cases(op):
+    """(device, backend) pairs: every CPU backend, and every GPU backend on CUDA tensors."""
+    return [("cpu", b) for b in cpu_backends(op)] + [
+        pytest.param("cuda", b, marks=CUDA) for b in ("torch", "triton", "cuda") if b in op.impls]
+
+
+def require(op, device, backend):
+    if device == "cuda" and backend not in device_backends(op, device):
+        pytest.skip(f"{op.name}: backend {backend} cannot run on this GPU")
+
+
+def _small_for(backend, device, size):
     # The Triton interpreter costs ~0.5 ms per program instance: keep its grids small.
-    return min(size, 12) if backend == "triton" else size
+    return min(size, 12) if backend == "triton" and device == "cpu" else size
 
 
 # --------------------------------------------------------------------------
 # token_logprobs
 # --------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", TOKEN_BACKENDS)
-@pytest.mark.parametrize("dtype,atol", TOLERANCES)
-@pytest.mark.parametrize("rows,vocab", [(1, 1), (1, 7), (3, 423), (17, 1031), (40, 2049)])
-def test_token_logprobs_matches_reference(backend, dtype, atol, rows, vocab):
+@pytest.mark.parametrize("device,backend", device_cases(TOKEN_LOGPROBS))
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize("rows,vocab", [(1, 1), (1, 7), (3, 423), (17, 1031), (40, 2049), (2, 4099)])
+def test_token_logprobs_matches_reference(device, backend, dtype, rows, vocab):
+    require(TOKEN_LOGPROBS, device, backend)
     g = torch.Generator().manual_seed(rows * 1000 + vocab)
-    rows = _small_for(backend, rows)
+    rows = _small_for(backend, device, rows)
     logits = (torch.randn(rows, vocab, generator=g) * 4).to(dtype)
     targets = torch.randint(0, vocab, (rows,), generator=g)
     expected = token_logprobs_reference(logits, targets)
-    got = token_logprobs(logits, targets, backend=backend)
-    assert got.dtype == torch.float32 and got.shape == (rows,)
-    torch.testing.assert_close(got, expected, atol=atol, rtol=1e-5)
+    got = token_logprobs(logits.to(device), targets.to(device), backend=backend)
+    assert got.dtype == torch.float32 and got.shape == (rows,) and got.device.type == device
+    atol, rtol = TOKEN_LOGPROBS.tolerance(backend, dtype)
+    torch.testing.assert_close(got.cpu(), expected, atol=atol, rtol=rtol)
     if vocab == 1:
         assert torch.all(got == 0)
 
 
-@pytest.mark.parametrize("backend", TOKEN_BACKENDS)
-def test_token_logprobs_batched_and_sliced(backend):
+@pytest.mark.parametrize("device,backend", device_cases(TOKEN_LOGPROBS))
+def test_token_logprobs_batched_and_sliced(device, backend):
+    require(TOKEN_LOGPROBS, device, backend)
     g = torch.Generator().manual_seed(1)
-    base = torch.randn(2, 9, 700, generator=g) * 3
+    base = (torch.randn(2, 9, 700, generator=g) * 3).to(device)
     logits = base[:, ::2, 50:650]  # strided rows, vocabulary dim still unit-stride
-    targets = torch.randint(0, 600, (2, 5), generator=g)
-    expected = token_logprobs_reference(logits, targets)
+    targets = torch.randint(0, 600, (2, 5), generator=g).to(device)
+    expected = token_logprobs_reference(logits.cpu(), targets.cpu())
     snapshot = base.clone()
     got = token_logprobs(logits, targets, backend=backend)
     assert got.shape == (2, 5)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    atol, rtol = TOKEN_LOGPROBS.tolerance(backend, torch.float32)
+    torch.testing.assert_close(got.cpu(), expected, atol=atol, rtol=rtol)
     assert torch.equal(base, snapshot)
     # a transposed view (vocabulary not unit-stride) is copied, not misread
     tview = base[0].T.contiguous().T[:, :600]
-    torch.testing.assert_close(token_logprobs(tview, targets[0, :1].expand(9).contiguous(), backend=backend),
-                               token_logprobs_reference(tview, targets[0, :1].expand(9)), atol=1e-5, rtol=1e-5)
+    tgt = targets[0, :1].expand(9)
+    torch.testing.assert_close(token_logprobs(tview, tgt.contiguous(), backend=backend).cpu(),
+                               token_logprobs_reference(tview.cpu(), tgt.cpu()), atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("backend", TOKEN_BACKENDS)
@@ -145,38 +160,44 @@ def test_token_logprobs_opcheck():
 # --------------------------------------------------------------------------
 # linear_token_logprobs
 # --------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", LINEAR_BACKENDS)
-@pytest.mark.parametrize("dtype,atol", TOLERANCES)
+@pytest.mark.parametrize("device,backend", device_cases(LINEAR_TOKEN_LOGPROBS))
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
 @pytest.mark.parametrize("rows,vocab,width,with_bias", [
     (1, 1, 8, False), (1, 5, 3, True), (7, 131, 33, False), (13, 517, 64, True), (40, 1000, 96, False),
+    (70, 300, 48, True),  # two row blocks of the 64-row GPU tile (on CPU only for the non-interpreted backends)
 ])
-def test_linear_token_logprobs_matches_reference(backend, dtype, atol, rows, vocab, width, with_bias):
+def test_linear_token_logprobs_matches_reference(device, backend, dtype, rows, vocab, width, with_bias):
+    require(LINEAR_TOKEN_LOGPROBS, device, backend)
     g = torch.Generator().manual_seed(rows * 7 + vocab + width)
-    rows = _small_for(backend, rows)
+    rows = _small_for(backend, device, rows)
     hidden = torch.randn(rows, width, generator=g).to(dtype)
     weight = (torch.randn(vocab, width, generator=g) / math.sqrt(width) * 3).to(dtype)
     bias = torch.randn(vocab, generator=g).to(dtype) if with_bias else None
     targets = torch.randint(0, vocab, (rows,), generator=g)
     expected = linear_token_logprobs_reference(hidden, weight, targets, bias)
-    got = linear_token_logprobs(hidden, weight, targets, bias, backend=backend)
-    assert got.dtype == torch.float32 and got.shape == (rows,)
-    torch.testing.assert_close(got, expected, atol=atol * 3, rtol=1e-5)
+    on = (lambda t: None if t is None else t.to(device))
+    got = linear_token_logprobs(on(hidden), on(weight), on(targets), on(bias), backend=backend)
+    assert got.dtype == torch.float32 and got.shape == (rows,) and got.device.type == device
+    atol, rtol = LINEAR_TOKEN_LOGPROBS.tolerance(backend, dtype)
+    torch.testing.assert_close(got.cpu(), expected, atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize("backend", LINEAR_BACKENDS)
-def test_linear_token_logprobs_batched_sliced_extreme(backend):
+@pytest.mark.parametrize("device,backend", device_cases(LINEAR_TOKEN_LOGPROBS))
+def test_linear_token_logprobs_batched_sliced_extreme(device, backend):
+    require(LINEAR_TOKEN_LOGPROBS, device, backend)
     g = torch.Generator().manual_seed(5)
     width, vocab = 24, 300
-    hidden = torch.randn(2, 11, width * 2, generator=g)[:, ::3, ::2]  # (2, 4, 24), non-contiguous
+    hidden = torch.randn(2, 11, width * 2, generator=g).to(device)[:, ::3, ::2]  # (2, 4, 24), non-contiguous
     weight = torch.randn(vocab, width, generator=g)
     weight[7] *= 1e3  # logits around +-1e4 for some rows
-    targets = torch.randint(0, vocab, (2, 4), generator=g)
+    weight = weight.to(device)
+    targets = torch.randint(0, vocab, (2, 4), generator=g).to(device)
     targets[0, 0] = 7
     snapshot = (hidden.clone(), weight.clone())
     got = linear_token_logprobs(hidden, weight, targets, backend=backend)
-    expected = linear_token_logprobs_reference(hidden, weight, targets)
+    expected = linear_token_logprobs_reference(hidden.cpu(), weight.cpu(), targets.cpu())
     assert torch.isfinite(got).all() and got.shape == (2, 4)
-    torch.testing.assert_close(got, expected, atol=2e-3, rtol=1e-5)  # |logit| ~1e4: float32 ulp is 1e-3
+    torch.testing.assert_close(got.cpu(), expected, atol=2e-3, rtol=1e-5)  # |logit| ~1e4: float32 ulp is 1e-3
     assert torch.equal(hidden, snapshot[0]) and torch.equal(weight, snapshot[1])
 
 
@@ -223,6 +244,132 @@ def test_linear_token_logprobs_opcheck():
                                   (hidden, weight, bias, targets, backend))
             torch.library.opcheck(torch.ops.streammem.linear_token_logprobs.default,
                                   (hidden, weight, None, targets, backend))
+
+
+# --------------------------------------------------------------------------
+# The Triton launch configuration: the GPU's, also under the interpreter
+# --------------------------------------------------------------------------
+@pytest.fixture()
+def interpreted_launches(monkeypatch):
+    """Keyword arguments (constexprs and launch options) of every interpreted Triton launch."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    seen = []
+    original = InterpretedFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        seen.append((self.fn.__name__, {k: getattr(v, "value", v) for k, v in kwargs.items()}))
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", run)
+    return seen
+
+
+def _linear_case(dtype, rows=5, vocab=300, width=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(rows, width, generator=g).to(dtype)
+    weight = (torch.randn(vocab, width, generator=g) / math.sqrt(width) * 3).to(dtype)
+    bias = torch.randn(vocab, generator=g).to(dtype)
+    return hidden, weight, torch.randint(0, vocab, (rows,), generator=g), bias
+
+
+@pytest.mark.skipif("triton" not in LINEAR_BACKENDS, reason="Triton interpreter unavailable")
+@pytest.mark.parametrize("width", [64, 33])  # H % 16 == 0 or not: the two tile configurations per dtype
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+def test_linear_triton_runs_the_gpu_tiles_under_the_interpreter(interpreted_launches, dtype, width):
+    from streammem_kernels import _aot
+    from streammem_kernels._logprobs_triton import linear_config
+
+    hidden, weight, targets, bias = _linear_case(dtype, width=width)
+    linear_token_logprobs(hidden, weight, targets, bias, backend="triton")
+    with _aot.recording():  # what a GPU launch gets (the compile check replays these)
+        linear_token_logprobs(hidden, weight, targets, bias, backend="triton")
+    (name, here), (_, gpu) = interpreted_launches
+    assert name == "_linear_token_logprobs_kernel"
+    cfg = linear_config(dtype, width)
+    assert (gpu["BLOCK_T"], gpu["BLOCK_V"], gpu["BLOCK_H"], gpu["num_warps"], gpu["num_stages"]) == tuple(cfg)
+    # The only difference allowed: bfloat16 tiles are upcast under the interpreter (its bf16 dot is wrong).
+    differ = {k for k in gpu if here[k] != gpu[k]}
+    assert differ == ({"UPCAST", "IEEE"} if dtype == torch.bfloat16 else set())
+    assert gpu["UPCAST"] is False and gpu["IEEE"] is (dtype == torch.float32)
+
+
+@pytest.mark.skipif("triton" not in LINEAR_BACKENDS, reason="Triton interpreter unavailable")
+@pytest.mark.parametrize("width", [64, 33])
+def test_linear_triton_bf16_against_fp32_reference_of_rounded_inputs(width):
+    """What this proves, and what it cannot.
+
+    On a GPU, bfloat16 tiles go to the tensor cores as they are: products of
+    bfloat16 values are exact in the float32 accumulator, so the result must
+    equal the float32 reference evaluated on the bfloat16-rounded inputs, up
+    to summation order.  The interpreter computes bfloat16 dots wrongly, so
+    under it the kernel upcasts the tiles it loaded to float32 before the dot
+    (UPCAST); every other step runs as on the GPU: the bfloat16 loads, masks
+    and strides of the GPU tile shape, the bias, the online log-sum-exp and
+    the split merge.  The dot instruction itself (mma / wgmma on bfloat16) is
+    checked by the ahead-of-time compile of that exact specialisation
+    (tests/test_triton_compile.py) and run on CUDA tensors by the device tests
+    where a GPU exists.  float16 needs no upcast: the interpreter's float16 dot
+    is right, so the float16 cases above run the tensor-core specialisation itself.
+    """
+    hidden, weight, targets, bias = _linear_case(torch.bfloat16, rows=9, vocab=517, width=width, seed=width)
+    rounded = linear_token_logprobs_reference(hidden.float(), weight.float(), targets, bias.float())
+    got = linear_token_logprobs(hidden, weight, targets, bias, backend="triton")
+    atol, rtol = LINEAR_TOKEN_LOGPROBS.tolerance("triton", torch.bfloat16)
+    torch.testing.assert_close(got, rounded, atol=atol, rtol=rtol)
+    # The test can fail: the float32 inputs before rounding give a different answer.
+    unrounded = linear_token_logprobs_reference(*(t.float() if t.is_floating_point() else t
+                                                  for t in _linear_case(torch.float32, 9, 517, width, width)))
+    assert (got - unrounded).abs().max() > 10 * atol
+
+
+# --------------------------------------------------------------------------
+# The GPU path is device-resident: no host synchronisation, CUDA-graph capture
+# --------------------------------------------------------------------------
+def test_triton_backends_never_synchronise(monkeypatch):
+    if "triton" not in TOKEN_BACKENDS:
+        pytest.skip("Triton interpreter unavailable")
+    guard_backend(monkeypatch, TOKEN_LOGPROBS, "triton")
+    guard_backend(monkeypatch, LINEAR_TOKEN_LOGPROBS, "triton")
+    logits = torch.randn(2, 3, 2100)
+    targets = torch.randint(0, 2100, (2, 3))
+    torch.testing.assert_close(token_logprobs(logits, targets, backend="triton"),
+                               token_logprobs_reference(logits, targets), atol=1e-5, rtol=1e-5)
+    hidden, weight, tgt, bias = _linear_case(torch.float32)
+    torch.testing.assert_close(linear_token_logprobs(hidden, weight, tgt, bias, backend="triton"),
+                               linear_token_logprobs_reference(hidden, weight, tgt, bias), atol=3e-5, rtol=1e-5)
+
+
+def test_divergence_point_gpu_backend_never_synchronises(monkeypatch):
+    # divergence_point runs its torch backend on CUDA tensors: that is the code to keep sync-free.
+    guard_backend(monkeypatch, DIVERGENCE_POINT, "torch")
+    lp = -torch.rand(3, 40, dtype=torch.float64) * 2
+    lp[1, 30] = -9.0
+    got = divergence_point(lp, delta=4, lengths=torch.tensor([40, 35, 0]), backend="torch")
+    assert got.tolist() == divergence_point_reference(lp, 4, 0.85, 1.0, torch.tensor([40, 35, 0])).tolist()
+
+
+@CUDA
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_logprob_ops_capture_in_cuda_graph(backend):
+    require(TOKEN_LOGPROBS, "cuda", backend)
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 5000, generator=g).cuda()
+    targets = torch.randint(0, 5000, (4,), generator=g).cuda()
+    hidden, weight, tgt, bias = (t.cuda() for t in _linear_case(torch.bfloat16, rows=70, vocab=3000, width=64))
+    for fn in (lambda: token_logprobs(logits, targets, backend=backend),
+               lambda: linear_token_logprobs(hidden, weight, tgt, bias, backend=backend)):
+        eager, replayed = capture_in_cuda_graph(fn)
+        torch.testing.assert_close(replayed, eager, atol=0, rtol=0)
+
+
+@CUDA
+def test_divergence_point_captures_in_cuda_graph():
+    lp = (-torch.rand(3, 40, dtype=torch.float64) * 2).cuda()
+    lengths = torch.tensor([40, 35, 0]).cuda()
+    eager, replayed = capture_in_cuda_graph(lambda: divergence_point(lp, delta=4, lengths=lengths, backend="torch"))
+    assert torch.equal(eager, replayed)
+    assert eager.tolist() == divergence_point_reference(lp.cpu(), 4, 0.85, 1.0, lengths.cpu()).tolist()
 
 
 # --------------------------------------------------------------------------

@@ -3,7 +3,7 @@ random Llama models built offline (a byte-level tokenizer stands in for a real o
 import pytest
 import torch
 
-from streammem import HashingTextEncoder, PixelEncoder, Preset, StreamPipeline, SyntheticVideo
+from streammem import HashingTextEncoder, MemoryConfig, PixelEncoder, Preset, StreamPipeline, SyntheticVideo
 from streammem.captioners import LanguageModelCaptioner
 from streammem.caption_reuse import update_caption
 from streammem.memory import Captioner, FrameRecord
@@ -76,8 +76,8 @@ def test_pipeline_with_language_model_event_captions():
     model = tiny_llama(3)
     cap = LanguageModelCaptioner(model, encode, decode, max_new_tokens=6, beta=1e9)
     video = SyntheticVideo(["red", "green", "blue"], 30, size=(16, 16))
-    pipe = StreamPipeline(video, PixelEncoder(), HashingTextEncoder(), preset=Preset("t", 0.0, 10, 3, 3),
-                          motion_size=None, event_captioner=cap)
+    pipe = StreamPipeline(video, PixelEncoder(), HashingTextEncoder(),
+                          config=MemoryConfig(preset=Preset("t", 0.0, 10, 3, 3), motion_size=None), event_captioner=cap)
     pipe.run()
     entries = pipe.knowledge_base.entries
     assert len(entries) == 3 and all(isinstance(e.caption, str) for e in entries)

@@ -7,10 +7,13 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from streammem import (
-    HashingTextEncoder, PipelineStopped, PixelEncoder, Preset, StreamPipeline, SyntheticVideo,
+    BoundedConfig, HashingTextEncoder, MemoryConfig, PipelineStopped, PixelEncoder, Preset, SegmenterConfig,
+    ShortTermConfig, StreamMemory, StreamPipeline, SyntheticVideo,
 )
+from streammem.pipeline import config_from_keywords
 from streammem_kernels import select_frames
 
 COLOURS = ["red", "green", "blue", "yellow", "purple", "cyan"]
@@ -21,10 +24,12 @@ pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 
-def _pipeline(source, text=None, **kwargs):
-    kwargs.setdefault("preset", Preset("test", 0.0, 10, 3, 3))
-    kwargs.setdefault("motion_size", None)
-    return StreamPipeline(source, PixelEncoder(), text or HashingTextEncoder(), **kwargs)
+def _config(preset=Preset("test", 0.0, 10, 3, 3), **changes):
+    return MemoryConfig(preset=preset, motion_size=None, **changes)
+
+
+def _pipeline(source, text=None, config=None, **kwargs):
+    return StreamPipeline(source, PixelEncoder(), text or HashingTextEncoder(), config=config or _config(), **kwargs)
 
 
 def test_pipeline_end_to_end_on_synthetic_cuts(minilm):
@@ -62,7 +67,7 @@ def test_every_selected_frame_reaches_memory_exactly_once():
     frames[50:58] = frames[50]
     source = [(i / 10.0, f) for i, f in enumerate(frames)]
     seen = []
-    pipe = _pipeline(source, preset=Preset("t", 0.2, 10, 3, 3), gate_batch=4, queue_size=3,
+    pipe = _pipeline(source, config=_config(Preset("t", 0.2, 10, 3, 3)), gate_batch=4, queue_size=3,
                      frame_hook=lambda r: seen.append(r.index))
     pipe.run()
     expected = select_frames(frames, 0.2, size=None)
@@ -110,8 +115,7 @@ class _FailingEncoder(PixelEncoder):
 def test_failure_in_frame_stacking_surfaces():
     video = SyntheticVideo(COLOURS, 20, size=(16, 16), total_frames=10_000)
     encoder = _FailingEncoder(2)
-    pipe = StreamPipeline(video, encoder, HashingTextEncoder(), preset=Preset("t", 0.0, 10, 3, 3),
-                          motion_size=None)
+    pipe = StreamPipeline(video, encoder, HashingTextEncoder(), config=_config())
     pipe.start()
     pending = pipe.submit("never released", at=1e9)
     encoder.armed.set()
@@ -209,9 +213,9 @@ def test_soak_20000_frames_memory_bounded():
             rss.append(_rss_mb())
             nodes.append(len(pipe.long_term.nodes))
 
-    pipe = StreamPipeline(video, PixelEncoder(grid=2), HashingTextEncoder(64), preset=Preset("soak", 0.0, 50, 4, 2),
-                          motion_size=None, gate_batch=64, budget=budget, frame_hook=probe,
-                          bounded_kwargs={"theta_concept": None, "tau": 20.0})
+    config = _config(Preset("soak", 0.0, 50, 4, 2), bounded=BoundedConfig(budget, theta_concept=None, tau=20.0))
+    pipe = StreamPipeline(video, PixelEncoder(grid=2), HashingTextEncoder(64), config=config, gate_batch=64,
+                          frame_hook=probe)
     pipe.run()
     s = pipe.summary()
     assert s["frames_formed"] == total
@@ -221,3 +225,58 @@ def test_soak_20000_frames_memory_bounded():
     # Knowledge base grows one entry per event by design (StreamRAG keeps every event);
     # RSS must not keep growing: the second half adds little.
     assert rss[-1] - rss[len(rss) // 2] < 25, rss
+
+
+def test_pipeline_keywords_from_before_memory_config():
+    """The old keywords still build the same memory; mixing them with config= or memory= is an error."""
+    legacy = dict(preset="fast", budget=300, bounded_kwargs={"tau": 5.0}, segmenter_kwargs={"drift": 0.5},
+                  motion_size=None, short_term=(10, 3, 2.0), dialogue_k=2, seed=7, backend="torch")
+    pipe = StreamPipeline([], PixelEncoder(), HashingTextEncoder(), **legacy)
+    want = MemoryConfig.from_preset("fast", bounded=BoundedConfig(300, tau=5.0), segmenter=SegmenterConfig(drift=0.5),
+                                    motion_size=None, short_term=ShortTermConfig(10, 3, 2.0), dialogue_k=2, seed=7,
+                                    backend="torch")
+    assert pipe.config == want == config_from_keywords(**legacy)
+    assert pipe.bounded.tau == 5.0 and pipe.events.segmenter.params.drift == 0.5 and pipe.short_term.keep == 3
+    with pytest.raises(ValueError, match="not both"):
+        StreamPipeline([], PixelEncoder(), HashingTextEncoder(), config=want, preset="base")
+    with pytest.raises(TypeError, match="budgt"):
+        StreamPipeline([], PixelEncoder(), HashingTextEncoder(), budgt=10)
+    memory = StreamMemory(want, PixelEncoder(), HashingTextEncoder())
+    with pytest.raises(ValueError, match="config"):
+        StreamPipeline([], memory=memory, config=want)
+    assert StreamPipeline([], memory=memory).memory is memory
+
+
+def test_pipeline_equals_synchronous_memory():
+    """The three threads form exactly what StreamMemory.push forms alone (same frames, same order)."""
+    video = SyntheticVideo(COLOURS, [25, 18, 30, 22, 15, 20], size=(16, 16), fps=10.0)
+    frames = np.stack([f for _, f in video])
+    frames[30:38] = frames[30]  # still stretches the gate drops
+    frames[90:97] = frames[90]
+    items = [(i / 10.0, f) for i, f in enumerate(frames)]
+    config = _config(Preset("t", 0.15, 8, 3, 2), bounded=BoundedConfig(60, theta_concept=None))
+    pipe = StreamPipeline(items, PixelEncoder(), HashingTextEncoder(), config=config, gate_batch=5)
+    pipe.run()
+    alone = StreamMemory(config, PixelEncoder(), HashingTextEncoder())
+    for start in range(0, len(items), 7):  # another batching than the pipeline's
+        chunk = items[start:start + 7]
+        alone.push([t for t, _ in chunk], np.stack([f for _, f in chunk]))
+    alone.finish()
+    assert 0 < pipe.memory.frames_kept < len(items) and pipe.memory.bounded.stats.rounds > 0
+    _assert_same_state(pipe.memory.state_dict(), alone.state_dict())
+
+
+def _assert_same_state(a, b, path="state"):
+    if isinstance(a, dict):
+        keys = set(a) - {"timings"}
+        assert keys == set(b) - {"timings"}, path
+        for k in keys:
+            _assert_same_state(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same_state(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    else:
+        assert a == b, path

@@ -4,6 +4,7 @@ Every backend is compared with the torch reference; the reference itself is
 checked against a plain-Python rendering of StreamChat's Algorithm 1 and
 against brute-force sorts.
 """
+import io
 import math
 import random
 
@@ -12,9 +13,13 @@ import pytest
 import torch
 
 from conftest import cpu_backends
+from device_checks import DEVICES, HAS_CUDA, capture_in_cuda_graph, device_backends, guard_backend
 from streammem_kernels import CosineTree, cosine_topk, tree_search
+from streammem_kernels._launch import recording_gpu_launches
 from streammem_kernels.tree import (
     COSINE_TOPK,
+    TREE_BEAM,
+    TREE_GREEDY,
     TREE_SEARCH,
     _cosine_topk_cpp_blas,
     _cosine_topk_cpp_fused,
@@ -71,8 +76,24 @@ def check_invariants(tree: CosineTree):
         # every non-root has exactly one parent; roots have none
         assert seen_as_child[node] == (0 if parent[node] == -1 else 1)
     assert tree.roots.tolist() == [i for i in range(n) if parent[i] == -1]
+    assert tree.max_fanout == max((ptr[p + 1] - ptr[p] for p in range(n)), default=0)
     emb_norm = torch.linalg.vector_norm(tree.embeddings, dim=1)
     assert bool(((emb_norm - 1).abs() < 1e-5).logical_or(emb_norm == 0).all())
+
+
+def on_device(tree: CosineTree, device: str) -> CosineTree:
+    """The same tree (ids, tombstones, utility) with its tensors on ``device``."""
+    if device == "cpu":
+        return tree
+    buf = io.BytesIO()
+    tree.save(buf)
+    buf.seek(0)
+    return CosineTree.load(buf, device=device)
+
+
+def fast_backends(op, device):
+    """Backends compared with the reference on ``device`` (the reference itself excluded)."""
+    return [b for b in device_backends(op, device) if b != "torch"]
 
 
 def algorithm1(tree: CosineTree, query) -> tuple[list[int], list[float], int, float]:
@@ -151,25 +172,38 @@ TREE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", TREE_BACKENDS)
+def assert_matches_reference(got, ref, backend, what):
+    """Ids exactly; scores within the backend's declared tolerance (queries are float32 here)."""
+    atol, rtol = TREE_SEARCH.tolerance(backend, torch.float32)
+    for x, y, field in zip(got, ref, ref._fields):
+        if y.dtype == torch.int64:
+            assert torch.equal(x.cpu(), y.cpu()), f"{backend} {what}: {field} differs"
+        else:
+            torch.testing.assert_close(x.cpu(), y.cpu(), atol=atol, rtol=rtol, msg=f"{backend} {what}: {field}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n_leaves,group,dim,num_q,leftover", TREE_CASES)
-def test_backends_match_reference(backend, n_leaves, group, dim, num_q, leftover):
-    tree = build_tree(n_leaves, group, dim, seed=n_leaves, leftover=leftover)
-    queries = torch.randn(num_q + 2, dim, generator=torch.Generator().manual_seed(1))[1 : num_q + 1]  # sliced
-    if backend == "triton":
-        queries = queries[:24]  # interpreted Triton costs ~ms per program: same kernel, fewer query blocks
-    ref = tree_search(tree, queries, backend="torch")
-    assert_same_path(tree_search(tree, queries, backend=backend), ref)
-    ref_all = tree_search(tree, queries, from_every_root=True, backend="torch")
-    assert_same_path(tree_search(tree, queries, from_every_root=True, backend=backend), ref_all)
-    for beam, k, use_utility, min_score in (((5, 10), 3, False, None), (2, 7, True, 0.1), ((1,), 1, False, None)):
-        if use_utility:
-            tree.set_utility(torch.arange(tree.num_nodes), torch.rand(tree.num_nodes, generator=torch.Generator()))
-        kw = dict(beam=beam, k=k, use_utility=use_utility, min_score=min_score)
-        ref_beam = tree_search(tree, queries, backend="torch", **kw)
-        got = tree_search(tree, queries, backend=backend, **kw)
-        assert torch.equal(got.ids, ref_beam.ids)
-        torch.testing.assert_close(got.scores, ref_beam.scores, atol=SCORE_ATOL, rtol=0)
+def test_backends_match_reference(device, n_leaves, group, dim, num_q, leftover):
+    tree = on_device(build_tree(n_leaves, group, dim, seed=n_leaves, leftover=leftover), device)
+    gen = torch.Generator().manual_seed(1)
+    queries = torch.randn(num_q + 2, dim, generator=gen)[1 : num_q + 1].to(device)  # sliced
+    utility = torch.rand(tree.num_nodes, generator=gen)
+    for backend in fast_backends(TREE_SEARCH, device):
+        q = queries
+        if backend == "triton" and device == "cpu":
+            q = queries[:24]  # interpreted Triton costs ~ms per operation: same kernels, fewer query blocks
+        tree.set_utility(torch.arange(tree.num_nodes), 1.0)
+        for from_every_root in (False, True):
+            kw = dict(from_every_root=from_every_root)
+            assert_matches_reference(tree_search(tree, q, backend=backend, **kw),
+                                     tree_search(tree, q, backend="torch", **kw), backend, kw)
+        for beam, k, use_utility, min_score in (((5, 10), 3, False, None), (2, 7, True, 0.1), ((1,), 1, False, None)):
+            if use_utility:
+                tree.set_utility(torch.arange(tree.num_nodes), utility)
+            kw = dict(beam=beam, k=k, use_utility=use_utility, min_score=min_score)
+            assert_matches_reference(tree_search(tree, q, backend=backend, **kw),
+                                     tree_search(tree, q, backend="torch", **kw), backend, kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
@@ -283,11 +317,11 @@ def test_beam_pads_when_fewer_leaves_qualify():
 # --------------------------------------------------------------------------
 # cosine_topk
 # --------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", TOPK_BACKENDS)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("num_q,num_k,dim,k", [(1, 1, 1, 1), (5, 7, 3, 9), (20, 300, 384, 5), (17, 300, 1, 4),
-                                               (3, 300, 64, 12)])
+                                               (3, 300, 64, 12), (1, 700, 97, 9)])
 @pytest.mark.parametrize("with_ranges", [False, True])
-def test_cosine_topk_equals_brute_force_sort(backend, num_q, num_k, dim, k, with_ranges):
+def test_cosine_topk_equals_brute_force_sort(device, num_q, num_k, dim, k, with_ranges):
     g = torch.Generator().manual_seed(num_q * num_k + dim)
     keys = torch.randn(num_k + 1, dim, generator=g)[1:]  # sliced rows
     keys[::11] *= 0  # zero keys score 0
@@ -297,15 +331,17 @@ def test_cosine_topk_equals_brute_force_sort(backend, num_q, num_k, dim, k, with
         start = torch.randint(0, num_k + 1, (num_q,), generator=g)
         end = start + torch.randint(0, num_k + 1, (num_q,), generator=g)
         ranges = torch.stack([start, end.clamp_max(num_k)], 1)
-    res = cosine_topk(queries, keys, k, ranges=ranges, backend=backend)
     ids, scores = brute_topk(queries, keys, k, ranges=None if ranges is None else ranges.tolist())
-    if dim == 1:  # every score is exactly +-1 or 0: many ties, broken toward the lower index
-        assert_topk_equal(res, ids, scores, atol=0)
-    else:
-        assert_topk_equal(res, ids, scores)
-    if ranges is not None:
-        inside = (res.ids >= ranges[:, :1]) & (res.ids < ranges[:, 1:])
-        assert bool((inside | (res.ids == -1)).all())
+    for backend in device_backends(COSINE_TOPK, device):
+        res = cosine_topk(queries.to(device), keys.to(device), k,
+                          ranges=None if ranges is None else ranges.to(device), backend=backend)
+        res = type(res)(*(t.cpu() for t in res))
+        # Every score is exactly +-1 or 0 at D = 1: many ties, broken toward the lower index.
+        atol = 0 if dim == 1 else max(SCORE_ATOL, COSINE_TOPK.tolerance(backend, torch.float32)[0])
+        assert_topk_equal(res, ids, scores, atol=atol)
+        if ranges is not None:
+            inside = (res.ids >= ranges[:, :1]) & (res.ids < ranges[:, 1:])
+            assert bool((inside | (res.ids == -1)).all())
 
 
 @pytest.mark.parametrize("path", [_cosine_topk_cpp_fused, _cosine_topk_cpp_blas])
@@ -499,11 +535,157 @@ def test_opcheck():
     arrays = (tree.embeddings, tree.child_ptr, tree.child_idx, tree.roots)
     # The fake (meta) kernels do not depend on the backend: check the one auto picks.
     for backend in [TREE_BACKENDS[min(1, len(TREE_BACKENDS) - 1)]]:
-        torch.library.opcheck(torch.ops.streammem.tree_greedy.default, (*arrays, q, tree.height, False, backend))
-        torch.library.opcheck(torch.ops.streammem.tree_greedy.default, (*arrays, q, tree.height, True, backend))
+        fanout = tree.max_fanout
+        torch.library.opcheck(torch.ops.streammem.tree_greedy.default,
+                              (*arrays, q, tree.height, fanout, False, backend))
+        torch.library.opcheck(torch.ops.streammem.tree_greedy.default,
+                              (*arrays, q, tree.height, fanout, True, backend))
         torch.library.opcheck(
             torch.ops.streammem.tree_beam.default,
-            (*arrays, tree.level, tree.utility, q, [2] * tree.height, 3, -1.0, True, backend),
+            (*arrays, tree.level, tree.utility, q, [2] * tree.height, fanout, 3, -1.0, True, backend),
         )
         ranges = torch.tensor([[0, 30], [2, 9], [0, 0], [5, 30]])
         torch.library.opcheck(torch.ops.streammem.cosine_topk.default, (q, torch.randn(30, 8), 4, ranges, backend))
+
+
+# --------------------------------------------------------------------------
+# Tie rule: identical rows score identically on every backend
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+def test_identical_keys_rank_lowest_index_first(device):
+    """Regression: with 50 identical keys the torch reference returned [48, 49, 0, 1] and
+    Triton [8, 9, 10, 11] (a GEMM sums each dot product in an order that depends on where
+    the key falls in its tiles, so identical keys scored an ulp apart), although the
+    contract breaks ties toward the lower index: [0, 1, 2, 3]."""
+    gen = torch.Generator().manual_seed(5)
+    cases = [(1, 50, 384), (3, 50, 97), (17, 300, 8), (16, 1000, 48), (64, 4099, 48)]
+    for num_q, num_k, dim in cases:
+        keys = torch.randn(dim, generator=gen).repeat(num_k, 1).to(device)
+        queries = torch.randn(num_q, dim, generator=gen).to(device)
+        lo = torch.arange(num_q) % max(1, num_k - 4)
+        ranges = torch.stack([lo, torch.full_like(lo, num_k)], 1).to(device)
+        for backend in device_backends(COSINE_TOPK, device):
+            if backend == "triton" and device == "cpu" and num_k > 300:
+                continue  # the interpreter: the same kernels as the smaller cases
+            res = cosine_topk(queries, keys, 4, backend=backend)
+            assert res.ids.tolist() == [[0, 1, 2, 3]] * num_q, (backend, num_q, num_k, dim)
+            assert bool((res.scores == res.scores[:, :1]).all())
+            res = cosine_topk(queries, keys, 4, ranges=ranges, backend=backend)
+            want = (lo[:, None] + torch.arange(4)).tolist()
+            assert res.ids.tolist() == want, (backend, num_q, num_k, dim, "ranges")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_identical_nodes_resolve_to_lowest_id(device):
+    """Every node of the tree has the same embedding: greedy descends through the first
+    root and first children, beam search returns the lowest leaf ids."""
+    v = torch.randn(40, generator=torch.Generator().manual_seed(6))
+    tree = CosineTree(40, device=device)
+    tree.add_leaves(v.repeat(90, 1))
+    tree.grow(4, parent_embed=lambda child_ids: v)  # 88 leaves under 22 parents ..., leaves 88, 89 stay roots
+    tree.add_leaves(v.repeat(3, 1))
+    assert bool((tree.embeddings == tree.embeddings[:1]).all())
+    queries = torch.randn(17, 40, generator=torch.Generator().manual_seed(7)).to(device)
+    path, node = [], int(tree.roots[0])
+    while True:
+        path.append(node)
+        kids = tree.children(node)
+        if kids.numel() == 0:
+            break
+        node = int(kids[0])
+    widest = int(torch.bincount(tree.level).max())
+    leaves = sorted(int(i) for i in torch.nonzero(tree.level == 0)[:, 0])
+    for backend in device_backends(TREE_GREEDY, device):
+        for q in (queries[:1], queries):
+            res = tree_search(tree, q, backend=backend)
+            assert res.path.tolist() == [path + [-1] * (tree.height + 1 - len(path))] * len(q), backend
+            assert res.best_node.tolist() == [path[0]] * len(q), backend  # first maximum on the path
+            if backend not in TREE_BEAM.impls:
+                continue  # greedy-only backend (cuda)
+            res = tree_search(tree, q, beam=widest, k=6, backend=backend)
+            assert res.ids.tolist() == [leaves[:6]] * len(q), backend
+
+
+# --------------------------------------------------------------------------
+# GPU path: launch configuration, no host synchronisation, CUDA graphs
+# --------------------------------------------------------------------------
+def _gpu_path_calls(tree, keys, queries, device):
+    """Every launch path of both public functions (one call each): (name, fn) pairs."""
+    g = torch.Generator().manual_seed(9)
+    n = keys.shape[0]
+    start = torch.randint(0, n, (len(queries),), generator=g)
+    ranges = torch.stack([start, (start + torch.randint(0, n, (len(queries),), generator=g)).clamp_max(n)], 1)
+    ranges = ranges.to(device)
+    calls = []
+    for q in (queries[:1], queries):
+        for backend in device_backends(TREE_GREEDY, device):
+            calls += [
+                (f"greedy Q={len(q)} {backend}", backend, lambda q=q, b=backend: tree_search(tree, q, backend=b)),
+                (f"every root Q={len(q)} {backend}", backend,
+                 lambda q=q, b=backend: tree_search(tree, q, from_every_root=True, backend=b)),
+            ]
+            if backend not in TREE_BEAM.impls:
+                continue  # the CUDA kernel is greedy descent only
+            calls += [
+                (f"beam Q={len(q)} {backend}", backend,
+                 lambda q=q, b=backend: tree_search(tree, q, beam=(2, 3), k=4, use_utility=True, min_score=-0.5,
+                                                    backend=b)),
+                (f"topk Q={len(q)} {backend}", backend, lambda q=q, b=backend: cosine_topk(q, keys, 5, backend=b)),
+                (f"topk k=1 ranges Q={len(q)} {backend}", backend,
+                 lambda q=q, b=backend: cosine_topk(q, keys, 1, ranges=ranges[: len(q)], backend=b)),
+            ]
+    return calls
+
+
+def _gpu_path_inputs(device, dim=17):
+    """Small enough for the interpreter, large enough for every launch path at GPU block sizes
+    (one query and a block of 17, keys split into slices and merged)."""
+    gen = torch.Generator().manual_seed(8)
+    tree = build_tree(40, 4, dim, seed=8, leftover=3)
+    tree.set_utility(torch.arange(tree.num_nodes), torch.rand(tree.num_nodes, generator=gen) + 0.5)
+    keys = torch.randn(70, dim, generator=gen)
+    queries = torch.randn(18, dim, generator=gen)[1:]  # 17 queries, sliced
+    return on_device(tree, device), keys.to(device), queries.to(device)
+
+
+def test_gpu_launch_configuration_matches_reference():
+    """The Triton kernels with the block sizes a GPU launches (the rest of the suite runs the
+    interpreter's wider tiles): one query and a block of 17, split keys and one slice."""
+    if "triton" not in TREE_BACKENDS:
+        pytest.skip("Triton is not available")
+    tree, keys, queries = _gpu_path_inputs("cpu")
+    calls = [c for c in _gpu_path_calls(tree, keys, queries, "cpu") if c[1] == "triton"]
+    refs = [c for c in _gpu_path_calls(tree, keys, queries, "cpu") if c[1] == "torch"]
+    for (name, _, fn), (_, _, ref) in zip(calls, refs):
+        with recording_gpu_launches():
+            got = fn()
+        assert_matches_reference(got, ref(), "triton", name)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_gpu_code_paths_never_synchronise(monkeypatch, backend):
+    """Each search runs its backend inside a mode that raises on any tensor -> host read
+    (item, tolist, bool(tensor), nonzero, boolean masks...): the code a GPU runs has none."""
+    if backend not in TREE_BACKENDS:
+        pytest.skip(f"{backend} is not available")
+    for op in (TREE_GREEDY, TREE_BEAM, COSINE_TOPK):
+        guard_backend(monkeypatch, op, backend)
+    tree, keys, queries = _gpu_path_inputs("cpu")
+    with recording_gpu_launches():  # the GPU's work split (several key slices) too
+        for name, b, fn in _gpu_path_calls(tree, keys, queries, "cpu"):
+            if b == backend:
+                fn()
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("backend", ["torch", "triton", "cuda"])
+def test_searches_capture_in_cuda_graph(backend):
+    if backend not in device_backends(TREE_GREEDY, "cuda"):
+        pytest.skip(f"{backend} cannot run on this GPU")
+    tree, keys, queries = _gpu_path_inputs("cuda")
+    for name, b, fn in _gpu_path_calls(tree, keys, queries, "cuda"):
+        if b != backend:
+            continue
+        eager, replayed = capture_in_cuda_graph(fn)
+        for x, y in zip(eager, replayed):
+            assert torch.equal(x, y), name

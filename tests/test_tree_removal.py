@@ -55,6 +55,8 @@ def check_invariants(tree: CosineTree) -> None:
     for lvl in range(max(level, default=0) + 2):
         assert tree.roots_at(lvl) == [r for r in roots if level[r] == lvl]
     assert tree.height == (max(level[r] for r in roots) if roots else -1)
+    # The searches pad each level to max_fanout: it must be the longest live child run.
+    assert tree.max_fanout == max((len(run) for run in runs), default=0)
     # Every live node is reachable from the roots, and nothing dead is.
     reached, stack = set(), list(roots)
     while stack:

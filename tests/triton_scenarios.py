@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import torch
 
+import interpreter_speedup
 import streammem_kernels as sk
+
+interpreter_speedup.install()  # the scenarios run interpreted while they are recorded
 
 
 def _g(seed=0):
@@ -79,21 +82,40 @@ def motion_scenarios():
 def kmeans_scenarios():
     g = _g(2)
 
-    def chunk_l2():  # StreamChat chunk compression: a few problems of L frames, D = 768
-        sk.batched_kmeans(torch.randn(3, 20, 768, generator=g), 8, iters=3, backend="triton")
+    def chunk_l2():  # StreamChat chunk compression: a few problems of L frames, D = 768 (D % 16 == 0)
+        sk.batched_kmeans(torch.randn(3, 20, 768, generator=g), 8, iters=1, backend="triton")
+
+    def chunk_cosine():
+        sk.batched_kmeans(torch.randn(3, 20, 768, generator=g), 8, iters=1, metric="cosine", backend="triton")
 
     def cosine_odd():
-        sk.batched_kmeans(torch.randn(2, 37, 97, generator=g), 5, iters=3, metric="cosine", backend="triton")
+        sk.batched_kmeans(torch.randn(2, 37, 97, generator=g), 5, iters=1, metric="cosine", backend="triton")
+
+    def l2_odd_many_centres():  # k > 16: several centre tiles; odd D
+        sk.batched_kmeans(torch.randn(2, 45, 33, generator=g), 20, iters=1, backend="triton")
 
     def single_problem_k1():
-        sk.batched_kmeans(torch.randn(9, 384, generator=g), 1, iters=2, backend="triton")
+        sk.batched_kmeans(torch.randn(9, 384, generator=g), 1, iters=1, backend="triton")
+
+    def single_point():  # N = k = 1
+        sk.batched_kmeans(torch.randn(1, 1, 64, generator=g), 1, iters=1, backend="triton")
 
     def ragged_weighted_half():
         x = torch.randn(2, 33, 64, generator=g).half()
-        sk.batched_kmeans(x, 4, iters=2, lengths=torch.tensor([33, 20]), weights=torch.rand(2, 33, generator=g),
+        sk.batched_kmeans(x, 4, iters=1, lengths=torch.tensor([33, 20]), weights=torch.rand(2, 33, generator=g),
                           backend="triton")
 
-    return [chunk_l2, cosine_odd, single_problem_k1, ragged_weighted_half]
+    def empty_clusters_reseeded():  # duplicated points, k close to N: the re-seeding path runs
+        x = torch.randn(3, 16, generator=g).repeat(4, 1)[None].repeat(2, 1, 1)
+        for metric in ("l2", "cosine"):
+            sk.batched_kmeans(x, 7, init="first", iters=1, metric=metric, backend="triton")
+
+    def frames_sliced():  # kmeans_frames on a sliced clip
+        frames = torch.randn(2, 12, 8, 48, generator=g)[:, ::2, :, :32]
+        sk.kmeans_frames(frames, 3, iters=1, backend="triton")
+
+    return [chunk_l2, chunk_cosine, cosine_odd, l2_odd_many_centres, single_problem_k1, single_point,
+            ragged_weighted_half, empty_clusters_reseeded, frames_sliced]
 
 
 # --------------------------------------------------------------------------
@@ -101,17 +123,23 @@ def kmeans_scenarios():
 # --------------------------------------------------------------------------
 def tree_scenarios():
     g = _g(3)
-    tree = sk.CosineTree(384)
-    tree.add_leaves(torch.randn(300, 384, generator=g))
+    # D = 48 is in the classes of the working D = 384 / 768 (multiples of 16); 97 is odd.
+    tree = sk.CosineTree(48)
+    tree.add_leaves(torch.randn(300, 48, generator=g))
     tree.grow(10)
-    q = torch.randn(17, 384, generator=g)
-    keys = torch.randn(200, 384, generator=g)
+    q = torch.randn(17, 48, generator=g)
+    keys = torch.randn(200, 48, generator=g)
 
+    # Greedy: one row per program below 16 rows, blocks of 16 rows above.
     def greedy_one_query():
         sk.tree_search(tree, q[:1], backend="triton")
 
     def greedy_batch():
         sk.tree_search(tree, q, backend="triton")
+
+    def greedy_from_every_root():  # 3 roots: 3 rows for one query, 51 for the batch
+        sk.tree_search(tree, q[:1], from_every_root=True, backend="triton")
+        sk.tree_search(tree, q, from_every_root=True, backend="triton")
 
     def beam_batch():
         sk.tree_search(tree, q, beam=(5, 10), k=3, backend="triton")
@@ -119,19 +147,29 @@ def tree_scenarios():
     def beam_one_query_utility():
         sk.tree_search(tree, q[:1], beam=4, k=1, use_utility=True, min_score=0.0, backend="triton")
 
-    def topk_one_query():
+    # Top-k: one query per program below 16 queries (or k > 64), blocks of 16 above; the
+    # keys split into slices merged by a second launch, or one slice written out directly.
+    def topk_one_query():  # k = 1
         sk.cosine_topk(q[:1], keys, 1, backend="triton")
 
     def topk_batch_k10():
-        sk.cosine_topk(q, keys, 10, backend="triton")
+        sk.cosine_topk(q, keys[:96], 10, backend="triton")
+
+    def topk_one_slice():
+        sk.cosine_topk(q, keys[:48], 5, backend="triton")
+        sk.cosine_topk(q[:2], keys[:48], 5, backend="triton")
+
+    def topk_large_k():  # k = 64: the largest a block of queries keeps; k = 65: one query per program
+        sk.cosine_topk(q[:16], keys[:70], 64, backend="triton")
+        sk.cosine_topk(q[:1], keys[:70], 65, backend="triton")
 
     def topk_ranges_odd_dim():  # VideoAgent: best frame inside each segment, odd D
         k97 = torch.randn(50, 97, generator=g)
         ranges = torch.tensor([[0, 10], [10, 33], [33, 50]])
         sk.cosine_topk(torch.randn(3, 97, generator=g), k97, 2, ranges=ranges, backend="triton")
 
-    return [greedy_one_query, greedy_batch, beam_batch, beam_one_query_utility, topk_one_query, topk_batch_k10,
-            topk_ranges_odd_dim]
+    return [greedy_one_query, greedy_batch, greedy_from_every_root, beam_batch, beam_one_query_utility,
+            topk_one_query, topk_batch_k10, topk_one_slice, topk_large_k, topk_ranges_odd_dim]
 
 
 # --------------------------------------------------------------------------
@@ -148,22 +186,35 @@ def boundaries_scenarios():
         sk.detect_boundaries(torch.randn(2, 23, 97, generator=g).half(), window=5, peak="max", max_event=7,
                              backend="triton")
 
+    def offline_drift_and_max_event_1():  # the scan's drift mode; max_event = 1 specialises to a constant
+        feats = torch.randn(3, 17, 384, generator=g)
+        sk.event_ends(feats, drift=0.2, max_event=9, backend="triton")
+        sk.event_ends(feats[:, 1:], max_event=1, backend="triton")  # a sliced input (copied to contiguous)
+
     def depth_and_cosine():
         sim = sk.adjacent_cosine(x, backend="triton")
         sk.depth_scores(sim, backend="triton")
-        sk.depth_scores(sim, peak="max", backend="triton")
+        sk.depth_scores(sim.double(), peak="max", backend="triton")
 
-    def streaming_one_push():
+    def streaming_one_push():  # one stream: every launch has B = 1, the pair M = 1
         seg = sk.StreamingSegmenter(window=4, backend="triton")
         for t in range(6):
             seg.push(x[t])
+
+    def streaming_batched_window():  # the device-resident push: every stream's window decided each push
+        seg = sk.StreamingSegmenter(window=8, max_event=20, backend="triton")
+        feats = torch.randn(17, 9, 384, generator=g)
+        for t in range(9):
+            seg.push_tensors(feats[:, t])
+        seg.flush_tensors()
 
     def streaming_batched_drift():
         seg = sk.StreamingSegmenter(window=4, drift=0.1, backend="triton")
         for t in range(3):
             seg.push(torch.randn(33, 384, generator=g))
 
-    return [offline_climb, offline_max_half_odd, depth_and_cosine, streaming_one_push, streaming_batched_drift]
+    return [offline_climb, offline_max_half_odd, offline_drift_and_max_event_1, depth_and_cosine,
+            streaming_one_push, streaming_batched_window, streaming_batched_drift]
 
 
 # --------------------------------------------------------------------------
@@ -184,19 +235,65 @@ def logprobs_scenarios():
         logits = torch.randn(2, 4, 3000, generator=g).bfloat16()[:, :, 1:]
         sk.token_logprobs(logits, torch.randint(0, 2999, (2, 4), generator=g), backend="triton")
 
-    def linear_each_dtype():
+    def linear_each_dtype():  # the tensor-core (float16/bfloat16) and IEEE-FMA (float32) tile configurations
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             h = torch.randn(5, 576, generator=g).to(dtype)  # SmolLM2-135M: H = 576
             w = torch.randn(1024, 576, generator=g).to(dtype)
             sk.linear_token_logprobs(h, w, torch.randint(0, 1024, (5,), generator=g), backend="triton")
 
-    def linear_one_token_bias_odd():
-        h = torch.randn(1, 99, generator=g)
-        w = torch.randn(517, 99, generator=g)
-        sk.linear_token_logprobs(h, w, torch.tensor([3]), bias=torch.randn(517, generator=g), backend="triton")
+    def linear_two_row_blocks_bias():  # a caption of T = 70 rows spans two 64-row tiles
+        h = torch.randn(70, 64, generator=g).half()
+        w = torch.randn(600, 64, generator=g).half()
+        sk.linear_token_logprobs(h, w, torch.randint(0, 600, (70,), generator=g), bias=torch.randn(600).half(),
+                                 backend="triton")
+
+    def linear_one_token_bias_odd():  # H % 16 != 0: the unaligned tile configuration of each dtype
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            h = torch.randn(1, 99, generator=g).to(dtype)
+            w = torch.randn(517, 99, generator=g).to(dtype)
+            sk.linear_token_logprobs(h, w, torch.tensor([3]), bias=torch.randn(517, generator=g).to(dtype),
+                                     backend="triton")
 
     return [token_vocab_multiple_of_16, token_one_row_half_odd, token_bf16_sliced, linear_each_dtype,
-            linear_one_token_bias_odd]
+            linear_two_row_blocks_bias, linear_one_token_bias_odd]
+
+
+# --------------------------------------------------------------------------
+# memory graph: k-hop expansion and source chunks
+# --------------------------------------------------------------------------
+def graph_scenarios():
+    g = _g(6)
+    # A MemVerse-like graph: 2,000 nodes of average degree ~8 (undirected), hubs included.
+    n = 2000
+    src = torch.randint(0, n, (8000,), generator=g)
+    dst = torch.where(torch.rand(8000, generator=g) < 0.1, torch.randint(0, 20, (8000,), generator=g),
+                      torch.randint(0, n, (8000,), generator=g))
+    graph = sk.CSRGraph.from_edges(src, dst, n, weight=torch.rand(8000, generator=g), symmetric=True)
+    seeds = torch.randint(0, n, (64, 10), generator=g)
+    chunk_map = sk.CSRGraph.from_edges(torch.arange(n).repeat(2), torch.randint(0, 333, (2 * n,), generator=g), n,
+                                       num_cols=333)
+
+    def one_query_two_hops():  # the retrieval's default: top-10 seeds, 2 hops, capacity a multiple of 16
+        sk.khop_neighbourhood(graph, seeds[:1], 2, capacity=256, backend="triton")
+
+    def batch_with_caps():  # fan-out and frontier caps, odd capacity, 3 hops
+        sk.khop_neighbourhood(graph, seeds[:7, :5], 3, capacity=101, max_fanout=8, max_frontier=32,
+                              backend="triton")
+
+    def one_seed_one_hop_capacity_1():  # size-1 cases: S = 1, hops = 1, capacity = 1, fan-out 1
+        sk.khop_neighbourhood(graph, seeds[:3, :1], 1, capacity=1, max_fanout=1, max_frontier=1, backend="triton")
+
+    def seeds_only_padded_sliced():  # hops = 0, -1 padding, a non-contiguous seed block (copied by the op)
+        padded = torch.where(seeds % 3 == 0, -1, seeds)
+        sk.khop_neighbourhood(graph, padded[:5, ::2], 0, capacity=16, backend="triton")
+
+    def chunks_of_neighbourhood():
+        near = sk.khop_neighbourhood(graph, seeds[:4], 2, capacity=64, max_fanout=4, backend="triton")
+        sk.neighbourhood_chunks(near.nodes, chunk_map, capacity=64, backend="triton")
+        sk.neighbourhood_chunks(near.nodes[:1, :1], chunk_map, capacity=1, max_per_node=1, backend="triton")
+
+    return [one_query_two_hops, batch_with_caps, one_seed_one_hop_capacity_1, seeds_only_padded_sliced,
+            chunks_of_neighbourhood]
 
 
 SCENARIOS = {
@@ -205,4 +302,5 @@ SCENARIOS = {
     "tree": tree_scenarios,
     "boundaries": boundaries_scenarios,
     "logprobs": logprobs_scenarios,
+    "graph": graph_scenarios,
 }

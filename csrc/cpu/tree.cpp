@@ -12,9 +12,11 @@
 //   cosine_topk(queries (Q,D) f32 unit, keys (N,D) f32 raw, k, ranges (Q,2))
 //     -> ids (Q,k), scores (Q,k): one fused pass, key norms computed on the
 //        fly next to the dot products while the key row is in L1.
-//   topk_merge(dots (Q,B) f32, key_norm (B,) f32, offset, ranges,
-//              ids (Q,k) inout, scores (Q,k) inout): folds one score block of
-//        a BLAS GEMM into each query's running top-k.
+//   row_norms(keys (N,D) f32) -> (N,) sqrt(dot(key, key)), the norms cosine_topk divides by.
+//   topk_merge(dots (Q,B) f32, norms (B,) f32, queries (Q,D) f32, keys (B,D) f32, offset,
+//              ranges, ids (Q,k) inout, scores (Q,k) inout): folds one score block of
+//        a BLAS GEMM into each query's running top-k (the GEMM filters, the
+//        admitted keys are scored like cosine_topk scores them).
 //
 // Every ranking orders by (score desc, id asc).  A running top-k is a sorted
 // array: k is small (<= a few hundred) and, after the first few hundred keys,
@@ -330,24 +332,51 @@ STREAMMEM_HOT bool any_at_least(const float* __restrict row, const float* __rest
   return hit != 0;
 }
 
-void topk_merge(carray<float> dots, carray<float> key_norm, int64_t offset, carray<int64_t> ranges,
-                py::array ids, py::array scores) {
-  require(dots.ndim() == 2 && ids.ndim() == 2 && scores.ndim() == 2, "topk_merge: bad ranks");
-  const int64_t Q = dots.shape(0), B = dots.shape(1), k = ids.shape(1);
+// sqrt(dot(key, key)) per key: the norm the fused scan divides by, computed once per call
+// of the BLAS path (one parallel pass) for topk_merge.
+py::array_t<float> row_norms(carray<float> keys) {
+  require(keys.ndim() == 2, "row_norms: keys must be (N, D)");
+  const int64_t N = keys.shape(0), D = keys.shape(1);
+  py::array_t<float> out(N);
+  float* o = out_ptr(out);
+  const float* K = keys.data();
+  py::gil_scoped_release nogil;
+#pragma omp parallel for schedule(static) if (N * D >= (int64_t(1) << 20))
+  for (int64_t j = 0; j < N; ++j) o[j] = std::sqrt(dot(K + j * D, K + j * D, D));
+  return out;
+}
+
+// Folds the GEMM score block dots = queries . keys^T (keys = keys[offset : offset + B], norm
+// their row_norms) into the running top-k.  The GEMM's dot products only filter: a BLAS sums
+// each one in an order that depends on where the key falls in its tiles, so two identical
+// keys can differ by an ulp there, which would break the tie rule.  Every key the filter
+// admits is scored again exactly as the fused scan scores it (dot(q, key) / norm), so both
+// paths rank by the same numbers and identical keys tie.
+void topk_merge(carray<float> dots, carray<float> norms, carray<float> queries, carray<float> keys, int64_t offset,
+                carray<int64_t> ranges, py::array ids, py::array scores) {
+  require(dots.ndim() == 2 && ids.ndim() == 2 && scores.ndim() == 2 && queries.ndim() == 2 && keys.ndim() == 2,
+          "topk_merge: bad ranks");
+  const int64_t Q = dots.shape(0), B = dots.shape(1), k = ids.shape(1), D = keys.shape(1);
   require(ids.shape(0) == Q && scores.shape(0) == Q && scores.shape(1) == k, "topk_merge: bad output shapes");
-  require(key_norm.shape(0) == B && ranges.shape(0) == Q, "topk_merge: bad shapes");
+  require(keys.shape(0) == B && norms.shape(0) == B && queries.shape(0) == Q && queries.shape(1) == D &&
+              ranges.shape(0) == Q,
+          "topk_merge: bad shapes");
   const float* Dm = dots.data();
-  const float* norm = key_norm.data();
+  const float* norm = norms.data();
+  const float* Qm = queries.data();
+  const float* K = keys.data();
   const int64_t* rg = ranges.data();
   int64_t* I = inplace_ptr<int64_t>(ids, "ids");
   float* S = inplace_ptr<float>(scores, "scores");
   py::gil_scoped_release nogil;
-  // The pre-filter scores dot * (1 / |key|) (a multiply, not a division; zero keys score 0)
-  // against a threshold lowered by far more than that product's rounding error (a few ulps),
-  // so it never rejects a key the exact score dot / |key| would admit.  Admitted chunks are
-  // then scored exactly as before, so results (and tie order) do not change.
   std::vector<float> inv(B);
   for (int64_t j = 0; j < B; ++j) inv[j] = norm[j] > 0.f ? 1.f / norm[j] : 0.f;
+  // |GEMM dot - exact dot| <= D u |q| |key| for any summation order (u = 2^-24), and the
+  // same holds for the exact scan's own dot: the filter's score dot * (1 / |key|) is within
+  // 2 (D + 8) u of the rescored one (|q| <= 1, a few more ulps for the norm and the
+  // reciprocal), so lowering the threshold by more than that never rejects a key the
+  // exact score would admit.  Ties at the threshold are resolved by push.
+  const float margin = 2.5f * static_cast<float>(D + 8) * 5.9604645e-8f;
   const float* iv = inv.data();
   constexpr int64_t kChunk = 16;
 #pragma omp parallel for schedule(static) if (Q * B >= 65536)
@@ -355,14 +384,16 @@ void topk_merge(carray<float> dots, carray<float> key_norm, int64_t offset, carr
     const int64_t lo = std::max<int64_t>(0, rg[2 * q] - offset), hi = std::min<int64_t>(B, rg[2 * q + 1] - offset);
     TopK top(S + q * k, I + q * k, k);
     const float* row = Dm + q * B;
+    const float* qv = Qm + q * D;
     for (int64_t j = lo; j < hi; j += kChunk) {
       const int64_t end = std::min(hi, j + kChunk);
-      // -inf while the top-k is not full; ties at the threshold are resolved by push.
-      const float kth = top.count < k ? kNegInf : top.score[k - 1];
-      const float thr = kth - 1e-5f * (1.f + std::fabs(kth));
-      if (!any_at_least(row + j, iv + j, end - j, thr)) continue;
+      // -inf while the top-k is not full.
+      const float thr = top.count < k ? kNegInf : top.score[k - 1] - margin;
+      const bool full = top.count == k;
+      if (full && !any_at_least(row + j, iv + j, end - j, thr)) continue;
       for (int64_t t = j; t < end; ++t) {
-        const float s = norm[t] > 0.f ? row[t] / norm[t] : 0.f;
+        if (full && !(row[t] * iv[t] >= thr)) continue;
+        const float s = norm[t] > 0.f ? dot(qv, K + t * D, D) / norm[t] : 0.f;
         if (top.admits(s, offset + t)) top.push(s, offset + t);
       }
     }
@@ -406,6 +437,7 @@ PYBIND11_MODULE(_cpu_tree, m) {
   m.def("cosine_topk", &streammem::cosine_topk, py::arg("queries"), py::arg("keys"), py::arg("k"),
         py::arg("ranges"));
   m.def("all_finite", &streammem::all_finite, py::arg("values"));
-  m.def("topk_merge", &streammem::topk_merge, py::arg("dots"), py::arg("key_norm"), py::arg("offset"),
-        py::arg("ranges"), py::arg("ids"), py::arg("scores"));
+  m.def("row_norms", &streammem::row_norms, py::arg("keys"));
+  m.def("topk_merge", &streammem::topk_merge, py::arg("dots"), py::arg("norms"), py::arg("queries"),
+        py::arg("keys"), py::arg("offset"), py::arg("ranges"), py::arg("ids"), py::arg("scores"));
 }

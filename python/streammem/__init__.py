@@ -9,7 +9,12 @@ ProStream; each is usable alone:
 * ``ShortTermMemory``, ``LongTermMemory`` (k-means-compressed, captioned
   ``CosineTree``), ``EventSegmenter`` + ``KnowledgeBase``, ``KnowledgeInjector``,
   ``DialogueMemory``, ``BoundedMemory``;
-* ``StreamPipeline``: the three-thread scheduler.
+* ``StreamMemory``: all of a stream's memories behind ``push`` / ``ask``,
+  synchronous, picklable and checkpointable (``state_dict``, ``save`` / ``load``),
+  configured by one ``MemoryConfig`` (presets);
+* ``StreamPipeline``: the three-thread scheduler over one ``StreamMemory``;
+* ``streammem.distributed`` (optional extra ``[ray]``): archive indexing,
+  sharded live streams with checkpoints, a router.
 
 ``update_caption`` (KV-cache prefix reuse) lives in ``streammem.caption_reuse``
 and is imported on first access, so ``import streammem`` stays cheap and does
@@ -21,6 +26,8 @@ from streammem_kernels._optional import MissingExtraError
 
 from .bounded import BoundedMemory
 from .captioners import LanguageModelCaptioner
+from .config import BoundedConfig, InjectorConfig, MemoryConfig, SegmenterConfig, ShortTermConfig
+from .core import Context, PushResult, StreamMemory
 from .encoders import (
     EfficientNetLiteEncoder,
     EncodedFrames,
@@ -29,6 +36,8 @@ from .encoders import (
     MiniLMTextEncoder,
     PixelEncoder,
     TextEncoder,
+    encoder_from_spec,
+    encoder_spec,
     load_frame_encoder,
     load_text_encoder,
 )
@@ -40,8 +49,10 @@ from .synthetic import SyntheticVideo
 from .video import VideoSource, sample_video_path
 
 __all__ = [
+    "BoundedConfig",
     "BoundedMemory",
     "Captioner",
+    "Context",
     "DialogueMemory",
     "EfficientNetLiteEncoder",
     "EncodedFrames",
@@ -49,12 +60,14 @@ __all__ = [
     "FrameEncoder",
     "FrameRecord",
     "HashingTextEncoder",
+    "InjectorConfig",
     "InstantaneityScorer",
     "KnowledgeBase",
     "KnowledgeInjector",
     "LabelCaptioner",
     "LanguageModelCaptioner",
     "LongTermMemory",
+    "MemoryConfig",
     "MemoryNode",
     "MiniLMTextEncoder",
     "MissingExtraError",
@@ -63,12 +76,18 @@ __all__ = [
     "PipelineStopped",
     "PixelEncoder",
     "Preset",
+    "PushResult",
     "QueryResult",
+    "SegmenterConfig",
+    "ShortTermConfig",
     "ShortTermMemory",
+    "StreamMemory",
     "StreamPipeline",
     "SyntheticVideo",
     "TextEncoder",
     "VideoSource",
+    "encoder_from_spec",
+    "encoder_spec",
     "load_frame_encoder",
     "load_text_encoder",
     "sample_video_path",
@@ -82,4 +101,8 @@ def __getattr__(name):
         from .caption_reuse import update_caption
 
         return update_caption
+    if name == "distributed":
+        import importlib
+
+        return importlib.import_module(".distributed", __name__)
     raise AttributeError(f"module 'streammem' has no attribute {name!r}")

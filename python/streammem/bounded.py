@@ -13,13 +13,14 @@ caption's words.  When the total cost exceeds the budget:
    ``low_water`` x budget (hysteresis, so the index is not rebuilt per frame);
 3. parents left without any leaf below them are removed.
 
-The memory's ``CosineTree`` index is updated in place at the end of a round,
-never rebuilt: merged nodes get their new embedding (``set_embeddings``), the
-removed nodes' rows are tombstoned (``CosineTree.remove``, which also drops
-the parents left without a live child -- exactly the parents of step 3, checked)
-and the tree is compacted (``CosineTree.compact``), whose old -> new row map
-updates the memory's row <-> node tables.  Surviving rows keep their relative
-order (creation order), so the tree stays chronological.
+This class only decides what to merge and what to remove; ``LongTermMemory``
+does it (``merge_leaves``, ``remove``), keeping its node table and its
+``CosineTree`` index equal in the same call: merged nodes get their new
+embedding (``set_embeddings``), the removed nodes' rows are tombstoned
+(``CosineTree.remove``, which also drops the parents left without a live child
+-- exactly the parents of step 3, checked) and the tree is compacted, never
+rebuilt.  Surviving rows keep their relative (creation) order, so the tree
+stays chronological.
 
 Novelty check on insert: a new leaf whose caption embedding has cosine
 >= theta_concept with an existing leaf (``cosine_topk``) is skipped.
@@ -27,12 +28,9 @@ Novelty check on insert: a new leaf whose caption embedding has cosine
 from __future__ import annotations
 
 import math
-import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from .memory import LongTermMemory, MemoryNode
 
@@ -101,9 +99,6 @@ class BoundedMemory:
         self.low_water = float(low_water)
         self.stats = BoundedStats()
         self.now = 0.0
-        # Table changes of the current round, applied to the tree index at its end.
-        self._removed_nodes: list[int] = []
-        self._reembedded_nodes: set[int] = set()
         if self.theta_concept is not None:
             memory.novelty_filter = self._is_redundant
 
@@ -121,23 +116,13 @@ class BoundedMemory:
 
     # ---- novelty -------------------------------------------------------
     def _is_redundant(self, embedding: torch.Tensor, frames) -> bool:
-        tree = self.memory.tree
-        if tree is None or tree.num_nodes == 0:
+        nearest = self.memory.nearest_leaf(embedding)
+        if nearest is None or nearest[0] < self.theta_concept:
             return False
-        from streammem_kernels import cosine_topk
-
-        leaf_rows = ((tree.level == 0) & tree.alive).nonzero()[:, 0]
-        if leaf_rows.numel() == 0:
-            return False
-        keys = tree.embeddings[leaf_rows]
-        res = cosine_topk(embedding.reshape(1, -1).float(), keys, 1)
-        best = float(res.scores[0, 0])
-        if best >= self.theta_concept:
-            self.stats.skipped_redundant += 1
-            matched = self.memory.nodes[self.memory._node_of_row[int(leaf_rows[int(res.ids[0, 0])])]]
-            matched.last_access = max(matched.last_access, frames[-1].timestamp)
-            return True
-        return False
+        self.stats.skipped_redundant += 1
+        matched = nearest[1]
+        matched.last_access = max(matched.last_access, frames[-1].timestamp)
+        return True
 
     # ---- enforcement ---------------------------------------------------
     def enforce(self, now: float) -> EvictionReport | None:
@@ -151,6 +136,7 @@ class BoundedMemory:
         target = self.low_water * self.budget
         report.merged = self._merge_similar_leaves()
         total = self.total_cost()
+        doomed = []
         if total > target:
             leaves = [n for n in self.memory.nodes.values() if n.level == 0]
             # Least utility per token first; older first among equals.
@@ -159,44 +145,17 @@ class BoundedMemory:
                 if total <= target:
                     break
                 total -= self.cost(leaf)
-                self._remove(leaf.node_id)
-                report.removed_leaves += 1
-        report.removed_parents = self._remove_empty_parents()
-        self._update_index()
-        tree = self.memory.tree
-        if tree is not None and tree.num_nodes:
-            util = torch.tensor([self.utility(self.memory.nodes[i]) for i in self.memory._node_of_row])
-            tree.set_utility(torch.arange(tree.num_nodes), util)
+                doomed.append(leaf.node_id)
+        removed = self.memory.remove(doomed)
+        report.removed_leaves = len(doomed)
+        report.removed_parents = len(removed) - len(doomed)
+        self.memory.set_utility(self.utility)
         report.cost_after = self.total_cost()
         self.stats.rounds += 1
         self.stats.merged += report.merged
         self.stats.removed_leaves += report.removed_leaves
         self.stats.removed_parents += report.removed_parents
         return report
-
-    def _update_index(self) -> None:
-        """Apply this round's merges and removals to the memory's tree index."""
-        mem = self.memory
-        removed, self._removed_nodes = self._removed_nodes, []
-        reembedded = sorted(i for i in self._reembedded_nodes if i in mem.nodes)
-        self._reembedded_nodes = set()
-        tree = mem.tree
-        if tree is None:
-            return
-        t0 = time.perf_counter()
-        if reembedded:
-            tree.set_embeddings([mem._row_of[i] for i in reembedded],
-                                torch.stack([mem.nodes[i].embedding for i in reembedded]))
-        if removed:
-            rows = sorted(mem._row_of[i] for i in removed)
-            gone = tree.remove(rows).tolist()
-            if gone != rows:
-                # The table removes emptied parents itself; the tree must agree row for row.
-                raise RuntimeError(f"CosineTree removed rows {gone}, the node table removed rows {rows}")
-            mapping = tree.compact().tolist()
-            mem._node_of_row = [node for row, node in enumerate(mem._node_of_row) if mapping[row] >= 0]
-            mem._row_of = {node: row for row, node in enumerate(mem._node_of_row)}
-        mem.timings["tree_remove"] += time.perf_counter() - t0
 
     def _siblings(self) -> list[list[MemoryNode]]:
         groups: dict[int | None, list[MemoryNode]] = {}
@@ -206,53 +165,24 @@ class BoundedMemory:
         return [sorted(g, key=lambda n: n.t_start) for g in groups.values()]
 
     def _merge_similar_leaves(self) -> int:
-        merged = 0
+        """Merge time-adjacent sibling leaves whose caption embeddings have cosine > theta_sim."""
+        pairs = []
         for group in self._siblings():
             i = 0
             while i + 1 < len(group):
                 a, b = group[i], group[i + 1]
                 if float(a.embedding @ b.embedding) > self.theta_sim:
-                    self._merge(a, b)
-                    merged += 1
+                    pairs.append((a.node_id, b.node_id))  # b folds into a (a is earlier)
                     i += 2
                 else:
                     i += 1
-        return merged
+        return self.memory.merge_leaves(pairs)
 
-    def _merge(self, a: MemoryNode, b: MemoryNode) -> None:
-        """Fold b into a (a is earlier): a keeps its id and its place among its siblings."""
-        mem = self.memory
-        a.embedding = F.normalize(a.embedding + b.embedding, dim=0)
-        a.centres = mem._compress(torch.cat([a.centres, b.centres]), mem.centres)
-        a.label_counts = a.label_counts + b.label_counts
-        a.t_start, a.t_end = min(a.t_start, b.t_start), max(a.t_end, b.t_end)
-        a.first_frame, a.last_frame = min(a.first_frame, b.first_frame), max(a.last_frame, b.last_frame)
-        a.access_count += b.access_count
-        a.last_access = max(a.last_access, b.last_access)
-        a.merged += b.merged
-        a.caption = mem.captioner.summarize([a]) if hasattr(mem.captioner, "summarize") else a.caption
-        self._reembedded_nodes.add(a.node_id)
-        self._remove(b.node_id)
+    # ---- checkpoints ---------------------------------------------------
+    def state_dict(self) -> dict:
+        s = self.stats
+        return {"now": self.now, "stats": {k: getattr(s, k) for k in s.__dataclass_fields__}}
 
-    def _remove(self, node_id: int) -> None:
-        mem = self.memory
-        node = mem.nodes.pop(node_id)
-        if node_id in mem._row_of:
-            self._removed_nodes.append(node_id)
-        if node.parent is not None and node.parent in mem.nodes:
-            mem.nodes[node.parent].children.remove(node_id)
-        queue = mem.roots_by_level.get(node.level)
-        if queue is not None and node_id in queue:
-            queue.remove(node_id)
-        for c in node.children:
-            if c in mem.nodes:
-                mem.nodes[c].parent = None
-
-    def _remove_empty_parents(self) -> int:
-        removed = 0
-        mem = self.memory
-        for level in sorted({n.level for n in mem.nodes.values() if n.level > 0}):
-            for node in [n for n in mem.nodes.values() if n.level == level and not n.children]:
-                self._remove(node.node_id)
-                removed += 1
-        return removed
+    def load_state_dict(self, state: dict) -> None:
+        self.now = float(state["now"])
+        self.stats = BoundedStats(**state["stats"])

@@ -81,6 +81,13 @@ class LanguageModelCaptioner:
             self._ids_of.popitem(last=False)
         return text
 
+    def state_dict(self) -> dict:
+        """The caption -> token ids cache, so a restored memory feeds previous captions back token-exactly."""
+        return {"ids_of": [[text, list(ids)] for text, ids in self._ids_of.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._ids_of = OrderedDict((text, list(ids)) for text, ids in state["ids_of"])
+
     def caption_frames(self, frames: Sequence, previous: str | None = None) -> str:
         counts = Counter(label for f in frames for label in f.labels)
         names = ", ".join(n for n, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:3]) or "a scene"

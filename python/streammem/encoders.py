@@ -43,6 +43,8 @@ __all__ = [
     "load_frame_encoder",
     "load_text_encoder",
     "imagenet_class_names",
+    "encoder_spec",
+    "encoder_from_spec",
 ]
 
 
@@ -144,9 +146,20 @@ class EfficientNetLiteEncoder:
         self.channels_last = channels_last
         self.top_labels = int(top_labels)
         self.batch_size = int(batch_size)
+        self.trace = bool(trace)
         self.class_names = imagenet_class_names()
         self.image_size = 224
         self._forward = self._trace() if trace else _PooledFeaturesAndLogits(self.model)
+
+    def spec(self) -> dict:
+        """Name and arguments that rebuild this encoder (``encoder_from_spec``)."""
+        return {"name": "efficientnet-lite0", "top_labels": self.top_labels, "batch_size": self.batch_size,
+                "channels_last": self.channels_last, "trace": self.trace}
+
+    def __reduce__(self):
+        # Pickled as its spec: the weights come from the pip package wherever it is unpickled
+        # (a traced module cannot be pickled, and shipping the weights would cost 20 MB a copy).
+        return encoder_from_spec, (self.spec(),)
 
     def _prepare(self, frames: np.ndarray) -> torch.Tensor:
         cv2 = require("cv2", package="opencv-python-headless", extra="video", purpose="EfficientNetLiteEncoder")
@@ -235,6 +248,9 @@ class PixelEncoder:
         self._palette_names = list(COLOUR_NAMES)
         self._palette = torch.tensor([COLOUR_NAMES[n] for n in self._palette_names], dtype=torch.float32) / 255.0
 
+    def spec(self) -> dict:
+        return {"name": "pixel", "grid": self.grid}
+
     def encode(self, frames) -> EncodedFrames:
         frames = _check_frames(frames)
         x = torch.from_numpy(frames).permute(0, 3, 1, 2).float() * (1.0 / 255.0)
@@ -290,6 +306,7 @@ class MiniLMTextEncoder:
         hf_logging.disable_progress_bar()  # the weight-loading bar would clutter every CLI run
         self.batch_size = int(batch_size)
         self.max_length = int(max_length)
+        self.trace = bool(trace)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             self.model = AutoModel.from_pretrained(path, local_files_only=True).eval()
@@ -300,6 +317,13 @@ class MiniLMTextEncoder:
             hf_logging.set_verbosity(verbosity)
             if bars:
                 hf_logging.enable_progress_bar()
+
+    def spec(self) -> dict:
+        """Name and arguments that rebuild this encoder (``encoder_from_spec``)."""
+        return {"name": "minilm", "batch_size": self.batch_size, "max_length": self.max_length, "trace": self.trace}
+
+    def __reduce__(self):
+        return encoder_from_spec, (self.spec(),)  # reloaded from the pip package, as the frame encoder
 
     def _tokens(self, texts: Sequence[str]):
         batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
@@ -361,6 +385,9 @@ class HashingTextEncoder:
             raise ValueError(f"dim must be an int >= 8, got {dim!r}")
         self.dim = int(dim)
 
+    def spec(self) -> dict:
+        return {"name": "hashing", "dim": self.dim}
+
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
         texts = _check_texts(texts)
         out = torch.zeros(len(texts), self.dim)
@@ -395,3 +422,36 @@ def load_text_encoder(name: str = "auto", **kwargs) -> TextEncoder:
             raise
         _notice(f"MiniLM unavailable ({exc}); using the hashing text encoder{_install_hint(exc)}")
         return HashingTextEncoder()
+
+
+# --------------------------------------------------------------------------
+# Specs: how a saved memory names its encoders
+# --------------------------------------------------------------------------
+_FRAME_NAMES = ("efficientnet-lite0", "pixel")
+_TEXT_NAMES = ("minilm", "hashing")
+
+
+def encoder_spec(encoder) -> dict | None:
+    """``{"name": ..., **arguments}`` that rebuilds ``encoder``, or None for an encoder without ``spec()``.
+
+    A memory saved with encoders that have a spec can be loaded without passing
+    them again (``StreamMemory.load``); a user's own encoder can add a ``spec``
+    method returning the name of a built-in encoder it is equivalent to, or none.
+    """
+    if encoder is None:
+        return None
+    spec = getattr(encoder, "spec", None)
+    return dict(spec()) if callable(spec) else None
+
+
+def encoder_from_spec(spec: dict):
+    """Build the frame or text encoder a spec names (``encoder_spec`` output)."""
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise ValueError(f"spec must be a dict with a 'name', got {spec!r}")
+    kwargs = {k: v for k, v in spec.items() if k != "name"}
+    name = spec["name"]
+    if name in _FRAME_NAMES:
+        return load_frame_encoder(name, **kwargs)
+    if name in _TEXT_NAMES:
+        return load_text_encoder(name, **kwargs)
+    raise ValueError(f"spec names an unknown encoder {name!r}; known: {_FRAME_NAMES + _TEXT_NAMES}")

@@ -119,6 +119,23 @@ class MotionGate:
         self.frames_kept += sum(kept)
         return scores, kept
 
+    def state_dict(self) -> dict:
+        """The reference frame and the counters (the frame as a tensor, so ``weights_only`` loading works)."""
+        anchor = self._anchor
+        is_numpy = anchor is not None and not isinstance(anchor, torch.Tensor)
+        if is_numpy:
+            anchor = torch.from_numpy(np.array(anchor, copy=True))
+        elif anchor is not None:
+            anchor = anchor.detach().clone()
+        return {"anchor": anchor, "anchor_is_numpy": is_numpy, "frames_seen": self.frames_seen,
+                "frames_kept": self.frames_kept}
+
+    def load_state_dict(self, state: dict) -> None:
+        anchor = state["anchor"]
+        self._anchor = anchor.numpy() if anchor is not None and state["anchor_is_numpy"] else anchor
+        self.frames_seen = int(state["frames_seen"])
+        self.frames_kept = int(state["frames_kept"])
+
     def reset(self) -> None:
         self._anchor = None
         self.frames_seen = 0

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from streammem_kernels._optional import require
 
-from .memory import FrameRecord, LabelCaptioner
+from ._segmenter import load_segmenter_state, segmenter_state
+from .memory import FrameRecord, LabelCaptioner, records_from_state, records_state
 
 __all__ = [
     "EventSegmenter",
@@ -101,6 +102,22 @@ class KnowledgeBase:
     def latest(self) -> KnowledgeEntry | None:
         return self.entries[-1] if self.entries else None
 
+    def state_dict(self) -> dict:
+        e = self.entries
+        state = {name: [getattr(x, name) for x in e] for name in _ENTRY_SCALARS}
+        state["embedding"] = torch.stack([x.embedding for x in e]) if e else None
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.entries = []
+        self._matrix = _EmbeddingMatrix()
+        for i in range(len(state["event_id"])):
+            self.add(KnowledgeEntry(**{name: state[name][i] for name in _ENTRY_SCALARS},
+                                    embedding=state["embedding"][i].clone()))
+
+
+_ENTRY_SCALARS = ("event_id", "first_frame", "last_frame", "t_start", "t_end", "caption", "frames")
+
 
 def _topk_fields(res):
     """(scores, ids) from a ``cosine_topk`` result (named fields or a (scores, ids) pair)."""
@@ -141,12 +158,19 @@ class EventSegmenter:
         self._first = 0  # segmenter frame index of _open[0]
         self.timings: Counter = Counter()
 
-    def push(self, record: FrameRecord) -> list[KnowledgeEntry]:
+    def push(self, record: FrameRecord, closed: list | None = None) -> list[KnowledgeEntry]:
+        """Add a kept frame; returns the knowledge entries of the events it closed.
+
+        ``closed``: the events this frame closes, when the caller already pushed
+        the frame's feature into ``self.segmenter`` (``streammem._segmenter.push_many``
+        batches that over many streams); None pushes it here.
+        """
         self._open.append(record)
-        t0 = time.perf_counter()
-        events = self.segmenter.push(record.feature.float())
-        self.timings["segment"] += time.perf_counter() - t0
-        return [self._close(e.start, e.end) for e in events]
+        if closed is None:
+            t0 = time.perf_counter()
+            closed = self.segmenter.push(record.feature.float())
+            self.timings["segment"] += time.perf_counter() - t0
+        return [self._close(e.start, e.end) for e in closed]
 
     def flush(self) -> list[KnowledgeEntry]:
         return [self._close(e.start, e.end) for e in self.segmenter.flush()]
@@ -154,6 +178,19 @@ class EventSegmenter:
     @property
     def open_frames(self) -> int:
         return len(self._open)
+
+    def state_dict(self) -> dict:
+        """Segmenter state, the open event's frames and the knowledge base."""
+        return {"segmenter": segmenter_state(self.segmenter), "open": records_state(self._open),
+                "first": self._first, "knowledge_base": self.knowledge_base.state_dict(),
+                "timings": dict(self.timings)}
+
+    def load_state_dict(self, state: dict) -> None:
+        load_segmenter_state(self.segmenter, state["segmenter"])
+        self._open = records_from_state(state["open"])
+        self._first = int(state["first"])
+        self.knowledge_base.load_state_dict(state["knowledge_base"])
+        self.timings = Counter(state.get("timings", {}))
 
     def _close(self, start: int, end: int) -> KnowledgeEntry:
         if start != self._first:
@@ -286,10 +323,31 @@ class DialogueMemory:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def add(self, question: str, answer: str, timestamp: float | None = None) -> None:
-        emb = F.normalize(self.text_encoder.encode([f"Q: {question} A: {answer}"]).float(), dim=1)
+    def embed(self, question: str, answer: str) -> torch.Tensor:
+        """(1, E) normalised embedding of one exchange (computed once, then appended)."""
+        return F.normalize(self.text_encoder.encode([f"Q: {question} A: {answer}"]).float(), dim=1)
+
+    def add(self, question: str, answer: str, timestamp: float | None = None, *,
+            embedding: torch.Tensor | None = None) -> None:
+        """Append one exchange; ``embedding`` from ``embed`` when computed earlier (outside a lock)."""
+        emb = self.embed(question, answer) if embedding is None else embedding.reshape(1, -1)
         self.index.add(np.ascontiguousarray(emb.numpy(), dtype=np.float32))
         self.entries.append(DialogueEntry(question, answer, timestamp))
+
+    def state_dict(self) -> dict:
+        vectors = self.index.reconstruct_n(0, self.index.ntotal) if self.entries else None
+        return {"question": [e.question for e in self.entries], "answer": [e.answer for e in self.entries],
+                "timestamp": [e.timestamp for e in self.entries],
+                "embedding": None if vectors is None else torch.from_numpy(np.array(vectors))}
+
+    def load_state_dict(self, state: dict) -> None:
+        import faiss
+
+        self.index = faiss.IndexFlatIP(int(self.text_encoder.dim))
+        self.entries = [DialogueEntry(q, a, t) for q, a, t in zip(state["question"], state["answer"],
+                                                                  state["timestamp"])]
+        if self.entries:
+            self.index.add(np.ascontiguousarray(state["embedding"].numpy(), dtype=np.float32))
 
     def search(self, query_embedding: torch.Tensor, k: int = 3) -> list[tuple[float, DialogueEntry]]:
         if not self.entries:

@@ -15,17 +15,18 @@ embedding), exactly the chronological grouping of StreamChat.
 """
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 
 __all__ = [
     "FrameRecord",
+    "records_state",
+    "records_from_state",
     "ShortTermMemory",
     "Captioner",
     "LabelCaptioner",
@@ -42,6 +43,25 @@ class FrameRecord:
     timestamp: float
     feature: torch.Tensor  # (D,) float32
     labels: tuple[str, ...] = ()
+
+
+def records_state(records: Sequence[FrameRecord]) -> dict:
+    """Frame records as plain columns (tensors, lists), loadable with ``torch.load(weights_only=True)``."""
+    return {
+        "index": [int(r.index) for r in records],
+        "timestamp": [float(r.timestamp) for r in records],
+        "feature": torch.stack([r.feature for r in records]) if records else None,
+        "labels": [list(r.labels) for r in records],
+    }
+
+
+def records_from_state(state: dict) -> list[FrameRecord]:
+    """Inverse of ``records_state``."""
+    if not state["index"]:
+        return []
+    feats = state["feature"]
+    return [FrameRecord(i, t, feats[row].clone(), tuple(labels))
+            for row, (i, t, labels) in enumerate(zip(state["index"], state["timestamp"], state["labels"]))]
 
 
 # --------------------------------------------------------------------------
@@ -96,6 +116,14 @@ class ShortTermMemory:
             return list(self._buffer)
         picked = torch.multinomial(self.weights(), self.keep, replacement=False, generator=self._generator)
         return [self._buffer[i] for i in sorted(picked.tolist())]
+
+    def state_dict(self) -> dict:
+        """The candidate frames and the sampler's generator state (so later samples repeat exactly)."""
+        return {"buffer": records_state(self._buffer), "generator": self._generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._buffer = records_from_state(state["buffer"])
+        self._generator.set_state(state["generator"])
 
 
 # --------------------------------------------------------------------------
@@ -198,6 +226,11 @@ class LongTermMemory:
     closes, plus any parents); ``flush()`` closes a partial chunk.  ``search``
     walks the tree greedily from the roots (StreamChat Algorithm 1) and returns
     the path's nodes and the best node seen.
+
+    The memory owns its ``CosineTree`` index and keeps it equal to the node
+    table: the table is only changed through this class (``add``, ``flush``,
+    ``merge_leaves``, ``remove``), each of which updates the index in the same
+    call.  ``BoundedMemory`` decides *what* to merge and remove; this class does it.
     """
 
     def __init__(self, text_encoder, captioner=None, *, chunk: int = 25, group: int = 10, centres: int = 5,
@@ -223,7 +256,8 @@ class LongTermMemory:
         self._row_of: dict[int, int] = {}  # node_id -> tree row
         self._node_of_row: list[int] = []  # tree row -> node_id
         self.timings: Counter = Counter()
-        self.novelty_filter = None  # optional callable(embedding) -> bool (True: skip), set by BoundedMemory
+        # Optional callable(embedding, frames) -> bool (True: skip the new leaf), installed by BoundedMemory.
+        self.novelty_filter = None
 
     # ---- formation -----------------------------------------------------
     def add(self, record: FrameRecord) -> list[MemoryNode]:
@@ -243,7 +277,8 @@ class LongTermMemory:
     def pending_frames(self) -> int:
         return len(self._pending)
 
-    def _compress(self, points: torch.Tensor, k: int) -> torch.Tensor:
+    def compress(self, points: torch.Tensor, k: int) -> torch.Tensor:
+        """(min(k, n), D) k-means centres of (n, D) points (``batched_kmeans`` with this memory's seed)."""
         from streammem_kernels import batched_kmeans
 
         k = min(k, points.shape[0])
@@ -278,7 +313,7 @@ class LongTermMemory:
         node = MemoryNode(
             node_id=self._new_id(), level=0, t_start=frames[0].timestamp, t_end=frames[-1].timestamp,
             first_frame=frames[0].index, last_frame=frames[-1].index, caption=caption, embedding=emb,
-            centres=self._compress(feats, self.centres),
+            centres=self.compress(feats, self.centres),
             label_counts=Counter(label for f in frames for label in f.labels),
             created_at=frames[-1].timestamp, last_access=frames[-1].timestamp,
         )
@@ -317,7 +352,7 @@ class LongTermMemory:
             node_id=self._new_id(), level=children[0].level + 1, t_start=children[0].t_start,
             t_end=children[-1].t_end, first_frame=children[0].first_frame, last_frame=children[-1].last_frame,
             caption=caption, embedding=self._embed(caption),
-            centres=self._compress(torch.cat([c.centres for c in children]), self.centres),
+            centres=self.compress(torch.cat([c.centres for c in children]), self.centres),
             label_counts=counts, children=list(child_ids), created_at=children[-1].created_at,
             last_access=max(c.last_access for c in children),
             merged=sum(c.merged for c in children),
@@ -355,7 +390,7 @@ class LongTermMemory:
         self._node_of_row.append(node.node_id)
 
     def rebuild_index(self) -> None:
-        """Rebuild the tree index from the node table (after nodes were removed or merged).
+        """Rebuild the tree index from the node table (after nodes were edited by hand).
 
         Nodes are re-added level by level in creation order, so the rebuilt tree
         has the same structure as the table and stays chronological.
@@ -370,7 +405,118 @@ class LongTermMemory:
 
     @property
     def tree(self):
+        """The ``CosineTree`` index (read it; change the memory through its methods), None when empty."""
         return self._tree
+
+    def row_of(self, node_id: int) -> int:
+        """Tree row of a node (rows change when removals compact the tree)."""
+        return self._row_of[node_id]
+
+    def node_at(self, row: int) -> MemoryNode:
+        """The node stored at a tree row."""
+        return self.nodes[self._node_of_row[row]]
+
+    # ---- edits (used by BoundedMemory) -----------------------------------
+    def nearest_leaf(self, embedding: torch.Tensor) -> tuple[float, MemoryNode] | None:
+        """The live leaf whose caption embedding has the highest cosine with ``embedding`` (``cosine_topk``)."""
+        tree = self._tree
+        if tree is None or tree.num_nodes == 0:
+            return None
+        from streammem_kernels import cosine_topk
+
+        leaf_rows = ((tree.level == 0) & tree.alive).nonzero()[:, 0]
+        if leaf_rows.numel() == 0:
+            return None
+        res = cosine_topk(embedding.reshape(1, -1).float(), tree.embeddings[leaf_rows], 1)
+        return float(res.scores[0, 0]), self.node_at(int(leaf_rows[int(res.ids[0, 0])]))
+
+    def set_utility(self, utility: Callable[[MemoryNode], float]) -> None:
+        """Write ``utility(node)`` of every node into the tree (used by utility-aware beam search)."""
+        tree = self._tree
+        if tree is None or tree.num_nodes == 0:
+            return
+        values = torch.tensor([utility(self.nodes[i]) for i in self._node_of_row], dtype=torch.float32)
+        tree.set_utility(torch.arange(tree.num_nodes), values)
+
+    def merge_leaves(self, pairs: Sequence[tuple[int, int]]) -> int:
+        """Fold leaf b into leaf a for each (a, b); a keeps its id and its place among its siblings.
+
+        The kept node's embedding becomes the normalised mean of both, its centres
+        k-means over both nodes' centres, its span, counts and access statistics
+        the union, and its caption the captioner's summary of it.  The pairs must
+        be disjoint.  Table and index are updated together; returns the pairs merged.
+        """
+        seen: set[int] = set()
+        for a_id, b_id in pairs:
+            for i in (a_id, b_id):
+                if i in seen or i not in self.nodes or self.nodes[i].level != 0:
+                    raise ValueError(f"pairs must be disjoint pairs of live leaf ids, got {i!r} twice or not a leaf")
+                seen.add(i)
+        folded = []
+        for a_id, b_id in pairs:
+            a, b = self.nodes[a_id], self.nodes[b_id]
+            a.embedding = F.normalize(a.embedding + b.embedding, dim=0)
+            a.centres = self.compress(torch.cat([a.centres, b.centres]), self.centres)
+            a.label_counts = a.label_counts + b.label_counts
+            a.t_start, a.t_end = min(a.t_start, b.t_start), max(a.t_end, b.t_end)
+            a.first_frame, a.last_frame = min(a.first_frame, b.first_frame), max(a.last_frame, b.last_frame)
+            a.access_count += b.access_count
+            a.last_access = max(a.last_access, b.last_access)
+            a.merged += b.merged
+            a.caption = self.captioner.summarize([a]) if hasattr(self.captioner, "summarize") else a.caption
+            folded.append(b_id)
+        if pairs and self._tree is not None:
+            kept = [a for a, _ in pairs]
+            t0 = time.perf_counter()
+            self._tree.set_embeddings([self._row_of[i] for i in kept], torch.stack([self.nodes[i].embedding for i in kept]))
+            self.timings["tree_remove"] += time.perf_counter() - t0
+        self.remove(folded)
+        return len(pairs)
+
+    def remove(self, node_ids: Sequence[int]) -> list[int]:
+        """Remove nodes, then every parent left without children (up the tree), from table and index.
+
+        Children of a removed parent become parentless (and are not re-queued for
+        grouping).  The index is updated in place: the rows are tombstoned
+        (``CosineTree.remove``) and the tree compacted; surviving rows keep their
+        relative (creation) order.  Returns the removed ids: ``node_ids`` first,
+        then the emptied parents.
+        """
+        node_ids = [int(i) for i in node_ids]
+        if len(set(node_ids)) != len(node_ids) or any(i not in self.nodes for i in node_ids):
+            raise ValueError(f"node_ids must be distinct live node ids, got {node_ids}")
+        removed = list(node_ids)
+        frontier = {self._unlink(i) for i in node_ids}
+        while frontier - {None}:
+            emptied = sorted(p for p in frontier if p is not None and p in self.nodes and not self.nodes[p].children)
+            frontier = {self._unlink(p) for p in emptied}
+            removed.extend(emptied)
+        tree = self._tree
+        rows = sorted(self._row_of[i] for i in removed if i in self._row_of)
+        if tree is not None and rows:
+            t0 = time.perf_counter()
+            gone = tree.remove(rows).tolist()
+            if gone != rows:
+                # The table removes emptied parents itself; the tree must agree row for row.
+                raise RuntimeError(f"CosineTree removed rows {gone}, the node table removed rows {rows}")
+            mapping = tree.compact().tolist()
+            self._node_of_row = [node for row, node in enumerate(self._node_of_row) if mapping[row] >= 0]
+            self._row_of = {node: row for row, node in enumerate(self._node_of_row)}
+            self.timings["tree_remove"] += time.perf_counter() - t0
+        return removed
+
+    def _unlink(self, node_id: int) -> int | None:
+        """Take a node out of the table; returns its parent id (where the removal cascade continues)."""
+        node = self.nodes.pop(node_id)
+        if node.parent is not None and node.parent in self.nodes:
+            self.nodes[node.parent].children.remove(node_id)
+        queue = self.roots_by_level.get(node.level)
+        if queue is not None and node_id in queue:
+            queue.remove(node_id)
+        for c in node.children:
+            if c in self.nodes:
+                self.nodes[c].parent = None
+        return node.parent
 
     # ---- queries -------------------------------------------------------
     def search(self, query_embedding: torch.Tensor, *, now: float | None = None) -> tuple[list[MemoryNode], MemoryNode | None, list[float]]:
@@ -387,8 +533,8 @@ class LongTermMemory:
         res = tree_search(self._tree, q)
         path_rows = [int(r) for r in res.path[0].tolist() if int(r) >= 0]
         scores = [float(s) for s, r in zip(res.path_scores[0].tolist(), res.path[0].tolist()) if int(r) >= 0]
-        path = [self.nodes[self._node_of_row[r]] for r in path_rows]
-        best = self.nodes[self._node_of_row[int(res.best_node[0])]]
+        path = [self.node_at(r) for r in path_rows]
+        best = self.node_at(int(res.best_node[0]))
         for node in {id(n): n for n in path + [best]}.values():
             node.access_count += 1
             if now is not None:
@@ -398,3 +544,74 @@ class LongTermMemory:
     def levels(self) -> dict[int, int]:
         """Number of nodes per level."""
         return dict(sorted(Counter(n.level for n in self.nodes.values()).items()))
+
+    # ---- checkpoints ---------------------------------------------------
+    def state_dict(self) -> dict:
+        """Node table (in table order), open chunk, grouping queue, the tree index and its row map.
+
+        Only tensors, numbers, strings, lists and dicts: ``torch.load(weights_only=True)`` reads it.
+        """
+        nodes = list(self.nodes.values())
+        return {
+            "next_id": self._next_id,
+            "nodes": _nodes_state(nodes),
+            "pending": records_state(self._pending),
+            "roots_by_level": [[level, list(ids)] for level, ids in self.roots_by_level.items()],
+            "tree": None if self._tree is None else self._tree.state_dict(),
+            "node_of_row": list(self._node_of_row),
+            "timings": dict(self.timings),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict()`` output; the tree is restored row for row (not rebuilt)."""
+        nodes = _nodes_from_state(state["nodes"])
+        self.nodes = {n.node_id: n for n in nodes}
+        self._next_id = int(state["next_id"])
+        self._pending = records_from_state(state["pending"])
+        self.roots_by_level = {int(level): list(ids) for level, ids in state["roots_by_level"]}
+        self._tree = None if state["tree"] is None else _tree_from_state(state["tree"])
+        self._node_of_row = list(state["node_of_row"])
+        self._row_of = {node: row for row, node in enumerate(self._node_of_row)}
+        if set(self._node_of_row) != set(self.nodes) or (self._tree is not None
+                                                         and self._tree.num_nodes != len(self._node_of_row)):
+            raise ValueError("state holds a tree index that does not match its node table")
+        self.timings = Counter(state.get("timings", {}))
+
+
+_NODE_SCALARS = ("node_id", "level", "t_start", "t_end", "first_frame", "last_frame", "caption", "parent",
+                 "created_at", "last_access", "access_count", "merged")
+
+
+def _nodes_state(nodes: Sequence[MemoryNode]) -> dict:
+    state = {name: [getattr(n, name) for n in nodes] for name in _NODE_SCALARS}
+    state["children"] = [list(n.children) for n in nodes]
+    state["label_counts"] = [dict(n.label_counts) for n in nodes]
+    state["embedding"] = torch.stack([n.embedding for n in nodes]) if nodes else None
+    state["centres_count"] = [int(n.centres.shape[0]) for n in nodes]
+    state["centres"] = torch.cat([n.centres for n in nodes]) if nodes else None
+    return state
+
+
+def _nodes_from_state(state: dict) -> list[MemoryNode]:
+    n = len(state["node_id"])
+    if n == 0:
+        return []
+    centres = torch.split(state["centres"], state["centres_count"])
+    nodes = []
+    for i in range(n):
+        kwargs = {name: state[name][i] for name in _NODE_SCALARS}
+        nodes.append(MemoryNode(**kwargs, embedding=state["embedding"][i].clone(), centres=centres[i].clone(),
+                                label_counts=Counter(state["label_counts"][i]), children=list(state["children"][i])))
+    return nodes
+
+
+def _tree_from_state(state: dict):
+    """A ``CosineTree`` from its ``state_dict()`` (through its own validated loader)."""
+    import io
+
+    from streammem_kernels import CosineTree
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return CosineTree.load(buffer)

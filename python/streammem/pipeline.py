@@ -1,18 +1,33 @@
-"""``StreamPipeline``: StreamChat's three-thread scheduling (sec. 3.2) over the memories.
+"""``StreamPipeline``: StreamChat's three-thread scheduling (sec. 3.2) over one ``StreamMemory``.
 
 Threads, joined by bounded queues (a full queue blocks its producer, so a slow
 consumer slows the producer down and no selected frame is ever dropped):
 
 1. frame stacking: decode, motion gate, encode the kept frames, fill the
-   vision queue;
+   vision queue (``StreamMemory.select`` / ``encode``);
 2. memory formation: short-term memory, long-term memory tree, event
-   segmentation and knowledge base, bounded-memory upkeep; it also releases
-   questions scheduled at a stream time once the stream reaches that time;
-3. contextual summarisation: answers questions from the memories.
+   segmentation and knowledge base, bounded-memory upkeep
+   (``StreamMemory.form``); it also releases questions scheduled at a stream
+   time (see below);
+3. contextual summarisation: answers questions from the memory
+   (``StreamMemory.retrieve``; the question and the dialogue entry are
+   embedded outside the memory lock).
 
-A failure in any thread stops the pipeline; ``wait()`` (and every pending
-question) raises it.  ``close()`` returns within a second whatever the threads
-are doing: every blocking queue operation polls a stop flag.
+Stream time is the source's own timestamps, whatever frames the gate drops.
+A question scheduled at stream time T is answered from the memory of exactly
+the frames with timestamp <= T: it is released when the first frame after T
+(kept or dropped) reaches memory formation, which then waits until the
+question's context is retrieved before it forms that frame; questions after
+the last frame are answered after the end of the stream (``finish``).  The
+context's ``stream_time`` is the last frame at or before T.  A question
+scheduled at a time the stream has already passed is answered from the memory
+as it is when the next frame arrives.
+
+The memory itself is single-threaded; this class only schedules it.  A failure
+in any thread stops the pipeline; ``wait()`` (and every pending question)
+raises it.  ``close()`` returns within a second whatever the threads are
+doing: every blocking queue operation polls a stop flag.  After ``wait()`` the
+memory can be checkpointed with ``pipe.memory.save(dir)``.
 """
 from __future__ import annotations
 
@@ -23,19 +38,18 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
-from .bounded import BoundedMemory
-from .gate import PRESETS, MotionGate, Preset
-from .knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeInjector
-from .memory import FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory
+from .config import BoundedConfig, MemoryConfig, SegmenterConfig, ShortTermConfig
+from .core import Context, StreamMemory
+from .gate import PRESETS, Preset
 
-__all__ = ["StreamPipeline", "QueryResult", "PipelineStopped"]
+__all__ = ["StreamPipeline", "QueryResult", "PipelineStopped", "GateBatch", "config_from_keywords"]
+
+QueryResult = Context  # the name before StreamMemory existed
 
 _END = object()
 _POLL_S = 0.05
@@ -46,56 +60,51 @@ class PipelineStopped(RuntimeError):
 
 
 @dataclass
-class QueryResult:
-    """The assembled context for one question, its timings and optional answer.
+class GateBatch:
+    """One motion-gate call, as ``gate_hook`` sees it: every decoded frame, kept or not.
 
-    ``rpd_s`` is the request processing delay: from submission (or, for a
-    question scheduled at a stream time, from its release at that time) until
-    the context is ready; the answer hook's time is reported apart.
+    ``frames`` is the (n, H, W, 3) uint8 batch itself (do not modify it);
+    ``scores`` the gate's motion score per frame (1.0 for the stream's first
+    frame, kept by definition).
     """
 
-    question: str
-    stream_time: float | None
-    short_term: list[dict]
-    tree_path: list[dict]
-    tree_best: dict | None
-    tree_centres: list[torch.Tensor]
-    dialogue: list[dict]
-    knowledge: list[dict]
-    injection: dict
-    timings: dict
-    rpd_s: float
-    answer: str | None = None
-    answer_s: float | None = None
-
-    def to_dict(self) -> dict:
-        """JSON-friendly view (centres summarised by their shapes)."""
-        return {
-            "question": self.question,
-            "stream_time": self.stream_time,
-            "short_term": self.short_term,
-            "tree_path": self.tree_path,
-            "tree_best": self.tree_best,
-            "tree_centres": [list(c.shape) for c in self.tree_centres],
-            "dialogue": self.dialogue,
-            "knowledge": self.knowledge,
-            "injection": self.injection,
-            "timings_ms": {k: round(1e3 * v, 3) for k, v in self.timings.items()},
-            "rpd_ms": round(1e3 * self.rpd_s, 3),
-            "answer": self.answer,
-        }
+    indices: list[int]
+    timestamps: list[float]
+    scores: list[float]
+    kept: list[bool]
+    frames: np.ndarray
 
 
-def _node_view(node, score: float | None = None) -> dict:
-    view = {"node": node.node_id, "level": node.level, "t_start": round(node.t_start, 3),
-            "t_end": round(node.t_end, 3), "caption": node.caption}
-    if score is not None:
-        view["score"] = round(score, 4)
-    return view
+@dataclass
+class _Dropped:
+    """Vision-queue marker: timestamps of frames the gate dropped (they advance stream time)."""
+
+    timestamps: list[float]
+
+
+def config_from_keywords(*, preset: str | Preset = "base", budget: int | None = None,
+                         bounded_kwargs: dict | None = None, segmenter_kwargs: dict | None = None,
+                         motion_size: int | None = 224, short_term: tuple = (20, 5, 5.0), dialogue_k: int = 3,
+                         seed: int = 0, backend: str = "auto") -> MemoryConfig:
+    """The ``MemoryConfig`` of ``StreamPipeline``'s keyword arguments from before ``MemoryConfig`` existed."""
+    if isinstance(preset, str):
+        if preset not in PRESETS:
+            raise ValueError(f"preset must be one of {sorted(PRESETS)} or a Preset, got {preset!r}")
+        preset = PRESETS[preset]
+    if bounded_kwargs and budget is None:
+        raise ValueError("bounded_kwargs needs a budget")
+    bounded = None if budget is None else BoundedConfig(budget, **(bounded_kwargs or {}))
+    return MemoryConfig(preset=preset, motion_size=motion_size, short_term=ShortTermConfig(*short_term),
+                        segmenter=SegmenterConfig(**(segmenter_kwargs or {})), bounded=bounded,
+                        dialogue_k=dialogue_k, seed=seed, backend=backend)
+
+
+_KEYWORDS = ("preset", "budget", "bounded_kwargs", "segmenter_kwargs", "motion_size", "short_term", "dialogue_k",
+             "seed", "backend")
 
 
 class StreamPipeline:
-    """Streaming memory over a source of ``(timestamp, frame)`` pairs.
+    """Streaming memory over a source of ``(timestamp, frame)`` pairs, in three threads.
 
     Parameters
     ----------
@@ -103,63 +112,64 @@ class StreamPipeline:
         For example a ``VideoSource``.
     frame_encoder : FrameEncoder
     text_encoder : TextEncoder
-    preset : str or Preset
-        StreamChat's (t, L, g, C): "slow", "base" (default) or "fast".
-    captioner : Captioner, optional
-        For tree leaves and parents (default ``LabelCaptioner``).
-    event_captioner : Captioner, optional
-        For knowledge-base events (default: the same captioner).
-    answer_fn : callable(QueryResult) -> str, optional
-        Turns a context into an answer; answers go to the dialogue memory.
-    budget : int, optional
-        Token budget of the long-term memory (``BoundedMemory``); None: unbounded.
-    bounded_kwargs : dict, optional
-        Extra ``BoundedMemory`` parameters.
-    segmenter_kwargs : dict, optional
-        Extra ``EventSegmenter`` parameters (window, tau, min_depth, max_event...).
+    config : MemoryConfig, optional
+        What the memory remembers (default ``MemoryConfig()``: StreamChat Base).
+    memory : StreamMemory, optional
+        Drive an existing memory (for example one restored with
+        ``StreamMemory.load``) instead of building one; then pass neither
+        encoders, config nor hooks.
+    captioner, event_captioner, answer_fn, instantaneity
+        As for ``StreamMemory``.
+    frame_hook : callable(FrameRecord), optional
+        Called by the memory-formation thread for every frame it receives.
+    gate_hook : callable(GateBatch), optional
+        Called by the frame-stacking thread after every motion-gate call, with
+        every decoded frame's time, score and decision (and the pixels).
     gate_batch : int
         Frames per motion-gate / encoder call.
     queue_size : int
         Capacity of the vision and question queues.
-    motion_size : int
-        Working resolution of the motion gate.
-    short_term : (N, S, tau)
-        Short-term memory parameters.
-    dialogue_k, seed, backend
-    frame_hook : callable(FrameRecord), optional
-        Called by the memory-formation thread for every frame it receives.
+    preset, budget, bounded_kwargs, segmenter_kwargs, motion_size, short_term, dialogue_k, seed, backend
+        The keywords of the pipeline before ``MemoryConfig``; still accepted
+        instead of ``config`` (``config_from_keywords``).
     """
 
-    def __init__(self, source: Iterable, frame_encoder, text_encoder, *, preset: str | Preset = "base",
-                 captioner=None, event_captioner=None, answer_fn: Callable | None = None, budget: int | None = None,
-                 bounded_kwargs: dict | None = None, segmenter_kwargs: dict | None = None, gate_batch: int = 8,
-                 queue_size: int = 32, motion_size: int | None = 224, short_term: tuple = (20, 5, 5.0),
-                 dialogue_k: int = 3, seed: int = 0, backend: str = "auto",
-                 instantaneity: Callable | None = None, frame_hook: Callable | None = None):
-        self.preset = PRESETS[preset] if isinstance(preset, str) else preset
+    def __init__(self, source: Iterable, frame_encoder=None, text_encoder=None, *, config: MemoryConfig | None = None,
+                 memory: StreamMemory | None = None, captioner=None, event_captioner=None,
+                 answer_fn: Callable | None = None, instantaneity: Callable | None = None,
+                 frame_hook: Callable | None = None, gate_hook: Callable | None = None, gate_batch: int = 8,
+                 queue_size: int = 32, **keywords):
+        unknown = sorted(set(keywords) - set(_KEYWORDS))
+        if unknown:
+            raise TypeError(f"StreamPipeline got unexpected keyword arguments {unknown}")
         if isinstance(gate_batch, bool) or int(gate_batch) != gate_batch or gate_batch < 1:
             raise ValueError(f"gate_batch must be an int >= 1, got {gate_batch!r}")
         if isinstance(queue_size, bool) or int(queue_size) != queue_size or queue_size < 1:
             raise ValueError(f"queue_size must be an int >= 1, got {queue_size!r}")
+        if memory is not None:
+            given = [n for n, v in (("frame_encoder", frame_encoder), ("text_encoder", text_encoder),
+                                    ("config", config), ("captioner", captioner),
+                                    ("event_captioner", event_captioner), ("instantaneity", instantaneity))
+                     if v is not None] + sorted(keywords)
+            if given:
+                raise ValueError(f"memory= already holds its encoders, config and hooks; do not also pass {given}")
+            if memory.frame_encoder is None:
+                raise ValueError("memory has no frame_encoder; the pipeline encodes frames")
+        else:
+            if config is not None and keywords:
+                raise ValueError(f"give either config or the keywords {sorted(keywords)}, not both")
+            if config is None:
+                config = config_from_keywords(**keywords)
+            if frame_encoder is None:
+                raise ValueError("frame_encoder is required (e.g. streammem.load_frame_encoder())")
+            memory = StreamMemory(config, frame_encoder, text_encoder, captioner=captioner,
+                                  event_captioner=event_captioner, answer_fn=answer_fn, instantaneity=instantaneity)
+        self.memory = memory
         self.source = source
-        self.frame_encoder = frame_encoder
-        self.text_encoder = text_encoder
-        self.gate = MotionGate(self.preset.threshold, size=motion_size, backend=backend)
         self.gate_batch = int(gate_batch)
-        captioner = captioner if captioner is not None else LabelCaptioner()
-        self.short_term = ShortTermMemory(*short_term, seed=seed)
-        self.long_term = LongTermMemory(text_encoder, captioner, chunk=self.preset.chunk, group=self.preset.group,
-                                        centres=self.preset.centres, seed=seed, backend=backend)
-        self.bounded = None if budget is None else BoundedMemory(self.long_term, budget, **(bounded_kwargs or {}))
-        self.events = EventSegmenter(text_encoder, event_captioner if event_captioner is not None else captioner,
-                                     backend=backend, **(segmenter_kwargs or {}))
-        self.knowledge_base = self.events.knowledge_base
-        scorer = instantaneity if instantaneity is not None else InstantaneityScorer(text_encoder)
-        self.injector = KnowledgeInjector(self.knowledge_base, scorer)
-        self.dialogue = DialogueMemory(text_encoder)
-        self.dialogue_k = int(dialogue_k)
-        self.answer_fn = answer_fn
+        self.answer_fn = answer_fn if answer_fn is not None else memory.answer_fn
         self.frame_hook = frame_hook
+        self.gate_hook = gate_hook
 
         self._vision_q: queue.Queue = queue.Queue(maxsize=int(queue_size))
         self._query_q: queue.Queue = queue.Queue(maxsize=int(queue_size))
@@ -180,10 +190,24 @@ class StreamPipeline:
         self.frames_kept = 0
         self.frames_formed = 0
         self.stream_time: float | None = None
-        self.timings: Counter = Counter()  # seconds per component
-        self.results: list[QueryResult] = []
+        self.timings: Counter = Counter()  # seconds the pipeline itself spends (decoding)
+        self.results: list[Context] = []
         self._t_start = None
         self._t_stream_end = None
+
+    # ---- the memory's parts, for convenience --------------------------
+    config = property(lambda self: self.memory.config)
+    preset = property(lambda self: self.memory.preset)
+    frame_encoder = property(lambda self: self.memory.frame_encoder)
+    text_encoder = property(lambda self: self.memory.text_encoder)
+    gate = property(lambda self: self.memory.gate)
+    short_term = property(lambda self: self.memory.short_term)
+    long_term = property(lambda self: self.memory.long_term)
+    bounded = property(lambda self: self.memory.bounded)
+    events = property(lambda self: self.memory.events)
+    knowledge_base = property(lambda self: self.memory.knowledge_base)
+    injector = property(lambda self: self.memory.injector)
+    dialogue = property(lambda self: self.memory.dialogue)
 
     # ---- lifecycle -----------------------------------------------------
     def start(self) -> "StreamPipeline":
@@ -255,6 +279,7 @@ class StreamPipeline:
                 break
             if item is not _END:
                 futures.append(item[1])
+                item[3].set()
         for fut in futures:
             if not fut.done():
                 fut.set_exception(exc)
@@ -280,7 +305,7 @@ class StreamPipeline:
     # ---- questions -----------------------------------------------------
     def submit(self, question: str, at: float | None = None) -> Future:
         """Queue a question; with ``at``, it is released when the stream reaches ``at`` seconds
-        (or ends).  Returns a Future of the ``QueryResult``."""
+        (or ends).  Returns a Future of the ``Context``."""
         if not isinstance(question, str) or not question.strip():
             raise ValueError("question must be a non-empty string")
         self._raise_if_failed()
@@ -296,23 +321,37 @@ class StreamPipeline:
                 self._release_due(float("inf"))
         return fut
 
-    def ask(self, question: str, timeout: float | None = None) -> QueryResult:
+    def ask(self, question: str, timeout: float | None = None) -> Context:
         """Submit now and wait for the context (and answer)."""
         return self.submit(question).result(timeout)
 
-    def _release(self, question: str, fut: Future) -> None:
-        item = (question, fut, time.perf_counter())
+    def _release(self, question: str, fut: Future) -> threading.Event:
+        """Queue a question for thread 3; the returned event is set once its context is retrieved."""
+        retrieved = threading.Event()
+        item = (question, fut, time.perf_counter(), retrieved)
         if not self._put(self._query_q, item):
             fut.set_exception(self._error or PipelineStopped("pipeline is closed"))
+            retrieved.set()
         self.max_query_depth = max(self.max_query_depth, self._query_q.qsize())
+        return retrieved
 
-    def _release_due(self, stream_time: float) -> None:
+    def _release_due(self, stream_time: float, *, before: bool = False) -> list[threading.Event]:
+        """Release the questions scheduled at or before ``stream_time`` (strictly before with ``before``)."""
         due = []
         with self._schedule_lock:
-            while self._scheduled and self._scheduled[0][0] <= stream_time:
+            while self._scheduled and (self._scheduled[0][0] < stream_time if before
+                                       else self._scheduled[0][0] <= stream_time):
                 due.append(heapq.heappop(self._scheduled))
-        for _, _, question, fut in due:
-            self._release(question, fut)
+        return [self._release(question, fut) for _, _, question, fut in due]
+
+    def _answer_due_before(self, timestamp: float) -> bool:
+        """Before a frame at ``timestamp`` enters memory: questions scheduled before it get their
+        context from the memory as it is now.  False when the pipeline stopped meanwhile."""
+        for retrieved in self._release_due(timestamp, before=True):
+            while not retrieved.wait(_POLL_S):
+                if self._stop.is_set():
+                    return False
+        return True
 
     # ---- thread 1: frame stacking -------------------------------------
     def _frame_stacking(self) -> None:
@@ -335,70 +374,59 @@ class StreamPipeline:
 
     def _stack(self, batch: list) -> bool:
         frames = np.stack([f for _, _, f in batch])
-        t0 = time.perf_counter()
-        _, kept = self.gate.push(frames)
-        self.timings["motion_gate"] += time.perf_counter() - t0
-        keep = [i for i, k in enumerate(kept) if k]
-        batch_items = list(batch)
+        times = [ts for _, ts, _ in batch]
         batch.clear()
-        if not keep:
-            return True
-        t0 = time.perf_counter()
-        encoded = self.frame_encoder.encode(frames[keep])
-        self.timings["frame_encode"] += time.perf_counter() - t0
-        labels = encoded.labels if encoded.labels else [()] * len(keep)
-        for row, i in enumerate(keep):
-            index, ts, _ = batch_items[i]
-            record = FrameRecord(index, ts, encoded.features[row].float().clone(), tuple(labels[row]))
-            if not self._put(self._vision_q, record):
+        indices, kept, scores = self.memory.select(frames, return_scores=True)
+        if self.gate_hook is not None:
+            self.gate_hook(GateBatch(indices, times, scores, kept, frames))
+        keep = [i for i, k in enumerate(kept) if k]
+        records = iter(self.memory.records([indices[i] for i in keep], [times[i] for i in keep],
+                                           self.memory.encode(frames[keep]))) if keep else iter(())
+        # Frames in stream order: each kept frame's record, and each run of dropped frames as one marker.
+        dropped: list[float] = []
+        for t, k in zip(times, kept):
+            if not k:
+                dropped.append(t)
+                continue
+            if dropped and not self._put(self._vision_q, _Dropped(dropped)):
+                return False
+            dropped = []
+            if not self._put(self._vision_q, next(records)):
                 return False
             self.frames_kept += 1
             self.max_vision_depth = max(self.max_vision_depth, self._vision_q.qsize())
-        return True
+        return not dropped or self._put(self._vision_q, _Dropped(dropped))
 
     # ---- thread 2: memory formation -----------------------------------
     def _memory_formation(self) -> None:
         while True:
-            record = self._get(self._vision_q)
-            if record is _END:
+            item = self._get(self._vision_q)
+            if item is _END:
                 if self._stop.is_set():
                     return
                 break
+            if isinstance(item, _Dropped):
+                for t in item.timestamps:
+                    if not self._answer_due_before(t):
+                        return
+                    with self._memory_lock:
+                        self.memory.advance(t)
+                    self.stream_time = t
+                continue
+            record = item
+            if not self._answer_due_before(record.timestamp):
+                return
             if self.frame_hook is not None:
                 self.frame_hook(record)
             with self._memory_lock:
-                self._form(record)
+                self.memory.form(record)
             self.stream_time = record.timestamp
             self.frames_formed += 1
-            self._release_due(record.timestamp)
         with self._memory_lock:
-            t0 = time.perf_counter()
-            self.long_term.flush()
-            self.timings["long_term"] += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            self.events.flush()
-            self.timings["events"] += time.perf_counter() - t0
-            if self.bounded is not None and self.stream_time is not None:
-                self.bounded.enforce(self.stream_time)
+            self.memory.finish()
         self._t_stream_end = time.perf_counter()
         self._stream_done.set()
         self._release_due(float("inf"))
-
-    def _form(self, record: FrameRecord) -> None:
-        t0 = time.perf_counter()
-        self.short_term.add(record)
-        t1 = time.perf_counter()
-        created = self.long_term.add(record)
-        t2 = time.perf_counter()
-        self.events.push(record)
-        t3 = time.perf_counter()
-        if created and self.bounded is not None:
-            self.bounded.enforce(record.timestamp)
-        t4 = time.perf_counter()
-        self.timings["short_term"] += t1 - t0
-        self.timings["long_term"] += t2 - t1
-        self.timings["events"] += t3 - t2
-        self.timings["bounded"] += t4 - t3
 
     # ---- thread 3: contextual summarisation ---------------------------
     def _summarisation(self) -> None:
@@ -406,89 +434,55 @@ class StreamPipeline:
             item = self._get(self._query_q)
             if item is _END:
                 return
-            question, fut, submitted = item
-            if fut.set_running_or_notify_cancel():
-                result = self._answer(question, submitted)
-                self.results.append(result)
-                fut.set_result(result)
+            question, fut, submitted, retrieved = item
+            try:
+                if fut.set_running_or_notify_cancel():
+                    result = self._answer(question, submitted, retrieved)
+                    self.results.append(result)
+                    fut.set_result(result)
+            finally:
+                retrieved.set()
 
-    def _answer(self, question: str, submitted: float) -> QueryResult:
-        timings: dict[str, float] = {}
+    def _answer(self, question: str, submitted: float, retrieved: threading.Event) -> Context:
         t0 = time.perf_counter()
-        q = F.normalize(self.text_encoder.encode([question])[0].float(), dim=0)
-        t1 = time.perf_counter()
-        timings["question_encode"] = t1 - t0
+        q = self.memory.encode_question(question)
+        timings = {"question_encode": time.perf_counter() - t0}
         with self._memory_lock:
-            now = self.stream_time
-            short = [{"frame": r.index, "t": round(r.timestamp, 3), "labels": list(r.labels)}
-                     for r in self.short_term.sample()]
-            t2 = time.perf_counter()
-            path, best, scores = self.long_term.search(q, now=now)
-            t3 = time.perf_counter()
-            dialogue = [{"score": round(s, 4), "question": e.question, "answer": e.answer, "t": e.timestamp}
-                        for s, e in self.dialogue.search(q, self.dialogue_k)]
-            t4 = time.perf_counter()
-            injection = self.injector.select(question, q)
-            t5 = time.perf_counter()
-            tree_path = [_node_view(n, s) for n, s in zip(path, scores)]
-            tree_best = _node_view(best, float(best.embedding @ q)) if best is not None else None
-            centres = [n.centres for n in path]
-            knowledge = [{"score": round(s, 4), "event": e.event_id, "t_start": round(e.t_start, 3),
-                          "t_end": round(e.t_end, 3), "caption": e.caption} for s, e in injection.entries]
-        timings.update(short_term=t2 - t1, tree_search=t3 - t2, dialogue_search=t4 - t3,
-                       knowledge_injection=t5 - t4)
-        rpd = time.perf_counter() - submitted
-        timings["total"] = rpd
-        result = QueryResult(
-            question=question, stream_time=now, short_term=short, tree_path=tree_path, tree_best=tree_best,
-            tree_centres=centres, dialogue=dialogue, knowledge=knowledge,
-            injection={"mode": injection.mode, "s_t": round(injection.s_t, 4), "s_r": round(injection.s_r, 4),
-                       "s_c": round(injection.s_c, 4)},
-            timings=timings, rpd_s=rpd,
-        )
+            result = self.memory.retrieve(question, q, submitted=submitted, timings=timings)
+        retrieved.set()  # memory formation may go on; the answer is the summarisation thread's own work
         if self.answer_fn is not None:
-            t6 = time.perf_counter()
-            result.answer = self.answer_fn(result)
-            result.answer_s = time.perf_counter() - t6
-            self.dialogue.add(question, result.answer, now)
+            t1 = time.perf_counter()
+            answer = self.answer_fn(result)
+            result.answer_s = time.perf_counter() - t1
+            embedding = self.memory.dialogue.embed(question, answer)  # the slow part, outside the lock
+            with self._memory_lock:
+                self.memory.record_answer(result, answer, embedding=embedding)
         return result
 
     # ---- reporting -----------------------------------------------------
     def summary(self) -> dict:
+        """The memory's summary plus this run's frame counts, wall time, processed FPS and queue depths."""
         elapsed = None
         if self._t_start is not None:
             end = self._t_stream_end if self._t_stream_end is not None else time.perf_counter()
             elapsed = end - self._t_start
         with self._memory_lock:
-            levels = self.long_term.levels()
-            timings = Counter(self.timings)
-            timings.update({f"long_term.{k}": v for k, v in self.long_term.timings.items()})
-            timings.update({f"events.{k}": v for k, v in self.events.timings.items()})
-            out = {
-                "preset": self.preset.name,
-                "frames_decoded": self.frames_decoded,
-                "frames_kept": self.frames_kept,
-                "frames_formed": self.frames_formed,
-                "events": len(self.knowledge_base),
-                "tree_levels": len(levels),
-                "tree_nodes": sum(levels.values()),
-                "nodes_per_level": {str(k): v for k, v in levels.items()},
-                "dialogue_entries": len(self.dialogue),
-                "seconds": None if elapsed is None else round(elapsed, 3),
-                "processed_fps": None if not elapsed else round(self.frames_decoded / elapsed, 2),
-                "max_vision_queue": self.max_vision_depth,
-                "max_query_queue": self.max_query_depth,
-                "component_seconds": {k: round(v, 4) for k, v in sorted(timings.items())},
-            }
-            if self.bounded is not None:
-                s = self.bounded.stats
-                out["bounded"] = {"budget": self.bounded.budget, "cost": self.bounded.total_cost(),
-                                  "peak_cost": s.peak_cost, "rounds": s.rounds, "merged": s.merged,
-                                  "removed_leaves": s.removed_leaves, "removed_parents": s.removed_parents,
-                                  "skipped_redundant": s.skipped_redundant}
+            out = self.memory.summary()
+        components = Counter(out["component_seconds"])
+        components.update({k: round(v, 4) for k, v in self.timings.items()})
+        out.update({
+            "frames_decoded": self.frames_decoded,
+            "frames_kept": self.frames_kept,
+            "frames_formed": self.frames_formed,
+            "seconds": None if elapsed is None else round(elapsed, 3),
+            "processed_fps": None if not elapsed else round(self.frames_decoded / elapsed, 2),
+            "max_vision_queue": self.max_vision_depth,
+            "max_query_queue": self.max_query_depth,
+            "component_seconds": dict(sorted(components.items())),
+        })
         return out
 
-    def run(self, queries: Iterable[tuple[float | None, str]] = ()) -> list[QueryResult]:
+    def run(self, queries: Iterable[tuple[float | None, str]] = ()) -> list[Context]:
         """Start, ask ``queries`` ((stream_time or None, question)), finish the stream, close.
 
         Returns the results in the order of ``queries``; raises any thread's failure.

@@ -1,0 +1,244 @@
+"""``MemoryConfig``: every parameter of a ``StreamMemory`` in one frozen object, with presets.
+
+One object replaces the loose keywords and ``*_kwargs`` dicts the pipeline used
+to take, so a memory can be described, compared, saved next to a checkpoint
+(``to_dict`` / ``from_dict``, JSON-friendly) and rebuilt in another process.
+
+>>> cfg = MemoryConfig.from_preset("base", budget=2000)           # StreamChat Base + a token budget
+>>> cfg = cfg.replace(segmenter=SegmenterConfig(drift=0.6))         # ProStream drift segmentation
+>>> MemoryConfig.from_dict(cfg.to_dict()) == cfg
+True
+
+The presets are StreamChat's Slow / Base / Fast (motion threshold t, chunk L,
+group g, centres C: ``gate.PRESETS``) with every other parameter at its default.
+Scheduling parameters (queue sizes, frames per gate call, threads) are not
+memory parameters and stay with ``StreamPipeline``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from .gate import PRESETS, Preset
+
+__all__ = ["MemoryConfig", "SegmenterConfig", "BoundedConfig", "ShortTermConfig", "InjectorConfig"]
+
+
+def _check_int(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_real(value, name: str, low: float | None = None, high: float | None = None, *,
+                open_low: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    value = float(value)
+    if low is not None and (value <= low if open_low else value < low):
+        raise ValueError(f"{name} must be {'>' if open_low else '>='} {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be <= {high}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ShortTermConfig:
+    """StreamChat Eq. 2: keep S of the newest N frames with probability ∝ exp(-age / tau)."""
+
+    candidates: int = 20
+    keep: int = 5
+    tau: float = 5.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "candidates", _check_int(self.candidates, "short_term.candidates", 1))
+        object.__setattr__(self, "keep", _check_int(self.keep, "short_term.keep", 1))
+        object.__setattr__(self, "tau", _check_real(self.tau, "short_term.tau", 0.0, open_low=True))
+
+
+@dataclass(frozen=True)
+class SegmenterConfig:
+    """``StreamingSegmenter`` parameters of the event knowledge base (StreamRAG; drift: ProStream)."""
+
+    window: int = 8
+    tau: float = 0.7
+    min_depth: float = 0.2
+    max_event: int | None = 250
+    drift: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "window", _check_int(self.window, "segmenter.window", 2))
+        object.__setattr__(self, "tau", _check_real(self.tau, "segmenter.tau", 0.0))
+        object.__setattr__(self, "min_depth", _check_real(self.min_depth, "segmenter.min_depth", 0.0))
+        if self.max_event is not None:
+            object.__setattr__(self, "max_event", _check_int(self.max_event, "segmenter.max_event", 1))
+        if self.drift is not None:
+            object.__setattr__(self, "drift", _check_real(self.drift, "segmenter.drift", -1.0, 1.0))
+
+
+@dataclass(frozen=True)
+class BoundedConfig:
+    """``BoundedMemory`` parameters (ProStream sec. 5.3): a token budget and the utility constants."""
+
+    budget: int
+    alpha: float = 0.6
+    beta: float = 0.4
+    tau: float = 60.0
+    theta_sim: float = 0.85
+    theta_concept: float | None = 0.95
+    tokens_per_centre: int = 1
+    low_water: float = 0.8
+
+    def __post_init__(self):
+        object.__setattr__(self, "budget", _check_int(self.budget, "bounded.budget", 1))
+        object.__setattr__(self, "alpha", _check_real(self.alpha, "bounded.alpha"))
+        object.__setattr__(self, "beta", _check_real(self.beta, "bounded.beta"))
+        object.__setattr__(self, "tau", _check_real(self.tau, "bounded.tau", 0.0, open_low=True))
+        object.__setattr__(self, "theta_sim", _check_real(self.theta_sim, "bounded.theta_sim", -1.0, 1.0))
+        if self.theta_concept is not None:
+            object.__setattr__(self, "theta_concept",
+                               _check_real(self.theta_concept, "bounded.theta_concept", -1.0, 1.0))
+        object.__setattr__(self, "tokens_per_centre", _check_int(self.tokens_per_centre, "bounded.tokens_per_centre", 1))
+        object.__setattr__(self, "low_water", _check_real(self.low_water, "bounded.low_water", 0.0, 1.0,
+                                                          open_low=True))
+
+    def kwargs(self) -> dict:
+        """Keyword arguments of ``BoundedMemory`` (everything but the budget)."""
+        out = dataclasses.asdict(self)
+        del out["budget"]
+        return out
+
+
+@dataclass(frozen=True)
+class InjectorConfig:
+    """StreamRAG sec. 3.4 knowledge injection: S_c = gamma S_t + (1 - gamma)(1 - S_r), thresholds."""
+
+    gamma: float = 0.5
+    theta1: float = 0.6
+    theta2: float = 0.4
+
+    def __post_init__(self):
+        object.__setattr__(self, "gamma", _check_real(self.gamma, "injector.gamma", 0.0, 1.0))
+        object.__setattr__(self, "theta1", _check_real(self.theta1, "injector.theta1"))
+        object.__setattr__(self, "theta2", _check_real(self.theta2, "injector.theta2"))
+        if self.theta2 > self.theta1:
+            raise ValueError(f"injector.theta2 must be <= injector.theta1, got {self.theta2!r} > {self.theta1!r}")
+
+
+_NESTED = {"short_term": ShortTermConfig, "segmenter": SegmenterConfig, "bounded": BoundedConfig,
+           "injector": InjectorConfig, "preset": Preset}
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Everything that decides what a ``StreamMemory`` remembers and retrieves.
+
+    Parameters
+    ----------
+    preset : Preset
+        StreamChat's (t, L, g, C): motion threshold, frames per leaf, nodes per
+        parent, k-means centres per node.
+    motion_size : int or None
+        Working resolution (long side) of the motion gate; None keeps the input size.
+    motion_window : int or None
+        Lucas-Kanade window (odd >= 3) or None for the paper's global solve.
+    motion_reference : {"previous", "last_kept"}
+    short_term : ShortTermConfig
+    kmeans_iters : int
+        Iterations of every ``batched_kmeans`` call.
+    segmenter : SegmenterConfig
+    bounded : BoundedConfig or None
+        None: the long-term memory grows without bound.
+    injector : InjectorConfig
+    dialogue_k : int
+        Dialogue entries retrieved per question.
+    seed : int
+        Seeds the short-term sampler and k-means, so a run is reproducible.
+    backend : str
+        Kernel backend for every op ("auto", "torch", "cpp", "triton").
+    """
+
+    preset: Preset = PRESETS["base"]
+    motion_size: int | None = 224
+    motion_window: int | None = 5
+    motion_reference: str = "previous"
+    short_term: ShortTermConfig = field(default_factory=ShortTermConfig)
+    kmeans_iters: int = 10
+    segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
+    bounded: BoundedConfig | None = None
+    injector: InjectorConfig = field(default_factory=InjectorConfig)
+    dialogue_k: int = 3
+    seed: int = 0
+    backend: str = "auto"
+
+    def __post_init__(self):
+        if not isinstance(self.preset, Preset):
+            raise ValueError(f"preset must be a Preset (see streammem.PRESETS), got {self.preset!r}")
+        p = self.preset
+        _check_real(p.threshold, "preset.threshold", 0.0, 1.0)
+        for name, value, low in (("chunk", p.chunk, 1), ("group", p.group, 2), ("centres", p.centres, 1)):
+            _check_int(value, f"preset.{name}", low)
+        if self.motion_size is not None:
+            object.__setattr__(self, "motion_size", _check_int(self.motion_size, "motion_size", 8))
+        if self.motion_window is not None:
+            w = _check_int(self.motion_window, "motion_window", 3)
+            if w % 2 == 0:
+                raise ValueError(f"motion_window must be odd, got {w}")
+            object.__setattr__(self, "motion_window", w)
+        if self.motion_reference not in ("previous", "last_kept"):
+            raise ValueError(f"motion_reference must be 'previous' or 'last_kept', got {self.motion_reference!r}")
+        for name, cls in (("short_term", ShortTermConfig), ("segmenter", SegmenterConfig),
+                          ("injector", InjectorConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
+        if self.bounded is not None and not isinstance(self.bounded, BoundedConfig):
+            raise ValueError(f"bounded must be a BoundedConfig or None, got {self.bounded!r}")
+        object.__setattr__(self, "kmeans_iters", _check_int(self.kmeans_iters, "kmeans_iters", 1))
+        object.__setattr__(self, "dialogue_k", _check_int(self.dialogue_k, "dialogue_k", 1))
+        object.__setattr__(self, "seed", _check_int(self.seed, "seed", 0))
+        if not isinstance(self.backend, str):
+            raise ValueError(f"backend must be a string, got {self.backend!r}")
+
+    # ---- construction ------------------------------------------------------
+    @classmethod
+    def from_preset(cls, name: str | Preset = "base", *, budget: int | None = None, **changes) -> "MemoryConfig":
+        """A preset ("slow", "base", "fast" or a ``Preset``) with changes.
+
+        ``budget=N`` is short for ``bounded=BoundedConfig(N)``; any other
+        keyword is a field of ``MemoryConfig``.
+        """
+        if isinstance(name, str):
+            if name not in PRESETS:
+                raise ValueError(f"preset must be one of {sorted(PRESETS)} or a Preset, got {name!r}")
+            name = PRESETS[name]
+        if budget is not None:
+            if "bounded" in changes:
+                raise ValueError("give either budget or bounded, not both")
+            changes["bounded"] = BoundedConfig(budget)
+        return cls(preset=name, **changes)
+
+    def replace(self, **changes) -> "MemoryConfig":
+        """A copy with some fields changed (validated like the constructor)."""
+        return dataclasses.replace(self, **changes)
+
+    # ---- serialisation -----------------------------------------------------
+    def to_dict(self) -> dict:
+        """Plain dict of numbers, strings, None and nested dicts (JSON-friendly)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "MemoryConfig":
+        """Inverse of ``to_dict``; unknown keys raise ValueError (a config from a newer version)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"data must be a dict from MemoryConfig.to_dict(), got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"data has unknown MemoryConfig fields {unknown}")
+        kwargs = {}
+        for key, value in data.items():
+            if key in _NESTED and isinstance(value, dict):
+                value = _NESTED[key](**value)
+            kwargs[key] = value
+        return cls(**kwargs)
