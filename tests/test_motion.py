@@ -36,7 +36,9 @@ def random_clip(t, h, w, channels=None, dtype=torch.float32, seed=0):
 
 def assert_bitwise_equal(out, ref, what):
     assert out.dtype == ref.dtype and out.shape == ref.shape, what
-    same = out.view(torch.int32) == ref.view(torch.int32)  # also tells -0.0 from 0.0
+    if out.dtype.is_floating_point:
+        out, ref = out.view(torch.int32), ref.view(torch.int32)  # also tells -0.0 from 0.0
+    same = out == ref
     assert bool(same.all()), f"{what}: {int((~same).sum())} of {same.numel()} values differ"
 
 
@@ -148,6 +150,41 @@ def test_triton_is_bit_for_bit_with_reference(device, case):
         assert_bitwise_equal(flow_fields_triton(prods, window, 1e-5), fields, "per-pixel |flow|, u, v, valid")
     ref = motion_magnitude(gray, window=window, backend="torch")
     assert_matches_reference(motion_magnitude(gray, window=window, backend="triton"), ref, "triton", dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_triton_pyramid_stages_are_bit_for_bit_with_reference(device, dtype):
+    """Every pyramid stage (reduce, guess, whole-pixel warp at factors 2 and 1, fields composed
+    with a guess) equals the reference's bit for bit, on odd sizes with a moving texture so that
+    the offsets are non-zero, and so does the whole pyramid (levels 2, coarsest solved 3 times)."""
+    from streammem_kernels import motion
+    from streammem_kernels._motion_triton import TRITON_STAGES as tri
+
+    _triton_on(device)
+    ref = motion.TORCH_STAGES
+    tex = smooth_texture(21, 27, sigma=2.0, seed=5)
+    frames = torch.stack([fourier_shift(tex, 1.7 * i, -0.8 * i)[16:37, 16:43] for i in range(3)])
+    frames = (frames * 255).round().to(torch.uint8) if dtype == torch.uint8 else frames.float()
+    frames = frames.to(device)
+    coarse = ref.reduce(frames)
+    assert_bitwise_equal(tri.reduce(frames), coarse, "reduce")  # 21 x 27 -> 11 x 14
+    fields = ref.fields(ref.products(coarse[:-1], coarse[1:]), 5, 1e-5, None, tuple(coarse.shape[1:]), 0)
+    assert bool((fields[:, 3] == 1).any())
+    guess = ref.guess(fields)
+    assert_bitwise_equal(tri.guess(fields), guess, "guess")
+    for factor, level in ((1, coarse), (2, frames)):
+        warped = ref.warp(level[1:], guess, 3, factor)
+        assert not torch.equal(warped, level[1:]), "the guess must move something"
+        assert_bitwise_equal(tri.warp(level[1:], guess, 3, factor), warped, f"warp, factor {factor}")
+        prods = ref.products(level[:-1], warped)
+        assert_bitwise_equal(tri.products(level[:-1], warped), prods, f"products, factor {factor}")
+        hw = tuple(level.shape[1:])
+        assert_bitwise_equal(tri.fields(prods, 5, 1e-5, guess, hw, factor),
+                             ref.fields(prods, 5, 1e-5, guess, hw, factor), f"fields, factor {factor}")
+    for statistic in motion.STATISTICS:
+        assert_matches_reference(motion_magnitude(frames, statistic=statistic, backend="triton"),
+                                 motion_magnitude(frames, statistic=statistic, backend="torch"), "triton", dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
