@@ -432,6 +432,9 @@ def test_triton_path_never_syncs_with_the_host(monkeypatch):
         motion_magnitude(gray, window=None, backend="triton")
         select_frames_mask(gray, 0.3, window=3, backend="triton")
         select_frames_mask(gray, 0.3, reference="last_kept", window=3, backend="triton")
+        pyramid = random_clip(2, 19, 24, None, torch.uint8, seed=10)  # 2 levels: reduce, guess, warp kernels
+        motion_magnitude(pyramid, backend="triton")
+        select_frames_mask(pyramid, 0.3, statistic="textured", backend="triton")
         with pytest.raises(HostSync):  # the guard is live: the Python-list wrapper syncs, by design
             select_frames(gray, 0.3, window=3, backend="triton")
     guard_backend(monkeypatch, LK_FLOW, "triton")
