@@ -59,6 +59,21 @@ def test_presets_order_objects_by_size_and_speed():
     assert all(k.all() for k in kept.values()), kept
 
 
+def test_scene_cuts_are_kept(tmp_path):
+    """tests/clips.py: four 10 s scenes (red, green moving; blue still; yellow moving) decoded at
+    2 fps and 320 px as `streammem run` does: the base gate keeps the first frame of every scene
+    (a cut is motion everywhere, even into a still scene) and drops the still scene's others."""
+    pytest.importorskip("cv2")
+    from clips import write_clip
+    from streammem import VideoSource
+
+    path = write_clip(tmp_path / "scenes.avi")
+    frames = np.stack([f for _, f in VideoSource(path, fps=2, size=320)])
+    kept = _kept(MotionGate.from_preset("base"), frames, batch=8)
+    assert len(kept) == 80 and kept[[0, 20, 40, 60]].all(), np.flatnonzero(kept)
+    assert not kept[41:60].any() and kept[:40].all() and kept[60:].all(), np.flatnonzero(~kept)
+
+
 def test_memory_config_passes_the_statistic_to_the_gate():
     from streammem.core import StreamMemory  # noqa: F401  (the gate is built there)
 
