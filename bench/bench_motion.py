@@ -62,6 +62,15 @@ def test_ours_cpp(benchmark, clip):
     _run(benchmark, lambda: motion_magnitude(frames, backend="cpp"), T - 1, f"motion-{size}", provider="ours-cpp")
 
 
+def test_ours_cpp_single_scale(benchmark, clip):
+    """The single-scale kernel (StreamChat's literal statistic): the pyramid's cost reference
+    (issue 14: the default pyramid may cost at most 1.5x this)."""
+    size, gray = clip
+    frames = torch.from_numpy(gray)
+    _run(benchmark, lambda: motion_magnitude(frames, levels=1, statistic="textured", backend="cpp"), T - 1,
+         f"motion-{size}", provider="ours-cpp-single-scale")
+
+
 def test_ours_auto_rgb_with_resize(benchmark, clip):
     """The orchestration layer's use: RGB frames at source size, working size `size`."""
     size, _ = clip
@@ -121,6 +130,37 @@ def test_opencv_pyrlk_200_corners(benchmark, clip):
         return mags
 
     _run(benchmark, run, T - 1, f"motion-{size}", provider="opencv-pyrlk-200-corners")
+
+
+SHIFTS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0)
+
+
+@pytest.mark.parametrize("provider", ["ours-pyramid", "ours-single-scale", "opencv-dis-ultrafast"])
+def test_known_shift_accuracy(benchmark, provider):
+    """Accuracy, not speed: a texture blurred by sigma = 1.5 px at 224 x 224 moved by known shifts;
+    ``extra_info`` holds each provider's reading (ours: the textured mean; DIS: the mean |flow|
+    over the pixels whose source stays in the frame).  The timed call is one pair."""
+    from motion_clips import shifted_pair
+
+    pairs = {d: shifted_pair(d, 0.0, h=224, w=224, sigma=1.5, pad=48) for d in SHIFTS}
+    if provider == "opencv-dis-ultrafast":
+        dis = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST)
+        u8 = {d: (p.numpy() * 255).round().astype(np.uint8) for d, p in pairs.items()}
+
+        def read(d):
+            flow = dis.calc(u8[d][0], u8[d][1], None)
+            inside = slice(0, 224 - int(np.ceil(d)))
+            return float(np.linalg.norm(flow[:, inside], axis=2).mean())
+    else:
+        levels = "auto" if provider == "ours-pyramid" else 1
+
+        def read(d):
+            return float(motion_magnitude(pairs[d], levels=levels, statistic="textured").flow_px[0])
+
+    benchmark.group = "motion-known-shift-224"
+    benchmark.extra_info.update(pairs=1, provider=provider,
+                                **{f"flow_px_at_{d}": round(read(d), 3) for d in SHIFTS})
+    benchmark(lambda: read(8.0))
 
 
 def test_wrapper_overhead_tiny(benchmark):

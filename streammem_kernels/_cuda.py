@@ -30,8 +30,11 @@ _F64 = ctypes.c_double
 # module (tests/test_cuda_compile.py checks both the built and a fresh build).
 PROTOTYPES: dict[str, dict[str, tuple]] = {
     "motion": {
-        "streammem_motion_products": (_I32, (_P, _I32, _P, _I64, _I64, _I64, _F32, _P)),
-        "streammem_motion_fields": (_I32, (_P, _P, _I64, _I64, _I64, _I64, _F32, _P)),
+        "streammem_motion_products": (_I32, (_P, _P, _I32, _P, _I64, _I64, _I64, _F32, _P)),
+        "streammem_motion_fields": (_I32, (_P, _P, _P, _I64, _I64, _I64, _I64, _F32, _I64, _I64, _I64, _P)),
+        "streammem_motion_guess": (_I32, (_P, _P, _I64, _I64, _I64, _I64, _P)),
+        "streammem_motion_warp": (_I32, (_P, _I32, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _P)),
+        "streammem_motion_reduce": (_I32, (_P, _I32, _P, _I64, _I64, _I64, _F32, _P)),
     },
     "boundaries": {
         "streammem_boundaries_stream_step": (_I32, (_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _F64,

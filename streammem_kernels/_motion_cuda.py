@@ -1,17 +1,22 @@
 """CUDA backend of the motion magnitude (kernels: csrc/cuda/motion.cu; contract: motion.py).
 
-The two stages of the Triton backend -- structure products, then per-pixel
-fields of the window solve -- as CUDA kernels launched on torch's current
-stream through the module's C ABI; the per-frame summary and the global mode
-are the reference's own torch code.  Bit for bit with the reference (see the
-.cu file), no host synchronisation (capturable in a CUDA graph).
+The per-level stages of the Triton backend -- pyramid reduce, guess, warp,
+structure products, per-pixel fields of the window solve -- as CUDA kernels
+launched on torch's current stream through the module's C ABI; the reference's
+driver (``motion.pyramid_flow``) sequences them, and the per-frame summary and
+the global mode are the reference's own torch code.  Bit for bit with the
+reference (see the .cu file), no host synchronisation (capturable in a CUDA
+graph).
 """
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import torch
 
 from . import _cuda
 from ._dispatch import load_native
+from .motion import GUESS_BOX
 
 
 def _module():
@@ -21,37 +26,86 @@ def _module():
     return mod
 
 
-def structure_products_cuda(gray: torch.Tensor) -> torch.Tensor:
-    """(P, 5, H-2, W-2) float32 products of contiguous (T, H, W) uint8/float32 CUDA frames."""
+def _frames(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Contiguous uint8 or float32 frames (other dtypes never reach the stages)."""
+    x = x.contiguous()
+    if x.dtype == torch.uint8:
+        return x, True
+    return x.to(torch.float32), False
+
+
+def products_cuda(prev: torch.Tensor, cur: torch.Tensor) -> torch.Tensor:
+    """(P, 5, H-2, W-2) float32 products of (P, H, W) uint8/float32 CUDA frame pairs."""
     mod = _module()
-    gray = gray.contiguous()
-    pairs, H, W = gray.shape[0] - 1, gray.shape[1], gray.shape[2]
-    is_uint8 = gray.dtype == torch.uint8
-    if not is_uint8:
-        gray = gray.to(torch.float32)
-    prods = torch.empty((pairs, 5, H - 2, W - 2), dtype=torch.float32, device=gray.device)
-    with torch.cuda.device(gray.device):
-        mod.call("streammem_motion_products", gray.data_ptr(), int(is_uint8), prods.data_ptr(), pairs, H, W,
-                 1.0 / 255.0 if is_uint8 else 1.0, _cuda.stream_handle(gray.device))
+    prev, is_uint8 = _frames(prev)
+    cur, _ = _frames(cur)
+    pairs, H, W = prev.shape
+    prods = torch.empty((pairs, 5, H - 2, W - 2), dtype=torch.float32, device=prev.device)
+    with torch.cuda.device(prev.device):
+        mod.call("streammem_motion_products", prev.data_ptr(), cur.data_ptr(), int(is_uint8), prods.data_ptr(), pairs,
+                 H, W, 1.0 / 255.0 if is_uint8 else 1.0, _cuda.stream_handle(prev.device))
     return prods
 
 
-def flow_fields_cuda(prods: torch.Tensor, window: int, min_eig: float) -> torch.Tensor:
-    """(P, 4, Ho, Wo) float32 fields |flow|, u, v, valid of (P, 5, Hg, Wg) products."""
+def structure_products_cuda(gray: torch.Tensor) -> torch.Tensor:
+    """(T-1, 5, H-2, W-2) products of every consecutive pair of (T, H, W) CUDA frames."""
+    return products_cuda(gray[:-1], gray[1:])
+
+
+def flow_fields_cuda(prods: torch.Tensor, window: int, min_eig: float, guess: torch.Tensor | None = None,
+                     level_hw=None, factor: int = 2) -> torch.Tensor:
+    """(P, 4, Ho, Wo) float32 fields |flow|, u, v, valid of (P, 5, Hg, Wg) products (composed with the
+    whole-pixel offsets of ``guess``, ``factor`` times coarser, when given)."""
     mod = _module()
     pairs, _, Hg, Wg = prods.shape
     fields = torch.empty((pairs, 4, Hg - window + 1, Wg - window + 1), dtype=torch.float32, device=prods.device)
+    Hc, Wc = (1, 1) if guess is None else guess.shape[2:]
     with torch.cuda.device(prods.device):
-        mod.call("streammem_motion_fields", prods.data_ptr(), fields.data_ptr(), pairs, Hg, Wg, window,
-                 float(min_eig), _cuda.stream_handle(prods.device))
+        mod.call("streammem_motion_fields", prods.data_ptr(), fields.data_ptr(),
+                 None if guess is None else guess.data_ptr(), pairs, Hg, Wg, window, float(min_eig), Hc, Wc,
+                 factor if guess is not None else 2, _cuda.stream_handle(prods.device))
     return fields
 
 
-def lk_flow_cuda(gray: torch.Tensor, window: int, min_eig: float):
-    """(flow_px (P,), mean_uv (P, 2)) float32, as every backend of ``motion.lk_flow``."""
-    from .motion import global_flow, summarise_fields
+def guess_field_cuda(fields: torch.Tensor) -> torch.Tensor:
+    """(P, 2, Ho, Wo) float32: ``motion.guess_field(fields)``."""
+    mod = _module()
+    pairs, _, Ho, Wo = fields.shape
+    guess = torch.empty((pairs, 2, Ho, Wo), dtype=torch.float32, device=fields.device)
+    with torch.cuda.device(fields.device):
+        mod.call("streammem_motion_guess", fields.data_ptr(), guess.data_ptr(), pairs, Ho, Wo, GUESS_BOX,
+                 _cuda.stream_handle(fields.device))
+    return guess
 
-    prods = structure_products_cuda(gray)
-    if window == 0:
-        return global_flow(prods, min_eig)
-    return summarise_fields(flow_fields_cuda(prods, window, min_eig))
+
+def warp_frames_cuda(cur: torch.Tensor, guess: torch.Tensor, border: int, factor: int) -> torch.Tensor:
+    """(P, H, W) frames moved by the guess's whole-pixel offsets, in ``cur``'s dtype (uint8/float32)."""
+    mod = _module()
+    cur, is_uint8 = _frames(cur)
+    pairs, H, W = cur.shape
+    out = torch.empty_like(cur)
+    with torch.cuda.device(cur.device):
+        mod.call("streammem_motion_warp", cur.data_ptr(), int(is_uint8), guess.data_ptr(), out.data_ptr(), pairs, H,
+                 W, guess.shape[2], guess.shape[3], border, factor, _cuda.stream_handle(cur.device))
+    return out
+
+
+def reduce_level_cuda(frames: torch.Tensor) -> torch.Tensor:
+    """(T, (H+1)//2, (W+1)//2) float32: ``motion.reduce_level(frames)``."""
+    mod = _module()
+    frames, is_uint8 = _frames(frames)
+    T, H, W = frames.shape
+    out = torch.empty((T, (H + 1) // 2, (W + 1) // 2), dtype=torch.float32, device=frames.device)
+    with torch.cuda.device(frames.device):
+        mod.call("streammem_motion_reduce", frames.data_ptr(), int(is_uint8), out.data_ptr(), T, H, W,
+                 1.0 / 255.0 if is_uint8 else 1.0, _cuda.stream_handle(frames.device))
+    return out
+
+
+CUDA_STAGES = SimpleNamespace(
+    products=products_cuda,
+    fields=flow_fields_cuda,
+    guess=guess_field_cuda,
+    warp=warp_frames_cuda,
+    reduce=reduce_level_cuda,
+)

@@ -1,32 +1,40 @@
-"""Triton kernels for Lucas-Kanade motion magnitude (see motion.py for the contract).
+"""Triton kernels for pyramidal Lucas-Kanade motion magnitude (see motion.py for the contract).
 
-Two stages, each a grid of (pair, row tile, column tile) programs:
+The per-level stages of ``motion.pyramid_flow``, each a grid of (pair or frame,
+row tile, column tile) programs, each the reference function of the same name
+evaluated operation for operation:
 
-1. ``_lk_products_kernel`` writes the five structure products of the valid
-   gradient region, (P, 5, H-2, W-2) float32 (the reference's
-   ``structure_products``);
-2. ``_lk_window_kernel`` averages them over each w x w window, solves the 2x2
-   system per pixel and writes the per-pixel fields |flow|, u, v, valid,
-   (P, 4, Ho, Wo) float32 (the reference's ``flow_fields``).
+* ``_lk_reduce_kernel``   -- the next pyramid level (``reduce_level``);
+* ``_lk_guess_kernel``    -- a level's flow smoothed into the next level's guess
+  (``guess_field``);
+* ``_lk_warp_kernel``     -- the current frames moved by the guess's whole-pixel
+  offsets (``warp_frames``: a copy, in the frames' dtype);
+* ``_lk_products_kernel`` -- the five structure products of a pair of frames,
+  (P, 5, H-2, W-2) float32 (``pair_products``);
+* ``_lk_window_kernel``   -- the w x w window average, the 2x2 solve and, with a
+  guess, the composition with its offsets: the per-pixel fields |flow|, u, v,
+  valid, (P, 4, Ho, Wo) float32 (``flow_fields(window_average(...))``).
 
-The per-frame summary (float64 sums over each frame) and the global mode
-(window=None: one system per pair from the mean products) are the reference's
-own torch functions applied to these tensors.
+The per-frame summary and the global mode (window=None: one system per pair
+from the mean products) are the reference's own torch functions applied to
+these tensors, and ``pyramid_flow`` (the reference's driver) sequences the
+stages: nothing here reads a value on the host.
 
-**Bit for bit.**  Both kernels evaluate the reference's expressions in the
-reference's order (the Sobel differences, the row-major window sum from 0 and
-its division by w*w as ``avg_pool2d`` does, the closed-form solve), launched
-with ``enable_fp_fusion=False`` (no contraction into FMAs) and with correctly
-rounded ``sqrt_rn`` / ``div_rn``: the fields equal the reference's bit for bit,
-and since the summary is the same torch code on equal tensors, so do flow_px,
-mean_uv and every keep/drop decision made from them.
+**Bit for bit.**  Every kernel evaluates the reference's expressions in the
+reference's order (the Sobel and It differences, the [1 2 1] sums, the
+row-major window and box sums from 0 with their division as ``avg_pool2d``
+does, the closed-form solve, ``floor(2 g + 0.5)``), launched with
+``enable_fp_fusion=False`` (no contraction into FMAs) and with correctly
+rounded ``sqrt_rn`` / ``div_rn``; the warp copies values.  Every stage's output
+equals the reference's bit for bit, so do the summary, flow_px, mean_uv and
+every keep/drop decision made from them.
 
 **Registers.**  The window is a runtime argument and both window loops are
 runtime loops: one compiled kernel serves every window the public API accepts
 (any odd w >= 3), and its registers do not grow with w (a static w*w unroll
 hoisted all 5*w*w loads: 255 registers at w=5 and spills at w=7).  The loads
 hit L1/L2: a program's tile plus halo of the five planes is at most a few KB
-for w <= 7.
+for w <= 7.  The guess adds two gathers and a few integer ops per pixel.
 
 Every load and store is masked (the interpreter does not check bounds).
 Offsets inside one frame are 32-bit (frames below 2**31 pixels), pair offsets
@@ -35,13 +43,15 @@ GPU.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import triton
 import triton.language as tl
 
-from .motion import global_flow, summarise_fields
+from .motion import GUESS_BOX
 
-# One tile shape for both kernels and both targets: 512 pixels, 4 per thread
+# One tile shape for every kernel and both targets: 512 pixels, 4 per thread
 # at 4 warps; 64 float32 columns are two 128-byte lines per row.
 BLOCK_ROWS = 8
 BLOCK_COLS = 64
@@ -50,43 +60,64 @@ NUM_WARPS = 4
 KERNEL_CONTRACTS = {
     "_lk_products_kernel": {"hot": True, "exact": True},
     "_lk_window_kernel": {"hot": True, "exact": True},
+    "_lk_reduce_kernel": {"hot": True, "exact": True},
+    "_lk_guess_kernel": {"hot": True, "exact": True},
+    "_lk_warp_kernel": {"hot": True, "exact": True},
 }
 
 
 @triton.jit
-def _mean_at(prev_base, cur_base, offs, mask, scale):
-    p = tl.load(prev_base + offs, mask=mask, other=0).to(tl.float32) * scale
-    c = tl.load(cur_base + offs, mask=mask, other=0).to(tl.float32) * scale
-    return 0.5 * (p + c)
+def _unit_at(base, offs, mask, scale):
+    return tl.load(base + offs, mask=mask, other=0).to(tl.float32) * scale
 
 
 @triton.jit
-def _lk_products_kernel(frames_ptr, prod_ptr, H, W, scale, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _lk_products_kernel(prev_ptr, cur_ptr, prod_ptr, H, W, scale, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     pair = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     Hg = H - 2
     Wg = W - 2
     inside = (rows[:, None] < Hg) & (cols[None, :] < Wg)
-    prev_base = frames_ptr + pair.to(tl.int64) * H * W
-    cur_base = prev_base + H * W
+    prev_base = prev_ptr + pair.to(tl.int64) * H * W
+    cur_base = cur_ptr + pair.to(tl.int64) * H * W
     corner = rows[:, None] * W + cols[None, :]  # top-left of each pixel's 3x3 stencil
 
-    # Intensities in [0, 1] and the mean frame, rounded as the reference rounds them.
-    m00 = _mean_at(prev_base, cur_base, corner, inside, scale)
-    m01 = _mean_at(prev_base, cur_base, corner + 1, inside, scale)
-    m02 = _mean_at(prev_base, cur_base, corner + 2, inside, scale)
-    m10 = _mean_at(prev_base, cur_base, corner + W, inside, scale)
-    m12 = _mean_at(prev_base, cur_base, corner + W + 2, inside, scale)
-    m20 = _mean_at(prev_base, cur_base, corner + 2 * W, inside, scale)
-    m21 = _mean_at(prev_base, cur_base, corner + 2 * W + 1, inside, scale)
-    m22 = _mean_at(prev_base, cur_base, corner + 2 * W + 2, inside, scale)
-    # Sobel / 8, the reference's order: ((d0 + 2 d1) + d2) * 0.125.
+    # Intensities in [0, 1], then per stencil row: the mean frame's values at the three columns,
+    # and the row's [1 2 1] sum of It = cur - prev; all rounded as the reference rounds them.
+    p0 = _unit_at(prev_base, corner, inside, scale)
+    p1 = _unit_at(prev_base, corner + 1, inside, scale)
+    p2 = _unit_at(prev_base, corner + 2, inside, scale)
+    c0 = _unit_at(cur_base, corner, inside, scale)
+    c1 = _unit_at(cur_base, corner + 1, inside, scale)
+    c2 = _unit_at(cur_base, corner + 2, inside, scale)
+    m00 = 0.5 * (p0 + c0)
+    m01 = 0.5 * (p1 + c1)
+    m02 = 0.5 * (p2 + c2)
+    t0 = ((c0 - p0) + 2.0 * (c1 - p1)) + (c2 - p2)
+    p0 = _unit_at(prev_base, corner + W, inside, scale)
+    p1 = _unit_at(prev_base, corner + W + 1, inside, scale)
+    p2 = _unit_at(prev_base, corner + W + 2, inside, scale)
+    c0 = _unit_at(cur_base, corner + W, inside, scale)
+    c1 = _unit_at(cur_base, corner + W + 1, inside, scale)
+    c2 = _unit_at(cur_base, corner + W + 2, inside, scale)
+    m10 = 0.5 * (p0 + c0)
+    m12 = 0.5 * (p2 + c2)
+    t1 = ((c0 - p0) + 2.0 * (c1 - p1)) + (c2 - p2)
+    p0 = _unit_at(prev_base, corner + 2 * W, inside, scale)
+    p1 = _unit_at(prev_base, corner + 2 * W + 1, inside, scale)
+    p2 = _unit_at(prev_base, corner + 2 * W + 2, inside, scale)
+    c0 = _unit_at(cur_base, corner + 2 * W, inside, scale)
+    c1 = _unit_at(cur_base, corner + 2 * W + 1, inside, scale)
+    c2 = _unit_at(cur_base, corner + 2 * W + 2, inside, scale)
+    m20 = 0.5 * (p0 + c0)
+    m21 = 0.5 * (p1 + c1)
+    m22 = 0.5 * (p2 + c2)
+    t2 = ((c0 - p0) + 2.0 * (c1 - p1)) + (c2 - p2)
+    # Sobel / 8, the reference's order: ((d0 + 2 d1) + d2) * 0.125; It: ((t0 + 2 t1) + t2) / 16.
     ix = (((m02 - m00) + 2.0 * (m12 - m10)) + (m22 - m20)) * 0.125
     iy = (((m20 - m00) + 2.0 * (m21 - m01)) + (m22 - m02)) * 0.125
-    centre = corner + W + 1
-    it = (tl.load(cur_base + centre, mask=inside, other=0).to(tl.float32) * scale
-          - tl.load(prev_base + centre, mask=inside, other=0).to(tl.float32) * scale)
+    it = ((t0 + 2.0 * t1) + t2) * 0.0625
 
     plane = Hg * Wg
     out = prod_ptr + pair.to(tl.int64) * 5 * Hg * Wg + (rows[:, None] * Wg + cols[None, :])
@@ -102,8 +133,24 @@ def _lk_products_kernel(frames_ptr, prod_ptr, H, W, scale, BLOCK_R: tl.constexpr
 
 
 @triton.jit
-def _lk_window_kernel(prod_ptr, fields_ptr, Hg, Wg, Ho, Wo, window, min_eig, BLOCK_R: tl.constexpr,
-                      BLOCK_C: tl.constexpr):
+def _guess_offsets(guess_base, y, x, H, W, Hc, Wc, border, factor):
+    """Whole-pixel offsets (gx, gy) at level pixels (y, x): the reference's guess_offsets."""
+    ci = tl.minimum(tl.maximum(y // factor - border, 0), Hc - 1)
+    cj = tl.minimum(tl.maximum(x // factor - border, 0), Wc - 1)
+    at = ci * Wc + cj
+    f = factor.to(tl.float32)
+    gx = tl.floor(f * tl.load(guess_base + at) + 0.5)
+    gy = tl.floor(f * tl.load(guess_base + Hc * Wc + at) + 0.5)
+    wf = W.to(tl.float32)
+    hf = H.to(tl.float32)
+    gx = tl.where(gx >= -wf, tl.where(gx <= wf, gx, wf), -wf)  # NaN-safe clamp (NaN -> low)
+    gy = tl.where(gy >= -hf, tl.where(gy <= hf, gy, hf), -hf)
+    return gx, gy
+
+
+@triton.jit(do_not_specialize=["factor"])  # factor 1 (coarsest-level steps) stays a runtime int
+def _lk_window_kernel(prod_ptr, fields_ptr, guess_ptr, Hg, Wg, Ho, Wo, window, min_eig, Hc, Wc, factor,
+                      HAS_GUESS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     pair = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -143,6 +190,23 @@ def _lk_window_kernel(prod_ptr, fields_ptr, Hg, Wg, Ho, Wo, window, min_eig, BLO
     safe_det = tl.where(valid, det, 1.0)
     u = tl.where(valid, tl.div_rn(c * bx - b * by, safe_det), 0.0)
     v = tl.where(valid, tl.div_rn(a * by - b * bx, safe_det), 0.0)
+    if HAS_GUESS:
+        # The products came from the pair warped by the guess's offsets: compose (flow_fields).
+        H = Hg + 2
+        W = Wg + 2
+        border = (window - 1) // 2 + 1
+        y = rows[:, None] + border
+        x = cols[None, :] + border
+        guess_base = guess_ptr + pair.to(tl.int64) * 2 * Hc * Wc
+        gx, gy = _guess_offsets(guess_base, y, x, H, W, Hc, Wc, border, factor)
+        xs = x.to(tl.float32) + gx
+        ys = y.to(tl.float32) + gy
+        lo = border.to(tl.float32)
+        in_frame = (xs >= lo) & (xs <= (W - 1 - border).to(tl.float32)) & (ys >= lo) & \
+                   (ys <= (H - 1 - border).to(tl.float32))
+        valid = valid & in_frame
+        u = tl.where(valid, gx + u, gx)
+        v = tl.where(valid, gy + v, gy)
 
     out_plane = Ho * Wo
     out = fields_ptr + pair.to(tl.int64) * 4 * Ho * Wo + (rows[:, None] * Wo + cols[None, :])
@@ -155,32 +219,162 @@ def _lk_window_kernel(prod_ptr, fields_ptr, Hg, Wg, Ho, Wo, window, min_eig, BLO
     tl.store(out, valid.to(tl.float32), mask=inside)
 
 
-def structure_products_triton(gray: torch.Tensor) -> torch.Tensor:
-    """(P, 5, H-2, W-2) float32 products of contiguous (T, H, W) uint8/float32 frames; equals
-    ``motion.structure_products`` bit for bit."""
-    pairs, H, W = gray.shape[0] - 1, gray.shape[1], gray.shape[2]
-    prods = torch.empty((pairs, 5, H - 2, W - 2), dtype=torch.float32, device=gray.device)
-    scale = 1.0 / 255.0 if gray.dtype == torch.uint8 else 1.0
-    grid = (pairs, triton.cdiv(H - 2, BLOCK_ROWS), triton.cdiv(W - 2, BLOCK_COLS))
-    _lk_products_kernel[grid](gray, prods, H, W, scale, BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
-                              num_warps=NUM_WARPS, enable_fp_fusion=False)
+@triton.jit
+def _lk_guess_kernel(fields_ptr, guess_ptr, Ho, Wo, box, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    pair = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    inside = (rows[:, None] < Ho) & (cols[None, :] < Wo)
+    plane = Ho * Wo
+    base = fields_ptr + pair.to(tl.int64) * 4 * Ho * Wo
+    su = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    sv = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    sw = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    # avg_pool2d with zero padding: the in-frame part of each box, row-major from 0 (a masked
+    # neighbour adds +0.0, which changes no sum that starts from +0.0).  Runtime loops: a static
+    # unroll hoisted all 75 loads (255 registers).
+    half = box // 2
+    for dy in range(box):
+        for dx in range(box):
+            r = rows[:, None] + (dy - half)
+            q = cols[None, :] + (dx - half)
+            ok = inside & (r >= 0) & (r < Ho) & (q >= 0) & (q < Wo)
+            at = r * Wo + q
+            w = tl.load(base + 3 * plane + at, mask=ok, other=0.0)
+            su += tl.load(base + plane + at, mask=ok, other=0.0) * w
+            sv += tl.load(base + 2 * plane + at, mask=ok, other=0.0) * w
+            sw += w
+    area = (box * box).to(tl.float32)
+    su = tl.div_rn(su, area)
+    sv = tl.div_rn(sv, area)
+    sw = tl.div_rn(sw, area)
+    has = sw > 0
+    at = rows[:, None] * Wo + cols[None, :]
+    own_u = tl.load(base + plane + at, mask=inside, other=0.0)
+    own_v = tl.load(base + 2 * plane + at, mask=inside, other=0.0)
+    safe = tl.where(has, sw, 1.0)
+    out = guess_ptr + pair.to(tl.int64) * 2 * Ho * Wo + at
+    tl.store(out, tl.where(has, tl.div_rn(su, safe), own_u), mask=inside)
+    tl.store(out + plane, tl.where(has, tl.div_rn(sv, safe), own_v), mask=inside)
+
+
+@triton.jit(do_not_specialize=["factor"])  # factor 1 (coarsest-level steps) stays a runtime int
+def _lk_warp_kernel(src_ptr, guess_ptr, out_ptr, H, W, Hc, Wc, border, factor, BLOCK_R: tl.constexpr,
+                    BLOCK_C: tl.constexpr):
+    pair = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    inside = (rows[:, None] < H) & (cols[None, :] < W)
+    y = rows[:, None]
+    x = cols[None, :]
+    guess_base = guess_ptr + pair.to(tl.int64) * 2 * Hc * Wc
+    # The guess is read at clamped indices, so the loads are in bounds without a mask.
+    gx, gy = _guess_offsets(guess_base, y, x, H, W, Hc, Wc, border, factor)
+    sy = tl.minimum(tl.maximum(y + gy.to(tl.int32), 0), H - 1)
+    sx = tl.minimum(tl.maximum(x + gx.to(tl.int32), 0), W - 1)
+    frame = pair.to(tl.int64) * H * W
+    value = tl.load(src_ptr + frame + (sy * W + sx), mask=inside)
+    tl.store(out_ptr + frame + (y * W + x), value, mask=inside)
+
+
+@triton.jit
+def _lk_reduce_kernel(src_ptr, dst_ptr, H, W, Hn, Wn, scale, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    frame = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    inside = (rows[:, None] < Hn) & (cols[None, :] < Wn)
+    src = src_ptr + frame.to(tl.int64) * H * W
+    left = tl.maximum(2 * cols - 1, 0)[None, :]
+    centre = tl.minimum(2 * cols, W - 1)[None, :]
+    right = tl.minimum(2 * cols + 1, W - 1)[None, :]
+    # The reference's [1 2 1] / 4 along rows at the three source rows, then along the column.
+    r = tl.maximum(2 * rows - 1, 0)[:, None] * W
+    h0 = ((_unit_at(src, r + left, inside, scale) + 2.0 * _unit_at(src, r + centre, inside, scale))
+          + _unit_at(src, r + right, inside, scale)) * 0.25
+    r = tl.minimum(2 * rows, H - 1)[:, None] * W
+    h1 = ((_unit_at(src, r + left, inside, scale) + 2.0 * _unit_at(src, r + centre, inside, scale))
+          + _unit_at(src, r + right, inside, scale)) * 0.25
+    r = tl.minimum(2 * rows + 1, H - 1)[:, None] * W
+    h2 = ((_unit_at(src, r + left, inside, scale) + 2.0 * _unit_at(src, r + centre, inside, scale))
+          + _unit_at(src, r + right, inside, scale)) * 0.25
+    out = dst_ptr + frame.to(tl.int64) * Hn * Wn + (rows[:, None] * Wn + cols[None, :])
+    tl.store(out, ((h0 + 2.0 * h1) + h2) * 0.25, mask=inside)
+
+
+def _scale(frames: torch.Tensor) -> float:
+    return 1.0 / 255.0 if frames.dtype == torch.uint8 else 1.0
+
+
+def _grid(first: int, rows: int, cols: int):
+    return (first, triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
+
+
+def products_triton(prev: torch.Tensor, cur: torch.Tensor) -> torch.Tensor:
+    """(P, 5, H-2, W-2) float32 products of contiguous (P, H, W) uint8/float32 frame pairs; equals
+    ``motion.pair_products`` bit for bit."""
+    pairs, H, W = prev.shape
+    prods = torch.empty((pairs, 5, H - 2, W - 2), dtype=torch.float32, device=prev.device)
+    _lk_products_kernel[_grid(pairs, H - 2, W - 2)](prev, cur, prods, H, W, _scale(prev), BLOCK_R=BLOCK_ROWS,
+                                                    BLOCK_C=BLOCK_COLS, num_warps=NUM_WARPS,
+                                                    enable_fp_fusion=False)
     return prods
 
 
-def flow_fields_triton(prods: torch.Tensor, window: int, min_eig: float) -> torch.Tensor:
+def structure_products_triton(gray: torch.Tensor) -> torch.Tensor:
+    """(T-1, 5, H-2, W-2) products of every consecutive pair; equals ``motion.structure_products``."""
+    return products_triton(gray[:-1], gray[1:])
+
+
+def flow_fields_triton(prods: torch.Tensor, window: int, min_eig: float, guess: torch.Tensor | None = None,
+                       level_hw=None, factor: int = 2) -> torch.Tensor:
     """(P, 4, Ho, Wo) float32 fields of (P, 5, Hg, Wg) products; equals
-    ``motion.flow_fields(motion.window_average(prods, window), min_eig)`` bit for bit."""
+    ``motion.flow_fields(motion.window_average(prods, window), min_eig, guess, level_hw, factor)`` bit for bit
+    (``level_hw`` is (Hg + 2, Wg + 2))."""
     pairs, _, Hg, Wg = prods.shape
     Ho, Wo = Hg - window + 1, Wg - window + 1
     fields = torch.empty((pairs, 4, Ho, Wo), dtype=torch.float32, device=prods.device)
-    grid = (pairs, triton.cdiv(Ho, BLOCK_ROWS), triton.cdiv(Wo, BLOCK_COLS))
-    _lk_window_kernel[grid](prods, fields, Hg, Wg, Ho, Wo, window, float(min_eig), BLOCK_R=BLOCK_ROWS,
-                            BLOCK_C=BLOCK_COLS, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    Hc, Wc = (1, 1) if guess is None else guess.shape[2:]
+    _lk_window_kernel[_grid(pairs, Ho, Wo)](prods, fields, prods if guess is None else guess, Hg, Wg, Ho, Wo,
+                                            window, float(min_eig), Hc, Wc, factor if guess is not None else 2,
+                                            HAS_GUESS=guess is not None,
+                                            BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS, num_warps=NUM_WARPS,
+                                            enable_fp_fusion=False)
     return fields
 
 
-def lk_flow_triton(gray: torch.Tensor, window: int, min_eig: float):
-    prods = structure_products_triton(gray)
-    if window == 0:
-        return global_flow(prods, min_eig)
-    return summarise_fields(flow_fields_triton(prods, window, min_eig))
+def guess_field_triton(fields: torch.Tensor) -> torch.Tensor:
+    """(P, 2, Ho, Wo) float32; equals ``motion.guess_field(fields)`` bit for bit."""
+    pairs, _, Ho, Wo = fields.shape
+    guess = torch.empty((pairs, 2, Ho, Wo), dtype=torch.float32, device=fields.device)
+    _lk_guess_kernel[_grid(pairs, Ho, Wo)](fields, guess, Ho, Wo, GUESS_BOX, BLOCK_R=BLOCK_ROWS,
+                                           BLOCK_C=BLOCK_COLS, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return guess
+
+
+def warp_frames_triton(cur: torch.Tensor, guess: torch.Tensor, border: int, factor: int) -> torch.Tensor:
+    """(P, H, W) in ``cur``'s dtype; equals ``motion.warp_frames(cur, guess, border, factor)``."""
+    pairs, H, W = cur.shape
+    out = torch.empty_like(cur)
+    _lk_warp_kernel[_grid(pairs, H, W)](cur, guess, out, H, W, guess.shape[2], guess.shape[3], border, factor,
+                                        BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS, num_warps=NUM_WARPS,
+                                        enable_fp_fusion=False)
+    return out
+
+
+def reduce_level_triton(frames: torch.Tensor) -> torch.Tensor:
+    """(T, (H+1)//2, (W+1)//2) float32; equals ``motion.reduce_level(frames)`` bit for bit."""
+    T, H, W = frames.shape
+    Hn, Wn = (H + 1) // 2, (W + 1) // 2
+    out = torch.empty((T, Hn, Wn), dtype=torch.float32, device=frames.device)
+    _lk_reduce_kernel[_grid(T, Hn, Wn)](frames, out, H, W, Hn, Wn, _scale(frames), BLOCK_R=BLOCK_ROWS,
+                                        BLOCK_C=BLOCK_COLS, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return out
+
+
+TRITON_STAGES = SimpleNamespace(
+    products=products_triton,
+    fields=flow_fields_triton,
+    guess=guess_field_triton,
+    warp=warp_frames_triton,
+    reduce=reduce_level_triton,
+)

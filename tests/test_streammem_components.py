@@ -89,9 +89,10 @@ def test_sample_clip_is_found():
 # --------------------------------------------------------------------------
 # MotionGate
 # --------------------------------------------------------------------------
-def test_presets_match_streamchat():
+def test_presets_streamchat_structure_and_rederived_thresholds():
+    """StreamChat's (L, g, C); thresholds re-derived for the "moving" statistic (gate.py, issue 14)."""
     assert {k: (p.threshold, p.chunk, p.group, p.centres) for k, p in PRESETS.items()} == {
-        "slow": (0.13, 35, 15, 5), "base": (0.35, 25, 10, 5), "fast": (0.58, 30, 15, 5)}
+        "slow": (0.25, 35, 15, 5), "base": (0.40, 25, 10, 5), "fast": (0.65, 30, 15, 5)}
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8])

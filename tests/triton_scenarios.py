@@ -72,8 +72,24 @@ def motion_scenarios():
         sk.select_frames_mask(small, 0.3, backend="triton")
         sk.select_frames_mask(small, 0.3, reference="last_kept", backend="triton")
 
+    # The pyramid (levels="auto"): reduce, guess, warp and the window solve composed with a guess
+    # (factor 1 at the coarsest level's second step, 2 and 4 below).  Every level's sizes (frame,
+    # gradients, window outputs, guess grid) must fall in the classes of the gate's: 224 x 126 ->
+    # 112 x 63 -> 56 x 32 -> 28 x 16 (4 levels) is matched by 96 x 126 -> 48 x 63 -> 24 x 32 ->
+    # 12 x 16 (the height cannot shrink: 32 at level 2 needs 126 or 125 at level 0), and 224 x 224
+    # (5 levels, W % 16 == 0 at levels 0-1 only) by 160 x 160.
+    pyr_16x9 = torch.randint(0, 256, (2, 126, 96), dtype=torch.uint8, generator=g)
+    pyr_square = torch.rand(2, 160, 160, generator=g)
+
+    def pyramid_working_sizes():
+        sk.motion_magnitude(pyr_16x9, backend="triton")  # 4 levels, uint8
+        sk.motion_magnitude(pyr_square, statistic="textured", backend="triton")  # 5 levels, float32
+
+    def pyramid_two_levels_odd_sliced():  # odd sizes, a sliced input, 2 levels (factor 1 and 2 only)
+        sk.motion_magnitude(gray_f[:, :, 1:], levels=2, backend="triton")
+
     return [working_size_rgb, square_frames, windows_3_7, one_output_pixel_and_large_window, global_window,
-            float_odd_sliced, each_float_dtype, gate_masks]
+            float_odd_sliced, each_float_dtype, gate_masks, pyramid_working_sizes, pyramid_two_levels_odd_sliced]
 
 
 # --------------------------------------------------------------------------

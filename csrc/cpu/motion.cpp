@@ -1,19 +1,29 @@
-// Lucas-Kanade motion magnitude, fused CPU kernel.
+// Pyramidal Lucas-Kanade motion magnitude, fused CPU kernel.
 //
 // Contract (see streammem_kernels/motion.py, which is the spec):
 //   lk_flow(gray (T,H,W) uint8|float32, window (odd >= 3, or 0 = global),
-//           min_eig) -> (flow_px (T-1,) float32, mean_uv (T-1,2) float32)
+//           min_eig, levels, moving, floor_lo, floor_hi, min_area, guess_box, coarsest_steps)
+//     -> (flow_px (T-1,) float32, mean_uv (T-1,2) float32)
 //
-// One pass per (pair, row strip): for each gradient row, the five structure
-// products Ix^2, IxIy, Iy^2, IxIt, IyIt are computed once into a ring of
-// `window` rows; running column sums over the ring give the vertical box sum,
-// a direct w-tap horizontal sum gives the window sum, then the closed-form 2x2
-// solve and the reduction.  Nothing of size (H, W) is ever allocated.
-// OpenMP runs over (pair, strip) work items; strips only split a pair when
-// there are fewer pairs than threads.
+// One level of one pair is one pass per row strip: for each image row, the
+// previous frame's row, the current frame's row moved by the coarser level's
+// whole-pixel offsets (a copy), their mean and the [1 2 1] row sum of their
+// difference go into rings of three rows; each gradient row's five structure
+// products go into a ring of `window` rows; running column sums over that ring
+// give the vertical box sum, a direct w-tap horizontal sum the window sum, then
+// the closed-form 2x2 solve, the composition with the offsets, and either the
+// frame's weighted sums (level 0) or the level's flow (coarser levels, which
+// are small).  Nothing of size (H, W) is allocated per pair.
+//
+// Work: the pyramids of a chunk of frames (OpenMP over frames), the coarse
+// levels of each pair with their guess smoothing (OpenMP over pairs), then
+// level 0 over (pair, strip) items (strips split a pair only when there are
+// fewer pairs than threads).  Sums of windows run in another order than the
+// reference's (float32 rounding; tolerance declared in motion.py).
 #include "common.h"
 
 #include <algorithm>
+#include <tuple>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -21,49 +31,187 @@
 namespace streammem {
 namespace {
 
-constexpr int kLanes = 8;  // independent accumulators so the reductions vectorise
+constexpr int kLanes = 8;         // independent accumulators so the reductions vectorise
+constexpr int64_t kChunkPairs = 64;  // pairs whose pyramids and guesses are held at once
 
 struct PairSums {
-  double mag = 0, u = 0, v = 0, count = 0;  // window mode
-  double s[5] = {0, 0, 0, 0, 0};            // global mode: summed products
+  double mag = 0, u = 0, v = 0, weight = 0;  // window mode: weighted sums
+  double s[5] = {0, 0, 0, 0, 0};             // global mode: summed products
+};
+
+struct Statistic {
+  bool moving = false;
+  float lo = 0.25f, hi = 0.5f;
+};
+
+// The whole-pixel offsets of a level (the reference's guess_offsets) on a coarser level's
+// window-output grid, `factor` (1, 2 or 4) times coarser (1: a further step at the coarsest level): a level pixel (y, x) reads grid cell
+// (clamp(y / factor - border), clamp(x / factor - border)).
+struct Guess {
+  const int32_t* ox = nullptr;
+  const int32_t* oy = nullptr;
+  int64_t rows = 0, cols = 0;
+  int factor = 2;
+  explicit operator bool() const { return ox != nullptr; }
+};
+
+// One level of one pair: frames (type T, scaled by `scale` to [0, 1]) and the guess.
+template <typename T>
+struct LevelPair {
+  const T* prev;
+  const T* cur;
+  int64_t H, W;
+  float scale;
+  Guess guess;
+};
+
+// floor(x) clamped to [-limit, limit], NaN -> -limit (branch-free, so loops over it vectorise).
+inline int32_t floor_clamped(float x, float limit) {
+  x = x >= -limit ? (x <= limit ? x : limit) : -limit;
+  const int32_t t = static_cast<int32_t>(x);
+  return t - (x < static_cast<float>(t) ? 1 : 0);
+}
+
+// Columns [begin, end) of an image row moved by (dx, dy).
+struct Run {
+  int64_t begin, end;
+  int32_t dx, dy;
 };
 
 template <typename T>
-STREAMMEM_HOT void mean_row(const T* __restrict prev, const T* __restrict cur, int64_t W, int64_t r, float half,
-                            float* __restrict dst) {
-  const T* p = prev + r * W;
-  const T* c = cur + r * W;
-  for (int64_t x = 0; x < W; ++x) dst[x] = (static_cast<float>(p[x]) + static_cast<float>(c[x])) * half;
-}
-
-// Gradient row g (image row g+1) from the mean rows g, g+1, g+2.
-template <typename T>
-STREAMMEM_HOT void product_row(const T* __restrict prev, const T* __restrict cur, int64_t W, int64_t g,
-                               float scale, const float* __restrict m0, const float* __restrict m1,
-                               const float* __restrict m2, float* __restrict out) {
-  const T* pc = prev + (g + 1) * W + 1;
-  const T* cc = cur + (g + 1) * W + 1;
-  const int64_t Wg = W - 2;
-  float* pxx = out;
-  float* pxy = out + Wg;
-  float* pyy = out + 2 * Wg;
-  float* pxt = out + 3 * Wg;
-  float* pyt = out + 4 * Wg;
-  for (int64_t x = 0; x < Wg; ++x) {
-    // Sobel / 8: intensity change per pixel.
-    const float ix = ((m0[x + 2] - m0[x]) + 2.0f * (m1[x + 2] - m1[x]) + (m2[x + 2] - m2[x])) * 0.125f;
-    const float iy = ((m2[x] - m0[x]) + 2.0f * (m2[x + 1] - m0[x + 1]) + (m2[x + 2] - m0[x + 2])) * 0.125f;
-    const float it = (static_cast<float>(cc[x]) - static_cast<float>(pc[x])) * scale;
-    pxx[x] = ix * ix;
-    pxy[x] = ix * iy;
-    pyy[x] = iy * iy;
-    pxt[x] = ix * it;
-    pyt[x] = iy * it;
+STREAMMEM_HOT void warp_runs(const T* __restrict cur, int64_t H, int64_t W, int64_t y, const Run* runs, int64_t n,
+                             float scale, float* __restrict dst) {
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t xs = runs[r].begin, xe = runs[r].end, dx = runs[r].dx;
+    const T* row = cur + std::min<int64_t>(std::max<int64_t>(y + runs[r].dy, 0), H - 1) * W;
+    if (xs + dx >= 0 && xe + dx <= W) {  // the usual case: no column clamped
+      const T* __restrict src = row + dx;
+      int64_t x = xs;
+      for (; x + 4 <= xe; x += 4)  // runs are multiples of 4 columns at factor 4
+        for (int k = 0; k < 4; ++k) dst[x + k] = static_cast<float>(src[x + k]) * scale;
+      for (; x < xe; ++x) dst[x] = static_cast<float>(src[x]) * scale;
+    } else {
+      for (int64_t x = xs; x < xe; ++x)
+        dst[x] = static_cast<float>(row[std::min<int64_t>(std::max<int64_t>(x + dx, 0), W - 1)]) * scale;
+    }
   }
 }
 
-STREAMMEM_HOT void add_rows(float* __restrict acc, const float* __restrict row, int64_t n, float sign) {
-  for (int64_t x = 0; x < n; ++x) acc[x] += sign * row[x];
+// A guess seen from its level: grid cell j covers the image columns [start(j), start(j+1))
+// (runs of `factor` columns, the clamped ones at both edges), so the offsets of an image row
+// are constant over runs and warping is a contiguous copy per run.
+class GuessRows {
+ public:
+  GuessRows(const Guess& g, int64_t H, int64_t W, int64_t border) : g_(g), H_(H), W_(W), border_(border) {
+    if (!g) return;
+    start_.resize(g.cols + 1);
+    start_[0] = 0;
+    for (int64_t j = 1; j < g.cols; ++j) start_[j] = std::min<int64_t>(g.factor * (j + border), W);
+    start_[g.cols] = W;
+    nonzero_.assign(g.rows, -1);
+  }
+  int64_t grid_row(int64_t y) const { return std::min(std::max<int64_t>(y / g_.factor - border_, 0), g_.rows - 1); }
+  // Whether any offset of grid row ci is nonzero (zero offsets: no warp, no composition).
+  bool nonzero(int64_t ci) {
+    if (nonzero_[ci] < 0) {
+      int32_t any = 0;
+      for (int64_t j = 0; j < g_.cols; ++j) any |= g_.ox[ci * g_.cols + j] | g_.oy[ci * g_.cols + j];
+      nonzero_[ci] = any != 0;
+    }
+    return nonzero_[ci] != 0;
+  }
+  // The offsets of the window outputs of image row y (output x is image column x + border).
+  void output_row(int64_t ci, int64_t Wo, int32_t* __restrict ox, int32_t* __restrict oy) const {
+    for (int64_t j = 0; j < g_.cols; ++j) {
+      const int64_t lo = std::max<int64_t>(start_[j] - border_, 0), hi = std::min<int64_t>(start_[j + 1] - border_, Wo);
+      const int32_t dx = g_.ox[ci * g_.cols + j], dy = g_.oy[ci * g_.cols + j];
+      for (int64_t x = lo; x < hi; ++x) {
+        ox[x] = dx;
+        oy[x] = dy;
+      }
+    }
+  }
+  // Row y of `cur` moved by the offsets: dst[x] = cur[clamp(y + oy), clamp(x + ox)] * scale.
+  // The runs of grid row ci (neighbouring cells with equal offsets merged: a pan makes one run
+  // of the whole row) are found once and serve its `factor` image rows.
+  template <typename T>
+  void warp_row(const T* __restrict cur, int64_t y, int64_t ci, float scale, float* __restrict dst) {
+    if (ci != runs_row_) {
+      runs_row_ = ci;
+      runs_.clear();
+      const int32_t* gx = g_.ox + ci * g_.cols;
+      const int32_t* gy = g_.oy + ci * g_.cols;
+      for (int64_t j = 0; j < g_.cols;) {
+        int64_t k = j + 1;
+        while (k < g_.cols && gx[k] == gx[j] && gy[k] == gy[j]) ++k;
+        if (start_[j] < start_[k]) runs_.push_back(Run{start_[j], start_[k], gx[j], gy[j]});
+        j = k;
+      }
+    }
+    warp_runs<T>(cur, H_, W_, y, runs_.data(), static_cast<int64_t>(runs_.size()), scale, dst);
+  }
+
+ private:
+  Guess g_;
+  int64_t H_, W_, border_;
+  std::vector<int64_t> start_;
+  std::vector<int8_t> nonzero_;
+  std::vector<Run> runs_;
+  int64_t runs_row_ = -1;
+};
+
+template <typename T>
+STREAMMEM_HOT void unit_row(const T* __restrict src, int64_t W, float scale, float* __restrict dst) {
+  for (int64_t x = 0; x < W; ++x) dst[x] = static_cast<float>(src[x]) * scale;
+}
+
+// Mean row and [1 2 1] row sum of It = cur - prev, from unit rows.
+STREAMMEM_HOT void mean_and_it_row(const float* __restrict p, const float* __restrict c, int64_t W,
+                                   float* __restrict mean, float* __restrict it_row) {
+  for (int64_t x = 0; x < W; ++x) mean[x] = 0.5f * (p[x] + c[x]);
+  for (int64_t x = 0; x + 2 < W; ++x)
+    it_row[x] = ((c[x] - p[x]) + 2.0f * (c[x + 1] - p[x + 1])) + (c[x + 2] - p[x + 2]);
+}
+
+// Gradient row g (image row g+1) from the mean rows and It row sums g, g+1, g+2, into `out`
+// (5 planes of Wg).  kSlide: `col` holds the vertical window sums and the new row replaces,
+// in them, the one `out` held w rows earlier (zero at first): one pass instead of an add and
+// a subtract.
+template <bool kSlide>
+STREAMMEM_HOT void product_row(int64_t Wg, const float* __restrict m0, const float* __restrict m1,
+                               const float* __restrict m2, const float* __restrict t0,
+                               const float* __restrict t1, const float* __restrict t2, float* __restrict out,
+                               float* __restrict col) {
+  float* __restrict pxx = out;
+  float* __restrict pxy = out + Wg;
+  float* __restrict pyy = out + 2 * Wg;
+  float* __restrict pxt = out + 3 * Wg;
+  float* __restrict pyt = out + 4 * Wg;
+  float* __restrict cxx = col;
+  float* __restrict cxy = col + Wg;
+  float* __restrict cyy = col + 2 * Wg;
+  float* __restrict cxt = col + 3 * Wg;
+  float* __restrict cyt = col + 4 * Wg;
+#pragma GCC ivdep
+  for (int64_t x = 0; x < Wg; ++x) {
+    // Sobel / 8: intensity change per pixel; It smoothed by [1 2 1] x [1 2 1] / 16.
+    const float ix = ((m0[x + 2] - m0[x]) + 2.0f * (m1[x + 2] - m1[x]) + (m2[x + 2] - m2[x])) * 0.125f;
+    const float iy = ((m2[x] - m0[x]) + 2.0f * (m2[x + 1] - m0[x + 1]) + (m2[x + 2] - m0[x + 2])) * 0.125f;
+    const float it = ((t0[x] + 2.0f * t1[x]) + t2[x]) * 0.0625f;
+    const float xx = ix * ix, xy = ix * iy, yy = iy * iy, xt = ix * it, yt = iy * it;
+    if (kSlide) {
+      cxx[x] += xx - pxx[x];
+      cxy[x] += xy - pxy[x];
+      cyy[x] += yy - pyy[x];
+      cxt[x] += xt - pxt[x];
+      cyt[x] += yt - pyt[x];
+    }
+    pxx[x] = xx;
+    pxy[x] = xy;
+    pyy[x] = yy;
+    pxt[x] = xt;
+    pyt[x] = yt;
+  }
 }
 
 STREAMMEM_HOT double lane_sum(const float* __restrict v, int64_t n) {
@@ -86,106 +234,263 @@ STREAMMEM_HOT void box_row(const float* __restrict src, float* __restrict dst, i
   }
 }
 
-// Closed-form 2x2 solve of each pixel's window sums.  A separate function with
-// plain restrict pointers so the loop vectorises.
-STREAMMEM_HOT void solve_pixels(const float* __restrict sa, const float* __restrict sb, const float* __restrict sc,
-                                const float* __restrict sx, const float* __restrict sy, float* __restrict mag,
-                                float* __restrict us, float* __restrict vs, float* __restrict ns, int64_t Wo,
-                                float inv_area, float min_eig) {
-  for (int64_t x = 0; x < Wo; ++x) {
-    const float a = sa[x] * inv_area, b = sb[x] * inv_area, c = sc[x] * inv_area;
+// One output row from its window sums (5 planes of Wo, not yet divided by w*w): the
+// closed-form 2x2 solve; with kCompose, the composition with the guess's offsets gx/gy (flow =
+// offsets + solution where valid -- textured and the displaced window inside the frame --,
+// the offsets elsewhere; output x is image column border + x of image row y); then either
+// the flow stored (kMode 0: coarser levels) or the statistic's weighted sums (kMode 1:
+// textured, 2: moving) in kLanes float accumulators, so that the loop vectorises.  One pass
+// instead of four: the row's values stay in registers.
+template <bool kCompose, int kMode>
+STREAMMEM_HOT void finish_row(const float* __restrict box, int64_t Wo, float inv_area, float min_eig,
+                              const int32_t* __restrict gx, const int32_t* __restrict gy, int64_t y, int64_t H,
+                              int64_t W, int64_t border, float lo, float hi, float* __restrict u_out,
+                              float* __restrict v_out, float* __restrict n_out, PairSums* sums) {
+  const float* __restrict sa = box;
+  const float* __restrict sb = box + Wo;
+  const float* __restrict sc = box + 2 * Wo;
+  const float* __restrict sx = box + 3 * Wo;
+  const float* __restrict sy = box + 4 * Wo;
+  const int32_t b = static_cast<int32_t>(border), yy = static_cast<int32_t>(y);
+  const int32_t right = static_cast<int32_t>(W - 1 - border), bottom = static_cast<int32_t>(H - 1 - border);
+  const float slope = 1.0f / (hi - lo);
+  float acc[4][kLanes] = {};
+  auto pixel = [&](int64_t x, int l) {
+    const float a = sa[x] * inv_area, bb = sb[x] * inv_area, c = sc[x] * inv_area;
     const float bx = -sx[x] * inv_area, by = -sy[x] * inv_area;
-    const float det = a * c - b * b;
-    const float lmax = 0.5f * ((a + c) + std::sqrt((a - c) * (a - c) + 4.0f * b * b));
-    // Branch-free (float masks) so the loop vectorises; same decisions as the
-    // reference: valid iff lambda_max > 0 and det / lambda_max > min_eig.
-    const float lmin = det / (lmax > 0.0f ? lmax : 1.0f);
-    const float validf = (lmax > 0.0f && lmin > min_eig) ? 1.0f : 0.0f;
-    const float inv_det = validf / (validf != 0.0f ? det : 1.0f);
-    const float u = (c * bx - b * by) * inv_det;
-    const float v = (a * by - b * bx) * inv_det;
-    mag[x] = std::sqrt(u * u + v * v);
-    us[x] = u;
-    vs[x] = v;
-    ns[x] = validf;
-  }
-}
-
-// Window sums of one output row from the column sums, solve, and reduce.
-// scratch holds 5 + 4 rows of Wo floats.
-STREAMMEM_HOT void solve_row(const float* __restrict col, int64_t Wg, int w, float inv_area, float min_eig,
-                             float* __restrict scratch, PairSums& out) {
-  const int64_t Wo = Wg - w + 1;
-  for (int c = 0; c < 5; ++c) {
-    float* __restrict dst = scratch + c * Wo;
-    const float* __restrict src = col + c * Wg;
-    switch (w) {  // fixed tap counts unroll into straight vector code
-      case 3: box_row<3>(src, dst, Wo); break;
-      case 5: box_row<5>(src, dst, Wo); break;
-      case 7: box_row<7>(src, dst, Wo); break;
-      case 9: box_row<9>(src, dst, Wo); break;
-      default:
-        for (int64_t x = 0; x < Wo; ++x) dst[x] = src[x];
-        for (int k = 1; k < w; ++k)
-          for (int64_t x = 0; x < Wo; ++x) dst[x] += src[x + k];
+    const float det = a * c - bb * bb;
+    const float lmax = 0.5f * ((a + c) + std::sqrt((a - c) * (a - c) + 4.0f * bb * bb));
+    // Branch-free (float masks).  The reference's test det / lambda_max > min_eig as
+    // det > min_eig * lambda_max (lambda_max > 0): one division less, the same decision up
+    // to the rounding of the sums.
+    float valid = (lmax > 0.0f && det > min_eig * lmax) ? 1.0f : 0.0f;
+    const float inv_det = valid / (valid != 0.0f ? det : 1.0f);
+    float u = (c * bx - bb * by) * inv_det;
+    float v = (a * by - bb * bx) * inv_det;
+    if (kCompose) {
+      const int32_t xs = b + static_cast<int32_t>(x) + gx[x];
+      const int32_t ys = yy + gy[x];
+      const float inside = (xs >= b) & (xs <= right) & (ys >= b) & (ys <= bottom) ? 1.0f : 0.0f;
+      valid *= inside;
+      // valid is 0 or 1 and the solution finite: g + valid * d is the reference's select.
+      u = static_cast<float>(gx[x]) + valid * u;
+      v = static_cast<float>(gy[x]) + valid * v;
     }
+    if (kMode == 0) {
+      u_out[x] = u;
+      v_out[x] = v;
+      n_out[x] = valid;
+    } else {
+      const float m = std::sqrt(u * u + v * v);
+      float w = valid;
+      if (kMode == 2) w *= std::min(std::max((m - lo) * slope, 0.0f), 1.0f);
+      acc[0][l] += w * m;
+      acc[1][l] += w * u;
+      acc[2][l] += w * v;
+      acc[3][l] += w;
+    }
+  };
+  int64_t x = 0;
+  for (; x + kLanes <= Wo; x += kLanes)
+    for (int l = 0; l < kLanes; ++l) pixel(x + l, l);
+  for (; x < Wo; ++x) pixel(x, 0);
+  if (kMode != 0) {
+    double total[4] = {0, 0, 0, 0};
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < kLanes; ++l) total[k] += acc[k][l];
+    sums->mag += total[0];
+    sums->u += total[1];
+    sums->v += total[2];
+    sums->weight += total[3];
   }
-  float* mag = scratch + 5 * Wo;
-  float* us = scratch + 6 * Wo;
-  float* vs = scratch + 7 * Wo;
-  float* ns = scratch + 8 * Wo;
-  solve_pixels(scratch, scratch + Wo, scratch + 2 * Wo, scratch + 3 * Wo, scratch + 4 * Wo, mag, us, vs, ns, Wo,
-               inv_area, min_eig);
-  out.mag += lane_sum(mag, Wo);
-  out.u += lane_sum(us, Wo);
-  out.v += lane_sum(vs, Wo);
-  out.count += lane_sum(ns, Wo);
 }
 
-STREAMMEM_HOT void sum_row(const float* __restrict prod, int64_t Wg, PairSums& out) {
-  for (int c = 0; c < 5; ++c) out.s[c] += lane_sum(prod + c * Wg, Wg);
-}
+// Where a strip's output rows go: level 0 reduces them, coarser levels keep the flow.
+struct RowSink {
+  Statistic stat;
+  PairSums* sums = nullptr;                                   // level 0
+  float* u = nullptr, *v = nullptr, *valid = nullptr;         // coarser levels: (Ho, Wo) planes
+};
 
-// Output rows [r0, r1) of one pair (window-output coordinates; global mode:
-// gradient rows).
+// Output rows [r0, r1) of one level of one pair (window-output coordinates; global mode:
+// gradient rows, summed into sink.sums->s).
 template <typename T>
-void run_strip(const T* prev, const T* cur, int64_t H, int64_t W, int w, float scale, float min_eig, int64_t r0,
-               int64_t r1, PairSums& out) {
-  const int64_t Wg = W - 2;
-  // Ring of the last three mean rows: each image row is converted once per strip.
-  std::vector<float> mean_ring(3 * W);
+void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t r1, const RowSink& sink) {
+  const int64_t H = lp.H, W = lp.W, Wg = W - 2;
+  const int64_t border = 1 + w / 2;
+  std::vector<float> prow(W), crow(W);
+  std::vector<float> mean_ring(3 * W), it_ring(3 * Wg);  // each image row is converted once per strip
+  GuessRows guess(lp.guess, H, W, border);
+  std::vector<int32_t> out_ox(lp.guess ? W : 0), out_oy(lp.guess ? W : 0);
   int64_t next_row = r0;
+  float* col = nullptr;  // the window's vertical sums (window mode)
   auto products = [&](int64_t g, float* out) {
-    for (; next_row <= g + 2; ++next_row)
-      mean_row(prev, cur, W, next_row, 0.5f * scale, mean_ring.data() + (next_row % 3) * W);
-    product_row(prev, cur, W, g, scale, mean_ring.data() + (g % 3) * W, mean_ring.data() + ((g + 1) % 3) * W,
-                mean_ring.data() + ((g + 2) % 3) * W, out);
+    for (; next_row <= g + 2; ++next_row) {
+      const int64_t y = next_row;
+      unit_row(lp.prev + y * W, W, lp.scale, prow.data());
+      if (lp.guess && guess.nonzero(guess.grid_row(y)))
+        guess.warp_row(lp.cur, y, guess.grid_row(y), lp.scale, crow.data());
+      else
+        unit_row(lp.cur + y * W, W, lp.scale, crow.data());
+      mean_and_it_row(prow.data(), crow.data(), W, mean_ring.data() + (y % 3) * W, it_ring.data() + (y % 3) * Wg);
+    }
+    const float* m[3] = {mean_ring.data() + (g % 3) * W, mean_ring.data() + ((g + 1) % 3) * W,
+                         mean_ring.data() + ((g + 2) % 3) * W};
+    const float* t[3] = {it_ring.data() + (g % 3) * Wg, it_ring.data() + ((g + 1) % 3) * Wg,
+                         it_ring.data() + ((g + 2) % 3) * Wg};
+    if (col != nullptr)
+      product_row<true>(Wg, m[0], m[1], m[2], t[0], t[1], t[2], out, col);
+    else
+      product_row<false>(Wg, m[0], m[1], m[2], t[0], t[1], t[2], out, nullptr);
   };
   if (w == 0) {
     std::vector<float> prod(5 * Wg);
     for (int64_t g = r0; g < r1; ++g) {
       products(g, prod.data());
-      sum_row(prod.data(), Wg, out);
+      for (int c = 0; c < 5; ++c) sink.sums->s[c] += lane_sum(prod.data() + c * Wg, Wg);
     }
     return;
   }
   const int64_t Wo = Wg - w + 1;
-  std::vector<float> ring(static_cast<size_t>(w) * 5 * Wg);  // the last w product rows
-  std::vector<float> col(5 * Wg, 0.0f);                      // vertical box sums
-  std::vector<float> scratch(9 * Wo);
+  std::vector<float> ring(static_cast<size_t>(w) * 5 * Wg, 0.0f);  // the last w product rows
+  std::vector<float> col_sums(5 * Wg, 0.0f);                       // vertical box sums
+  col = col_sums.data();
+  std::vector<float> scratch(5 * Wo);
   const float inv_area = 1.0f / static_cast<float>(w * w);
   auto slot = [&](int64_t g) { return ring.data() + (g % w) * 5 * Wg; };
-  for (int64_t g = r0; g < r0 + w - 1; ++g) {
-    products(g, slot(g));
-    add_rows(col.data(), slot(g), 5 * Wg, 1.0f);
-  }
+  for (int64_t g = r0; g < r0 + w - 1; ++g) products(g, slot(g));
+  int64_t offsets_row = -1;  // the grid row whose output offsets out_ox/out_oy hold
+  float* box = scratch.data();  // 5 rows of window sums
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t g = r + w - 1;
     products(g, slot(g));
-    add_rows(col.data(), slot(g), 5 * Wg, 1.0f);
-    solve_row(col.data(), Wg, w, inv_area, min_eig, scratch.data(), out);
-    add_rows(col.data(), slot(r), 5 * Wg, -1.0f);
+    for (int c = 0; c < 5; ++c) {
+      float* __restrict dst = box + c * Wo;
+      const float* __restrict src = col + c * Wg;
+      switch (w) {  // fixed tap counts unroll into straight vector code
+        case 3: box_row<3>(src, dst, Wo); break;
+        case 5: box_row<5>(src, dst, Wo); break;
+        case 7: box_row<7>(src, dst, Wo); break;
+        case 9: box_row<9>(src, dst, Wo); break;
+        default:
+          for (int64_t x = 0; x < Wo; ++x) dst[x] = src[x];
+          for (int k = 1; k < w; ++k)
+            for (int64_t x = 0; x < Wo; ++x) dst[x] += src[x + k];
+      }
+    }
+    const int64_t y = r + border;
+    // Zero offsets keep every output window inside the frame: the composition is the identity.
+    const bool compose = lp.guess && guess.nonzero(guess.grid_row(y));
+    if (compose && guess.grid_row(y) != offsets_row) {
+      offsets_row = guess.grid_row(y);
+      guess.output_row(offsets_row, Wo, out_ox.data(), out_oy.data());
+    }
+    const int mode = sink.sums == nullptr ? 0 : (sink.stat.moving ? 2 : 1);
+    float* u = sink.u + r * Wo;
+    float* v = sink.v + r * Wo;
+    float* n = sink.valid + r * Wo;
+    if (mode == 0) {
+      u = sink.u + r * Wo;
+    } else {
+      u = v = n = nullptr;
+    }
+    const auto args = std::make_tuple(box, Wo, inv_area, min_eig, out_ox.data(), out_oy.data(), y, H, W, border,
+                                      sink.stat.lo, sink.stat.hi, u, v, n, sink.sums);
+    if (compose) {
+      if (mode == 0) std::apply(finish_row<true, 0>, args);
+      else if (mode == 1) std::apply(finish_row<true, 1>, args);
+      else std::apply(finish_row<true, 2>, args);
+    } else {
+      if (mode == 0) std::apply(finish_row<false, 0>, args);
+      else if (mode == 1) std::apply(finish_row<false, 1>, args);
+      else std::apply(finish_row<false, 2>, args);
+    }
   }
+}
+
+// A level's flow (Ho, Wo) smoothed into a finer level's offsets: the mean of (u, v) over the
+// valid pixels of each box x box neighbourhood (zero padded; no valid neighbour: the pixel's own
+// flow), times `factor`, rounded down after + 0.5, clamped to the finer level's (W, H).
+STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restrict v, const float* __restrict valid,
+                                int64_t Ho, int64_t Wo, int box, int factor, int64_t fine_h, int64_t fine_w,
+                                int32_t* __restrict ox, int32_t* __restrict oy) {
+  const int64_t half = box / 2, Wp = Wo + 2 * half;
+  // Zero-padded rows of u*valid, v*valid, valid and their horizontal box sums (3 planes each).
+  std::vector<float> padded(3 * Wp, 0.0f), rows(3 * Ho * Wo);
+  for (int64_t i = 0; i < Ho; ++i) {
+    float* pu = padded.data() + half;
+    float* pv = pu + Wp;
+    float* pw = pv + Wp;
+    const float* ui = u + i * Wo;
+    const float* vi = v + i * Wo;
+    const float* wi = valid + i * Wo;
+    for (int64_t j = 0; j < Wo; ++j) {
+      pu[j] = ui[j] * wi[j];
+      pv[j] = vi[j] * wi[j];
+      pw[j] = wi[j];
+    }
+    for (int c = 0; c < 3; ++c) {
+      const float* src = padded.data() + c * Wp;
+      float* dst = rows.data() + (c * Ho + i) * Wo;
+      for (int64_t j = 0; j < Wo; ++j) dst[j] = src[j];
+      for (int64_t k = 1; k < box; ++k)
+        for (int64_t j = 0; j < Wo; ++j) dst[j] += src[j + k];
+    }
+  }
+  std::vector<float> acc(3 * Wo);
+  const float lim_x = static_cast<float>(fine_w), lim_y = static_cast<float>(fine_h);
+  const float f = static_cast<float>(factor);
+  for (int64_t i = 0; i < Ho; ++i) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t r = std::max<int64_t>(i - half, 0); r <= std::min(i + half, Ho - 1); ++r)
+      for (int c = 0; c < 3; ++c) {
+        const float* src = rows.data() + (c * Ho + r) * Wo;
+        float* dst = acc.data() + c * Wo;
+        for (int64_t j = 0; j < Wo; ++j) dst[j] += src[j];
+      }
+    const float* su = acc.data();
+    const float* sv = su + Wo;
+    const float* sw = sv + Wo;
+    for (int64_t j = 0; j < Wo; ++j) {
+      const int64_t k = i * Wo + j;
+      const bool has = sw[j] > 0.0f;
+      const float d = has ? sw[j] : 1.0f;
+      const float gu = has ? su[j] / d : u[k];
+      const float gv = has ? sv[j] / d : v[k];
+      ox[k] = floor_clamped(f * gu + 0.5f, lim_x);  // f * g is exact: a contracted fma rounds alike
+      oy[k] = floor_clamped(f * gv + 0.5f, lim_y);
+    }
+  }
+}
+
+// Next pyramid level of one frame: [1 2 1] / 4 along rows then columns, every second pixel,
+// edges replicated.  tmp: H * ((W+1)/2) floats.
+// [1 2 1] / 4 at every second pixel of one row already in [0, 1] floats, edges replicated.
+STREAMMEM_HOT void reduce_row_pass(const float* __restrict s, int64_t W, float* __restrict h) {
+  const int64_t Wn = (W + 1) / 2;
+  h[0] = ((s[0] + 2.0f * s[0]) + s[std::min<int64_t>(1, W - 1)]) * 0.25f;
+  for (int64_t j = 1; j + 1 < Wn; ++j) h[j] = ((s[2 * j - 1] + 2.0f * s[2 * j]) + s[2 * j + 1]) * 0.25f;
+  if (Wn > 1) h[Wn - 1] = ((s[2 * Wn - 3] + 2.0f * s[2 * Wn - 2]) + s[std::min<int64_t>(2 * Wn - 1, W - 1)]) * 0.25f;
+}
+
+STREAMMEM_HOT void reduce_column_pass(const float* __restrict up, const float* __restrict mid,
+                                      const float* __restrict down, int64_t n, float* __restrict out) {
+  for (int64_t j = 0; j < n; ++j) out[j] = ((up[j] + 2.0f * mid[j]) + down[j]) * 0.25f;
+}
+
+// Next pyramid level of one frame: [1 2 1] / 4 along rows then columns, every second pixel,
+// edges replicated.  tmp: H * ((W+1)/2) + W floats.
+template <typename T>
+void reduce_frame(const T* src, int64_t H, int64_t W, float scale, float* dst, float* tmp) {
+  const int64_t Hn = (H + 1) / 2, Wn = (W + 1) / 2;
+  float* unit = tmp + H * Wn;
+  for (int64_t y = 0; y < H; ++y) {
+    unit_row<T>(src + y * W, W, scale, unit);
+    reduce_row_pass(unit, W, tmp + y * Wn);
+  }
+  for (int64_t i = 0; i < Hn; ++i)
+    reduce_column_pass(tmp + std::max<int64_t>(2 * i - 1, 0) * Wn, tmp + (2 * i) * Wn,
+                       tmp + std::min<int64_t>(2 * i + 1, H - 1) * Wn, Wn, dst + i * Wn);
 }
 
 void solve_global(const PairSums& s, double npix, float min_eig, float* flow, float* uv) {
@@ -205,20 +510,60 @@ void solve_global(const PairSums& s, double npix, float min_eig, float* flow, fl
   uv[1] = v;
 }
 
+// Level 0 of pairs [p0, p0 + n) over (pair, strip) items; guess(k) is pair k's guess or none.
+template <typename T, typename GuessOf>
+void level0_sums(const T* base, int64_t p0, int64_t n, int64_t H, int64_t W, int w, float scale, float min_eig,
+                 Statistic stat, GuessOf guess_of, std::vector<PairSums>& totals) {
+  const int64_t out_rows = w ? (H - 2 - w + 1) : (H - 2);
+  const int threads = max_threads();
+  const int64_t strips = std::min<int64_t>(out_rows, std::max<int64_t>(1, (2 * threads + n - 1) / n));
+  const int64_t items = n * strips;
+  std::vector<PairSums> partial(items);
+  // Small clips stay on the calling thread: waking a team costs more than the work.
+  const bool parallel = items > 1 && n * H * W >= (int64_t{1} << 16);
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t k = item / strips, s = item % strips;
+    const int64_t r0 = out_rows * s / strips, r1 = out_rows * (s + 1) / strips;
+    const T* prev = base + (p0 + k) * H * W;
+    const LevelPair<T> lp{prev, prev + H * W, H, W, scale, guess_of(k)};
+    RowSink sink;
+    sink.stat = stat;
+    sink.sums = &partial[item];
+    run_strip<T>(lp, w, min_eig, r0, r1, sink);
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    PairSums& total = totals[p0 + k];
+    for (int64_t s = 0; s < strips; ++s) {
+      const PairSums& q = partial[k * strips + s];
+      total.mag += q.mag;
+      total.u += q.u;
+      total.v += q.v;
+      total.weight += q.weight;
+      for (int c = 0; c < 5; ++c) total.s[c] += q.s[c];
+    }
+  }
+}
+
 template <typename T>
-py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, float scale) {
+py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int levels, Statistic stat,
+                       double min_area, int guess_box, int coarsest_steps, float scale) {
   require(gray.ndim() == 3, "gray must be (T, H, W)");
   const int64_t T_ = gray.shape(0), H = gray.shape(1), W = gray.shape(2);
   require(T_ >= 2, "gray must hold at least 2 frames");
   require(window == 0 || (window >= 3 && window % 2 == 1), "window must be 0 or odd >= 3");
   const int w = window;
   require(H >= (w ? w : 1) + 2 && W >= (w ? w : 1) + 2, "frames too small for the window");
+  require(levels >= 1 && (w != 0 || levels == 1), "levels must be >= 1 (1 for the global mode)");
+  require(guess_box >= 1 && guess_box % 2 == 1, "guess_box must be odd >= 1");
+  require(coarsest_steps >= 1, "coarsest_steps must be >= 1");
+  std::vector<int64_t> lh{H}, lw{W};
+  for (int l = 1; l < levels; ++l) {
+    lh.push_back((lh.back() + 1) / 2);
+    lw.push_back((lw.back() + 1) / 2);
+    require(lh.back() >= w + 4 && lw.back() >= w + 4, "every pyramid level must be at least window + 4 a side");
+  }
   const int64_t pairs = T_ - 1;
-  const int64_t out_rows = w ? (H - 2 - w + 1) : (H - 2);
-  const int threads = max_threads();
-  const int64_t strips = std::min<int64_t>(out_rows, std::max<int64_t>(1, (2 * threads + pairs - 1) / pairs));
-  const int64_t items = pairs * strips;
-
   carray<float> flow_px(pairs);
   carray<float> mean_uv({pairs, static_cast<int64_t>(2)});
   const T* base = gray.data();
@@ -226,29 +571,87 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, float s
   float* uv = mean_uv.mutable_data();
   {
     py::gil_scoped_release nogil;
-    std::vector<PairSums> partial(items);
-    // Small clips stay on the calling thread: waking a team costs more than the work.
-    const bool parallel = items > 1 && pairs * H * W >= (int64_t{1} << 16);
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t p = item / strips, s = item % strips;
-      const int64_t r0 = out_rows * s / strips, r1 = out_rows * (s + 1) / strips;
-      run_strip<T>(base + p * H * W, base + (p + 1) * H * W, H, W, w, scale, min_eig, r0, r1, partial[item]);
-    }
-    for (int64_t p = 0; p < pairs; ++p) {
-      PairSums total;
-      for (int64_t s = 0; s < strips; ++s) {
-        const PairSums& q = partial[p * strips + s];
-        total.mag += q.mag;
-        total.u += q.u;
-        total.v += q.v;
-        total.count += q.count;
-        for (int c = 0; c < 5; ++c) total.s[c] += q.s[c];
+    std::vector<PairSums> totals(pairs);
+    auto no_guess = [](int64_t) { return Guess{}; };
+    if (levels == 1) {
+      level0_sums<T>(base, 0, pairs, H, W, w, scale, min_eig, stat, no_guess, totals);
+    } else {
+      // The levels LK runs on, coarsest first: all but level 1 when there are three or more
+      // (motion.solved_levels); level 0's guess comes from `last` (1 or 2), factor 2^last.
+      // The coarsest level runs `coarsest_steps` times, each warped by the previous step (factor 1).
+      std::vector<int> solved(static_cast<size_t>(coarsest_steps), levels - 1);
+      for (int l = levels - 2; l >= 1; --l)
+        if (!(l == 1 && levels >= 3)) solved.push_back(l);
+      const int last = solved.back();
+      const int64_t hol = lh[last] - 1 - w, wol = lw[last] - 1 - w;  // its output grid
+      const int64_t grid = hol * wol;  // the largest coarse grid
+      for (int64_t p0 = 0; p0 < pairs; p0 += kChunkPairs) {
+        const int64_t n = std::min(kChunkPairs, pairs - p0), nf = n + 1;
+        // The pyramids of frames p0 .. p0 + n above level 0 (the input); level 1 is kept only
+        // when it is solved (two levels).
+        std::vector<std::vector<float>> pyr(levels);
+        for (int l = 1; l < levels; ++l)
+          if (l > 1 || levels == 2) pyr[l].resize(static_cast<size_t>(nf * lh[l] * lw[l]));
+        const bool parallel = nf * H * W >= (int64_t{1} << 16);
+#pragma omp parallel for schedule(static) if (parallel)
+        for (int64_t f = 0; f < nf; ++f) {
+          std::vector<float> tmp(static_cast<size_t>(H * lw[1] + W)), level1;
+          float* l1 = levels == 2 ? pyr[1].data() + f * lh[1] * lw[1] : nullptr;
+          if (l1 == nullptr) {
+            level1.resize(static_cast<size_t>(lh[1] * lw[1]));
+            l1 = level1.data();
+          }
+          reduce_frame<T>(base + (p0 + f) * H * W, H, W, scale, l1, tmp.data());
+          const float* src = l1;
+          for (int l = 2; l < levels; ++l) {
+            float* dst = pyr[l].data() + f * lh[l] * lw[l];
+            reduce_frame<float>(src, lh[l - 1], lw[l - 1], 1.0f, dst, tmp.data());
+            src = dst;
+          }
+        }
+        // The solved coarse levels of each pair, down to the offsets for level 0.
+        std::vector<int32_t> guess0(static_cast<size_t>(n * 2 * grid));
+#pragma omp parallel for schedule(dynamic, 1) if (parallel && n > 1)
+        for (int64_t k = 0; k < n; ++k) {
+          std::vector<float> fields(static_cast<size_t>(3 * grid));
+          std::vector<int32_t> offsets[2] = {std::vector<int32_t>(static_cast<size_t>(2 * grid)),
+                                             std::vector<int32_t>(static_cast<size_t>(2 * grid))};
+          Guess g;
+          for (size_t i = 0; i < solved.size(); ++i) {
+            const int l = solved[i];
+            const int64_t hl = lh[l], wl = lw[l], ho = hl - 1 - w, wo = wl - 1 - w;
+            const float* prev = pyr[l].data() + k * hl * wl;
+            const LevelPair<float> lp{prev, prev + hl * wl, hl, wl, 1.0f, g};
+            RowSink sink;
+            sink.u = fields.data();
+            sink.v = fields.data() + ho * wo;
+            sink.valid = fields.data() + 2 * ho * wo;
+            run_strip<float>(lp, w, min_eig, 0, ho, sink);
+            const int finer = i + 1 < solved.size() ? solved[i + 1] : 0;
+            const int factor = 1 << (l - finer);
+            // Two buffers: this level's offsets are written while the previous ones are read.
+            int32_t* gx = finer == 0 ? guess0.data() + k * 2 * grid : offsets[i % 2].data();
+            smooth_guess(sink.u, sink.v, sink.valid, ho, wo, guess_box, factor, lh[finer], lw[finer], gx,
+                         gx + ho * wo);
+            g = Guess{gx, gx + ho * wo, ho, wo, factor};
+          }
+        }
+        const int factor0 = 1 << last;
+        auto guess_of = [&](int64_t k) {
+          const int32_t* gx = guess0.data() + k * 2 * grid;
+          return Guess{gx, gx + grid, hol, wol, factor0};
+        };
+        level0_sums<T>(base, p0, n, H, W, w, scale, min_eig, stat, guess_of, totals);
       }
+    }
+    const double floor = stat.moving ? std::max(1.0, min_area * static_cast<double>((H - 1 - w) * (W - 1 - w)))
+                                     : 1.0;
+    for (int64_t p = 0; p < pairs; ++p) {
+      const PairSums& total = totals[p];
       if (w == 0) {
         solve_global(total, static_cast<double>(H - 2) * static_cast<double>(W - 2), min_eig, flow + p, uv + 2 * p);
       } else {
-        const double n = std::max(total.count, 1.0);
+        const double n = std::max(total.weight, floor);
         flow[p] = static_cast<float>(total.mag / n);
         uv[2 * p] = static_cast<float>(total.u / n);
         uv[2 * p + 1] = static_cast<float>(total.v / n);
@@ -258,11 +661,16 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, float s
   return py::make_tuple(flow_px, mean_uv);
 }
 
-py::tuple lk_flow(py::array gray, int window, float min_eig) {
+py::tuple lk_flow(py::array gray, int window, float min_eig, int levels, bool moving, float floor_lo,
+                  float floor_hi, double min_area, int guess_box, int coarsest_steps) {
+  require(floor_hi > floor_lo, "floor_hi must exceed floor_lo");
+  const Statistic stat{moving, floor_lo, floor_hi};
   if (py::isinstance<carray<uint8_t>>(gray) && gray.dtype().is(py::dtype::of<uint8_t>()))
-    return lk_flow_impl<uint8_t>(gray.cast<carray<uint8_t>>(), window, min_eig, 1.0f / 255.0f);
+    return lk_flow_impl<uint8_t>(gray.cast<carray<uint8_t>>(), window, min_eig, levels, stat, min_area, guess_box,
+                                 coarsest_steps, 1.0f / 255.0f);
   if (gray.dtype().is(py::dtype::of<float>()))
-    return lk_flow_impl<float>(gray.cast<carray<float>>(), window, min_eig, 1.0f);
+    return lk_flow_impl<float>(gray.cast<carray<float>>(), window, min_eig, levels, stat, min_area, guess_box,
+                               coarsest_steps, 1.0f);
   throw std::invalid_argument("gray must be uint8 or float32");
 }
 
@@ -350,8 +758,10 @@ carray<float> gray_area(const py::array_t<uint8_t, py::array::c_style>& frames, 
 
 PYBIND11_MODULE(_cpu_motion, m) {
   namespace py = pybind11;
-  m.doc() = "Lucas-Kanade motion magnitude (fused CPU kernel); see streammem_kernels/motion.py";
-  m.def("lk_flow", &streammem::lk_flow, py::arg("gray"), py::arg("window"), py::arg("min_eig"),
+  m.doc() = "Pyramidal Lucas-Kanade motion magnitude (fused CPU kernel); see streammem_kernels/motion.py";
+  m.def("lk_flow", &streammem::lk_flow, py::arg("gray"), py::arg("window"), py::arg("min_eig"), py::arg("levels"),
+        py::arg("moving"), py::arg("floor_lo"), py::arg("floor_hi"), py::arg("min_area"), py::arg("guess_box"),
+        py::arg("coarsest_steps"),
         "(T,H,W) uint8|float32 gray -> (flow_px (T-1,), mean_uv (T-1,2))");
   m.def("gray_area", &streammem::gray_area, py::arg("frames"), py::arg("out_h"), py::arg("out_w"),
         "uint8 (T,H,W[,3]) -> float32 gray in [0,1] (T,out_h,out_w), area resampling");

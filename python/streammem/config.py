@@ -172,6 +172,10 @@ class MemoryConfig:
     motion_window : int or None
         Lucas-Kanade window (odd >= 3) or None for the paper's global solve.
     motion_reference : {"previous", "last_kept"}
+    motion_statistic : {"moving", "textured"}
+        The gate's statistic (``MotionGate``): "moving" (default) or StreamChat's "textured".
+    motion_levels : int or "auto"
+        Pyramid levels of the gate's Lucas-Kanade (1: single scale).
     short_term : ShortTermConfig
     kmeans_iters : int in [1, 10000]
         Iterations of every ``batched_kmeans`` call.
@@ -195,6 +199,8 @@ class MemoryConfig:
     motion_size: int | None = 224
     motion_window: int | None = 5
     motion_reference: str = "previous"
+    motion_statistic: str = "moving"
+    motion_levels: int | str = "auto"
     short_term: ShortTermConfig = field(default_factory=ShortTermConfig)
     kmeans_iters: int = 10
     segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
@@ -223,6 +229,10 @@ class MemoryConfig:
             object.__setattr__(self, "motion_window", w)
         if self.motion_reference not in ("previous", "last_kept"):
             raise ValueError(f"motion_reference must be 'previous' or 'last_kept', got {self.motion_reference!r}")
+        if self.motion_statistic not in ("moving", "textured"):
+            raise ValueError(f"motion_statistic must be 'moving' or 'textured', got {self.motion_statistic!r}")
+        if self.motion_levels != "auto":
+            object.__setattr__(self, "motion_levels", _check_int(self.motion_levels, "motion_levels", 1))
         for name, cls in (("short_term", ShortTermConfig), ("segmenter", SegmenterConfig),
                           ("injector", InjectorConfig)):
             if not isinstance(getattr(self, name), cls):

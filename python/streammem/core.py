@@ -212,7 +212,8 @@ class StreamMemory:
         self._custom_instantaneity = instantaneity
         p, cfg = config.preset, config
         self.gate = MotionGate(p.threshold, size=cfg.motion_size, reference=cfg.motion_reference,
-                               window=cfg.motion_window, backend=cfg.backend)
+                               window=cfg.motion_window, statistic=cfg.motion_statistic,
+                               levels=cfg.motion_levels, backend=cfg.backend)
         st = cfg.short_term
         self.short_term = ShortTermMemory(st.candidates, st.keep, st.tau, seed=cfg.seed)
         self.long_term = LongTermMemory(text_encoder, self.captioner, chunk=p.chunk, group=p.group,

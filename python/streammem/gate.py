@@ -1,11 +1,27 @@
 """Selective frame stacking (StreamChat sec. 3.1.1) and the Slow / Base / Fast presets.
 
 A frame enters the vision buffer only when its Lucas-Kanade motion score
-against the previous frame exceeds the threshold t.  StreamChat's presets use
-t = 0.13 / 0.35 / 0.58 on a [0, 1] score; ``streammem_kernels.motion_magnitude``
-maps mean flow to ``flow_px / (1 + flow_px)`` in [0, 1), so the same numbers
-apply.  The first frame of a stream is always kept (there is nothing to compare
+against the previous frame exceeds the threshold t; ``score = flow_px / (1 + flow_px)``
+in [0, 1).  The first frame of a stream is always kept (there is nothing to compare
 it with, and memory must start somewhere).
+
+The gate measures with the kernel's defaults: a pyramid (large motion is
+measured, not saturated) and the "moving" statistic (the mean flow over the
+pixels that move, so one small object on a static camera moves the gate);
+``statistic="textured", levels=1`` is StreamChat's literal single-scale mean
+over all textured pixels, on which its presets were t = 0.13 / 0.35 / 0.58.
+
+Presets re-derived for the new statistic (bench/calibrate_motion_gate.py, tables
+in bench/RESULTS.md, "Motion gate calibration"): t = 0.25 / 0.40 / 0.65, i.e.
+0.33 / 0.67 / 1.86 px per frame at the 224 px working size.  Base keeps, with a
+15 % margin, an 8 px object (at 224) moving 1.4 px/frame on a static camera
+(scores 0.47-0.54; the literal statistic reads 0.04 px and kept nothing); slow
+keeps objects from about a third of that speed; fast keeps StreamChat's fast
+budget on the three sample clips (0.25 of their frames; StreamChat 0.17).  A
+static camera (sensor noise up to 4 grey levels reads at most 0.06 px, score
+0.06) keeps nothing at any preset.  On the sample clips, which move almost
+everywhere, slow and base keep more than StreamChat's (0.98 and 0.74 of the
+frames against 0.83 and 0.46): seeing small motion costs frames there.
 """
 from __future__ import annotations
 
@@ -16,6 +32,7 @@ import numpy as np
 import torch
 
 from streammem_kernels import motion_magnitude
+from streammem_kernels.motion import STATISTICS
 
 __all__ = ["Preset", "PRESETS", "MotionGate"]
 
@@ -32,9 +49,9 @@ class Preset:
 
 
 PRESETS = {
-    "slow": Preset("slow", 0.13, 35, 15, 5),
-    "base": Preset("base", 0.35, 25, 10, 5),
-    "fast": Preset("fast", 0.58, 30, 15, 5),
+    "slow": Preset("slow", 0.25, 35, 15, 5),
+    "base": Preset("base", 0.40, 25, 10, 5),
+    "fast": Preset("fast", 0.65, 30, 15, 5),
 }
 
 
@@ -56,6 +73,14 @@ class MotionGate:
     reference : {"previous", "last_kept"}
         Compare with the previous frame (StreamChat) or with the last kept frame
         (slow drift accumulates until it crosses the threshold).
+    window : int or None
+        Lucas-Kanade window (odd >= 3) or None for the paper's global solve.
+    statistic : {"moving", "textured"}
+        How per-pixel flow becomes the score (``motion_magnitude``): "moving"
+        (default) sees a small object move on a static camera; "textured" is
+        StreamChat's mean over all textured pixels.
+    levels : int or "auto"
+        Pyramid levels (``motion_magnitude``); 1 is single-scale LK.
     backend : str
         Passed to ``motion_magnitude``.
 
@@ -67,8 +92,9 @@ class MotionGate:
     caller at a time.
     """
 
-    def __init__(self, threshold: float = 0.35, *, size: int | None = 224, reference: str = "previous",
-                 window: int | None = 5, backend: str = "auto"):
+    def __init__(self, threshold: float = 0.4, *, size: int | None = 224, reference: str = "previous",
+                 window: int | None = 5, statistic: str = "moving", levels: int | str = "auto",
+                 backend: str = "auto"):
         from .config import MAX_MOTION_SIZE, _check_int, _check_real  # config imports this module
 
         threshold = _check_real(threshold, "threshold", 0.0, 1.0)
@@ -80,7 +106,13 @@ class MotionGate:
                 raise ValueError(f"window must be odd, got {window}")
         if not isinstance(reference, str) or reference not in ("previous", "last_kept"):
             raise ValueError(f"reference must be 'previous' or 'last_kept', got {reference!r}")
+        if not isinstance(statistic, str) or statistic not in STATISTICS:
+            raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
+        if levels != "auto":
+            levels = _check_int(levels, "levels", 1)
         self.threshold = threshold
+        self.statistic = statistic
+        self.levels = levels
         self.size = size
         self.reference = reference
         self.window = window
@@ -97,7 +129,8 @@ class MotionGate:
         return cls(p.threshold, **kwargs)
 
     def _scores(self, stack: np.ndarray | torch.Tensor) -> list[float]:
-        res = motion_magnitude(stack, size=self.size, window=self.window, backend=self.backend)
+        res = motion_magnitude(stack, size=self.size, window=self.window, statistic=self.statistic,
+                               levels=self.levels, backend=self.backend)
         return res.score.tolist()
 
     def push(self, frames: Sequence[np.ndarray] | np.ndarray) -> tuple[list[float], list[bool]]:
