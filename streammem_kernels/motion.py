@@ -5,7 +5,7 @@ the previous frame exceeds a threshold t in [0, 1].  This module computes, for
 every consecutive frame pair, a dense windowed LK flow and summarises it:
 
 * gray = 0.299 R + 0.587 G + 0.114 B, intensities in [0, 1] (uint8 / 255;
-  floating frames are taken as already in [0, 1]);
+  floating frames must already be in [0, 1], which is checked);
 * optional working resolution ``size`` (long side; area interpolation when
   shrinking, bilinear when enlarging);
 * gradients: 3x3 Sobel / 8 (intensity per pixel) on the mean of the two frames;
@@ -123,7 +123,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dispatch import Op, call_op, load_native
-from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank
+from ._utils import as_tensor, check_dtype, check_float, check_int, check_nonempty, check_rank, check_values
 
 __all__ = ["MotionResult", "motion_magnitude", "select_frames", "select_frames_mask", "lk_flow", "STATISTICS"]
 
@@ -171,7 +171,8 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
     Parameters
     ----------
     frames : (T, H, W) or (T, H, W, C) tensor or array, C in {1, 3}
-        uint8 (0..255) or floating (taken as [0, 1]) frames, T >= 2.  RGB is
+        uint8 (0..255) or floating frames with intensities in [0, 1] (checked:
+        NaN, Inf and values outside raise ``ValueError``), T >= 2.  RGB is
         converted to gray.  Not modified.
     size : int, optional
         Working resolution: the long side is resized to ``size`` (aspect kept).
@@ -199,7 +200,7 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
 
     Notes
     -----
-    On CUDA tensors nothing synchronises with the host (the finiteness check of
+    On CUDA tensors nothing synchronises with the host (the range check of
     floating frames is a device-side assertion), so a call can be captured in a
     CUDA graph.
     """
@@ -359,7 +360,14 @@ def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", b
         raise ValueError(f"frames must have 1 or 3 channels in the last dimension, got {frames.shape[-1]}")
     if frames.shape[0] < 2:
         raise ValueError(f"frames must hold at least 2 frames (T >= 2), got T={frames.shape[0]}")
-    check_finite(frames, "frames")
+    if frames.is_floating_point():
+        # Floating frames are intensities in [0, 1]: one min/max pass rejects NaN/Inf (they fail both
+        # comparisons) and out-of-range data (0..255 floats, 1e20) that would otherwise overflow the
+        # products into NaN on one backend and 0 on another.  Device-side on CUDA.
+        low, high = torch.aminmax(frames)
+        check_values((low >= 0) & (high <= 1),
+                     "frames must be finite and, for a floating dtype, intensities in [0, 1] (NaN, Inf and values "
+                     "outside are rejected); divide 0..255 data by 255 or pass uint8 frames")
     if window is None:
         window = 0
     else:

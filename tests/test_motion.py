@@ -497,6 +497,26 @@ def test_bad_input_raises_value_error(kwargs, match):
         motion_magnitude(**kwargs)
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
+@pytest.mark.parametrize("value", [1e20, 255.0, -1e-3, 1.0 + 1e-6], ids=["1e20", "0-255", "negative", "above-1"])
+def test_float_frames_outside_unit_range_rejected_on_every_backend(backend, value):
+    # Issue 17: float frames ~1e20 gave NaN on cpp and 0 on torch/triton; 0..255 floats read a wrong flow.
+    frames = torch.rand(3, 16, 16, generator=torch.Generator().manual_seed(0))
+    frames[1, 3, 5] = value
+    before = frames.clone()
+    with pytest.raises(ValueError, match=r"frames must be finite and, for a floating dtype, intensities in \[0, 1\]"):
+        motion_magnitude(frames, backend=backend)
+    assert torch.equal(frames, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_float_frames_at_the_unit_range_edges_accepted(dtype):
+    frames = torch.zeros(3, 16, 16, dtype=dtype)
+    frames[1:, 4:12, 4:12] = 1.0
+    res = motion_magnitude(frames, backend="torch")
+    assert torch.isfinite(res.flow_px).all()
+
+
 def test_select_frames_bad_arguments():
     frames = torch.zeros(3, 16, 16)
     with pytest.raises(ValueError, match="threshold"):
