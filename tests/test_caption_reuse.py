@@ -195,4 +195,12 @@ def test_validation():
         update_caption(model, torch.tensor([5, 8, 1]), None, prompt_cache=cache)
     with pytest.raises(ValueError, match="alpha"):
         update_caption(model, prefix, torch.arange(4, 30), alpha=1.5)
+    with pytest.raises(ValueError, match="alpha"):
+        update_caption(model, prefix, torch.arange(4, 30), alpha=float("nan"))
+    # Issue 17: bool token ids and an eos_token_id string used to be accepted.
+    with pytest.raises(ValueError, match="prefix must be integer token ids or floating embeddings"):
+        update_caption(model, torch.tensor([True, False, True]), None)
+    for bad in ("3", True, 3.0, [1, "2"], [64], -1):
+        with pytest.raises(ValueError, match="eos_token_id must be an int or a sequence of ints"):
+            update_caption(model, prefix, None, eos_token_id=bad)
     assert cache.cache.get_seq_length() == 2

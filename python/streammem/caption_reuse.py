@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from streammem_kernels import divergence_point, linear_token_logprobs
@@ -304,6 +305,8 @@ def _prefix_tensor(model, prefix, name: str) -> torch.Tensor:
         if not bool(torch.isfinite(prefix).all()):
             raise ValueError(f"{name} embeddings must be finite")
     else:
+        if prefix.dtype == torch.bool or prefix.dtype.is_complex:
+            raise ValueError(f"{name} must be integer token ids or floating embeddings, got {prefix.dtype}")
         if prefix.dim() == 2 and prefix.shape[0] == 1:
             prefix = prefix[0]
         if prefix.dim() != 1:
@@ -336,6 +339,19 @@ def _stop_ids(model, eos_token_id) -> set:
             eos_token_id = getattr(model.config, "eos_token_id", None)
     if eos_token_id is None:
         return set()
-    if isinstance(eos_token_id, int):
-        return {eos_token_id}
-    return {int(t) for t in eos_token_id}
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = [eos_token_id] if _is_token_id(eos_token_id) else eos_token_id
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise ValueError(f"eos_token_id must be an int or a sequence of ints in [0, {vocab}), got {eos_token_id!r}")
+    ids = list(ids)
+    if not all(_is_token_id(t) and 0 <= int(t) < vocab for t in ids):
+        raise ValueError(f"eos_token_id must be an int or a sequence of ints in [0, {vocab}), got {eos_token_id!r}")
+    return {int(t) for t in ids}
+
+
+def _is_token_id(value) -> bool:
+    """An integer (Python, numpy or a 0-d integer tensor), not a bool."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.dtype.is_floating_point and value.dtype not in (torch.bool,) \
+            and not value.dtype.is_complex
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
