@@ -53,7 +53,7 @@ import torch.nn.functional as F
 
 from .bounded import BoundedMemory
 from .config import MemoryConfig, _is_real
-from .encoders import EncodedFrames, encoder_from_spec, encoder_spec
+from .encoders import EncodedFrames, encoder_spec, encoders_from_specs
 from .gate import MotionGate, Preset
 from .knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeInjector
 from .memory import FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory, check_query_embedding
@@ -685,13 +685,7 @@ class StreamMemory:
         """Build a memory from its config in ``state`` and restore it (encoders as for ``load``)."""
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
             raise ValueError("state is not a StreamMemory state_dict")
-        enc = state["encoders"]
-        if text_encoder is None:
-            if enc["text"] is None:
-                raise ValueError("the memory was saved with a text encoder that has no spec(); pass text_encoder=")
-            text_encoder = encoder_from_spec(enc["text"])
-        if frame_encoder is None and enc["frame"] is not None:
-            frame_encoder = encoder_from_spec(enc["frame"])
+        frame_encoder, text_encoder = encoders_from_specs(state["encoders"], frame_encoder, text_encoder)
         memory = cls(MemoryConfig.from_dict(state["config"]), frame_encoder, text_encoder, **hooks)
         memory.load_state_dict(state)
         return memory

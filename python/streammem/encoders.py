@@ -45,6 +45,7 @@ __all__ = [
     "imagenet_class_names",
     "encoder_spec",
     "encoder_from_spec",
+    "encoders_from_specs",
 ]
 
 
@@ -459,6 +460,18 @@ def encoder_spec(encoder) -> dict | None:
         return None
     spec = getattr(encoder, "spec", None)
     return dict(spec()) if callable(spec) else None
+
+
+def encoders_from_specs(specs: dict, frame_encoder=None, text_encoder=None):
+    """``(frame_encoder, text_encoder)`` for restoring a saved memory: the ones given, else rebuilt from
+    the saved specs (``{"frame": spec or None, "text": spec or None}``); a text encoder is required."""
+    if text_encoder is None:
+        if specs.get("text") is None:
+            raise ValueError("the memory was saved with a text encoder that has no spec(); pass text_encoder=")
+        text_encoder = encoder_from_spec(specs["text"])
+    if frame_encoder is None and specs.get("frame") is not None:
+        frame_encoder = encoder_from_spec(specs["frame"])
+    return frame_encoder, text_encoder
 
 
 def encoder_from_spec(spec: dict):

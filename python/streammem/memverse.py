@@ -101,8 +101,8 @@ import torch
 import torch.nn.functional as F
 
 from .bounded import utility
-from .config import SegmenterConfig
-from .encoders import encoder_from_spec, encoder_spec
+from .config import SegmenterConfig, _check_real
+from .encoders import encoder_spec, encoders_from_specs
 from .gate import PRESETS, MotionGate
 from .knowledge import EventSegmenter
 from .memory import FrameRecord, LabelCaptioner, records_from_state, records_state
@@ -150,18 +150,6 @@ def _check_int(value, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return int(value)
-
-
-def _check_real(value, name: str, low: float | None = None, high: float | None = None, *,
-                open_low: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    value = float(value)
-    if low is not None and (value <= low if open_low else value < low):
-        raise ValueError(f"{name} must be {'>' if open_low else '>='} {low}, got {value!r}")
-    if high is not None and value > high:
-        raise ValueError(f"{name} must be <= {high}, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -1513,13 +1501,7 @@ class MemVerse:
         state = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
             raise ValueError(f"{path} is not a saved MemVerse")
-        enc = state["encoders"]
-        if text_encoder is None:
-            if enc["text"] is None:
-                raise ValueError("the memory was saved with a text encoder that has no spec(); pass text_encoder=")
-            text_encoder = encoder_from_spec(enc["text"])
-        if frame_encoder is None and enc["frame"] is not None:
-            frame_encoder = encoder_from_spec(enc["frame"])
+        frame_encoder, text_encoder = encoders_from_specs(state["encoders"], frame_encoder, text_encoder)
         memory = cls(text_encoder, frame_encoder, config=MemVerseConfig.from_dict(state["config"]), **hooks)
         memory.load_state_dict(state)
         return memory
