@@ -47,6 +47,7 @@ renumbering.  Save/load round-trips the tombstone mask.
 """
 from __future__ import annotations
 
+import zlib
 from typing import Callable
 
 import numpy as np
@@ -61,7 +62,12 @@ __all__ = ["CosineTree"]
 
 _FORMAT = "streammem.CosineTree"
 # Version 2 adds the tombstone mask "alive"; version 1 files (no removals) still load.
-_FORMAT_VERSION = 2
+# Version 3 adds a CRC32 of the arrays ("checksum"); files without one are validated structurally.
+_FORMAT_VERSION = 3
+# Size bounds checked before any allocation (a node id must fit the kernels' int64 arithmetic
+# and a (nodes, dim) float32 table must be addressable).
+MAX_DIM = 1 << 20
+MAX_NODES = 1 << 40
 
 
 class SearchArrays:
@@ -659,25 +665,44 @@ class CosineTree:
         }
 
     def save(self, path) -> None:
-        """Write the tree to one file (``torch.save`` of its tensors)."""
-        torch.save(self.state_dict(), path)
+        """Write the tree to one file (``torch.save`` of its tensors and a CRC32 of them)."""
+        state = self.state_dict()
+        state["checksum"] = _checksum(state)
+        torch.save(state, path)
 
     @classmethod
     def load(cls, path, *, device="cpu") -> "CosineTree":
-        """Read a tree written by :meth:`save`; node ids and tombstones are preserved."""
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        """Read a tree written by :meth:`save`; node ids and tombstones are preserved.
+
+        The file is validated before anything is trusted, and every malformed file
+        raises ``ValueError`` naming what is wrong: a file :meth:`save` wrote carries
+        a CRC32 of its arrays (overwritten or flipped bytes are rejected); every file
+        (older versions and hand-made states have no checksum) must hold contiguous
+        tensors of the saved dtypes and consistent shapes, parents after their
+        children (so no cycle), child runs that match ``parent`` exactly, levels
+        ``1 + max(level of children)`` (0 for leaves), and finite embeddings of unit
+        norm (or zero rows).  A missing or unreadable path raises the OS error.
+        """
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            raise
+        except Exception as exc:  # truncated/corrupt archive, hostile pickle, absurd sizes
+            raise ValueError(f"path does not hold a readable saved CosineTree ({type(exc).__name__}: "
+                             f"{str(exc)[:200]}): {path}") from None
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
             raise ValueError(f"path does not hold a saved CosineTree: {path}")
-        if state.get("version") not in (1, _FORMAT_VERSION):
-            raise ValueError(f"unsupported CosineTree format version {state.get('version')}")
+        version = state.get("version")
+        if type(version) is not int or version not in (1, 2, _FORMAT_VERSION):
+            raise ValueError(f"path holds an unsupported CosineTree format version {version!r}: {path}")
+        if "alive" not in state and version == 1:
+            emb = state.get("embeddings")
+            n = emb.shape[0] if isinstance(emb, torch.Tensor) and emb.dim() >= 1 else 0
+            state["alive"] = torch.ones(n, dtype=torch.bool)
+        _validate_saved_state(state, path)
         n = state["embeddings"].shape[0]
         n_edges = state["child_idx"].shape[0]
-        if "alive" not in state:
-            state["alive"] = torch.ones(n, dtype=torch.bool)
-        _check_saved_structure(state, n, n_edges, path)
-        if not bool(torch.isfinite(state["embeddings"]).all()):  # searches trust the store's embeddings
-            raise ValueError(f"path holds a CosineTree with non-finite embeddings: {path}")
-        tree = cls(int(state["dim"]), capacity=max(n, 1), device=device)
+        tree = cls(state["dim"], capacity=max(n, 1), device=device)
         tree._reserve(0, n_edges)
         dev = tree._device
         tree._emb[:n] = state["embeddings"].to(dev, torch.float32)
@@ -710,20 +735,99 @@ def _max_run(child_ptr: torch.Tensor) -> int:
     return int((child_ptr[1:] - child_ptr[:-1]).max()) if child_ptr.numel() > 1 else 0
 
 
-def _check_saved_structure(state: dict, n: int, n_edges: int, path) -> None:
-    """Reject files whose arrays would send the kernels out of bounds."""
-    shapes_ok = (
-        state["embeddings"].dim() == 2 and state["embeddings"].shape[1] == int(state["dim"])
-        and all(state[key].shape == (n,) for key in ("level", "parent", "utility", "payload"))
-        and state["child_ptr"].shape == (n + 1,)
-        and state["alive"].shape == (n,) and state["alive"].dtype == torch.bool
-    )
-    ptr, kids, parent = state["child_ptr"], state["child_idx"], state["parent"]
-    links_ok = shapes_ok and (
-        int(ptr[0]) == 0 and int(ptr[-1]) == n_edges and bool((ptr[1:] >= ptr[:-1]).all())
-        and bool(((kids >= 0) & (kids < n)).all()) and bool(((parent >= -1) & (parent < n)).all())
-        # Kernels follow child_idx from live roots: a dead id there would be searched.
-        and bool(state["alive"][kids].all())
-    )
-    if not links_ok:
-        raise ValueError(f"path holds a CosineTree with inconsistent arrays (shapes or CSR links): {path}")
+# Saved arrays: name -> (dtype, shape as a function of (n, n_edges, dim)).
+_SAVED_ARRAYS = {
+    "embeddings": (torch.float32, lambda n, e, d: (n, d)),
+    "level": (torch.int64, lambda n, e, d: (n,)),
+    "parent": (torch.int64, lambda n, e, d: (n,)),
+    "child_ptr": (torch.int64, lambda n, e, d: (n + 1,)),
+    "child_idx": (torch.int64, lambda n, e, d: (e,)),
+    "utility": (torch.float32, lambda n, e, d: (n,)),
+    "payload": (torch.int64, lambda n, e, d: (n,)),
+    "alive": (torch.bool, lambda n, e, d: (n,)),
+}
+# |norm - 1| of a saved unit row: float32 normalisation leaves a few ulps; 1e-4 also accepts
+# rows saved from float64 stores, and rejects any corrupted exponent or sign-flipped component
+# of weight.
+_UNIT_TOLERANCE = 1e-4
+
+
+def _checksum(state: dict) -> int:
+    """CRC32 of the dimension, then each saved array's shape and bytes (in _SAVED_ARRAYS order)."""
+    crc = zlib.crc32(str(int(state["dim"])).encode())
+    for name in _SAVED_ARRAYS:
+        t = state[name].contiguous()
+        crc = zlib.crc32(repr((name, tuple(t.shape))).encode(), crc)
+        if t.numel():
+            crc = zlib.crc32(t.numpy().reshape(-1).view(np.uint8), crc)
+    return crc
+
+
+def _validate_saved_state(state: dict, path) -> None:
+    """ValueError naming the first problem of a loaded state (see :meth:`CosineTree.load`)."""
+    def bad(what: str) -> ValueError:
+        return ValueError(f"path holds an invalid CosineTree ({what}): {path}")
+
+    dim = state.get("dim")
+    if type(dim) is not int or not 1 <= dim <= MAX_DIM:
+        raise bad(f"dim must be an int in [1, {MAX_DIM}], got {dim!r}")
+    for name, (dtype, _) in _SAVED_ARRAYS.items():
+        t = state.get(name)
+        if not isinstance(t, torch.Tensor):
+            raise bad(f"'{name}' missing or not a tensor")
+        if t.dtype != dtype or t.layout != torch.strided or t.device.type != "cpu":
+            raise bad(f"'{name}' must be a dense {dtype} tensor, got {t.dtype} {t.layout}")
+        if not t.is_contiguous() or any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape)):
+            raise bad(f"'{name}' must be contiguous (no stride-0 or strided views)")
+    emb = state["embeddings"]
+    if emb.dim() != 2:
+        raise bad(f"'embeddings' must be (num_nodes, dim), got shape {tuple(emb.shape)}")
+    n, n_edges = emb.shape[0], state["child_idx"].shape[0] if state["child_idx"].dim() == 1 else -1
+    for name, (_, shape) in _SAVED_ARRAYS.items():
+        if tuple(state[name].shape) != shape(n, max(n_edges, 0), dim):
+            raise bad(f"shape of '{name}' is {tuple(state[name].shape)}, expected {shape(n, max(n_edges, 0), dim)} "
+                      f"for {n} nodes, {n_edges} edges and dim {dim} (mismatched lengths)")
+    if n > MAX_NODES:
+        raise bad(f"more than {MAX_NODES} nodes")
+    if "checksum" in state:
+        if type(state["checksum"]) is not int or state["checksum"] != _checksum(state):
+            raise bad("checksum mismatch: the file was modified or corrupted after it was saved")
+    if not bool(torch.isfinite(emb).all()):
+        raise bad("non-finite embeddings")
+    norms = torch.linalg.vector_norm(emb, dim=1)
+    if not bool(((norms == 0) | ((norms - 1).abs() <= _UNIT_TOLERANCE)).all()):
+        raise bad("embeddings must be unit-norm rows (or zero rows)")
+    if not bool(torch.isfinite(state["utility"]).all()):
+        raise bad("non-finite utility")
+    ptr, kids, parent, level, alive = (state[k] for k in ("child_ptr", "child_idx", "parent", "level", "alive"))
+    if int(ptr[0]) != 0 or int(ptr[-1]) != n_edges or not bool((ptr[1:] >= ptr[:-1]).all()):
+        raise bad("inconsistent arrays: child_ptr must rise from 0 to the number of edges")
+    if not bool(((kids >= 0) & (kids < n)).all()):
+        raise bad("inconsistent arrays: child_idx must hold node ids in [0, num_nodes)")
+    if not bool(((parent >= -1) & (parent < n)).all()):
+        raise bad("inconsistent arrays: parent must hold -1 or node ids in [0, num_nodes)")
+    ids = torch.arange(n)
+    if not bool(((parent == -1) | (parent > ids)).all()):
+        raise bad("inconsistent arrays: every parent must come after its children (a cycle or a forward link)")
+    if not bool(((level >= 0) & (level < max(n, 1))).all()):
+        raise bad("levels must lie in [0, num_nodes)")
+    # Kernels follow child_idx from live roots: a dead id there would be searched.
+    if not bool(alive[kids].all()):
+        raise bad("inconsistent arrays: child runs must hold live nodes only")
+    runs = ptr[1:] - ptr[:-1]
+    owner = torch.repeat_interleave(ids, runs)
+    if not bool((parent[kids] == owner).all()):
+        raise bad("inconsistent arrays: child runs and parent disagree")
+    if int(((parent >= 0) & alive).sum()) != n_edges:
+        raise bad("inconsistent arrays: a node with a parent is missing from its parent's child run")
+    same_run = owner[1:] == owner[:-1]
+    if not bool((~same_run | (kids[1:] > kids[:-1])).all()):
+        raise bad("inconsistent arrays: child runs must be ascending (chronological)")
+    dead = ~alive
+    if not bool((parent[dead] == -1).all()) or not bool((runs[dead] == 0).all()):
+        raise bad("inconsistent arrays: removed nodes must have no parent and no children")
+    expect = torch.zeros(n, dtype=torch.int64)
+    if n_edges:
+        expect.scatter_reduce_(0, owner, level[kids] + 1, reduce="amax", include_self=True)
+    if not bool((level[alive] == expect[alive]).all()):
+        raise bad("inconsistent levels: a node's level must be 1 + the largest level of its children (0 for leaves)")
