@@ -4,7 +4,9 @@ VideoAgent retrieves, per query, the most similar frame inside one segment;
 graph retrieval seeds its expansion with the nodes closest to a question.
 ``cosine_topk(queries, keys, k, ranges=None)`` is exact exhaustive search:
 every key in a query's range is scored ``dot(q / |q|, v / |v|)`` in float32
-(a zero vector scores 0, :mod:`streammem_kernels._cosine`) and the ``k`` best
+(a zero vector scores 0; rows of any finite magnitude, 1e-30 or 1e30, get
+their true cosine: norms are taken after an exact power-of-two scaling,
+:mod:`streammem_kernels._cosine`) and the ``k`` best
 come back, ties toward the lower key index.
 
 Backends: ``torch`` (the reference below), ``cpp`` and ``triton``.  The

@@ -172,3 +172,95 @@ def test_loaded_tree_is_usable_after_validation(tmp_path):
     back.remove(int(back.roots[0]), cascade=True)
     q = torch.randn(2, 6)
     tree_search(back, q, beam=2, k=3)
+
+
+# --------------------------------------------------------------------------
+# Norms that overflow or underflow float32 when squared
+# --------------------------------------------------------------------------
+TOPK_BACKENDS = cpu_backends(COSINE_TOPK)
+TREE_BACKENDS = cpu_backends(TREE_SEARCH)
+
+
+def _true_cosines(q, keys):
+    q, keys = torch.as_tensor(q, dtype=torch.float64), torch.as_tensor(keys, dtype=torch.float64)
+    qn = q / q.norm(dim=1, keepdim=True)
+    kn = keys / keys.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    return qn @ kn.T
+
+
+@pytest.mark.parametrize("backend", TOPK_BACKENDS)
+def test_issue_example_huge_key_ranks_first_with_its_true_cosine(backend):
+    q, keys = [[1, 0.3, 0, 0]], [[3e19, 1e19, 0, 0], [0, 1, 0, 0]]
+    out = cosine_topk(q, keys, 2, backend=backend)
+    assert out.ids.tolist() == [[0, 1]]
+    torch.testing.assert_close(out.scores.double(), _true_cosines(q, keys), atol=2e-6, rtol=0)
+
+
+# Magnitudes whose squares overflow (>= 1.8e19), underflow to subnormals or zero (<= 1e-19), or
+# reach the bottom of the normal range; the largest is near float32's maximum.  (Subnormal rows
+# hold fewer significant bits than their unit-scale copies: see the integer-valued test below.)
+SCALES = [3e19, 1e30, 1e38 / 64, 1e-20, 1e-30, 1e-38]
+
+
+@pytest.mark.parametrize("backend", TOPK_BACKENDS)
+@pytest.mark.parametrize("num_q", [1, 9])  # the fused scan and (cpp) the BLAS path
+@pytest.mark.parametrize("scale", SCALES)
+def test_cosine_topk_is_scale_invariant_for_huge_and_tiny_rows(backend, num_q, scale):
+    g = torch.Generator().manual_seed(3)
+    keys = torch.randn(37, 8, generator=g)
+    queries = torch.randn(num_q, 8, generator=g)
+    # Every third key and every query scaled: mixed magnitudes in one call.
+    scaled_keys = keys.clone()
+    scaled_keys[::3] *= scale
+    ref = cosine_topk(queries, keys, 5, backend="torch")
+    for q in (queries, queries * scale):
+        out = cosine_topk(q, scaled_keys, 5, backend=backend)
+        assert torch.equal(out.ids, ref.ids), (scale, backend)
+        torch.testing.assert_close(out.scores, ref.scores, atol=1e-5, rtol=0)
+    ranges = torch.tensor([[1, 30]] * num_q)
+    out = cosine_topk(queries, scaled_keys, 5, ranges=ranges, backend=backend)
+    assert torch.equal(out.ids, cosine_topk(queries, keys, 5, ranges=ranges, backend="torch").ids)
+
+
+@pytest.mark.parametrize("backend", TOPK_BACKENDS)
+def test_zero_rows_still_score_zero(backend):
+    keys = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])
+    out = cosine_topk([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]], keys, 3, backend=backend)
+    assert out.ids.tolist() == [[1, 0, 2], [0, 1, 2]]
+    assert out.scores.tolist() == [[1.0, 0.0, -1.0], [0.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("scale", SCALES + [2.0**-140])
+def test_add_leaves_stores_huge_and_tiny_rows_normalised(scale):
+    rows = torch.tensor([[3.0, 1.0, 0.0, 0.0], [0.0, 0.0, 2.0, -1.0]])
+    tree = CosineTree(4)
+    tree.add_leaves(rows * scale)
+    tree.add_leaves(torch.zeros(1, 4))
+    expect = rows.double() / rows.double().norm(dim=1, keepdim=True)
+    torch.testing.assert_close(tree.embeddings[:2].double(), expect, atol=1e-6, rtol=0)
+    assert torch.equal(tree.embeddings[2], torch.zeros(4))
+
+
+@pytest.mark.parametrize("backend", TOPK_BACKENDS)
+def test_subnormal_rows_score_like_their_exact_unit_scale_copies(backend):
+    tiny = 2.0**-140  # integer rows times it are exact subnormals
+    keys = torch.tensor([[3.0, 1.0, 0.0], [0.0, 5.0, -2.0], [-1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    queries = torch.tensor([[1.0, 2.0, 0.0], [0.0, -1.0, 3.0]])
+    ref = cosine_topk(queries, keys, 4, backend="torch")
+    out = cosine_topk(queries * tiny, keys * tiny, 4, backend=backend)
+    assert torch.equal(out.ids, ref.ids)
+    torch.testing.assert_close(out.scores, ref.scores, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("backend", TREE_BACKENDS)
+@pytest.mark.parametrize("scale", [3e19, 1e-30, 2.0**-120])
+def test_tree_search_with_huge_and_tiny_queries_equals_unit_queries(backend, scale):
+    tree = _tree(seed=4, leaves=40, dim=6)
+    q = torch.randn(3, 6, generator=torch.Generator().manual_seed(5))
+    ref = tree_search(tree, q, beam=2, k=4, backend="torch")
+    out = tree_search(tree, q * scale, beam=2, k=4, backend=backend)
+    assert torch.equal(out.ids, ref.ids)
+    torch.testing.assert_close(out.scores, ref.scores, atol=1e-5, rtol=0)
+    ref_g = tree_search(tree, q, backend="torch")
+    out_g = tree_search(tree, q * scale, backend=backend)
+    assert torch.equal(out_g.path, ref_g.path)
