@@ -264,3 +264,41 @@ def test_tree_search_with_huge_and_tiny_queries_equals_unit_queries(backend, sca
     ref_g = tree_search(tree, q, backend="torch")
     out_g = tree_search(tree, q * scale, backend=backend)
     assert torch.equal(out_g.path, ref_g.path)
+
+
+# --------------------------------------------------------------------------
+# Ties: lowest index first among equal scores, on every backend
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", TOPK_BACKENDS)
+@pytest.mark.parametrize("dim", [4, 7, 384])
+@pytest.mark.parametrize("num_q", [1, 9])
+def test_identical_keys_tie_toward_the_lowest_index(backend, dim, num_q):
+    g = torch.Generator().manual_seed(dim)
+    v = torch.randn(1, dim, generator=g)
+    keys = torch.randn(700, dim, generator=g)
+    keys[100:150] = v  # 50 identical keys after 100 others; more after the first slice of keys
+    keys[600:650] = v
+    queries = v.repeat(num_q, 1) + 0.01 * torch.randn(num_q, dim, generator=g)
+    out = cosine_topk(queries, keys, 8, backend=backend)
+    assert out.ids.tolist() == [list(range(100, 108))] * num_q
+    assert bool((out.scores == out.scores[:, :1]).all())
+    # Restricted to a range starting inside the run, and power-of-two multiples of the key.
+    ranges = torch.tensor([[120, 700]] * num_q)
+    assert cosine_topk(queries, keys, 4, ranges=ranges, backend=backend).ids.tolist() == [[120, 121, 122, 123]] * num_q
+    keys[100:150] *= 2.0 ** torch.arange(-20, 30, dtype=torch.float32)[:, None]
+    assert cosine_topk(queries, keys, 8, backend=backend).ids.tolist() == [list(range(100, 108))] * num_q
+
+
+@pytest.mark.parametrize("backend", TREE_BACKENDS)
+@pytest.mark.parametrize("num_q", [1, 9])
+def test_tree_search_ties_among_identical_leaves_toward_the_lowest_id(backend, num_q):
+    v = torch.randn(1, 8, generator=torch.Generator().manual_seed(1))
+    tree = CosineTree(8)
+    tree.add_leaves(v.repeat(50, 1))
+    q = v.repeat(num_q, 1)
+    flat = tree_search(tree, q, backend=backend)  # every leaf is a root
+    assert flat.path[:, 0].tolist() == [0] * num_q
+    assert tree_search(tree, q, beam=3, k=4, backend=backend).ids.tolist() == [[0, 1, 2, 3]] * num_q
+    tree.grow(4)
+    out = tree_search(tree, q, beam=(100,), k=6, backend=backend)
+    assert out.ids.tolist() == [[0, 1, 2, 3, 4, 5]] * num_q
