@@ -22,6 +22,25 @@ from __future__ import annotations
 
 import torch
 
+from ._utils import check_int
+
+# Size bounds checked before anything is allocated (a ValueError naming the argument instead of
+# a MemoryError, a pybind type error for ints >= 2^63 or an int32 overflow in a kernel).
+MAX_DIM = 1 << 20  # embedding dimension
+MAX_NODES = 1 << 40  # tree nodes / keys
+MAX_TABLE = 1 << 36  # capacity x dim floats of a CosineTree's embedding table (256 GiB)
+MAX_RESULTS = 1 << 28  # entries of one result tensor (Q x k, Q x R x (H + 1))
+MAX_WIDTH = 2**31 - 1  # a beam width
+
+
+def check_size(value, name: str, *, minimum: int = 1, maximum: int) -> int:
+    """``value`` as an int in [minimum, maximum] (ValueError naming ``name`` otherwise)."""
+    value = check_int(value, name, minimum=minimum)
+    if value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
 FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 INT_INPUTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 

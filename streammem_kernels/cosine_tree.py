@@ -55,6 +55,7 @@ import torch
 
 from ._cosine import FLOAT_INPUTS as _FLOAT_INPUTS
 from ._cosine import INT_INPUTS as _INT_INPUTS
+from ._cosine import MAX_DIM, MAX_NODES, MAX_TABLE, check_size
 from ._cosine import unit_rows as _unit_rows
 from ._utils import as_tensor, check_dtype, check_finite, check_int, check_nonempty, check_rank
 
@@ -64,10 +65,6 @@ _FORMAT = "streammem.CosineTree"
 # Version 2 adds the tombstone mask "alive"; version 1 files (no removals) still load.
 # Version 3 adds a CRC32 of the arrays ("checksum"); files without one are validated structurally.
 _FORMAT_VERSION = 3
-# Size bounds checked before any allocation (a node id must fit the kernels' int64 arithmetic
-# and a (nodes, dim) float32 table must be addressable).
-MAX_DIM = 1 << 20
-MAX_NODES = 1 << 40
 
 
 class SearchArrays:
@@ -117,8 +114,10 @@ class CosineTree:
     """
 
     def __init__(self, dim: int, *, capacity: int = 1024, device="cpu"):
-        self._dim = check_int(dim, "dim", minimum=1)
-        capacity = check_int(capacity, "capacity", minimum=1)
+        self._dim = check_size(dim, "dim", maximum=MAX_DIM)
+        capacity = check_size(capacity, "capacity", maximum=MAX_NODES)
+        if capacity * self._dim > MAX_TABLE:
+            raise ValueError(f"capacity x dim must be <= {MAX_TABLE} floats, got capacity={capacity} x dim={dim}")
         self._device = torch.device(device)
         self._n = 0
         self._n_edges = 0
@@ -787,8 +786,8 @@ def _validate_saved_state(state: dict, path) -> None:
         if tuple(state[name].shape) != shape(n, max(n_edges, 0), dim):
             raise bad(f"shape of '{name}' is {tuple(state[name].shape)}, expected {shape(n, max(n_edges, 0), dim)} "
                       f"for {n} nodes, {n_edges} edges and dim {dim} (mismatched lengths)")
-    if n > MAX_NODES:
-        raise bad(f"more than {MAX_NODES} nodes")
+    if n > MAX_NODES or n * dim > MAX_TABLE:
+        raise bad(f"{n} nodes of dim {dim} exceed the bounds (<= {MAX_NODES} nodes, <= {MAX_TABLE} floats)")
     if "checksum" in state:
         if type(state["checksum"]) is not int or state["checksum"] != _checksum(state):
             raise bad("checksum mismatch: the file was modified or corrupted after it was saved")

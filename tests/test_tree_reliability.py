@@ -302,3 +302,41 @@ def test_tree_search_ties_among_identical_leaves_toward_the_lowest_id(backend, n
     tree.grow(4)
     out = tree_search(tree, q, beam=(100,), k=6, backend=backend)
     assert out.ids.tolist() == [[0, 1, 2, 3, 4, 5]] * num_q
+
+
+# --------------------------------------------------------------------------
+# Absurd sizes: a ValueError naming the argument, before anything is allocated
+# --------------------------------------------------------------------------
+def _small_tree():
+    tree = CosineTree(4)
+    tree.add_leaves(torch.randn(10, 4, generator=torch.Generator().manual_seed(0)))
+    tree.grow(3)
+    return tree
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda t, q: CosineTree(dim=10**12), "dim"),
+    (lambda t, q: CosineTree(384, capacity=10**9), "capacity"),
+    (lambda t, q: CosineTree(4, capacity=2**70), "capacity"),
+    (lambda t, q: cosine_topk(q, torch.randn(5, 4), 10**9), "k"),
+    (lambda t, q: cosine_topk(q, torch.randn(5, 4), 2**63), "k"),
+    (lambda t, q: cosine_topk(q.double(), torch.randn(5, 4), 10**9), "k"),
+    (lambda t, q: cosine_topk(q, torch.randn(5, 4), 10**9, backend="torch"), "k"),
+    (lambda t, q: tree_search(t, q, beam=2, k=10**9), "k"),
+    (lambda t, q: tree_search(t, q, beam=2, k=2**63), "k"),
+    (lambda t, q: tree_search(t, q, beam=2**40, k=3), "beam"),
+    (lambda t, q: tree_search(t, q, beam=(2, 2**64)), r"beam\[1\]"),
+    (lambda t, q: tree_search(t, q.repeat(2**14, 1), from_every_root=True) if t.add_leaves(torch.randn(2**14, 4))
+     is not None else None, "from_every_root"),
+])
+def test_absurd_sizes_raise_value_error_naming_the_argument(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(_small_tree(), torch.randn(2, 4))
+
+
+def test_large_but_harmless_sizes_still_work():
+    tree = _small_tree()
+    q = torch.randn(2, 4)
+    assert tree_search(tree, q, beam=2**31 - 1, k=3).ids.shape == (2, 3)
+    out = cosine_topk(q, torch.randn(5, 4), 1000)  # k above N: padded
+    assert out.ids.shape == (2, 1000) and bool((out.ids[:, 5:] == -1).all())
