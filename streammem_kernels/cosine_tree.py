@@ -47,6 +47,8 @@ renumbering.  Save/load round-trips the tombstone mask.
 """
 from __future__ import annotations
 
+import functools
+import threading
 import zlib
 from typing import Callable
 
@@ -68,19 +70,26 @@ _FORMAT_VERSION = 3
 
 
 class SearchArrays:
-    """What a CPU search kernel reads of a tree: data pointers of the used prefixes and the sizes.
+    """A consistent snapshot of what a search reads of a tree: data pointers of the used prefixes,
+    the sizes, and the tensors themselves (``tensors``: embeddings, child_ptr, child_idx, roots,
+    level, utility, each the used prefix), which it keeps alive.
 
-    Valid until the tree's next structural mutation (the store drops it then); the tree keeps the
-    tensors alive.  :meth:`widths` memoises the per-level beam widths of a beam tuple.
+    Built under the tree's lock and never mutated structurally afterwards (writers that rewrite
+    the CSR or the levels do so in fresh tensors, see :class:`CosineTree`), so a search that holds
+    one stays in bounds whatever other threads do to the tree.  :meth:`widths` memoises the
+    per-level beam widths of a beam tuple.
     """
 
     __slots__ = ("embeddings", "dim", "child_ptr", "child_idx", "roots", "num_roots", "level", "utility", "height",
-                 "_widths")
+                 "tensors", "fanout", "num_live", "_widths")
 
-    def __init__(self, embeddings: int, dim: int, child_ptr: int, child_idx: int, roots: int, num_roots: int,
-                 level: int, utility: int, height: int):
-        self.embeddings, self.dim, self.child_ptr, self.child_idx = embeddings, dim, child_ptr, child_idx
-        self.roots, self.num_roots, self.level, self.utility, self.height = roots, num_roots, level, utility, height
+    def __init__(self, tensors: tuple, dim: int, height: int, fanout: int, num_live: int):
+        self.tensors = tensors
+        emb, ptr, kids, roots, level, utility = tensors
+        self.embeddings, self.dim, self.child_ptr, self.child_idx = emb.data_ptr(), dim, ptr.data_ptr(), kids.data_ptr()
+        self.roots, self.num_roots, self.level, self.utility = roots.data_ptr(), roots.numel(), level.data_ptr(), \
+            utility.data_ptr()
+        self.height, self.fanout, self.num_live = height, fanout, num_live
         self._widths: dict[tuple, list[int]] = {}
 
     def widths(self, beam: tuple) -> list[int]:
@@ -89,6 +98,16 @@ class SearchArrays:
         if out is None:
             out = self._widths[beam] = [beam[min(i, len(beam) - 1)] for i in range(max(self.height, 0))]
         return out
+
+
+def _writer(method):
+    """Run a mutating method under the tree's lock (writers are serialised)."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 # --------------------------------------------------------------------------
@@ -111,6 +130,21 @@ class CosineTree:
     the used prefix of the storage: read them, do not write them.  Removed
     nodes keep their rows (``alive`` False, ``parent`` -1, no children, never
     a root) until :meth:`compact`.
+
+    Thread safety: any number of threads may search while others mutate.
+    Writers (``add_leaves``, ``add_parent``, ``grow``, ``remove``, ``compact``,
+    ``set_utility``, ``set_embeddings``, ``state_dict``/``save``) are
+    serialised by a per-tree lock.  A search reads one consistent snapshot
+    (:meth:`search_arrays`, taken under the lock, then read without it): it
+    sees the tree as it was before or after each mutation, never in between,
+    and stays in bounds -- appends write beyond the snapshot's prefix,
+    reallocations leave the old tensors to the snapshots that hold them, and
+    ``remove``/``compact`` rewrite copies of the arrays they change.  The one
+    exception: ``set_utility``/``set_embeddings`` write values in place, so a
+    search running at that moment may see some of the new values (never an
+    out-of-bounds read).  The tensor properties are views taken without the
+    lock; for a consistent multi-array read while writers run, use
+    :meth:`search_arrays` (``.tensors``) or :meth:`state_dict`.
     """
 
     def __init__(self, dim: int, *, capacity: int = 1024, device="cpu"):
@@ -132,6 +166,8 @@ class CosineTree:
         self._roots_by_level: list[dict[int, None]] = []
         self._roots_cache: torch.Tensor | None = None
         self._search_arrays: SearchArrays | None = None
+        # Writers hold it for their whole duration; readers only while taking a snapshot.
+        self._lock = threading.RLock()
 
     # ---- storage -------------------------------------------------------
     def _invalidate(self) -> None:
@@ -141,16 +177,29 @@ class CosineTree:
         self._search_arrays = None
 
     def search_arrays(self) -> SearchArrays:
-        """Pointers and sizes of the arrays a CPU search reads (cached until the next mutation).
+        """A consistent snapshot of the arrays a search reads (cached until the next mutation).
 
-        ``set_utility`` and ``set_embeddings`` write in place and keep them valid.
+        ``set_utility`` and ``set_embeddings`` write in place and keep it valid (their values
+        reach snapshots already taken).
         """
-        if self._search_arrays is None:
-            roots = self.roots
-            self._search_arrays = SearchArrays(
-                self._emb.data_ptr(), self._dim, self._child_ptr.data_ptr(), self._child_idx.data_ptr(),
-                roots.data_ptr(), roots.numel(), self._level.data_ptr(), self._utility.data_ptr(), self.height)
-        return self._search_arrays
+        a = self._search_arrays
+        if a is None:
+            with self._lock:
+                a = self._search_arrays
+                if a is None:
+                    n, e = self._n, self._n_edges
+                    tensors = (self._emb[:n], self._child_ptr[: n + 1], self._child_idx[:e], self._roots_locked(),
+                               self._level[:n], self._utility[:n])
+                    a = self._search_arrays = SearchArrays(tensors, self._dim, self._height_locked(),
+                                                           self._max_fanout, n - self._n_dead)
+        return a
+
+    def _copy_on_write(self, *names: str) -> None:
+        """Replace storage tensors by copies before rewriting them in place, so that snapshots
+        taken earlier (:meth:`search_arrays`, searches running in other threads) keep theirs."""
+        for name in names:
+            setattr(self, name, getattr(self, name).clone())
+        self._invalidate()
 
     def _alloc_nodes(self, capacity: int) -> None:
         dev = self._device
@@ -245,6 +294,13 @@ class CosineTree:
     @property
     def roots(self) -> torch.Tensor:
         """(R,) int64 current roots in ascending id order (a forest)."""
+        roots = self._roots_cache
+        if roots is None:
+            with self._lock:
+                roots = self._roots_locked()
+        return roots
+
+    def _roots_locked(self) -> torch.Tensor:
         if self._roots_cache is None:
             ids = sorted(i for d in self._roots_by_level for i in d)
             self._roots_cache = torch.tensor(ids, dtype=torch.int64, device=self._device)
@@ -259,6 +315,10 @@ class CosineTree:
     @property
     def height(self) -> int:
         """Largest level in the tree (0 when every node is a leaf); -1 when empty."""
+        with self._lock:
+            return self._height_locked()
+
+    def _height_locked(self) -> int:
         for lvl in range(len(self._roots_by_level) - 1, -1, -1):
             if self._roots_by_level[lvl]:
                 return lvl
@@ -266,9 +326,10 @@ class CosineTree:
 
     def roots_at(self, level: int) -> list[int]:
         """Current roots of one level, oldest first."""
-        if level < 0 or level >= len(self._roots_by_level):
-            return []
-        return list(self._roots_by_level[level])
+        with self._lock:
+            if level < 0 or level >= len(self._roots_by_level):
+                return []
+            return list(self._roots_by_level[level])
 
     def children(self, node: int) -> torch.Tensor:
         node = self._check_node(node, "node")
@@ -304,6 +365,7 @@ class CosineTree:
             raise ValueError(f"payload must hold one id per new node ({n}), got {payload.numel()}")
         return payload.to(device=self._device, dtype=torch.int64)
 
+    @_writer
     def add_leaves(self, emb, payload=None) -> torch.Tensor:
         """Append leaves (each a new root at level 0).
 
@@ -335,6 +397,7 @@ class CosineTree:
         self._invalidate()
         return torch.arange(lo, hi, dtype=torch.int64, device=self._device)
 
+    @_writer
     def add_parent(self, child_ids, emb, payload=None) -> int:
         """Append one parent over current roots ``child_ids`` (they stop being roots).
 
@@ -406,6 +469,7 @@ class CosineTree:
         self._invalidate()
         return new_ids
 
+    @_writer
     def set_utility(self, ids, values) -> None:
         """Set ``utility[ids] = values`` (values finite; a scalar broadcasts)."""
         ids = as_tensor(ids, "ids")
@@ -424,6 +488,7 @@ class CosineTree:
         check_finite(values, "values")
         self._utility[ids] = values.to(self._device)
 
+    @_writer
     def grow(self, group: int, parent_embed: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """StreamChat's chronological grouping.
 
@@ -473,6 +538,7 @@ class CosineTree:
             return torch.empty(0, dtype=torch.int64, device=self._device)
         return torch.cat(created)
 
+    @_writer
     def set_embeddings(self, ids, emb) -> None:
         """Replace the embeddings of live nodes ``ids`` (rows normalised on insertion).
 
@@ -509,6 +575,7 @@ class CosineTree:
                 raise ValueError(f"{name} must be live node ids; already removed: {dead[:5]}")
         return out
 
+    @_writer
     def remove(self, ids, *, cascade: bool = False) -> torch.Tensor:
         """Remove live nodes (tombstones; ids of the others stay valid until :meth:`compact`).
 
@@ -579,6 +646,8 @@ class CosineTree:
                 touched.add(parent[node])
         removed = sorted(dead)
         dev = self._device
+        # Snapshots of running searches keep the old CSR and levels.
+        self._copy_on_write("_child_ptr", "_child_idx", "_level")
         dead_t = torch.tensor(removed, dtype=torch.int64, device=dev)
         self._alive[dead_t] = False
         self._parent[dead_t] = -1
@@ -613,6 +682,7 @@ class CosineTree:
         self._invalidate()
         return dead_t
 
+    @_writer
     def compact(self) -> torch.Tensor:
         """Drop removed nodes: renumber live nodes in id order (children stay chronological).
 
@@ -627,6 +697,9 @@ class CosineTree:
                               torch.full((n,), -1, dtype=torch.int64, device=dev))
         if self._n_dead == 0:
             return mapping
+        self._copy_on_write("_emb", "_level", "_parent", "_child_ptr", "_child_idx", "_utility", "_payload",
+                            "_alive")
+        alive = self._alive[:n]
         live = alive.nonzero()[:, 0]
         m = live.numel()
         # Dead nodes have empty child runs, so the live runs are already contiguous in id order.
@@ -648,6 +721,7 @@ class CosineTree:
         return mapping
 
     # ---- persistence ---------------------------------------------------------
+    @_writer
     def state_dict(self) -> dict:
         return {
             "format": _FORMAT,
@@ -723,6 +797,18 @@ class CosineTree:
                 tree._root_dict(level[node])[node] = None
         tree._invalidate()
         return tree
+
+    def __getstate__(self) -> dict:
+        """Copy/pickle support: everything but the lock and the search snapshot."""
+        with self._lock:
+            state = self.__dict__.copy()
+        del state["_lock"]
+        state["_search_arrays"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return (f"CosineTree(dim={self._dim}, num_nodes={self._n}, roots={len(self.roots)}, "

@@ -148,6 +148,8 @@ def _search_cpp_fast(tree, queries, beam, k, min_score, use_utility, from_every_
     if mod is None or _is_compiling():
         return None
     a = tree.search_arrays()
+    if a.num_live == 0:
+        return None  # emptied by another thread since the caller looked: the general path explains
     if beam == 1 and type(beam) is int:
         if k != 1 or min_score is not None or use_utility is not False:
             return None  # the general path explains
@@ -176,7 +178,8 @@ def _search_cpp_fast(tree, queries, beam, k, min_score, use_utility, from_every_
 def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_every_root, backend):
     if not isinstance(tree, CosineTree):
         raise ValueError(f"tree must be a CosineTree, got {type(tree).__name__}")
-    if tree.num_live == 0:
+    snap = tree.search_arrays()  # one consistent snapshot, whatever other threads do to the tree
+    if snap.num_live == 0:
         raise ValueError("tree must not be empty (add leaves first; every node was removed otherwise)")
     q = prepare_queries(queries, tree.dim, tree.device)
     k = check_int(k, "k", minimum=1)
@@ -186,7 +189,7 @@ def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_ev
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be a bool, got {flag!r}")
     min_val = float("-inf") if min_score is None else check_float(min_score, "min_score")
-    height = tree.height
+    height = snap.height
     greedy = isinstance(beam, (int, np.integer)) and not isinstance(beam, bool) and int(beam) == 1
     widths = _beam_widths(beam, height)
     if greedy and (k != 1 or min_score is not None or use_utility):
@@ -194,19 +197,20 @@ def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_ev
                          "need beam search: pass beam=(1,) or a wider beam")
     if not greedy and from_every_root:
         raise ValueError("from_every_root applies to greedy search (beam=1) only")
-    if from_every_root and q.shape[0] * tree.roots.shape[0] * (height + 1) > MAX_RESULTS:
+    embeddings, child_ptr, child_idx, roots, level, utility = snap.tensors
+    if from_every_root and q.shape[0] * snap.num_roots * (height + 1) > MAX_RESULTS:
         raise ValueError(f"from_every_root=True would return Q x roots x (height + 1) > {MAX_RESULTS} entries "
-                         f"(Q={q.shape[0]}, roots={tree.roots.shape[0]}, height={height}): pass fewer queries")
-    name = TREE_SEARCH.select(backend, tree.device, inputs={"queries": q, "tree.embeddings": tree.embeddings},
+                         f"(Q={q.shape[0]}, roots={snap.num_roots}, height={height}): pass fewer queries")
+    name = TREE_SEARCH.select(backend, tree.device, inputs={"queries": q, "tree.embeddings": embeddings},
                               greedy=greedy)
     if name != "cpp":  # the C++ kernels check the queries themselves
         check_finite(q, "queries")
-    arrays = (tree.embeddings, tree.child_ptr, tree.child_idx, tree.roots)
+    arrays = (embeddings, child_ptr, child_idx, roots)
     if greedy:
         return TreePathResult(*call_op(torch.ops.streammem.tree_greedy, _GREEDY_IMPLS, name, *arrays, q, height,
-                                       tree.max_fanout, from_every_root))
-    ids, scores = call_op(torch.ops.streammem.tree_beam, _BEAM_IMPLS, name, *arrays, tree.level, tree.utility, q,
-                          list(widths), tree.max_fanout, k, min_val, use_utility)
+                                       snap.fanout, from_every_root))
+    ids, scores = call_op(torch.ops.streammem.tree_beam, _BEAM_IMPLS, name, *arrays, level, utility, q,
+                          list(widths), snap.fanout, k, min_val, use_utility)
     return TopKResult(ids, scores)
 
 

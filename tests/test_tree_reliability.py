@@ -340,3 +340,85 @@ def test_large_but_harmless_sizes_still_work():
     assert tree_search(tree, q, beam=2**31 - 1, k=3).ids.shape == (2, 3)
     out = cosine_topk(q, torch.randn(5, 4), 1000)  # k above N: padded
     assert out.ids.shape == (2, 1000) and bool((out.ids[:, 5:] == -1).all())
+
+
+# --------------------------------------------------------------------------
+# Thread safety: searches see a consistent snapshot while writers are serialised
+# --------------------------------------------------------------------------
+def _run_threads(targets, seconds: float):
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def wrap(fn):
+        def run():
+            try:
+                while not stop.is_set():
+                    fn()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                stop.set()
+        return run
+
+    threads = [threading.Thread(target=wrap(fn), daemon=True) for fn in targets]
+    for t in threads:
+        t.start()
+    stop.wait(seconds)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_concurrent_searches_and_writers(backend):
+    dim = 8
+    g = torch.Generator().manual_seed(7)
+    tree = CosineTree(dim, capacity=4)  # small: appends reallocate while searches run
+    tree.add_leaves(torch.randn(64, dim, generator=g))
+    tree.grow(4)
+    pool = torch.randn(4096, dim, generator=g)
+    counter = iter(range(10**9))
+    seen_max = [0]
+
+    def writer_add():
+        i = next(counter) % 4000
+        tree.add_leaves(pool[i : i + 8])
+        tree.grow(4)
+
+    def writer_remove():
+        roots = tree.roots
+        if roots.numel() > 4:
+            tree.remove(int(roots[0]), cascade=True)
+        if next(counter) % 50 == 0:
+            tree.compact()
+
+    def reader():
+        q = pool[next(counter) % 4096][None]
+        n_before = tree.num_nodes
+        greedy = tree_search(tree, q, backend=backend)
+        beam = tree_search(tree, q.repeat(3, 1), beam=(3, 5), k=4, backend=backend)
+        for ids in (greedy.path, beam.ids):
+            assert int(ids.min()) >= -1
+        seen_max[0] = max(seen_max[0], int(beam.ids.max()) - max(n_before, tree.num_nodes))
+        assert torch.isfinite(greedy.path_scores[greedy.path >= 0]).all()
+        tree.roots.tolist(), tree.height, tree.roots_at(0), repr(tree)
+
+    _run_threads([writer_add, writer_remove, reader, reader], seconds=1.5)
+    # After the writers stop, the tree is consistent and searchable.
+    state = tree.state_dict()
+    path = tree.num_nodes
+    assert path == state["embeddings"].shape[0]
+    assert tree_search(tree, pool[:2], beam=2, k=3).ids.shape == (2, 3)
+
+
+def test_search_snapshot_stays_valid_after_remove_and_compact():
+    tree = _tree(seed=2, leaves=30)
+    snap = tree.search_arrays()
+    ptr, kids = snap.tensors[1].clone(), snap.tensors[2].clone()
+    tree.remove(int(tree.roots[0]), cascade=True)
+    tree.compact()
+    tree.add_leaves(torch.randn(100, 6))  # reallocates
+    assert torch.equal(snap.tensors[1], ptr) and torch.equal(snap.tensors[2], kids)
+    assert tree.search_arrays() is not snap
