@@ -422,3 +422,16 @@ def test_search_snapshot_stays_valid_after_remove_and_compact():
     tree.add_leaves(torch.randn(100, 6))  # reallocates
     assert torch.equal(snap.tensors[1], ptr) and torch.equal(snap.tensors[2], kids)
     assert tree.search_arrays() is not snap
+
+
+@pytest.mark.parametrize("call", [
+    lambda t: t.remove([2**63]),
+    lambda t: t.set_utility([2**63], 1.0),
+    lambda t: t.remove(2**70),
+    lambda t: t.add_leaves(torch.randn(2, 4), payload=[2**70, 1]),
+    lambda t: t.children(2**70),
+    lambda t: t.add_parent([2**40], torch.randn(4)),
+])
+def test_ints_beyond_int64_are_value_errors(call):
+    with pytest.raises(ValueError):
+        call(_small_tree())
