@@ -1,8 +1,12 @@
 """The scoring and ranking rules every cosine search of the package shares.
 
-* A score is ``dot(q / |q|, v / |v|)`` in float32; a row whose squared norm is
-  0 in float32 is the zero vector and scores 0 against everything
-  (:func:`unit_rows`).
+* A score is ``dot(q / |q|, v / |v|)`` in float32; the norm is computed after
+  scaling the row by the power of two that brings its largest |component| into
+  [0.5, 1) (:func:`pow2_row_scale`), so rows of any finite magnitude -- a norm
+  above 1.8e19, whose square overflows float32, or below 1e-19, whose square
+  underflows -- get their true direction; the scaling is exact, so it changes
+  nothing for rows of ordinary magnitude.  An all-zero row is the zero vector and
+  scores 0 against everything (:func:`unit_rows`).
 * A dot product is a product summed along D (:func:`dot_rows`), never a GEMM:
   a GEMM's summation order depends on where a row falls in its tiles, so two
   identical rows could score an ulp apart and the tie rule would not hold.
@@ -18,18 +22,53 @@ from __future__ import annotations
 
 import torch
 
+from ._utils import check_int
+
+# Size bounds checked before anything is allocated (a ValueError naming the argument instead of
+# a MemoryError, a pybind type error for ints >= 2^63 or an int32 overflow in a kernel).
+MAX_DIM = 1 << 20  # embedding dimension
+MAX_NODES = 1 << 40  # tree nodes / keys
+MAX_TABLE = 1 << 36  # capacity x dim floats of a CosineTree's embedding table (256 GiB)
+MAX_RESULTS = 1 << 28  # entries of one result tensor (Q x k, Q x R x (H + 1))
+MAX_WIDTH = 2**31 - 1  # a beam width
+
+
+def check_size(value, name: str, *, minimum: int = 1, maximum: int) -> int:
+    """``value`` as an int in [minimum, maximum] (ValueError naming ``name`` otherwise)."""
+    value = check_int(value, name, minimum=minimum)
+    if value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
 FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 INT_INPUTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def unit_rows(x: torch.Tensor) -> torch.Tensor:
-    """Rows scaled to unit L2 norm in float32; zero rows stay zero (never NaN).
+# Exponent range of the row scale: 2^-e for e in [-126, 126] is a normal float32, so the scale
+# itself is exact; a row whose largest |component| is >= 2^127 ends in [2, 4), a subnormal one
+# at >= 2^-23 -- either way its squares neither overflow nor underflow.
+POW2_SCALE_EXPONENT = 126
 
-    Dividing by the norm clamped to the smallest normal float changes nothing for
-    a non-zero row (its norm is at least that, unless every entry is subnormal)
-    and gives 0 / tiny = 0 for a zero row: two ops where a masked form needs six.
+
+def pow2_row_scale(x: torch.Tensor) -> torch.Tensor:
+    """(..., 1) float32 power of two that brings each row's largest |component| into [0.5, 1)
+    (1 for an all-zero row; the exponent clamped to +-126).  Multiplying by it is exact."""
+    amax = x.abs().amax(-1, keepdim=True)
+    _, exponent = torch.frexp(amax)
+    return torch.ldexp(torch.ones_like(amax), (-exponent).clamp(-POW2_SCALE_EXPONENT, POW2_SCALE_EXPONENT))
+
+
+def unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """Rows scaled to unit L2 norm in float32; all-zero rows stay zero (never NaN).
+
+    The row is first scaled by :func:`pow2_row_scale` (exact), so that its squared
+    norm neither overflows nor underflows; dividing by the norm clamped to the
+    smallest normal float then gives 0 / tiny = 0 for a zero row and changes
+    nothing for any other (its scaled norm is at least 0.5).
     """
     x = x.to(torch.float32)
+    x = x * pow2_row_scale(x)
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
     return x / norm.clamp_min(torch.finfo(torch.float32).tiny)
 

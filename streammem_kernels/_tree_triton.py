@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._cosine import pow2_row_scale
 from ._launch import gpu_launch, multiprocessors
 
 KERNEL_CONTRACTS = {
@@ -223,7 +224,7 @@ def gather_dot_triton(queries: torch.Tensor, embeddings: torch.Tensor, cand: tor
 # Exact cosine top-k
 # --------------------------------------------------------------------------
 @triton.jit
-def _cosine_topk_kernel(q_ptr, key_ptr, range_ptr, part_ptr, ids_ptr, scores_ptr, num_q, num_keys, dim, k,
+def _cosine_topk_kernel(q_ptr, key_ptr, scale_ptr, range_ptr, part_ptr, ids_ptr, scores_ptr, num_q, num_keys, dim, k,
                         keys_per_split, num_cand, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_D: tl.constexpr, K_PAD: tl.constexpr, STAGE: tl.constexpr):
     """Running top-K_PAD of a block of queries (``program_id(0)``).
@@ -258,13 +259,16 @@ def _cosine_topk_kernel(q_ptr, key_ptr, range_ptr, part_ptr, ids_ptr, scores_ptr
         else:
             keys = n0 + offs
             key_ok = keys < hi
+            # Power of two bringing each key's largest |component| into [0.5, 1) (exact): its
+            # squared norm neither overflows nor underflows, as in the reference's unit_rows.
+            kscale = tl.load(scale_ptr + keys, mask=key_ok, other=1.0)
             acc = tl.zeros((BLOCK_Q, BLOCK_N, BLOCK_D), dtype=tl.float32)
             squares = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
             for d0 in range(0, dim, BLOCK_D):
                 dims = d0 + tl.arange(0, BLOCK_D)
                 d_ok = dims < dim
                 kv = tl.load(key_ptr + keys[:, None] * dim + dims[None, :], mask=key_ok[:, None] & d_ok[None, :],
-                             other=0.0)
+                             other=0.0) * kscale[:, None]
                 qv = tl.load(q_ptr + rows[:, None] * dim + dims[None, :], mask=row_ok[:, None] & d_ok[None, :],
                              other=0.0)
                 acc += qv[:, None, :] * kv[None, :, :]
@@ -327,11 +331,12 @@ def cosine_topk_triton(queries: torch.Tensor, keys: torch.Tensor, k: int, ranges
     splits = triton.cdiv(num_keys, keys_per_split)
     num_cand = splits * k_pad
     part = torch.empty((num_q, num_cand) if splits > 1 else (1,), dtype=torch.int64, device=dev)
+    scale = pow2_row_scale(keys).reshape(-1)
     common = dict(BLOCK_Q=block_q, BLOCK_N=block_n, K_PAD=k_pad, num_warps=_NUM_WARPS, enable_fp_fusion=False)
-    _cosine_topk_kernel[(q_blocks, splits)](queries, keys, ranges, part, ids, scores, num_q, num_keys, dim, k,
+    _cosine_topk_kernel[(q_blocks, splits)](queries, keys, scale, ranges, part, ids, scores, num_q, num_keys, dim, k,
                                             keys_per_split, num_cand, BLOCK_D=block_d,
                                             STAGE=_SCAN_FINAL if splits == 1 else _SCAN_PARTIAL, **common)
     if splits > 1:
-        _cosine_topk_kernel[(q_blocks, 1)](queries, keys, ranges, part, ids, scores, num_q, num_keys, dim, k,
+        _cosine_topk_kernel[(q_blocks, 1)](queries, keys, scale, ranges, part, ids, scores, num_q, num_keys, dim, k,
                                            keys_per_split, num_cand, BLOCK_D=block_d, STAGE=_MERGE, **common)
     return ids, scores

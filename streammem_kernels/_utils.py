@@ -39,7 +39,10 @@ def as_tensor(x, name: str) -> torch.Tensor:
         arr = np.asarray(x)
         if arr.dtype == object:
             raise ValueError(f"{name} must be a numeric array, got dtype object")
-        return torch.from_numpy(np.ascontiguousarray(arr))
+        try:
+            return torch.from_numpy(np.ascontiguousarray(arr))
+        except TypeError:  # e.g. uint64 (Python ints >= 2^63): no torch dtype holds it
+            raise ValueError(f"{name} must have a dtype torch can hold, got numpy {arr.dtype}") from None
     raise ValueError(f"{name} must be a torch.Tensor or numpy array, got {type(x).__name__}")
 
 

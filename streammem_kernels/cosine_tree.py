@@ -47,6 +47,9 @@ renumbering.  Save/load round-trips the tombstone mask.
 """
 from __future__ import annotations
 
+import functools
+import threading
+import zlib
 from typing import Callable
 
 import numpy as np
@@ -54,6 +57,7 @@ import torch
 
 from ._cosine import FLOAT_INPUTS as _FLOAT_INPUTS
 from ._cosine import INT_INPUTS as _INT_INPUTS
+from ._cosine import MAX_DIM, MAX_NODES, MAX_TABLE, check_size
 from ._cosine import unit_rows as _unit_rows
 from ._utils import as_tensor, check_dtype, check_finite, check_int, check_nonempty, check_rank
 
@@ -61,23 +65,31 @@ __all__ = ["CosineTree"]
 
 _FORMAT = "streammem.CosineTree"
 # Version 2 adds the tombstone mask "alive"; version 1 files (no removals) still load.
-_FORMAT_VERSION = 2
+# Version 3 adds a CRC32 of the arrays ("checksum"); files without one are validated structurally.
+_FORMAT_VERSION = 3
 
 
 class SearchArrays:
-    """What a CPU search kernel reads of a tree: data pointers of the used prefixes and the sizes.
+    """A consistent snapshot of what a search reads of a tree: data pointers of the used prefixes,
+    the sizes, and the tensors themselves (``tensors``: embeddings, child_ptr, child_idx, roots,
+    level, utility, each the used prefix), which it keeps alive.
 
-    Valid until the tree's next structural mutation (the store drops it then); the tree keeps the
-    tensors alive.  :meth:`widths` memoises the per-level beam widths of a beam tuple.
+    Built under the tree's lock and never mutated structurally afterwards (writers that rewrite
+    the CSR or the levels do so in fresh tensors, see :class:`CosineTree`), so a search that holds
+    one stays in bounds whatever other threads do to the tree.  :meth:`widths` memoises the
+    per-level beam widths of a beam tuple.
     """
 
     __slots__ = ("embeddings", "dim", "child_ptr", "child_idx", "roots", "num_roots", "level", "utility", "height",
-                 "_widths")
+                 "tensors", "fanout", "num_live", "_widths")
 
-    def __init__(self, embeddings: int, dim: int, child_ptr: int, child_idx: int, roots: int, num_roots: int,
-                 level: int, utility: int, height: int):
-        self.embeddings, self.dim, self.child_ptr, self.child_idx = embeddings, dim, child_ptr, child_idx
-        self.roots, self.num_roots, self.level, self.utility, self.height = roots, num_roots, level, utility, height
+    def __init__(self, tensors: tuple, dim: int, height: int, fanout: int, num_live: int):
+        self.tensors = tensors
+        emb, ptr, kids, roots, level, utility = tensors
+        self.embeddings, self.dim, self.child_ptr, self.child_idx = emb.data_ptr(), dim, ptr.data_ptr(), kids.data_ptr()
+        self.roots, self.num_roots, self.level, self.utility = roots.data_ptr(), roots.numel(), level.data_ptr(), \
+            utility.data_ptr()
+        self.height, self.fanout, self.num_live = height, fanout, num_live
         self._widths: dict[tuple, list[int]] = {}
 
     def widths(self, beam: tuple) -> list[int]:
@@ -86,6 +98,16 @@ class SearchArrays:
         if out is None:
             out = self._widths[beam] = [beam[min(i, len(beam) - 1)] for i in range(max(self.height, 0))]
         return out
+
+
+def _writer(method):
+    """Run a mutating method under the tree's lock (writers are serialised)."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 # --------------------------------------------------------------------------
@@ -108,11 +130,28 @@ class CosineTree:
     the used prefix of the storage: read them, do not write them.  Removed
     nodes keep their rows (``alive`` False, ``parent`` -1, no children, never
     a root) until :meth:`compact`.
+
+    Thread safety: any number of threads may search while others mutate.
+    Writers (``add_leaves``, ``add_parent``, ``grow``, ``remove``, ``compact``,
+    ``set_utility``, ``set_embeddings``, ``state_dict``/``save``) are
+    serialised by a per-tree lock.  A search reads one consistent snapshot
+    (:meth:`search_arrays`, taken under the lock, then read without it): it
+    sees the tree as it was before or after each mutation, never in between,
+    and stays in bounds -- appends write beyond the snapshot's prefix,
+    reallocations leave the old tensors to the snapshots that hold them, and
+    ``remove``/``compact`` rewrite copies of the arrays they change.  The one
+    exception: ``set_utility``/``set_embeddings`` write values in place, so a
+    search running at that moment may see some of the new values (never an
+    out-of-bounds read).  The tensor properties are views taken without the
+    lock; for a consistent multi-array read while writers run, use
+    :meth:`search_arrays` (``.tensors``) or :meth:`state_dict`.
     """
 
     def __init__(self, dim: int, *, capacity: int = 1024, device="cpu"):
-        self._dim = check_int(dim, "dim", minimum=1)
-        capacity = check_int(capacity, "capacity", minimum=1)
+        self._dim = check_size(dim, "dim", maximum=MAX_DIM)
+        capacity = check_size(capacity, "capacity", maximum=MAX_NODES)
+        if capacity * self._dim > MAX_TABLE:
+            raise ValueError(f"capacity x dim must be <= {MAX_TABLE} floats, got capacity={capacity} x dim={dim}")
         self._device = torch.device(device)
         self._n = 0
         self._n_edges = 0
@@ -127,6 +166,8 @@ class CosineTree:
         self._roots_by_level: list[dict[int, None]] = []
         self._roots_cache: torch.Tensor | None = None
         self._search_arrays: SearchArrays | None = None
+        # Writers hold it for their whole duration; readers only while taking a snapshot.
+        self._lock = threading.RLock()
 
     # ---- storage -------------------------------------------------------
     def _invalidate(self) -> None:
@@ -136,16 +177,29 @@ class CosineTree:
         self._search_arrays = None
 
     def search_arrays(self) -> SearchArrays:
-        """Pointers and sizes of the arrays a CPU search reads (cached until the next mutation).
+        """A consistent snapshot of the arrays a search reads (cached until the next mutation).
 
-        ``set_utility`` and ``set_embeddings`` write in place and keep them valid.
+        ``set_utility`` and ``set_embeddings`` write in place and keep it valid (their values
+        reach snapshots already taken).
         """
-        if self._search_arrays is None:
-            roots = self.roots
-            self._search_arrays = SearchArrays(
-                self._emb.data_ptr(), self._dim, self._child_ptr.data_ptr(), self._child_idx.data_ptr(),
-                roots.data_ptr(), roots.numel(), self._level.data_ptr(), self._utility.data_ptr(), self.height)
-        return self._search_arrays
+        a = self._search_arrays
+        if a is None:
+            with self._lock:
+                a = self._search_arrays
+                if a is None:
+                    n, e = self._n, self._n_edges
+                    tensors = (self._emb[:n], self._child_ptr[: n + 1], self._child_idx[:e], self._roots_locked(),
+                               self._level[:n], self._utility[:n])
+                    a = self._search_arrays = SearchArrays(tensors, self._dim, self._height_locked(),
+                                                           self._max_fanout, n - self._n_dead)
+        return a
+
+    def _copy_on_write(self, *names: str) -> None:
+        """Replace storage tensors by copies before rewriting them in place, so that snapshots
+        taken earlier (:meth:`search_arrays`, searches running in other threads) keep theirs."""
+        for name in names:
+            setattr(self, name, getattr(self, name).clone())
+        self._invalidate()
 
     def _alloc_nodes(self, capacity: int) -> None:
         dev = self._device
@@ -240,6 +294,13 @@ class CosineTree:
     @property
     def roots(self) -> torch.Tensor:
         """(R,) int64 current roots in ascending id order (a forest)."""
+        roots = self._roots_cache
+        if roots is None:
+            with self._lock:
+                roots = self._roots_locked()
+        return roots
+
+    def _roots_locked(self) -> torch.Tensor:
         if self._roots_cache is None:
             ids = sorted(i for d in self._roots_by_level for i in d)
             self._roots_cache = torch.tensor(ids, dtype=torch.int64, device=self._device)
@@ -254,6 +315,10 @@ class CosineTree:
     @property
     def height(self) -> int:
         """Largest level in the tree (0 when every node is a leaf); -1 when empty."""
+        with self._lock:
+            return self._height_locked()
+
+    def _height_locked(self) -> int:
         for lvl in range(len(self._roots_by_level) - 1, -1, -1):
             if self._roots_by_level[lvl]:
                 return lvl
@@ -261,9 +326,10 @@ class CosineTree:
 
     def roots_at(self, level: int) -> list[int]:
         """Current roots of one level, oldest first."""
-        if level < 0 or level >= len(self._roots_by_level):
-            return []
-        return list(self._roots_by_level[level])
+        with self._lock:
+            if level < 0 or level >= len(self._roots_by_level):
+                return []
+            return list(self._roots_by_level[level])
 
     def children(self, node: int) -> torch.Tensor:
         node = self._check_node(node, "node")
@@ -299,6 +365,7 @@ class CosineTree:
             raise ValueError(f"payload must hold one id per new node ({n}), got {payload.numel()}")
         return payload.to(device=self._device, dtype=torch.int64)
 
+    @_writer
     def add_leaves(self, emb, payload=None) -> torch.Tensor:
         """Append leaves (each a new root at level 0).
 
@@ -330,6 +397,7 @@ class CosineTree:
         self._invalidate()
         return torch.arange(lo, hi, dtype=torch.int64, device=self._device)
 
+    @_writer
     def add_parent(self, child_ids, emb, payload=None) -> int:
         """Append one parent over current roots ``child_ids`` (they stop being roots).
 
@@ -401,6 +469,7 @@ class CosineTree:
         self._invalidate()
         return new_ids
 
+    @_writer
     def set_utility(self, ids, values) -> None:
         """Set ``utility[ids] = values`` (values finite; a scalar broadcasts)."""
         ids = as_tensor(ids, "ids")
@@ -419,6 +488,7 @@ class CosineTree:
         check_finite(values, "values")
         self._utility[ids] = values.to(self._device)
 
+    @_writer
     def grow(self, group: int, parent_embed: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """StreamChat's chronological grouping.
 
@@ -468,6 +538,7 @@ class CosineTree:
             return torch.empty(0, dtype=torch.int64, device=self._device)
         return torch.cat(created)
 
+    @_writer
     def set_embeddings(self, ids, emb) -> None:
         """Replace the embeddings of live nodes ``ids`` (rows normalised on insertion).
 
@@ -504,6 +575,7 @@ class CosineTree:
                 raise ValueError(f"{name} must be live node ids; already removed: {dead[:5]}")
         return out
 
+    @_writer
     def remove(self, ids, *, cascade: bool = False) -> torch.Tensor:
         """Remove live nodes (tombstones; ids of the others stay valid until :meth:`compact`).
 
@@ -574,6 +646,8 @@ class CosineTree:
                 touched.add(parent[node])
         removed = sorted(dead)
         dev = self._device
+        # Snapshots of running searches keep the old CSR and levels.
+        self._copy_on_write("_child_ptr", "_child_idx", "_level")
         dead_t = torch.tensor(removed, dtype=torch.int64, device=dev)
         self._alive[dead_t] = False
         self._parent[dead_t] = -1
@@ -608,6 +682,7 @@ class CosineTree:
         self._invalidate()
         return dead_t
 
+    @_writer
     def compact(self) -> torch.Tensor:
         """Drop removed nodes: renumber live nodes in id order (children stay chronological).
 
@@ -622,6 +697,9 @@ class CosineTree:
                               torch.full((n,), -1, dtype=torch.int64, device=dev))
         if self._n_dead == 0:
             return mapping
+        self._copy_on_write("_emb", "_level", "_parent", "_child_ptr", "_child_idx", "_utility", "_payload",
+                            "_alive")
+        alive = self._alive[:n]
         live = alive.nonzero()[:, 0]
         m = live.numel()
         # Dead nodes have empty child runs, so the live runs are already contiguous in id order.
@@ -643,6 +721,7 @@ class CosineTree:
         return mapping
 
     # ---- persistence ---------------------------------------------------------
+    @_writer
     def state_dict(self) -> dict:
         return {
             "format": _FORMAT,
@@ -659,25 +738,44 @@ class CosineTree:
         }
 
     def save(self, path) -> None:
-        """Write the tree to one file (``torch.save`` of its tensors)."""
-        torch.save(self.state_dict(), path)
+        """Write the tree to one file (``torch.save`` of its tensors and a CRC32 of them)."""
+        state = self.state_dict()
+        state["checksum"] = _checksum(state)
+        torch.save(state, path)
 
     @classmethod
     def load(cls, path, *, device="cpu") -> "CosineTree":
-        """Read a tree written by :meth:`save`; node ids and tombstones are preserved."""
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        """Read a tree written by :meth:`save`; node ids and tombstones are preserved.
+
+        The file is validated before anything is trusted, and every malformed file
+        raises ``ValueError`` naming what is wrong: a file :meth:`save` wrote carries
+        a CRC32 of its arrays (overwritten or flipped bytes are rejected); every file
+        (older versions and hand-made states have no checksum) must hold contiguous
+        tensors of the saved dtypes and consistent shapes, parents after their
+        children (so no cycle), child runs that match ``parent`` exactly, levels
+        ``1 + max(level of children)`` (0 for leaves), and finite embeddings of unit
+        norm (or zero rows).  A missing or unreadable path raises the OS error.
+        """
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            raise
+        except Exception as exc:  # truncated/corrupt archive, hostile pickle, absurd sizes
+            raise ValueError(f"path does not hold a readable saved CosineTree ({type(exc).__name__}: "
+                             f"{str(exc)[:200]}): {path}") from None
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
             raise ValueError(f"path does not hold a saved CosineTree: {path}")
-        if state.get("version") not in (1, _FORMAT_VERSION):
-            raise ValueError(f"unsupported CosineTree format version {state.get('version')}")
+        version = state.get("version")
+        if type(version) is not int or version not in (1, 2, _FORMAT_VERSION):
+            raise ValueError(f"path holds an unsupported CosineTree format version {version!r}: {path}")
+        if "alive" not in state and version == 1:
+            emb = state.get("embeddings")
+            n = emb.shape[0] if isinstance(emb, torch.Tensor) and emb.dim() >= 1 else 0
+            state["alive"] = torch.ones(n, dtype=torch.bool)
+        _validate_saved_state(state, path)
         n = state["embeddings"].shape[0]
         n_edges = state["child_idx"].shape[0]
-        if "alive" not in state:
-            state["alive"] = torch.ones(n, dtype=torch.bool)
-        _check_saved_structure(state, n, n_edges, path)
-        if not bool(torch.isfinite(state["embeddings"]).all()):  # searches trust the store's embeddings
-            raise ValueError(f"path holds a CosineTree with non-finite embeddings: {path}")
-        tree = cls(int(state["dim"]), capacity=max(n, 1), device=device)
+        tree = cls(state["dim"], capacity=max(n, 1), device=device)
         tree._reserve(0, n_edges)
         dev = tree._device
         tree._emb[:n] = state["embeddings"].to(dev, torch.float32)
@@ -700,6 +798,18 @@ class CosineTree:
         tree._invalidate()
         return tree
 
+    def __getstate__(self) -> dict:
+        """Copy/pickle support: everything but the lock and the search snapshot."""
+        with self._lock:
+            state = self.__dict__.copy()
+        del state["_lock"]
+        state["_search_arrays"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
     def __repr__(self) -> str:
         return (f"CosineTree(dim={self._dim}, num_nodes={self._n}, roots={len(self.roots)}, "
                 f"height={self.height}, device={self._device})")
@@ -710,20 +820,99 @@ def _max_run(child_ptr: torch.Tensor) -> int:
     return int((child_ptr[1:] - child_ptr[:-1]).max()) if child_ptr.numel() > 1 else 0
 
 
-def _check_saved_structure(state: dict, n: int, n_edges: int, path) -> None:
-    """Reject files whose arrays would send the kernels out of bounds."""
-    shapes_ok = (
-        state["embeddings"].dim() == 2 and state["embeddings"].shape[1] == int(state["dim"])
-        and all(state[key].shape == (n,) for key in ("level", "parent", "utility", "payload"))
-        and state["child_ptr"].shape == (n + 1,)
-        and state["alive"].shape == (n,) and state["alive"].dtype == torch.bool
-    )
-    ptr, kids, parent = state["child_ptr"], state["child_idx"], state["parent"]
-    links_ok = shapes_ok and (
-        int(ptr[0]) == 0 and int(ptr[-1]) == n_edges and bool((ptr[1:] >= ptr[:-1]).all())
-        and bool(((kids >= 0) & (kids < n)).all()) and bool(((parent >= -1) & (parent < n)).all())
-        # Kernels follow child_idx from live roots: a dead id there would be searched.
-        and bool(state["alive"][kids].all())
-    )
-    if not links_ok:
-        raise ValueError(f"path holds a CosineTree with inconsistent arrays (shapes or CSR links): {path}")
+# Saved arrays: name -> (dtype, shape as a function of (n, n_edges, dim)).
+_SAVED_ARRAYS = {
+    "embeddings": (torch.float32, lambda n, e, d: (n, d)),
+    "level": (torch.int64, lambda n, e, d: (n,)),
+    "parent": (torch.int64, lambda n, e, d: (n,)),
+    "child_ptr": (torch.int64, lambda n, e, d: (n + 1,)),
+    "child_idx": (torch.int64, lambda n, e, d: (e,)),
+    "utility": (torch.float32, lambda n, e, d: (n,)),
+    "payload": (torch.int64, lambda n, e, d: (n,)),
+    "alive": (torch.bool, lambda n, e, d: (n,)),
+}
+# |norm - 1| of a saved unit row: float32 normalisation leaves a few ulps; 1e-4 also accepts
+# rows saved from float64 stores, and rejects any corrupted exponent or sign-flipped component
+# of weight.
+_UNIT_TOLERANCE = 1e-4
+
+
+def _checksum(state: dict) -> int:
+    """CRC32 of the dimension, then each saved array's shape and bytes (in _SAVED_ARRAYS order)."""
+    crc = zlib.crc32(str(int(state["dim"])).encode())
+    for name in _SAVED_ARRAYS:
+        t = state[name].contiguous()
+        crc = zlib.crc32(repr((name, tuple(t.shape))).encode(), crc)
+        if t.numel():
+            crc = zlib.crc32(t.numpy().reshape(-1).view(np.uint8), crc)
+    return crc
+
+
+def _validate_saved_state(state: dict, path) -> None:
+    """ValueError naming the first problem of a loaded state (see :meth:`CosineTree.load`)."""
+    def bad(what: str) -> ValueError:
+        return ValueError(f"path holds an invalid CosineTree ({what}): {path}")
+
+    dim = state.get("dim")
+    if type(dim) is not int or not 1 <= dim <= MAX_DIM:
+        raise bad(f"dim must be an int in [1, {MAX_DIM}], got {dim!r}")
+    for name, (dtype, _) in _SAVED_ARRAYS.items():
+        t = state.get(name)
+        if not isinstance(t, torch.Tensor):
+            raise bad(f"'{name}' missing or not a tensor")
+        if t.dtype != dtype or t.layout != torch.strided or t.device.type != "cpu":
+            raise bad(f"'{name}' must be a dense {dtype} tensor, got {t.dtype} {t.layout}")
+        if not t.is_contiguous() or any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape)):
+            raise bad(f"'{name}' must be contiguous (no stride-0 or strided views)")
+    emb = state["embeddings"]
+    if emb.dim() != 2:
+        raise bad(f"'embeddings' must be (num_nodes, dim), got shape {tuple(emb.shape)}")
+    n, n_edges = emb.shape[0], state["child_idx"].shape[0] if state["child_idx"].dim() == 1 else -1
+    for name, (_, shape) in _SAVED_ARRAYS.items():
+        if tuple(state[name].shape) != shape(n, max(n_edges, 0), dim):
+            raise bad(f"shape of '{name}' is {tuple(state[name].shape)}, expected {shape(n, max(n_edges, 0), dim)} "
+                      f"for {n} nodes, {n_edges} edges and dim {dim} (mismatched lengths)")
+    if n > MAX_NODES or n * dim > MAX_TABLE:
+        raise bad(f"{n} nodes of dim {dim} exceed the bounds (<= {MAX_NODES} nodes, <= {MAX_TABLE} floats)")
+    if "checksum" in state:
+        if type(state["checksum"]) is not int or state["checksum"] != _checksum(state):
+            raise bad("checksum mismatch: the file was modified or corrupted after it was saved")
+    if not bool(torch.isfinite(emb).all()):
+        raise bad("non-finite embeddings")
+    norms = torch.linalg.vector_norm(emb, dim=1)
+    if not bool(((norms == 0) | ((norms - 1).abs() <= _UNIT_TOLERANCE)).all()):
+        raise bad("embeddings must be unit-norm rows (or zero rows)")
+    if not bool(torch.isfinite(state["utility"]).all()):
+        raise bad("non-finite utility")
+    ptr, kids, parent, level, alive = (state[k] for k in ("child_ptr", "child_idx", "parent", "level", "alive"))
+    if int(ptr[0]) != 0 or int(ptr[-1]) != n_edges or not bool((ptr[1:] >= ptr[:-1]).all()):
+        raise bad("inconsistent arrays: child_ptr must rise from 0 to the number of edges")
+    if not bool(((kids >= 0) & (kids < n)).all()):
+        raise bad("inconsistent arrays: child_idx must hold node ids in [0, num_nodes)")
+    if not bool(((parent >= -1) & (parent < n)).all()):
+        raise bad("inconsistent arrays: parent must hold -1 or node ids in [0, num_nodes)")
+    ids = torch.arange(n)
+    if not bool(((parent == -1) | (parent > ids)).all()):
+        raise bad("inconsistent arrays: every parent must come after its children (a cycle or a forward link)")
+    if not bool(((level >= 0) & (level < max(n, 1))).all()):
+        raise bad("levels must lie in [0, num_nodes)")
+    # Kernels follow child_idx from live roots: a dead id there would be searched.
+    if not bool(alive[kids].all()):
+        raise bad("inconsistent arrays: child runs must hold live nodes only")
+    runs = ptr[1:] - ptr[:-1]
+    owner = torch.repeat_interleave(ids, runs)
+    if not bool((parent[kids] == owner).all()):
+        raise bad("inconsistent arrays: child runs and parent disagree")
+    if int(((parent >= 0) & alive).sum()) != n_edges:
+        raise bad("inconsistent arrays: a node with a parent is missing from its parent's child run")
+    same_run = owner[1:] == owner[:-1]
+    if not bool((~same_run | (kids[1:] > kids[:-1])).all()):
+        raise bad("inconsistent arrays: child runs must be ascending (chronological)")
+    dead = ~alive
+    if not bool((parent[dead] == -1).all()) or not bool((runs[dead] == 0).all()):
+        raise bad("inconsistent arrays: removed nodes must have no parent and no children")
+    expect = torch.zeros(n, dtype=torch.int64)
+    if n_edges:
+        expect.scatter_reduce_(0, owner, level[kids] + 1, reduce="amax", include_self=True)
+    if not bool((level[alive] == expect[alive]).all()):
+        raise bad("inconsistent levels: a node's level must be 1 + the largest level of its children (0 for leaves)")

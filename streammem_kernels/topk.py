@@ -4,7 +4,9 @@ VideoAgent retrieves, per query, the most similar frame inside one segment;
 graph retrieval seeds its expansion with the nodes closest to a question.
 ``cosine_topk(queries, keys, k, ranges=None)`` is exact exhaustive search:
 every key in a query's range is scored ``dot(q / |q|, v / |v|)`` in float32
-(a zero vector scores 0, :mod:`streammem_kernels._cosine`) and the ``k`` best
+(a zero vector scores 0; rows of any finite magnitude, 1e-30 or 1e30, get
+their true cosine: norms are taken after an exact power-of-two scaling,
+:mod:`streammem_kernels._cosine`) and the ``k`` best
 come back, ties toward the lower key index.
 
 Backends: ``torch`` (the reference below), ``cpp`` and ``triton``.  The
@@ -34,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ._cosine import FLOAT_INPUTS, INT_INPUTS, cpu_fast_path, dot_rows, topk_low_id, unit_rows
+from ._cosine import FLOAT_INPUTS, INT_INPUTS, MAX_RESULTS, cpu_fast_path, dot_rows, topk_low_id, unit_rows
 from ._dispatch import Op, call_op
 from ._utils import as_tensor, check_dtype, check_finite, check_int, check_rank, check_values
 
@@ -56,6 +58,8 @@ TRITON_TOPK_MAX_KEYS = 2**31 - 1
 
 
 _from_numpy = torch.from_numpy
+# The fast path has Q < BLAS_MIN_QUERIES: Q x k stays within MAX_RESULTS for these k.
+_FAST_MAX_K = MAX_RESULTS // BLAS_MIN_QUERIES
 _is_compiling = torch.compiler.is_compiling
 
 
@@ -99,7 +103,8 @@ def cosine_topk(queries, keys, k: int, *, ranges=None, backend: str = "auto") ->
     TopKResult with ``ids (Q, k)`` int64 and ``scores (Q, k)`` float32, best
     first, ties toward the lower index.  Inputs are never modified.
     """
-    if ranges is None and type(k) is int and k >= 1 and cpu_fast_path(queries) and cpu_fast_path(keys):
+    if (ranges is None and type(k) is int and 1 <= k <= _FAST_MAX_K and cpu_fast_path(queries)
+            and cpu_fast_path(keys)):
         qs, ks = queries.shape, keys.shape  # torch.Size: tuples, read once
         if len(qs) == 2 and len(ks) == 2 and 1 <= qs[0] < BLAS_MIN_QUERIES and ks[0] >= 1 and qs[1] == ks[1] >= 1:
             mod = COSINE_TOPK.cpp_module(backend)
@@ -117,6 +122,8 @@ def _cosine_topk_general(queries, keys, k, ranges, backend) -> TopKResult:
         raise ValueError(f"keys must hold at least one key of dimension >= 1, got shape {tuple(keys.shape)}")
     queries = prepare_queries(queries, keys.shape[1], keys.device)
     k = check_int(k, "k", minimum=1)
+    if queries.shape[0] * k > MAX_RESULTS:
+        raise ValueError(f"k must keep Q x k <= {MAX_RESULTS} results, got k={k} for Q={queries.shape[0]}")
     keys = keys.to(torch.float32).contiguous()
     r = _prepare_ranges(ranges, queries.shape[0], keys.shape[0], keys.device)
     name = COSINE_TOPK.select(backend, keys.device, inputs={"queries": queries, "keys": keys, "ranges": r},

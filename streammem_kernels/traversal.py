@@ -57,7 +57,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ._cosine import cpu_fast_path, dot_rows, topk_low_id, unit_rows
+from ._cosine import MAX_RESULTS, MAX_WIDTH, check_size, cpu_fast_path, dot_rows, topk_low_id, unit_rows
 from ._dispatch import Op, call_op
 from ._utils import check_finite, check_float, check_int
 from .cosine_tree import CosineTree
@@ -148,17 +148,21 @@ def _search_cpp_fast(tree, queries, beam, k, min_score, use_utility, from_every_
     if mod is None or _is_compiling():
         return None
     a = tree.search_arrays()
+    if a.num_live == 0:
+        return None  # emptied by another thread since the caller looked: the general path explains
     if beam == 1 and type(beam) is int:
         if k != 1 or min_score is not None or use_utility is not False:
+            return None  # the general path explains
+        if from_every_root and qs[0] * a.num_roots * (a.height + 1) > MAX_RESULTS:
             return None  # the general path explains
         out = mod.greedy(a.embeddings, a.dim, a.child_ptr, a.child_idx, a.roots, a.num_roots, queries.data_ptr(),
                          qs[0], a.height, from_every_root)
         return TreePathResult(*map(_from_numpy, out))
-    if from_every_root or type(k) is not int or k < 1 or type(use_utility) is not bool:
+    if from_every_root or type(k) is not int or k < 1 or qs[0] * k > MAX_RESULTS or type(use_utility) is not bool:
         return None
-    if type(beam) is int and beam > 1:
+    if type(beam) is int and 1 < beam <= MAX_WIDTH:
         beam = (beam,)
-    elif type(beam) is not tuple or not beam or not all(type(w) is int and w >= 1 for w in beam):
+    elif type(beam) is not tuple or not beam or not all(type(w) is int and 1 <= w <= MAX_WIDTH for w in beam):
         return None
     if min_score is None:
         min_val = float("-inf")
@@ -174,15 +178,18 @@ def _search_cpp_fast(tree, queries, beam, k, min_score, use_utility, from_every_
 def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_every_root, backend):
     if not isinstance(tree, CosineTree):
         raise ValueError(f"tree must be a CosineTree, got {type(tree).__name__}")
-    if tree.num_live == 0:
+    snap = tree.search_arrays()  # one consistent snapshot, whatever other threads do to the tree
+    if snap.num_live == 0:
         raise ValueError("tree must not be empty (add leaves first; every node was removed otherwise)")
     q = prepare_queries(queries, tree.dim, tree.device)
     k = check_int(k, "k", minimum=1)
+    if q.shape[0] * k > MAX_RESULTS:
+        raise ValueError(f"k must keep Q x k <= {MAX_RESULTS} results, got k={k} for Q={q.shape[0]}")
     for flag, name in ((use_utility, "use_utility"), (from_every_root, "from_every_root")):
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be a bool, got {flag!r}")
     min_val = float("-inf") if min_score is None else check_float(min_score, "min_score")
-    height = tree.height
+    height = snap.height
     greedy = isinstance(beam, (int, np.integer)) and not isinstance(beam, bool) and int(beam) == 1
     widths = _beam_widths(beam, height)
     if greedy and (k != 1 or min_score is not None or use_utility):
@@ -190,25 +197,29 @@ def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_ev
                          "need beam search: pass beam=(1,) or a wider beam")
     if not greedy and from_every_root:
         raise ValueError("from_every_root applies to greedy search (beam=1) only")
-    name = TREE_SEARCH.select(backend, tree.device, inputs={"queries": q, "tree.embeddings": tree.embeddings},
+    embeddings, child_ptr, child_idx, roots, level, utility = snap.tensors
+    if from_every_root and q.shape[0] * snap.num_roots * (height + 1) > MAX_RESULTS:
+        raise ValueError(f"from_every_root=True would return Q x roots x (height + 1) > {MAX_RESULTS} entries "
+                         f"(Q={q.shape[0]}, roots={snap.num_roots}, height={height}): pass fewer queries")
+    name = TREE_SEARCH.select(backend, tree.device, inputs={"queries": q, "tree.embeddings": embeddings},
                               greedy=greedy)
     if name != "cpp":  # the C++ kernels check the queries themselves
         check_finite(q, "queries")
-    arrays = (tree.embeddings, tree.child_ptr, tree.child_idx, tree.roots)
+    arrays = (embeddings, child_ptr, child_idx, roots)
     if greedy:
         return TreePathResult(*call_op(torch.ops.streammem.tree_greedy, _GREEDY_IMPLS, name, *arrays, q, height,
-                                       tree.max_fanout, from_every_root))
-    ids, scores = call_op(torch.ops.streammem.tree_beam, _BEAM_IMPLS, name, *arrays, tree.level, tree.utility, q,
-                          list(widths), tree.max_fanout, k, min_val, use_utility)
+                                       snap.fanout, from_every_root))
+    ids, scores = call_op(torch.ops.streammem.tree_beam, _BEAM_IMPLS, name, *arrays, level, utility, q,
+                          list(widths), snap.fanout, k, min_val, use_utility)
     return TopKResult(ids, scores)
 
 
 def _beam_widths(beam, height: int) -> list[int]:
     """Width per level from the top (index 0 is level ``height``)."""
     if isinstance(beam, (int, np.integer)) and not isinstance(beam, bool):
-        widths = [check_int(beam, "beam", minimum=1)]
+        widths = [check_size(beam, "beam", maximum=MAX_WIDTH)]
     elif isinstance(beam, (tuple, list)) and len(beam) > 0:
-        widths = [check_int(b, f"beam[{i}]", minimum=1) for i, b in enumerate(beam)]
+        widths = [check_size(b, f"beam[{i}]", maximum=MAX_WIDTH) for i, b in enumerate(beam)]
     else:
         raise ValueError(f"beam must be an int >= 1 or a non-empty tuple of ints >= 1, got {beam!r}")
     return [widths[min(i, len(widths) - 1)] for i in range(max(height, 0))]

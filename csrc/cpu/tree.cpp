@@ -72,10 +72,37 @@ bool finite_values(const float* x, int64_t n) {
   return bad == 0;
 }
 
+// Squared norms in [kLowSquare, inf) are computed without loss by the plain dot product; rows
+// outside (a norm above 1.8e19 overflows the square, one below ~1e-19 underflows it) are scaled
+// by a power of two first (scaled_row), as the reference's unit_rows does for every row.  The
+// scaling is exact, so both routes agree on ordinary rows; subnormal squares in a row whose
+// squared norm is >= 2^-100 weigh at most D * 2^-49 of it.
+constexpr float kLowSquare = 7.888609052210118e-31f;  // 2^-100
+constexpr int kScaleExponent = 126;                   // _cosine.POW2_SCALE_EXPONENT
+
+inline bool plain_square(float sq) { return sq >= kLowSquare && sq < kInf; }
+
+// out = row * 2^-e with 2^e the power of two bringing max |row| into [0.5, 1) (exponent clamped
+// to +-126); returns the norm of out (0 for an all-zero row, whose out is zero).
+float scaled_row(const float* row, int64_t D, float* out) {
+  float m = 0.f;
+  for (int64_t d = 0; d < D; ++d) m = std::max(m, std::fabs(row[d]));
+  if (m == 0.f) {
+    std::fill(out, out + D, 0.f);
+    return 0.f;
+  }
+  int e;
+  std::frexp(m, &e);
+  const float scale = std::ldexp(1.0f, -std::clamp(e, -kScaleExponent, kScaleExponent));
+  for (int64_t d = 0; d < D; ++d) out[d] = row[d] * scale;
+  return std::sqrt(dot(out, out, D));
+}
+
 // Queries scaled to unit L2 norm in float32, as the reference's unit_rows does: q / max(|q|, the
-// smallest normal float), so a zero query stays zero and scores 0 everywhere.  Raises ValueError
-// naming `name` on NaN/Inf (a finite |q|^2 proves the row finite; otherwise the row is checked,
-// since squares of large finite values overflow too).
+// smallest normal float), so a zero query stays zero and scores 0 everywhere; rows whose squared
+// norm over- or underflows go through scaled_row.  Raises ValueError naming `name` on NaN/Inf (a
+// finite |q|^2 proves the row finite; otherwise the row is checked, since squares of large
+// finite values overflow too).
 std::vector<float> unit_queries(const float* q, int64_t Q, int64_t D, const char* name) {
   std::vector<float> unit(static_cast<size_t>(Q * D));
   constexpr float kTiny = std::numeric_limits<float>::min();
@@ -83,9 +110,14 @@ std::vector<float> unit_queries(const float* q, int64_t Q, int64_t D, const char
     const float* row = q + r * D;
     const float sq = dot(row, row, D);
     require(std::isfinite(sq) || chunk_finite(row, D), std::string(name) + " must be finite, found NaN or Inf");
-    const float norm = std::max(std::sqrt(sq), kTiny);
     float* out = unit.data() + r * D;
-    for (int64_t d = 0; d < D; ++d) out[d] = row[d] / norm;
+    if (plain_square(sq)) {
+      const float norm = std::sqrt(sq);
+      for (int64_t d = 0; d < D; ++d) out[d] = row[d] / norm;
+    } else {
+      const float norm = std::max(scaled_row(row, D, out), kTiny);
+      for (int64_t d = 0; d < D; ++d) out[d] /= norm;
+    }
   }
   return unit;
 }
@@ -333,6 +365,7 @@ STREAMMEM_HOT void scan_keys(const float* __restrict Qm, const float* __restrict
     for (int64_t q = qb; q < qe; ++q) tops.emplace_back(top_score + q * k, top_id + q * k, k);
     const bool single = qe - qb == 1;
     int found_bad = 0;
+    std::vector<float> scaled;  // a key whose squared norm over/underflows, scaled (rare)
     for (int64_t i = lo; i < hi; ++i) {
       const float* key = K + i * D;
       float nsq, first = 0.f;
@@ -341,15 +374,25 @@ STREAMMEM_HOT void scan_keys(const float* __restrict Qm, const float* __restrict
         simd::dot_and_square(Qm + qb * D, key, D, &first, &nsq);
       else
         nsq = dot(key, key, D);
-      if (!std::isfinite(nsq) && !chunk_finite(key, D)) found_bad = 1;
-      // Divide (not multiply by 1/norm) so that a key parallel to the query
-      // scores exactly like its normalised copy in the reference.
-      const float norm = std::sqrt(nsq);
+      const bool plain = plain_square(nsq);
+      float norm;
+      if (plain) {
+        // Divide (not multiply by 1/norm) so that a key parallel to the query
+        // scores exactly like its normalised copy in the reference.
+        norm = std::sqrt(nsq);
+      } else {
+        if (!std::isfinite(nsq) && !chunk_finite(key, D)) {
+          found_bad = 1;
+          continue;
+        }
+        // Huge or tiny key: score its exactly scaled copy (an all-zero key scores 0).
+        scaled.resize(static_cast<size_t>(D));
+        norm = scaled_row(key, D, scaled.data());
+        key = scaled.data();
+      }
       for (int64_t q = qb; q < qe; ++q) {
         if (i < ranges[2 * q] || i >= ranges[2 * q + 1]) continue;
-        // A key whose squared norm overflows is the zero vector after the reference's scaling
-        // (key / inf): it scores 0, never inf / inf = NaN.
-        const float s = nsq > 0.f && nsq < kInf ? (single ? first : dot(Qm + q * D, key, D)) / norm : 0.f;
+        const float s = norm > 0.f ? (single && plain ? first : dot(Qm + q * D, key, D)) / norm : 0.f;
         TopK& t = tops[q - qb];
         if (t.admits(s, i)) t.push(s, i);
       }
@@ -501,8 +544,16 @@ void topk_merge(carray<float> dots, carray<float> norms, carray<float> queries, 
   int64_t* I = inplace_ptr<int64_t>(ids, "ids");
   float* S = inplace_ptr<float>(scores, "scores");
   py::gil_scoped_release nogil;
+  // Keys whose squared norm over/underflows (norm outside [2^-50, inf), see plain_square) are
+  // not filtered (inv 0) but scored from their scaled copies after the block.
+  constexpr float kLowNorm = 8.881784197001252e-16f;  // 2^-50 = sqrt(kLowSquare)
   std::vector<float> inv(B);
-  for (int64_t j = 0; j < B; ++j) inv[j] = norm[j] > 0.f ? 1.f / norm[j] : 0.f;
+  std::vector<int64_t> odd;
+  for (int64_t j = 0; j < B; ++j) {
+    const bool plain = norm[j] >= kLowNorm && norm[j] < kInf;
+    inv[j] = plain ? 1.f / norm[j] : 0.f;
+    if (!plain) odd.push_back(j);
+  }
   // |GEMM dot - exact dot| <= D u |q| |key| for any summation order (u = 2^-24), and the
   // same holds for the exact scan's own dot: the filter's score dot * (1 / |key|) is within
   // 2 (D + 8) u of the rescored one (|q| <= 1, a few more ulps for the norm and the
@@ -524,8 +575,17 @@ void topk_merge(carray<float> dots, carray<float> norms, carray<float> queries, 
       const bool full = top.count == k;
       if (full && !any_at_least(row + j, iv + j, end - j, thr)) continue;
       for (int64_t t = j; t < end; ++t) {
-        if (full && !(row[t] * iv[t] >= thr)) continue;
-        const float s = norm[t] > 0.f && norm[t] < kInf ? dot(qv, K + t * D, D) / norm[t] : 0.f;
+        if (iv[t] == 0.f || (full && !(row[t] * iv[t] >= thr))) continue;
+        const float s = dot(qv, K + t * D, D) / norm[t];
+        if (top.admits(s, offset + t)) top.push(s, offset + t);
+      }
+    }
+    if (!odd.empty()) {
+      std::vector<float> scaled(static_cast<size_t>(D));
+      for (const int64_t t : odd) {
+        if (t < lo || t >= hi) continue;
+        const float n = scaled_row(K + t * D, D, scaled.data());
+        const float s = n > 0.f ? dot(qv, scaled.data(), D) / n : 0.f;
         if (top.admits(s, offset + t)) top.push(s, offset + t);
       }
     }
