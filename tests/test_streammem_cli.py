@@ -208,6 +208,24 @@ def test_json_fields_are_exactly_the_documented_ones(capsys, clip):
     assert s["bounded"]["budget"] == 60 and s["bounded"]["cost"] <= 60
     assert s["frame_size"] == [320, 213] and s["suggested_fps"] is None and s["real_time_factor"] < 1
     assert s["wall_s"] > 0 and s["processed_fps"] == pytest.approx(s["frames_decoded"] / s["wall_s"], rel=0.02)
+    assert s["decode"] == {"frames_declared": 1000, "frames_decoded": 1000, "frames_yielded": s["frames_decoded"],
+                           "finished": True, "truncated": False, "frames_missing": 0}
+
+
+def test_truncated_video_reported_in_json_and_text(capsys, clip, tmp_path):
+    # Issue 17: a damaged file used to be indexed silently from the frames that decoded.
+    from streammem.video import VideoTruncatedWarning
+
+    cut = tmp_path / "cut.avi"
+    cut.write_bytes(clip.read_bytes()[: clip.stat().st_size // 2])
+    with pytest.warns(VideoTruncatedWarning):
+        report = _run_json(capsys, str(cut), *SMALL, "--fps", "2", "--query", "5: what now?")
+    d = report["summary"]["decode"]
+    assert d["truncated"] and d["finished"] and d["frames_declared"] == 1000
+    assert 0 < d["frames_decoded"] < 1000 and d["frames_missing"] == 1000 - d["frames_decoded"]
+    with pytest.warns(VideoTruncatedWarning):
+        assert main(["run", str(cut), *SMALL, "--fps", "2", "--query", "5: what now?"]) == 0
+    assert re.search(r"WARNING: the video ended after \d+ of its 1000 frames \(\d+ missing\)", capsys.readouterr().out)
 
 
 def test_text_summary(capsys, clip):

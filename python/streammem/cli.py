@@ -78,6 +78,8 @@ SUMMARY_FIELDS = {
     "text_encoder": "name of the text encoder that ran",
     "model_load_s": "seconds spent loading the two encoders",
     "frames_decoded": "frames decoded from the video (after --fps)",
+    "decode": "the decoder's counts: {frames_declared, frames_decoded, frames_yielded, finished, truncated, "
+              "frames_missing}; truncated: the file ended short of its declared frame count (damaged or cut)",
     "frames_kept": "frames the motion gate kept and the memory formed",
     "kept_frame_ranges": "indices (in decoded order) of the kept frames, as ranges: \"0-2, 5, 7-8\"",
     "events": "closed events of the knowledge base: [{event, t_start, t_end, caption}]",
@@ -628,6 +630,7 @@ def _run_video(args) -> tuple[dict, dict]:
         "text_encoder": getattr(text_encoder, "name", type(text_encoder).__name__),
         "model_load_s": round(load_s, 3),
         "frames_decoded": s["frames_decoded"],
+        "decode": source.decode_report.to_dict(),
         "frames_kept": s["frames_kept"],
         "kept_frame_ranges": format_ranges(recorder.kept_indices),
         "events": [{"event": e.event_id, "t_start": round(e.t_start, 3), "t_end": round(e.t_end, 3),
@@ -681,6 +684,10 @@ def print_text_report(report: dict, extra: dict, out=None) -> None:
     pct = 100.0 * s["frames_kept"] / max(1, s["frames_decoded"])
     say(f"frames: {s['frames_decoded']} decoded, {s['frames_kept']} kept by the motion gate ({pct:.0f}%): "
         f"{s['kept_frame_ranges']}")
+    d = s["decode"]
+    if d["truncated"]:
+        say(f"WARNING: the video ended after {d['frames_decoded']} of its {d['frames_declared']} frames "
+            f"({d['frames_missing']} missing): the file is damaged or was cut short")
     say(f"knowledge base: {_count(len(s['events']), 'event')}")
     for e in s["events"]:
         say(f"  {e['t_start']:7.2f}-{e['t_end']:7.2f} s  {caption_text(e['caption'])}")
