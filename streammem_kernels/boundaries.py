@@ -78,6 +78,13 @@ which reads the decisions on the host.  :func:`event_ends`,
 tensors, never synchronise with the host (value checks are device-side
 assertions), so a GPU pipeline can keep them inside a CUDA graph; the
 Python-returning functions are thin wrappers around them.
+
+Per-call fast path: :func:`detect_boundaries` on C-contiguous float32 CPU
+features without autograd, with plain Python parameters and the ``cpp``
+backend (``auto`` without a ``STREAMMEM_BACKEND`` override, or ``"cpp"``),
+is one native call (cosines, finiteness check, window rule and scan of the
+three C++ kernels, fused) returning the same events and raising the same
+``ValueError``; every other input takes the general path.
 """
 from __future__ import annotations
 
@@ -215,8 +222,8 @@ def detect_boundaries(features, *, window: int = 8, tau: float = 0.7, min_depth:
         shape = features.shape
         nd = len(shape)
         if (nd == 2 or nd == 3) and features.numel() and _plain_params(window, tau, min_depth, peak, max_event, drift):
-            mod = ADJACENT_COSINE.cpp_module(backend)
-            if mod is not None and not _is_compiling():
+            mod = None if _is_compiling() else ADJACENT_COSINE.cpp_module(backend)  # no import while tracing
+            if mod is not None:
                 # One native call: cosines, the finiteness check (same message), window rule, scan.
                 B, T, D = shape if nd == 3 else (1, *shape)
                 rows = mod.detect_events_ptr(features.data_ptr(), B, T, D, window, tau, min_depth, _PEAK_CODE[peak],

@@ -47,6 +47,14 @@ split) with ``tl.dot`` tiles).  ``divergence_point`` is O(L) per caption and has
 and on a GPU its torch backend is a handful of small kernels on (B, L) with no
 synchronisation, far from the log-prob passes that dominate (a Triton kernel
 would save launches, not time that shows).
+
+Per-call fast paths (one caption, one short sequence): with ``backend="auto"``
+(no ``STREAMMEM_BACKEND`` override) or ``"cpp"``, C-contiguous CPU tensors
+without autograd of the kernel dtypes (float32/float16/bfloat16 logits and
+int64 targets; float32/float64 log-probs, int64 lengths) and plain Python
+parameters go straight to one native call that also makes the value checks
+above, with the same ``ValueError`` messages and bit-identical results; every
+other input takes the general path.
 """
 from __future__ import annotations
 
@@ -102,8 +110,8 @@ def token_logprobs(logits, targets, *, backend: str = "auto") -> torch.Tensor:
         if code is not None and _plain_cpu(logits) and _plain_cpu(targets):
             shape = logits.shape
             if 2 <= len(shape) <= 3 and targets.shape == shape[:-1] and logits.numel():
-                mod = TOKEN_LOGPROBS.cpp_module(backend)
-                if mod is not None and not _is_compiling():
+                mod = None if _is_compiling() else TOKEN_LOGPROBS.cpp_module(backend)  # no import while tracing
+                if mod is not None:
                     # One native call checks the targets and the NaN rows with the messages below.
                     vocab = shape[-1]
                     out = _from_numpy(mod.token_logprobs_ptr(logits.data_ptr(), logits.numel() // vocab, vocab,
@@ -212,12 +220,12 @@ def divergence_point(logprobs, *, delta: int = 20, alpha: float = 0.85, beta: fl
             batch, max_len = (1, shape[0]) if nd == 1 else shape
             if lengths is None or (nd == 2 and type(lengths) is _TENSOR and lengths.dtype is _I64
                                    and lengths.shape == (batch,) and _plain_cpu(lengths)):
-                mod = DIVERGENCE_POINT.cpp_module(backend)
-                if mod is not None and not _is_compiling():
+                mod = None if _is_compiling() else DIVERGENCE_POINT.cpp_module(backend)  # no import while tracing
+                if mod is not None:
                     # One native call checks lengths and finiteness with the messages below.
-                    return _from_numpy(mod.divergence_point_ptr(
-                        logprobs.data_ptr(), batch, max_len, dtype is _F64, 0 if lengths is None else lengths.data_ptr(),
-                        min(delta, max_len), alpha, beta, nd == 1))
+                    lens_ptr = 0 if lengths is None else lengths.data_ptr()
+                    return _from_numpy(mod.divergence_point_ptr(logprobs.data_ptr(), batch, max_len, dtype is _F64,
+                                                                lens_ptr, min(delta, max_len), alpha, beta, nd == 1))
     logprobs = as_tensor(logprobs, "logprobs")
     check_rank(logprobs, "logprobs", (1, 2), "(L,) or (B, L)")
     check_dtype(logprobs, "logprobs", _LOGIT_DTYPES)
