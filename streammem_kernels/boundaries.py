@@ -78,6 +78,13 @@ which reads the decisions on the host.  :func:`event_ends`,
 tensors, never synchronise with the host (value checks are device-side
 assertions), so a GPU pipeline can keep them inside a CUDA graph; the
 Python-returning functions are thin wrappers around them.
+
+Per-call fast path: :func:`detect_boundaries` on C-contiguous float32 CPU
+features without autograd, with plain Python parameters and the ``cpp``
+backend (``auto`` without a ``STREAMMEM_BACKEND`` override, or ``"cpp"``),
+is one native call (cosines, finiteness check, window rule and scan of the
+three C++ kernels, fused) returning the same events and raising the same
+``ValueError``; every other input takes the general path.
 """
 from __future__ import annotations
 
@@ -87,6 +94,7 @@ from typing import NamedTuple
 
 import torch
 
+from ._cosine import cpu_fast_path
 from ._dispatch import Op, call_op, load_native
 from ._utils import (as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank,
                      check_values)
@@ -210,6 +218,18 @@ def detect_boundaries(features, *, window: int = 8, tau: float = 0.7, min_depth:
     Building Python objects reads the result on the host; :func:`event_ends`
     is the same computation with a tensor result that stays on the device.
     """
+    if cpu_fast_path(features):
+        shape = features.shape
+        nd = len(shape)
+        if (nd == 2 or nd == 3) and features.numel() and _plain_params(window, tau, min_depth, peak, max_event, drift):
+            mod = None if _is_compiling() else ADJACENT_COSINE.cpp_module(backend)  # no import while tracing
+            if mod is not None:
+                # One native call: cosines, the finiteness check (same message), window rule, scan.
+                B, T, D = shape if nd == 3 else (1, *shape)
+                rows = mod.detect_events_ptr(features.data_ptr(), B, T, D, window, tau, min_depth, _PEAK_CODE[peak],
+                                             0 if max_event is None else min(max_event, 1 << 62),
+                                             _NAN if drift is None else drift)
+                return [Event(*row) for row in rows.tolist()]
     return _events_from_ends(_event_ends(features, window, tau, min_depth, peak, max_event, drift, backend))
 
 
@@ -549,6 +569,19 @@ def _check_peak(peak) -> str:
     if peak not in _PEAKS:
         raise ValueError(f"peak must be one of {_PEAKS}, got {peak!r}")
     return peak
+
+
+_INF, _NAN = float("inf"), float("nan")
+_is_compiling = torch.compiler.is_compiling
+
+
+def _plain_params(window, tau, min_depth, peak, max_event, drift) -> bool:
+    """Parameters of the plain types and ranges :func:`_check_params` accepts (the fast path's check; anything
+    else goes through ``_check_params``, which names what is wrong)."""
+    return (type(window) is int and 2 <= window <= MAX_WINDOW and type(tau) is float and 0.0 <= tau < _INF
+            and type(min_depth) is float and 0.0 <= min_depth < _INF and type(peak) is str and peak in _PEAK_CODE
+            and (max_event is None or (type(max_event) is int and max_event >= 1))
+            and (drift is None or (type(drift) is float and -1.0 <= drift <= 1.0)))
 
 
 def _check_params(window, tau, min_depth, peak, max_event, drift) -> _Params:

@@ -47,6 +47,14 @@ split) with ``tl.dot`` tiles).  ``divergence_point`` is O(L) per caption and has
 and on a GPU its torch backend is a handful of small kernels on (B, L) with no
 synchronisation, far from the log-prob passes that dominate (a Triton kernel
 would save launches, not time that shows).
+
+Per-call fast paths (one caption, one short sequence): with ``backend="auto"``
+(no ``STREAMMEM_BACKEND`` override) or ``"cpp"``, C-contiguous CPU tensors
+without autograd of the kernel dtypes (float32/float16/bfloat16 logits and
+int64 targets; float32/float64 log-probs, int64 lengths) and plain Python
+parameters go straight to one native call that also makes the value checks
+above, with the same ``ValueError`` messages and bit-identical results; every
+other input takes the general path.
 """
 from __future__ import annotations
 
@@ -97,6 +105,18 @@ def token_logprobs(logits, targets, *, backend: str = "auto") -> torch.Tensor:
     ``log_softmax(logits.float(), -1).gather(-1, targets)``, computed with an
     online log-sum-exp, with O(T) extra memory on the cpp/triton backends.
     """
+    if type(logits) is _TENSOR and type(targets) is _TENSOR and targets.dtype is _I64:
+        code = _DTYPE_CODE.get(logits.dtype)
+        if code is not None and _plain_cpu(logits) and _plain_cpu(targets):
+            shape = logits.shape
+            if 2 <= len(shape) <= 3 and targets.shape == shape[:-1] and logits.numel():
+                mod = None if _is_compiling() else TOKEN_LOGPROBS.cpp_module(backend)  # no import while tracing
+                if mod is not None:
+                    # One native call checks the targets and the NaN rows with the messages below.
+                    vocab = shape[-1]
+                    out = _from_numpy(mod.token_logprobs_ptr(logits.data_ptr(), logits.numel() // vocab, vocab,
+                                                             code, targets.data_ptr()))
+                    return out if len(shape) == 2 else out.reshape(shape[:-1])
     logits = as_tensor(logits, "logits")
     targets = as_tensor(targets, "targets")
     check_rank(logits, "logits", (2, 3), "(T, V) or (B, T, V)")
@@ -192,6 +212,20 @@ def divergence_point(logprobs, *, delta: int = 20, alpha: float = 0.85, beta: fl
     (the number of caption tokens to keep), ``o = length`` when no position
     qualifies.  See the module docstring for the exact convention.
     """
+    if (type(logprobs) is _TENSOR and type(delta) is int and delta >= 1 and type(alpha) is float
+            and 0.0 < alpha < 1.0 and type(beta) is float and 0.0 < beta < _INF):
+        dtype, shape = logprobs.dtype, logprobs.shape
+        nd = len(shape)
+        if (dtype is _F64 or dtype is _F32) and (nd == 1 or nd == 2) and logprobs.numel() and _plain_cpu(logprobs):
+            batch, max_len = (1, shape[0]) if nd == 1 else shape
+            if lengths is None or (nd == 2 and type(lengths) is _TENSOR and lengths.dtype is _I64
+                                   and lengths.shape == (batch,) and _plain_cpu(lengths)):
+                mod = None if _is_compiling() else DIVERGENCE_POINT.cpp_module(backend)  # no import while tracing
+                if mod is not None:
+                    # One native call checks lengths and finiteness with the messages below.
+                    lens_ptr = 0 if lengths is None else lengths.data_ptr()
+                    return _from_numpy(mod.divergence_point_ptr(logprobs.data_ptr(), batch, max_len, dtype is _F64,
+                                                                lens_ptr, min(delta, max_len), alpha, beta, nd == 1))
     logprobs = as_tensor(logprobs, "logprobs")
     check_rank(logprobs, "logprobs", (1, 2), "(L,) or (B, L)")
     check_dtype(logprobs, "logprobs", _LOGIT_DTYPES)
@@ -226,6 +260,18 @@ def divergence_point(logprobs, *, delta: int = 20, alpha: float = 0.85, beta: fl
     out = call_op(torch.ops.streammem.divergence_point, DIVERGENCE_POINT.impls, name, lp64, lens.contiguous(), delta,
                   alpha, beta)
     return out[0] if single else out
+
+
+_TENSOR, _STRIDED, _F32, _F64, _I64 = torch.Tensor, torch.strided, torch.float32, torch.float64, torch.int64
+_INF = float("inf")
+_from_numpy = torch.from_numpy
+_is_compiling = torch.compiler.is_compiling
+
+
+def _plain_cpu(t: torch.Tensor) -> bool:
+    """A C-contiguous CPU tensor without autograd: what the fast paths hand to the C++ kernels by
+    ``data_ptr()`` (anything else takes the general path)."""
+    return t.is_cpu and not t.requires_grad and t.layout is _STRIDED and t.is_contiguous()
 
 
 def _as_rows(logits: torch.Tensor) -> torch.Tensor:

@@ -847,3 +847,44 @@ def test_fast_push_follows_state_restored_from_outside():
     del first  # its tensors are freed: a stale binding would write into freed memory
     got += [e for t in range(40, 80) for e in second.push(x[t])]
     assert got == want and second._fast_step is not None
+
+
+# --------------------------------------------------------------------------
+# detect_boundaries' per-call fast path (issue 15): float32 C-contiguous CPU features and plain
+# parameters go to one native call (cosines, finiteness check, window rule, scan)
+# --------------------------------------------------------------------------
+def test_fast_detect_equals_the_general_path_and_checks_features(monkeypatch):
+    if "cpp" not in BACKENDS:
+        pytest.skip("the C++ backend is not built")
+    import streammem_kernels.boundaries as bmod
+
+    def run(fn, general):
+        with monkeypatch.context() as m:
+            if general:  # the fast path serves "auto" without an override only
+                m.setenv("STREAMMEM_BACKEND", "cpp")
+            else:
+                m.setattr(bmod, "call_op", lambda *a: (_ for _ in ()).throw(AssertionError("fell through")))
+            try:
+                return fn()
+            except ValueError as exc:
+                return ("ValueError", str(exc))
+
+    g = torch.Generator().manual_seed(23)
+    x = torch.cat([torch.randn(3, 50, 24, generator=g), adversarial_batch(T=50, D=24)])
+    grid = (dict(), dict(window=3, tau=0.0, min_depth=0.0), dict(peak="max", max_event=6), dict(max_event=2**70),
+            dict(drift=0.3), dict(drift=-1.0, max_event=4), dict(window=60))
+    for params in grid:
+        for features in (x, x[1], x[:, :1], x[2, :2], x[:, :9]):
+            features = features.contiguous()
+            before = features.clone()
+            fast = run(lambda: detect_boundaries(features, **params), general=False)
+            assert fast == run(lambda: detect_boundaries(features, **params), general=True), params
+            assert fast == detect_boundaries(features, backend="torch", **params), params
+            assert torch.equal(features, before)
+    for bad in (float("nan"), float("inf")):
+        for features, where in ((x, (1, 7, 3)), (x[0], (49, 0)), (x[:, :1], (2, 0, 5))):
+            broken = features.clone()
+            broken[where] = bad
+            fast = run(lambda: detect_boundaries(broken), general=False)
+            assert fast == run(lambda: detect_boundaries(broken), general=True)
+            assert fast == ("ValueError", "features must be finite, found NaN or Inf")

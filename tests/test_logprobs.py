@@ -463,3 +463,87 @@ def test_divergence_point_opcheck():
     lengths = torch.tensor([30, 12, 0])
     for backend in DIV_BACKENDS:
         torch.library.opcheck(torch.ops.streammem.divergence_point.default, (lp, lengths, 4, 0.5, 0.5, backend))
+
+
+# --------------------------------------------------------------------------
+# Per-call fast paths (issue 15): plain C-contiguous CPU tensors go to one native call that also
+# does the value checks; the result and every error must be those of the general path.
+# --------------------------------------------------------------------------
+@pytest.fixture()
+def general_path_only(monkeypatch):
+    """Run a call once through the fast path (which must not reach call_op) and once through the
+    general path (STREAMMEM_BACKEND=cpp: the fast paths only serve ``auto`` without an override)."""
+    import streammem_kernels.logprobs as lp_mod
+
+    def both(fn):
+        def no_general(*args):
+            raise AssertionError("the fast path fell through to call_op")
+
+        outcomes = []
+        for general in (False, True):
+            with monkeypatch.context() as m:
+                if general:
+                    m.setenv("STREAMMEM_BACKEND", "cpp")
+                else:
+                    m.setattr(lp_mod, "call_op", no_general)
+                try:
+                    outcomes.append(fn())
+                except ValueError as exc:
+                    outcomes.append(("ValueError", str(exc)))
+        return outcomes
+
+    return both
+
+
+needs_cpp = pytest.mark.skipif("cpp" not in TOKEN_BACKENDS, reason="C++ extension not built")
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (16, 2048), (3, 5, 97)])
+def test_token_logprobs_fast_path_is_the_general_path(general_path_only, dtype, shape):
+    g = torch.Generator().manual_seed(11)
+    logits = (torch.randn(shape, generator=g) * 4).to(dtype)
+    targets = torch.randint(0, shape[-1], shape[:-1], generator=g)
+    before = logits.clone()
+    fast, general = general_path_only(lambda: token_logprobs(logits, targets))
+    assert fast.shape == general.shape == shape[:-1] and fast.dtype == general.dtype == torch.float32
+    assert torch.equal(fast, general)  # bit for bit
+    assert torch.equal(logits, before)
+    bad_targets = targets.clone().reshape(-1)
+    bad_targets[-1] = shape[-1]
+    bad_targets = bad_targets.reshape(shape[:-1])
+    fast, general = general_path_only(lambda: token_logprobs(logits, bad_targets))
+    assert fast == general and fast[0] == "ValueError" and "got values in" in fast[1]
+    poisoned = logits.clone().reshape(-1, shape[-1])
+    poisoned[:, 0] = float("nan")
+    poisoned = poisoned.reshape(shape)
+    fast, general = general_path_only(lambda: token_logprobs(poisoned, targets))
+    assert fast == general and fast[0] == "ValueError" and "must be finite: rows [0" in fast[1]
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_divergence_point_fast_path_is_the_general_path(general_path_only, dtype):
+    rng = np.random.default_rng(8)
+    for trial in range(30):
+        batch, max_len = int(rng.integers(1, 5)), int(rng.integers(1, 70))
+        lp = torch.from_numpy(-np.abs(rng.standard_t(2, size=(batch, max_len)))).to(dtype)
+        lengths = torch.from_numpy(rng.integers(0, max_len + 1, size=batch))
+        kwargs = dict(delta=int(rng.integers(1, 90)), alpha=float(rng.uniform(0.05, 0.95)),
+                      beta=float(rng.uniform(0.05, 2.0)))
+        for args in ((lp[0],), (lp,)):
+            fast, general = general_path_only(lambda: divergence_point(*args, **kwargs))
+            assert fast.shape == general.shape and fast.dtype == general.dtype == torch.int64
+            assert torch.equal(fast, general), (trial, kwargs)
+        fast, general = general_path_only(lambda: divergence_point(lp, lengths=lengths, **kwargs))
+        assert torch.equal(fast, general), (trial, kwargs)
+    # Errors: same messages; padding past a length may hold NaN.
+    lp = torch.full((2, 8), -0.5, dtype=dtype)
+    lp[1, 6] = float("nan")
+    assert [o.tolist() for o in general_path_only(lambda: divergence_point(lp, lengths=torch.tensor([8, 6])))] == [
+        [8, 6]] * 2
+    for call in (lambda: divergence_point(lp), lambda: divergence_point(lp, lengths=torch.tensor([8, 9])),
+                 lambda: divergence_point(lp[1])):
+        fast, general = general_path_only(call)
+        assert fast == general and fast[0] == "ValueError"

@@ -99,28 +99,30 @@ void cosine_run(const float* x, int64_t D, int64_t t0, int64_t t1, float* out) {
   }
 }
 
-py::array_t<float> adjacent_cosine(carray<float> features) {
-  require(features.ndim() == 3, "features must be (B, T, D)");
-  const int64_t B = features.shape(0), T = features.shape(1), D = features.shape(2);
+// (B, T, D) contiguous features -> (B, T-1) cosines into `o`.
+void adjacent_cosine_into(const float* x, int64_t B, int64_t T, int64_t D, float* o) {
   const int64_t M = std::max<int64_t>(T - 1, 0);
-  py::array_t<float> out({B, M});
-  const float* x = features.data();
-  float* o = out.mutable_data();
-  if (M == 0) return out;
+  if (M == 0) return;
   // Work items: (stream, time chunk); chunks only split a stream when there
   // are fewer streams than threads (each chunk recomputes one norm).
   const int64_t threads = max_threads();
   const int64_t chunks = B >= threads ? 1 : std::min<int64_t>(M, (threads + B - 1) / B);
   const int64_t per = (M + chunks - 1) / chunks;
-  {
-    py::gil_scoped_release release;
+  py::gil_scoped_release release;
 #pragma omp parallel for schedule(static) if (B * M * D >= kParallelWork)
-    for (int64_t item = 0; item < B * chunks; ++item) {
-      const int64_t s = item / chunks, c = item % chunks;
-      const int64_t t0 = c * per, t1 = std::min(M, t0 + per);
-      if (t0 < t1) cosine_run(x + s * T * D, D, t0, t1, o + s * M);
-    }
+  for (int64_t item = 0; item < B * chunks; ++item) {
+    const int64_t s = item / chunks, c = item % chunks;
+    const int64_t t0 = c * per, t1 = std::min(M, t0 + per);
+    if (t0 < t1) cosine_run(x + s * T * D, D, t0, t1, o + s * M);
   }
+}
+
+py::array_t<float> adjacent_cosine(carray<float> features) {
+  require(features.ndim() == 3, "features must be (B, T, D)");
+  const int64_t B = features.shape(0), T = features.shape(1), D = features.shape(2);
+  const int64_t M = std::max<int64_t>(T - 1, 0);
+  py::array_t<float> out({B, M});
+  adjacent_cosine_into(features.data(), B, T, D, out.mutable_data());
   return out;
 }
 
@@ -199,16 +201,11 @@ py::array_t<double> depth_scores(carray<float> sim, int peak) {
   return out;
 }
 
-py::array_t<int64_t> window_choices(carray<float> sim, int64_t window, double tau, double min_depth, int peak) {
-  require(sim.ndim() == 2, "sim must be (B, M)");
-  require(window >= 2 && window <= kMaxWindow, "window must lie in [2, 65536]");
-  require(peak == 0 || peak == 1, "peak must be 0 (climb) or 1 (max)");
-  const int64_t B = sim.shape(0), M = sim.shape(1);
+// Window choices of every full window of (B, M) similarities into `o` (B, M - window + 1).
+void window_choices_into(const float* s, int64_t B, int64_t M, int64_t window, double tau, double min_depth,
+                         int peak, int64_t* o) {
   const int64_t P = std::max<int64_t>(M - window + 1, 0);
-  py::array_t<int64_t> out({B, P});
-  const float* s = sim.data();
-  int64_t* o = out.mutable_data();
-  if (P == 0 || B == 0) return out;
+  if (P == 0 || B == 0) return;
   py::gil_scoped_release release;
 #pragma omp parallel if (B * P * window >= kParallelWork)
   {
@@ -219,6 +216,16 @@ py::array_t<int64_t> window_choices(carray<float> sim, int64_t window, double ta
       o[item] = window_choice(s + b * M + p, window, tau, min_depth, peak, scratch.data());
     }
   }
+}
+
+py::array_t<int64_t> window_choices(carray<float> sim, int64_t window, double tau, double min_depth, int peak) {
+  require(sim.ndim() == 2, "sim must be (B, M)");
+  require(window >= 2 && window <= kMaxWindow, "window must lie in [2, 65536]");
+  require(peak == 0 || peak == 1, "peak must be 0 (climb) or 1 (max)");
+  const int64_t B = sim.shape(0), M = sim.shape(1);
+  const int64_t P = std::max<int64_t>(M - window + 1, 0);
+  py::array_t<int64_t> out({B, P});
+  window_choices_into(sim.data(), B, M, window, tau, min_depth, peak, out.mutable_data());
   return out;
 }
 
@@ -357,17 +364,11 @@ namespace {
 
 // The streaming state machine over all frames of each stream (boundaries.py's
 // _scan_events_torch is the spec).  drift is NaN outside drift mode.
-py::array_t<uint8_t> scan_events(carray<float> sims, carray<int64_t> choices, int64_t window, int64_t max_event,
-                                 double drift) {
-  require(sims.ndim() == 2 && choices.ndim() == 2, "sims and choices must be 2-d");
-  const int64_t B = sims.shape(0), M = sims.shape(1), T = M + 1;
-  const int64_t P = choices.shape(1);
+// (B, T) event-end flags from (B, T-1) similarities and (B, P) window choices (P unused in drift mode).
+void scan_events_into(const float* s, const int64_t* ch, int64_t B, int64_t M, int64_t P, int64_t window,
+                      int64_t max_event, double drift, uint8_t* o) {
+  const int64_t T = M + 1;
   const bool drift_mode = drift == drift;
-  require(drift_mode || P == std::max<int64_t>(M - window + 1, 0), "choices must be (B, M - window + 1)");
-  py::array_t<uint8_t> out({B, T});
-  const float* s = sims.data();
-  const int64_t* ch = choices.data();
-  uint8_t* o = out.mutable_data();
   py::gil_scoped_release release;
 #pragma omp parallel for schedule(static) if (B * T >= kParallelWork)
   for (int64_t b = 0; b < B; ++b) {
@@ -400,6 +401,64 @@ py::array_t<uint8_t> scan_events(carray<float> sims, carray<int64_t> choices, in
     }
     if (T > 0) ends[T - 1] = 1;
   }
+}
+
+// The streaming state machine over all frames of each stream (boundaries.py's
+// _scan_events_torch is the spec).  drift is NaN outside drift mode.
+py::array_t<uint8_t> scan_events(carray<float> sims, carray<int64_t> choices, int64_t window, int64_t max_event,
+                                 double drift) {
+  require(sims.ndim() == 2 && choices.ndim() == 2, "sims and choices must be 2-d");
+  const int64_t B = sims.shape(0), M = sims.shape(1), T = M + 1;
+  const int64_t P = choices.shape(1);
+  const bool drift_mode = drift == drift;
+  require(drift_mode || P == std::max<int64_t>(M - window + 1, 0), "choices must be (B, M - window + 1)");
+  py::array_t<uint8_t> out({B, T});
+  scan_events_into(sims.data(), choices.data(), B, M, P, window, max_event, drift, out.mutable_data());
+  return out;
+}
+
+// The whole offline pass (detect_boundaries' fast path on C-contiguous float32 CPU features): the
+// cosines, the finiteness check, the window choices and the scan of adjacent_cosine, window_choices
+// and scan_events above, so the events are those of the three calls.  A non-finite frame raises
+// ValueError naming `features` (a NaN/Inf input makes its pair's cosine NaN; a single frame is
+// scanned).  Returns the events as (K, 3) int64 rows (stream, start, end) sorted by (stream, start).
+py::array_t<int64_t> detect_events_ptr(std::uintptr_t features, int64_t B, int64_t T, int64_t D, int64_t window,
+                                       double tau, double min_depth, int peak, int64_t max_event, double drift) {
+  require(B >= 1 && T >= 1 && D >= 1, "features must be a non-empty (B, T, D) block");
+  require(window >= 2 && window <= kMaxWindow, "window must lie in [2, 65536]");
+  require(peak == 0 || peak == 1, "peak must be 0 (climb) or 1 (max)");
+  const float* x = in_ptr<float>(features);
+  const int64_t M = T - 1;
+  const bool drift_mode = drift == drift;
+  const int64_t P = drift_mode ? 0 : std::max<int64_t>(M - window + 1, 0);
+  std::vector<float> sims(B * M);
+  std::vector<int64_t> choices(B * P);
+  std::vector<uint8_t> ends(B * T);
+  bool finite = true;
+  if (M == 0) {
+    for (int64_t i = 0; i < B * D; ++i) finite &= std::isfinite(x[i]);
+  } else {
+    adjacent_cosine_into(x, B, T, D, sims.data());
+    for (float v : sims) finite &= std::isfinite(v);
+  }
+  require(finite, "features must be finite, found NaN or Inf");
+  if (!drift_mode) window_choices_into(sims.data(), B, M, window, tau, min_depth, peak, choices.data());
+  scan_events_into(sims.data(), choices.data(), B, M, P, window, max_event, drift, ends.data());
+  int64_t K = 0;
+  for (uint8_t e : ends) K += e;
+  py::array_t<int64_t> out({K, int64_t{3}});
+  int64_t* o = out.mutable_data();
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t start = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (!ends[b * T + t]) continue;
+      o[0] = b;
+      o[1] = start;
+      o[2] = t;
+      o += 3;
+      start = t + 1;
+    }
+  }
   return out;
 }
 
@@ -426,4 +485,8 @@ PYBIND11_MODULE(_cpu_boundaries, m) {
         "stream_step on raw pointers (state first, then the frame's pointer and t) -> (K,3) int64");
   m.def("scan_events", &streammem::scan_events, py::arg("sims"), py::arg("choices"), py::arg("window"),
         py::arg("max_event"), py::arg("drift"), "sequential event scan -> (B,M+1) uint8 event ends");
+  m.def("detect_events_ptr", &streammem::detect_events_ptr, py::arg("features"), py::arg("num_streams"),
+        py::arg("num_frames"), py::arg("dim"), py::arg("window"), py::arg("tau"), py::arg("min_depth"),
+        py::arg("peak"), py::arg("max_event"), py::arg("drift"),
+        "the offline pass on a C-contiguous (B,T,D) float32 pointer, features checked -> (K,3) int64 events");
 }

@@ -7,6 +7,8 @@
 //                         dtype code, targets (N,) int64) -> (N,) float32
 //   divergence_point(logprobs (B,L) float64, lengths (B,) int64,
 //                    delta, alpha, beta) -> (B,) int64
+//   token_logprobs_ptr / divergence_point_ptr: the same on raw pointers of C-contiguous CPU
+//                    tensors, with the public functions' value checks (the per-call fast paths)
 //
 // token_logprobs: OpenMP over rows; per row a max pass and a sum-of-exp pass
 // (two passes over a row that sits in L2 beat an online rescale per element),
@@ -125,6 +127,31 @@ STREAMMEM_HOT bool row_has_nan(const float* __restrict x, int64_t n) {
   return bad != 0;
 }
 
+// The kernel on raw rows: N rows of V logits `row_stride` bytes apart, targets in [0, V).
+void token_logprobs_rows(const char* base, int64_t row_stride, int code, int64_t N, int64_t V,
+                         const int64_t* tgt, float* o) {
+  py::gil_scoped_release release;
+#pragma omp parallel
+  {
+    std::vector<float> buffer(code == kFloat32 ? 0 : V);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const void* raw = base + r * row_stride;
+      const float* x;
+      if (code == kFloat32) {
+        x = static_cast<const float*>(raw);
+      } else {
+        load_row(raw, code, V, buffer.data());
+        x = buffer.data();
+      }
+      const float m = row_max(x, V);
+      const float s = row_sum_exp(x, V, m);
+      const float lp = x[tgt[r]] - m - std::log(s);
+      o[r] = row_has_nan(x, V) ? std::numeric_limits<float>::quiet_NaN() : lp;
+    }
+  }
+}
+
 py::array_t<float> token_logprobs(py::array logits, int code, carray<int64_t> targets) {
   require(logits.ndim() == 2, "logits must be 2-d (N, V)");
   require(code == kFloat32 || code == kFloat16 || code == kBFloat16, "unknown dtype code");
@@ -134,32 +161,41 @@ py::array_t<float> token_logprobs(py::array logits, int code, carray<int64_t> ta
   require(V >= 1, "logits must have V >= 1");
   require(logits.strides(1) == elem, "logits must have a unit vocabulary stride");
   require(targets.ndim() == 1 && targets.shape(0) == N, "targets must have shape (N,)");
-  const int64_t row_stride = logits.strides(0);
-  const char* base = static_cast<const char*>(logits.data());
-  const int64_t* tgt = targets.data();
+  py::array_t<float> out(N);
+  token_logprobs_rows(static_cast<const char*>(logits.data()), logits.strides(0), code, N, V, targets.data(),
+                      out.mutable_data());
+  return out;
+}
+
+// token_logprobs with the public function's value checks (logprobs.py's fast path on C-contiguous CPU
+// tensors): targets in [0, V) before any work, and NaN rows after it, each a ValueError with the
+// message of the general path (the offending range; the first five NaN rows).
+py::array_t<float> token_logprobs_ptr(std::uintptr_t logits, int64_t N, int64_t V, int code,
+                                      std::uintptr_t targets) {
+  require(code == kFloat32 || code == kFloat16 || code == kBFloat16, "unknown dtype code");
+  require(N >= 1 && V >= 1, "logits must be a non-empty (N, V) block");
+  const int64_t* tgt = in_ptr<int64_t>(targets);
+  int64_t low = tgt[0], high = tgt[0];
+  for (int64_t r = 1; r < N; ++r) {
+    low = std::min(low, tgt[r]);
+    high = std::max(high, tgt[r]);
+  }
+  if (low < 0 || high >= V) {
+    throw std::invalid_argument("targets must be token ids in [0, V) = [0, " + std::to_string(V) +
+                                "), got values in [" + std::to_string(low) + ", " + std::to_string(high) + "]");
+  }
+  const int64_t elem = code == kFloat32 ? 4 : 2;
   py::array_t<float> out(N);
   float* o = out.mutable_data();
-  {
-    py::gil_scoped_release release;
-#pragma omp parallel
-    {
-      std::vector<float> buffer(code == kFloat32 ? 0 : V);
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < N; ++r) {
-        const void* raw = base + r * row_stride;
-        const float* x;
-        if (code == kFloat32) {
-          x = static_cast<const float*>(raw);
-        } else {
-          load_row(raw, code, V, buffer.data());
-          x = buffer.data();
-        }
-        const float m = row_max(x, V);
-        const float s = row_sum_exp(x, V, m);
-        const float lp = x[tgt[r]] - m - std::log(s);
-        o[r] = row_has_nan(x, V) ? std::numeric_limits<float>::quiet_NaN() : lp;
-      }
-    }
+  token_logprobs_rows(in_ptr<char>(logits), V * elem, code, N, V, tgt, o);
+  std::string rows;
+  int found = 0;
+  for (int64_t r = 0; r < N && found < 5; ++r) {
+    if (o[r] != o[r]) rows += (found++ ? ", " : "") + std::to_string(r);
+  }
+  if (found) {
+    throw std::invalid_argument("logits must be finite: rows [" + rows +
+                                "] produced NaN (a NaN or +inf logit, or a row that is all -inf)");
   }
   return out;
 }
@@ -315,6 +351,19 @@ py::array_t<float> linear_token_logprobs(py::array hidden, py::array weight, py:
 // ---------------------------------------------------------------------------
 // Divergence point (Eq. 9-10), one caption per row
 // ---------------------------------------------------------------------------
+// Eq. 9-10 on one caption of n finite values (x read through `at`, widened to double).
+template <typename Get>
+int64_t divergence_row(Get at, int64_t n, int64_t delta, double alpha, double beta) {
+  for (int64_t j = delta + 1; j < n; ++j) {
+    // Summed afresh per j (not a running sum) so rounding matches the reference's window sums.
+    double window = 0.0;
+    for (int64_t k = j - delta; k < j; ++k) window += at(k);
+    const double mu = window / static_cast<double>(delta);
+    if (mu - at(j) > std::max(alpha * std::fabs(mu), beta)) return j;
+  }
+  return n;
+}
+
 py::array_t<int64_t> divergence_point(carray<double> logprobs, carray<int64_t> lengths, int64_t delta, double alpha,
                                       double beta) {
   require(logprobs.ndim() == 2, "logprobs must be (B, L)");
@@ -327,17 +376,49 @@ py::array_t<int64_t> divergence_point(carray<double> logprobs, carray<int64_t> l
   int64_t* o = out.mutable_data();
   for (int64_t b = 0; b < B; ++b) {
     const double* x = lp + b * L;
-    const int64_t n = len[b];
-    o[b] = n;
-    for (int64_t j = delta + 1; j < n; ++j) {
-      // Summed afresh per j (not a running sum) so rounding matches the reference's window sums.
-      double window = 0.0;
-      for (int64_t k = j - delta; k < j; ++k) window += x[k];
-      const double mu = window / static_cast<double>(delta);
-      if (mu - x[j] > std::max(alpha * std::fabs(mu), beta)) {
-        o[b] = j;
-        break;
+    o[b] = divergence_row([x](int64_t k) { return x[k]; }, len[b], delta, alpha, beta);
+  }
+  return out;
+}
+
+// divergence_point with the public function's value checks (logprobs.py's fast path): (B, L)
+// C-contiguous float32 (is_double false; widened exactly, as .to(float64) does) or float64 log-probs,
+// lengths (B,) int64 or 0 for "every caption has length L", delta clamped to L as the public function
+// does.  Lengths in [0, L] and finite values within each length, else ValueError with the general
+// path's message.  `scalar`: a 0-d result (one caption given as (L,)).
+py::array_t<int64_t> divergence_point_ptr(std::uintptr_t logprobs, int64_t B, int64_t L, bool is_double,
+                                          std::uintptr_t lengths, int64_t delta, double alpha, double beta,
+                                          bool scalar) {
+  require(B >= 1 && L >= 1 && delta >= 1 && (!scalar || B == 1), "logprobs must be a non-empty (B, L) block");
+  delta = std::min(delta, L);
+  const int64_t* len = lengths ? in_ptr<int64_t>(lengths) : nullptr;
+  if (len) {
+    for (int64_t b = 0; b < B; ++b) {
+      if (len[b] < 0 || len[b] > L) {
+        throw std::invalid_argument("lengths must lie in [0, L] = [0, " + std::to_string(L) + "]");
       }
+    }
+  }
+  const double* f64 = in_ptr<double>(logprobs);
+  const float* f32 = in_ptr<float>(logprobs);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = len ? len[b] : L;
+    bool finite = true;
+    for (int64_t k = 0; k < n; ++k) {
+      finite &= std::isfinite(is_double ? f64[b * L + k] : static_cast<double>(f32[b * L + k]));
+    }
+    require(finite, "logprobs (within lengths) must be finite, found NaN or Inf");
+  }
+  py::array_t<int64_t> out = scalar ? py::array_t<int64_t>(std::vector<py::ssize_t>{}) : py::array_t<int64_t>(B);
+  int64_t* o = out.mutable_data();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = len ? len[b] : L;
+    if (is_double) {
+      const double* x = f64 + b * L;
+      o[b] = divergence_row([x](int64_t k) { return x[k]; }, n, delta, alpha, beta);
+    } else {
+      const float* x = f32 + b * L;
+      o[b] = divergence_row([x](int64_t k) { return static_cast<double>(x[k]); }, n, delta, alpha, beta);
     }
   }
   return out;
@@ -356,4 +437,11 @@ PYBIND11_MODULE(_cpu_logprobs, m) {
         "(N,H) hidden, (V,H) LM head -> (N,) log p(target) without materialising the logits");
   m.def("divergence_point", &streammem::divergence_point, py::arg("logprobs"), py::arg("lengths"), py::arg("delta"),
         py::arg("alpha"), py::arg("beta"), "(B,L) float64 log-probs -> (B,) divergence points");
+  m.def("token_logprobs_ptr", &streammem::token_logprobs_ptr, py::arg("logits"), py::arg("num_rows"),
+        py::arg("vocab"), py::arg("dtype_code"), py::arg("targets"),
+        "token_logprobs on raw pointers of C-contiguous tensors, targets and NaN rows checked (ValueError)");
+  m.def("divergence_point_ptr", &streammem::divergence_point_ptr, py::arg("logprobs"), py::arg("batch"),
+        py::arg("length"), py::arg("is_double"), py::arg("lengths"), py::arg("delta"), py::arg("alpha"),
+        py::arg("beta"), py::arg("scalar"),
+        "divergence_point on raw pointers (float32/float64 (B,L), lengths or 0), values checked (ValueError)");
 }
