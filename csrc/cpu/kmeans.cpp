@@ -344,6 +344,20 @@ void exponential_noise(uint32_t seed, int64_t n, double* out) {
   }
 }
 
+// Largest |x| of n floats into *amax; false when one is NaN or +-Inf.  One branch-free pass.
+STREAMMEM_HOT bool largest_magnitude(const float* __restrict x, int64_t n, float* amax) {
+  float top = 0.0f;
+  int nonfinite = 0;
+#pragma omp simd reduction(max : top) reduction(| : nonfinite)
+  for (int64_t e = 0; e < n; ++e) {
+    const float a = std::fabs(x[e]);
+    nonfinite |= !(a <= std::numeric_limits<float>::max());
+    top = a > top ? a : top;
+  }
+  *amax = top;
+  return nonfinite == 0;
+}
+
 // torch.argmax of mass / q over n entries: the first maximum, a NaN (0/0) counting as the largest.
 int64_t draw(const double* mass, const double* q, int64_t n) {
   int64_t best = 0;
@@ -362,7 +376,7 @@ int64_t draw(const double* mass, const double* q, int64_t n) {
 // D^2 seeding of one unweighted problem (kmeans._kmeans_plus_plus, metric l2), the k draws' noise in
 // `noise` (step s at noise[s * stride]).  D^2 is the direct float64 ||x - c||^2 (the reference: float32
 // ||x||^2 - 2 x.c + ||c||^2, which can leave rounding noise, not 0, on a duplicate of a chosen centre).
-void seed_problem(const float* x, int64_t N, int64_t D, int64_t k, const double* noise, int64_t stride,
+STREAMMEM_HOT void seed_problem(const float* x, int64_t N, int64_t D, int64_t k, const double* noise, int64_t stride,
                   float* centres) {
   std::vector<double> ones(static_cast<size_t>(N), 1.0), nearest(static_cast<size_t>(N)), mass(static_cast<size_t>(N));
   int64_t pick = draw(ones.data(), noise, N);
@@ -399,9 +413,7 @@ py::object kmeans_pp(std::uintptr_t points_ptr, int64_t B, int64_t N, int64_t D,
     py::gil_scoped_release nogil;
     for (int64_t b = 0; b < B && finite; ++b) {
       float amax = 0.0f;
-      const float* p = x + b * N * D;
-      for (int64_t e = 0; e < N * D; ++e) amax = std::max(amax, std::fabs(p[e]));  // NaN never wins a max
-      for (int64_t e = 0; e < N * D && finite; ++e) finite = std::isfinite(p[e]);
+      finite = largest_magnitude(x + b * N * D, N * D, &amax);
       if (amax != 0.0f && (amax < 0x1p-40f || amax > 0x1p40f)) in_range = false;
     }
   }
