@@ -76,7 +76,8 @@ bitmap per query, candidates deduplicated inside each block, see
 backend without ``max_fanout`` pads candidates to the graph's largest degree,
 which a :class:`CSRGraph` on CUDA reads once (one synchronisation, then cached);
 every other path, and the Triton backend always, runs without host
-synchronisation.
+synchronisation.  On CPU, an expansion with int64 C-contiguous seeds and the
+C++ backend is one native call that reads the graph and the seeds in place.
 """
 from __future__ import annotations
 

@@ -11,7 +11,10 @@ Semantics shared by every backend (the torch reference below is the spec):
   standard D^2 sampling, one candidate per step, probabilities ``w * D^2``,
   drawn with a ``torch.Generator`` seeded by ``seed``; ``"random"``: k distinct
   points; ``"first"``: the first k points; or given centres).  Every backend
-  starts its Lloyd iterations from the same centres.
+  starts its Lloyd iterations from the same centres.  The CPU fast path (unweighted
+  ``l2`` ``k-means++`` on float32 C-contiguous points, ``_kmeans_pp_fast``) seeds
+  in C++ on the same generator stream (torch's CPU mt19937 exponential noise of
+  ``torch.multinomial``, reproduced bit for bit), with D^2 in float64.
 * One Lloyd iteration: assign every point to its nearest centre (``l2``:
   smallest ``||c||^2 - 2 x.c``, the constant ``||x||^2`` dropped; ``cosine``:
   largest ``x.c`` on L2-normalised points; ties go to the lowest centre index),

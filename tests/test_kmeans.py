@@ -485,6 +485,20 @@ def test_fast_path_never_seeds_on_a_duplicate_of_a_chosen_centre():
 
 
 @_cpp_kmeans
+def test_inputs_outside_the_fast_path_give_the_same_result():
+    # Non-contiguous or requiring grad: the general path, with the same seeding (and the torch backend).
+    x = blobs(2, 40, 6, 3, seed=8)
+    fast = batched_kmeans(x, 3, seed=4)
+    wide = torch.stack([x, x], dim=3).reshape(2, 40, 12)[:, :, ::2]  # non-contiguous view of x's values
+    assert torch.equal(wide, x) and not wide.is_contiguous()
+    for other in (batched_kmeans(wide, 3, seed=4), batched_kmeans(x.clone().requires_grad_(), 3, seed=4),
+                  batched_kmeans(x, 3, seed=4, backend="torch")):
+        assert torch.equal(other.labels, fast.labels) and torch.equal(other.n_iter, fast.n_iter)
+        torch.testing.assert_close(other.centroids, fast.centroids, atol=1e-5, rtol=1e-5)
+        assert not other.centroids.requires_grad
+
+
+@_cpp_kmeans
 def test_fast_path_keeps_the_checks_and_the_rescaling():
     x = blobs(2, 30, 5, 3, seed=4)
     bad = x.clone()
