@@ -76,7 +76,8 @@ bitmap per query, candidates deduplicated inside each block, see
 backend without ``max_fanout`` pads candidates to the graph's largest degree,
 which a :class:`CSRGraph` on CUDA reads once (one synchronisation, then cached);
 every other path, and the Triton backend always, runs without host
-synchronisation.
+synchronisation.  On CPU, an expansion with int64 C-contiguous seeds and the
+C++ backend is one native call that reads the graph and the seeds in place.
 """
 from __future__ import annotations
 
@@ -105,6 +106,8 @@ _FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 NO_CAP = 2**31 - 1
 # Sorts after every id (the reference's padding key).
 _ABSENT = torch.iinfo(torch.int64).max
+_from_numpy = torch.from_numpy
+_is_compiling = torch.compiler.is_compiling
 
 
 # --------------------------------------------------------------------------
@@ -446,6 +449,9 @@ def khop_neighbourhood(graph: CSRGraph, seeds, hops: int, *, capacity: int, max_
     ``truncated (B,)``) on the graph's device; the order and caps are those of
     the module docstring.
     """
+    fast = _khop_fast(graph, seeds, hops, capacity, max_fanout, max_frontier, backend)
+    if fast is not None:
+        return fast
     graph = _check_graph(graph, "graph")
     if graph.num_cols != graph.num_rows:
         raise ValueError(f"graph must be square for a k-hop expansion (num_cols == num_rows), got "
@@ -462,6 +468,31 @@ def khop_neighbourhood(graph: CSRGraph, seeds, hops: int, *, capacity: int, max_
     out = call_op(torch.ops.streammem.graph_expand, GRAPH.impls, name, graph.row_ptr, graph.col_idx, sources,
                   graph.num_cols, hops, capacity, fanout, frontier, True, width)
     return Neighbourhood(*out)
+
+
+def _khop_fast(graph, seeds, hops, capacity, max_fanout, max_frontier, backend) -> Neighbourhood | None:
+    """The common CPU call (int64 C-contiguous seeds, plain int caps, C++ backend) in one native call
+    that reads the graph and the seeds in place and checks the seed ids itself.  None: not this case
+    (the general path handles it and raises its errors)."""
+    if not (type(graph) is CSRGraph and type(seeds) is torch.Tensor and type(hops) is int and type(capacity) is int
+            and (max_fanout is None or type(max_fanout) is int) and (max_frontier is None or type(max_frontier) is int)
+            and seeds.dtype is torch.int64 and seeds.is_cpu and seeds.layout is torch.strided
+            and seeds.is_contiguous() and graph._row_ptr.is_cpu):
+        return None
+    shape = seeds.shape
+    num_rows = graph._row_ptr.shape[0] - 1
+    fanout = NO_CAP if max_fanout is None else max_fanout
+    frontier = NO_CAP if max_frontier is None else max_frontier
+    if not (len(shape) == 2 and shape[0] >= 1 and graph._num_cols == num_rows and hops >= 0
+            and 1 <= capacity < NO_CAP and fanout >= 1 and frontier >= 1):
+        return None
+    mod = GRAPH.cpp_module(backend)
+    if mod is None or _is_compiling():
+        return None
+    out = mod.expand_ptr(graph._row_ptr.data_ptr(), num_rows, graph._col_idx.data_ptr(), seeds.data_ptr(), shape[0],
+                         shape[1], num_rows, min(hops, num_rows), capacity, min(fanout, NO_CAP),
+                         min(frontier, NO_CAP))
+    return None if out is None else Neighbourhood(*map(_from_numpy, out))
 
 
 def neighbourhood_chunks(nodes, chunk_map: CSRGraph, *, capacity: int, max_per_node: int | None = None,
@@ -558,7 +589,9 @@ def graph_retrieve(queries, node_embeddings, graph: CSRGraph, *, k: int, hops: i
     chunks = None
     if chunk_map is not None:
         chunks = neighbourhood_chunks(near.nodes, chunk_map, capacity=chunk_capacity, backend=backend)
-    scores = torch.where(seeds >= 0, top.scores, torch.full_like(top.scores, float("-inf")))
+    # cosine_topk already scores its -1 ids -inf; only min_score adds -1 seeds with finite scores.
+    scores = top.scores if min_score is None else torch.where(seeds >= 0, top.scores,
+                                                              torch.full_like(top.scores, float("-inf")))
     return GraphRetrieval(seeds, scores, near, chunks)
 
 

@@ -11,7 +11,10 @@ Semantics shared by every backend (the torch reference below is the spec):
   standard D^2 sampling, one candidate per step, probabilities ``w * D^2``,
   drawn with a ``torch.Generator`` seeded by ``seed``; ``"random"``: k distinct
   points; ``"first"``: the first k points; or given centres).  Every backend
-  starts its Lloyd iterations from the same centres.
+  starts its Lloyd iterations from the same centres.  The CPU fast path (unweighted
+  ``l2`` ``k-means++`` on float32 C-contiguous points, ``_kmeans_pp_fast``) seeds
+  in C++ on the same generator stream (torch's CPU mt19937 exponential noise of
+  ``torch.multinomial``, reproduced bit for bit), with D^2 in float64.
 * One Lloyd iteration: assign every point to its nearest centre (``l2``:
   smallest ``||c||^2 - 2 x.c``, the constant ``||x||^2`` dropped; ``cosine``:
   largest ``x.c`` on L2-normalised points; ties go to the lowest centre index),
@@ -72,6 +75,7 @@ from typing import NamedTuple
 
 import torch
 
+from ._cosine import cpu_fast_path
 from ._dispatch import Op, call_op, load_native
 from ._utils import (as_tensor, check_dtype, check_finite, check_float, check_int,
                      check_rank, check_values)
@@ -92,6 +96,10 @@ MAX_ITERS = 10_000
 # Multiplying by a power of two is exact, so labels and centres are those of the unscaled problem wherever
 # that one is computable; inside the range nothing is scaled and results are unchanged bit for bit.
 _SCALE_RANGE = (2.0 ** -40, 2.0 ** 40)
+# The fast path draws the k seeding steps' noise up front (k x B x N float64): at most 32 MB of it.
+_FAST_NOISE_LIMIT = 1 << 22
+_from_numpy = torch.from_numpy
+_is_compiling = torch.compiler.is_compiling
 
 
 class KMeansResult(NamedTuple):
@@ -171,6 +179,12 @@ def batched_kmeans(x, k: int, *, iters: int = 10, tol: float = 1e-4, init="k-mea
     every backend.  Inputs that require grad are accepted (outputs never
     require grad); meta tensors are refused.
     """
+    if (weights is None and lengths is None and type(init) is str and init == "k-means++" and metric == "l2"
+            and type(k) is int and type(iters) is int and type(tol) is float and type(seed) is int
+            and cpu_fast_path(x)):
+        fast = _kmeans_pp_fast(x, k, iters, tol, seed, backend)
+        if fast is not None:
+            return fast
     points, point_weights, lengths_t, k, iters, tol, cosine, x_scale, w_scale = _prepare_scaled(
         x, k, iters, tol, metric, weights, lengths)
     centres = initial_centres(points, k, init, point_weights, lengths_t, seed, cosine, scale=x_scale)
@@ -184,6 +198,32 @@ def batched_kmeans(x, k: int, *, iters: int = 10, tol: float = 1e-4, init="k-mea
     if w_scale is not None:
         inertia = inertia / w_scale.double()
     return KMeansResult(centroids, labels, inertia, n_iter)
+
+
+def _kmeans_pp_fast(x, k, iters, tol, seed, backend) -> KMeansResult | None:
+    """The common small CPU call (unweighted l2 k-means++ on float32 C-contiguous points, C++ backend) in
+    one native call: value checks, seeding and Lloyd in C++, no torch op on the way.  The seeding draws
+    the reference's generator stream (the same mt19937 noise as ``torch.multinomial``) and computes D^2
+    in float64 from direct differences, so its picks are the reference's except where the reference's
+    float32 ``||x||^2 - 2 x.c + ||c||^2`` rounding decides (near-ties, duplicates of a chosen centre).
+    None: not this case (the general path handles it and raises its errors)."""
+    shape = x.shape
+    if len(shape) == 3:
+        B, N, D = shape
+    elif len(shape) == 2:
+        (N, D), B = shape, 1
+    else:
+        return None
+    if not (B >= 1 and D >= 1 and 1 <= k <= N and 1 <= iters <= MAX_ITERS and 0.0 <= tol < math.inf
+            and -(1 << 63) <= seed < (1 << 64) and k * B * N <= _FAST_NOISE_LIMIT):
+        return None
+    mod = LLOYD.cpp_module(backend)
+    if mod is None or _is_compiling():
+        return None
+    out = mod.kmeans_pp(x.data_ptr(), B, N, D, k, iters, tol, seed & 0xFFFFFFFF)  # manual_seed keeps 32 bits
+    if out is None:  # a problem needs the power-of-two rescaling
+        return None
+    return KMeansResult(*map(_from_numpy, out))
 
 
 def _largest_magnitude(t: torch.Tensor) -> torch.Tensor | list[float]:

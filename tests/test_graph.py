@@ -156,6 +156,37 @@ def test_random_sweep_every_backend_equals_the_plain_bfs(backend):
                              rng.choice([None, 1, 2, 5]), rng.choice([None, 1, 3, 10]), backend)
 
 
+@pytest.mark.skipif("cpp" not in BACKENDS, reason="the C++ backend is not built")
+def test_cpu_fast_path_equals_the_general_path():
+    # int64 C-contiguous seeds take one native call (graph._khop_fast); int32 seeds the general path.
+    from streammem_kernels.graph import _khop_fast
+
+    rng = random.Random(11)
+    for trial in range(40):
+        n = rng.randint(1, 40)
+        graph = random_graph(n, rng.randint(0, 120), seed=trial, weighted=rng.random() < 0.5,
+                             symmetric=rng.random() < 0.5, isolated=rng.randint(0, 3) if n > 3 else 0)
+        seeds = torch.randint(-1, n, (rng.randint(1, 4), rng.randint(0, 6)),
+                              generator=torch.Generator().manual_seed(trial))
+        hops, capacity = rng.choice([0, 1, 3, 10**9]), rng.choice([1, 3, 8, 50])
+        fanout, frontier = rng.choice([None, 1, 5, 2**40]), rng.choice([None, 1, 3])
+        fast = _khop_fast(graph, seeds, hops, capacity, fanout, frontier, "auto")
+        assert fast is not None
+        general = khop_neighbourhood(graph, seeds.to(torch.int32), hops, capacity=capacity, max_fanout=fanout,
+                                     max_frontier=frontier, backend="cpp")
+        for a, b in zip(fast, general):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+    graph = random_graph(9, 20, seed=1, weighted=False, symmetric=True)
+    for bad in (9, -2):
+        with pytest.raises(ValueError, match=r"seeds must hold ids in \[0, 9\)"):
+            khop_neighbourhood(graph, torch.tensor([[0, bad]]), 1, capacity=8)
+    # graph_retrieve with k > N: the missing seeds are -1 and score -inf without min_score too.
+    emb = torch.randn(9, 5, generator=torch.Generator().manual_seed(3))
+    out = graph_retrieve(torch.randn(2, 5), emb, graph, k=12, hops=1, capacity=20)
+    assert (out.seeds[:, 9:] == -1).all() and (out.seed_scores[:, 9:] == float("-inf")).all()
+    assert torch.isfinite(out.seed_scores[:, :9]).all()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_uncapped_expansion_equals_networkx_distances(backend):
     """Nodes within `hops` of the seed set, at their networkx shortest-path distance, seeds credited correctly."""

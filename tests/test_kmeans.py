@@ -9,7 +9,7 @@ import torch
 from conftest import cpu_backends
 from device_checks import DEVICES, HAS_CUDA, HostSync, capture_in_cuda_graph, device_backends, guard_backend
 from streammem_kernels import KMeansResult, batched_kmeans, kmeans_frames
-from streammem_kernels.kmeans import LLOYD, initial_centres, lloyd_loop, mean_feature_variance
+from streammem_kernels.kmeans import LLOYD, _kmeans_pp_fast, initial_centres, lloyd_loop, mean_feature_variance
 
 BACKENDS = cpu_backends(LLOYD)
 FAST_BACKENDS = [b for b in BACKENDS if b != "triton"]  # Triton is interpreted on CPU: small cases only
@@ -426,6 +426,97 @@ def test_fixed_seed_is_reproducible_and_seeds_differ():
     assert not torch.equal(init5, init6)
     assert not torch.equal(initial_centres(p[0], 6, "random", p[1], p[2], 5, False),
                            initial_centres(p[0], 6, "random", p[1], p[2], 6, False))
+
+
+# --------------------------------------------------------------------------
+# CPU fast path (unweighted l2 k-means++ on float32 C-contiguous points: one native call)
+# --------------------------------------------------------------------------
+_cpp_kmeans = pytest.mark.skipif("cpp" not in BACKENDS, reason="the C++ backend is not built")
+
+
+@_cpp_kmeans
+@pytest.mark.parametrize("seed", [0, 1, 5, 2**31, 2**32 + 7, -3, 2**63 - 1, -(2**63), 2**64 - 1])
+def test_fast_path_noise_is_torchs_exponential_stream(seed):
+    # torch.multinomial(p, 1, generator) is argmax(p / q), q = exponential_(1) of the generator: the C++
+    # seeding draws the same q bit for bit, so its picks follow the reference's generator.
+    from streammem_kernels._dispatch import load_native
+
+    mod, _ = load_native("cpu", "kmeans")
+    g = torch.Generator().manual_seed(seed)
+    expected = torch.empty(3000, dtype=torch.float64).exponential_(1, generator=g)
+    assert torch.equal(torch.from_numpy(mod.exponential_noise(seed & 0xFFFFFFFF, 3000)), expected)
+    g = torch.Generator().manual_seed(seed)
+    p = torch.rand(2, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    drawn = torch.multinomial(p, 1, generator=g)[:, 0]
+    q = torch.from_numpy(mod.exponential_noise(seed & 0xFFFFFFFF, 80)).view(2, 40)
+    assert torch.equal(drawn, (p / q).argmax(dim=1))
+
+
+@_cpp_kmeans
+@pytest.mark.parametrize("shape,k", [((1, 64, 384), 4), ((3, 20, 5), 3), ((5, 33, 17), 5), ((1, 7, 3), 7),
+                                     ((40, 9), 2), ((2, 1, 4), 1)])
+def test_fast_path_equals_the_general_path_and_the_reference(shape, k):
+    for seed in range(12):
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(seed + 100)) * 3
+        fast = _kmeans_pp_fast(x, k, 5, 1e-4, seed, "auto")
+        assert fast is not None  # the case the fast path exists for: it must not fall back
+        assert all(torch.equal(a, b) for a, b in zip(fast, batched_kmeans(x, k, iters=5, seed=seed)))
+        ones = torch.ones(x.shape[:-1])  # weights force the general path (torch seeding, same C++ Lloyd)
+        general = batched_kmeans(x, k, iters=5, seed=seed, weights=ones, backend="cpp")
+        for a, b in zip(fast, general):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        ref = batched_kmeans(x, k, iters=5, seed=seed, backend="torch")
+        assert torch.equal(fast.labels, ref.labels) and torch.equal(fast.n_iter, ref.n_iter)
+        atol, rtol = LLOYD.tolerances["cpp"][torch.float32]
+        torch.testing.assert_close(fast.centroids, ref.centroids, atol=atol, rtol=rtol)
+        torch.testing.assert_close(fast.inertia, ref.inertia, atol=atol, rtol=rtol)
+
+
+@_cpp_kmeans
+def test_fast_path_never_seeds_on_a_duplicate_of_a_chosen_centre():
+    # Four distinct points, each repeated 16 times: D^2 sampling gives every copy of a chosen centre
+    # zero mass (exactly, from float64 direct differences), so the k = 4 seeds are the 4 points.
+    base = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]) * 7.3 + 0.1
+    x = base.repeat(16, 1)[torch.randperm(64, generator=torch.Generator().manual_seed(2))]
+    for seed in range(20):
+        res = batched_kmeans(x, 4, iters=1, seed=seed)
+        assert sorted(map(tuple, res.centroids[0].tolist())) == sorted(map(tuple, base.tolist()))
+        assert res.inertia.item() == 0.0
+
+
+@_cpp_kmeans
+def test_inputs_outside_the_fast_path_give_the_same_result():
+    # Non-contiguous or requiring grad: the general path, with the same seeding (and the torch backend).
+    x = blobs(2, 40, 6, 3, seed=8)
+    fast = batched_kmeans(x, 3, seed=4)
+    wide = torch.stack([x, x], dim=3).reshape(2, 40, 12)[:, :, ::2]  # non-contiguous view of x's values
+    assert torch.equal(wide, x) and not wide.is_contiguous()
+    for other in (batched_kmeans(wide, 3, seed=4), batched_kmeans(x.clone().requires_grad_(), 3, seed=4),
+                  batched_kmeans(x, 3, seed=4, backend="torch")):
+        assert torch.equal(other.labels, fast.labels) and torch.equal(other.n_iter, fast.n_iter)
+        torch.testing.assert_close(other.centroids, fast.centroids, atol=1e-5, rtol=1e-5)
+        assert not other.centroids.requires_grad
+
+
+@_cpp_kmeans
+def test_fast_path_keeps_the_checks_and_the_rescaling():
+    x = blobs(2, 30, 5, 3, seed=4)
+    bad = x.clone()
+    bad[1, 3, 2] = float("nan")
+    with pytest.raises(ValueError, match="x must be finite"):
+        batched_kmeans(bad, 3)
+    with pytest.raises(ValueError, match="k must be <="):
+        batched_kmeans(x, 31)
+    with pytest.raises(ValueError, match="iters"):
+        batched_kmeans(x, 3, iters=0)
+    # Huge points take the general path's power-of-two scale: finite and equal to the scaled problem's.
+    huge = batched_kmeans(x * 2.0**100, 3, seed=3)
+    plain = batched_kmeans(x, 3, seed=3)
+    assert torch.equal(huge.labels, plain.labels)
+    torch.testing.assert_close(huge.centroids, plain.centroids * 2.0**100)
+    before = x.clone()
+    batched_kmeans(x, 3)
+    assert torch.equal(x, before)
 
 
 def test_kmeans_plus_plus_is_d2_sampling():

@@ -111,20 +111,14 @@ void expand_one(const int64_t* row_ptr, const int64_t* col_idx, const int64_t* s
   *truncated_out = truncated;
 }
 
-py::tuple expand(carray<int64_t> row_ptr, carray<int64_t> col_idx, carray<int64_t> sources, int64_t num_cols,
-                 int64_t hops, int64_t capacity, int64_t max_fanout, int64_t max_frontier, bool keep_sources) {
-  require(row_ptr.ndim() == 1 && row_ptr.shape(0) >= 1, "row_ptr must be (R+1,)");
-  require(col_idx.ndim() == 1 && sources.ndim() == 2, "col_idx must be (E,), sources (B, S)");
-  require(capacity >= 1 && hops >= 0 && max_fanout >= 1 && max_frontier >= 1 && num_cols >= 0,
-          "capacity, max_fanout, max_frontier must be >= 1 and hops, num_cols >= 0");
-  const int64_t num_q = sources.shape(0), num_src = sources.shape(1);
+// Expansion of num_q queries into fresh output arrays (inputs as validated raw pointers).
+py::tuple expand_raw(const int64_t* rp, const int64_t* ci, const int64_t* src, int64_t num_q, int64_t num_src,
+                     int64_t num_cols, int64_t hops, int64_t capacity, int64_t max_fanout, int64_t max_frontier,
+                     bool keep_sources) {
   const std::vector<py::ssize_t> shape{num_q, capacity};
   carray<int64_t> node(shape), hop(shape), seed(shape), parent(shape), edge(shape);
   carray<int64_t> count(std::vector<py::ssize_t>{num_q});
   py::array_t<bool> truncated(std::vector<py::ssize_t>{num_q});
-  const int64_t* rp = row_ptr.data();
-  const int64_t* ci = col_idx.data();
-  const int64_t* src = sources.data();
   Lists lists{node.mutable_data(), hop.mutable_data(), seed.mutable_data(), parent.mutable_data(),
               edge.mutable_data()};
   int64_t* cnt = count.mutable_data();
@@ -154,6 +148,32 @@ py::tuple expand(carray<int64_t> row_ptr, carray<int64_t> col_idx, carray<int64_
   return py::make_tuple(node, hop, seed, parent, edge, count, truncated);
 }
 
+py::tuple expand(carray<int64_t> row_ptr, carray<int64_t> col_idx, carray<int64_t> sources, int64_t num_cols,
+                 int64_t hops, int64_t capacity, int64_t max_fanout, int64_t max_frontier, bool keep_sources) {
+  require(row_ptr.ndim() == 1 && row_ptr.shape(0) >= 1, "row_ptr must be (R+1,)");
+  require(col_idx.ndim() == 1 && sources.ndim() == 2, "col_idx must be (E,), sources (B, S)");
+  require(capacity >= 1 && hops >= 0 && max_fanout >= 1 && max_frontier >= 1 && num_cols >= 0,
+          "capacity, max_fanout, max_frontier must be >= 1 and hops, num_cols >= 0");
+  return expand_raw(row_ptr.data(), col_idx.data(), sources.data(), sources.shape(0), sources.shape(1), num_cols,
+                    hops, capacity, max_fanout, max_frontier, keep_sources);
+}
+
+// The per-call fast path (graph.khop_neighbourhood): a validated CSRGraph's int64 contiguous arrays and
+// (B, S) int64 C-contiguous sources read in place.  None when a source lies outside [-1, num_rows): the
+// general path then raises its ValueError.
+py::object expand_ptr(std::uintptr_t row_ptr, int64_t num_rows, std::uintptr_t col_idx, std::uintptr_t sources,
+                      int64_t num_q, int64_t num_src, int64_t num_cols, int64_t hops, int64_t capacity,
+                      int64_t max_fanout, int64_t max_frontier) {
+  require(num_rows >= 0 && num_q >= 1 && num_src >= 0 && capacity >= 1 && hops >= 0 && max_fanout >= 1 &&
+              max_frontier >= 1 && num_cols >= 0,
+          "expand_ptr: bad sizes");
+  const int64_t* src = in_ptr<int64_t>(sources);
+  for (int64_t e = 0; e < num_q * num_src; ++e)
+    if (src[e] < -1 || src[e] >= num_rows) return py::none();
+  return expand_raw(in_ptr<int64_t>(row_ptr), in_ptr<int64_t>(col_idx), src, num_q, num_src, num_cols, hops,
+                    capacity, max_fanout, max_frontier, true);
+}
+
 }  // namespace
 }  // namespace streammem
 
@@ -163,4 +183,8 @@ PYBIND11_MODULE(_cpu_graph, m) {
   m.def("expand", &streammem::expand, py::arg("row_ptr"), py::arg("col_idx"), py::arg("sources"),
         py::arg("num_cols"), py::arg("hops"), py::arg("capacity"), py::arg("max_fanout"), py::arg("max_frontier"),
         py::arg("keep_sources"));
+  m.def("expand_ptr", &streammem::expand_ptr, py::arg("row_ptr"), py::arg("num_rows"), py::arg("col_idx"),
+        py::arg("sources"), py::arg("num_q"), py::arg("num_src"), py::arg("num_cols"), py::arg("hops"),
+        py::arg("capacity"), py::arg("max_fanout"), py::arg("max_frontier"),
+        "expand (keep_sources) on int64 C-contiguous arrays read in place; None if a source is out of range");
 }

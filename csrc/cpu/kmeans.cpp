@@ -32,6 +32,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <vector>
 
 namespace streammem {
@@ -307,6 +308,139 @@ void solve_problem(const float* x, const float* w, int64_t n, int64_t N, int64_t
   *n_iter = done;
 }
 
+// Lloyd on B problems (x (B,N,D), w (B,N), len (B,)), centres holding the initial (B,k,D) on entry.
+void solve_all(const float* x, const float* w, const int64_t* len, int64_t B, int64_t N, int64_t D, int64_t k,
+               double tol, int iters, bool cosine, float* c, int64_t* lab, float* inr, int64_t* nit) {
+  const int threads = max_threads();
+  if (threads > 1 && B >= 2 * threads) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; ++b)
+      solve_problem(x + b * N * D, w + b * N, len[b], N, D, k, tol, iters, cosine, 1, c + b * k * D, lab + b * N,
+                    inr + b, nit + b);
+  } else {
+    for (int64_t b = 0; b < B; ++b) {
+      // Split points across threads only when each thread gets a useful share.
+      const int inner = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, len[b] * D * k / 4096)));
+      solve_problem(x + b * N * D, w + b * N, len[b], N, D, k, tol, iters, cosine, inner, c + b * k * D, lab + b * N,
+                    inr + b, nit + b);
+    }
+  }
+}
+
+// ---- k-means++ fast path (kmeans.py: batched_kmeans' CPU fast path) -----------------------------
+//
+// The noise of torch.multinomial(p, 1, generator=g) on CPU: it draws q = empty_like(p).exponential_(1, g)
+// and returns argmax(p / q).  exponential_ on a CPU float64 tensor is a serial loop of
+// -log1p(-u), u = the low 53 bits of one 64-bit draw (two mt19937 outputs, the first the high word)
+// x 2^-53, from the mt19937 that manual_seed(seed) seeds with the low 32 bits of the seed.  Drawing
+// the k steps' (B, N) tensors here in the same order gives the same values bit for bit
+// (tests/test_kmeans.py checks it against torch), so the picks follow the reference's generator.
+void exponential_noise(uint32_t seed, int64_t n, double* out) {
+  std::mt19937 engine(seed);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t hi = engine(), lo = engine();
+    const uint64_t bits = ((hi << 32) | lo) & ((uint64_t{1} << 53) - 1);
+    out[i] = -std::log1p(-static_cast<double>(bits) * 0x1p-53);
+  }
+}
+
+// Largest |x| of n floats into *amax; false when one is NaN or +-Inf.  One branch-free pass.
+STREAMMEM_HOT bool largest_magnitude(const float* __restrict x, int64_t n, float* amax) {
+  float top = 0.0f;
+  int nonfinite = 0;
+#pragma omp simd reduction(max : top) reduction(| : nonfinite)
+  for (int64_t e = 0; e < n; ++e) {
+    const float a = std::fabs(x[e]);
+    nonfinite |= !(a <= std::numeric_limits<float>::max());
+    top = a > top ? a : top;
+  }
+  *amax = top;
+  return nonfinite == 0;
+}
+
+// torch.argmax of mass / q over n entries: the first maximum, a NaN (0/0) counting as the largest.
+int64_t draw(const double* mass, const double* q, int64_t n) {
+  int64_t best = 0;
+  double top = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = mass[i] / q[i];
+    if (std::isnan(v)) return i;
+    if (v > top || i == 0) {
+      top = v;
+      best = i;
+    }
+  }
+  return best;
+}
+
+// D^2 seeding of one unweighted problem (kmeans._kmeans_plus_plus, metric l2), the k draws' noise in
+// `noise` (step s at noise[s * stride]).  D^2 is the direct float64 ||x - c||^2 (the reference: float32
+// ||x||^2 - 2 x.c + ||c||^2, which can leave rounding noise, not 0, on a duplicate of a chosen centre).
+STREAMMEM_HOT void seed_problem(const float* x, int64_t N, int64_t D, int64_t k, const double* noise, int64_t stride,
+                  float* centres) {
+  std::vector<double> ones(static_cast<size_t>(N), 1.0), nearest(static_cast<size_t>(N)), mass(static_cast<size_t>(N));
+  int64_t pick = draw(ones.data(), noise, N);
+  std::memcpy(centres, x + pick * D, sizeof(float) * D);
+  for (int64_t s = 1; s < k; ++s) {
+    const float* c = centres + (s - 1) * D;
+    double total = 0.0;
+    for (int64_t i = 0; i < N; ++i) {
+      const float* row = x + i * D;
+      double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t d = 0; d < D; ++d) {
+        const double diff = static_cast<double>(row[d]) - static_cast<double>(c[d]);
+        acc += diff * diff;
+      }
+      nearest[i] = s == 1 ? acc : std::min(nearest[i], acc);
+      mass[i] = nearest[i];
+      total += mass[i];
+    }
+    // Every point on a chosen centre: draw by weight again (the duplicate becomes an empty cluster).
+    pick = draw(total > 0.0 ? mass.data() : ones.data(), noise + s * stride, N);
+    std::memcpy(centres + s * D, x + pick * D, sizeof(float) * D);
+  }
+}
+
+// Whole unweighted l2 k-means++ call on (B, N, D) float32 points read in place: value checks, seeding,
+// Lloyd.  None when a problem needs the power-of-two rescaling (the general path does it).
+py::object kmeans_pp(std::uintptr_t points_ptr, int64_t B, int64_t N, int64_t D, int64_t k, int iters, double tol,
+                     uint32_t seed) {
+  require(B >= 1 && N >= 1 && D >= 1 && k >= 1 && k <= N && iters >= 1 && tol >= 0.0, "kmeans_pp: bad sizes");
+  const float* x = in_ptr<float>(points_ptr);
+  bool finite = true, in_range = true;
+  {
+    py::gil_scoped_release nogil;
+    for (int64_t b = 0; b < B && finite; ++b) {
+      float amax = 0.0f;
+      finite = largest_magnitude(x + b * N * D, N * D, &amax);
+      if (amax != 0.0f && (amax < 0x1p-40f || amax > 0x1p40f)) in_range = false;
+    }
+  }
+  require(finite, "x must be finite, found NaN or Inf");
+  if (!in_range) return py::none();
+  carray<float> centroids({B, k, D});
+  carray<int64_t> labels({B, N});
+  carray<double> inertia(B);
+  carray<int64_t> n_iter(B);
+  float* c = centroids.mutable_data();
+  int64_t* lab = labels.mutable_data();
+  int64_t* nit = n_iter.mutable_data();
+  double* inr64 = inertia.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    std::vector<double> noise(static_cast<size_t>(k * B * N));
+    exponential_noise(seed, k * B * N, noise.data());
+    for (int64_t b = 0; b < B; ++b) seed_problem(x + b * N * D, N, D, k, noise.data() + b * N, B * N, c + b * k * D);
+    const std::vector<float> w(static_cast<size_t>(B * N), 1.0f);
+    const std::vector<int64_t> len(static_cast<size_t>(B), N);
+    std::vector<float> inr(static_cast<size_t>(B));
+    solve_all(x, w.data(), len.data(), B, N, D, k, tol, iters, false, c, lab, inr.data(), nit);
+    for (int64_t b = 0; b < B; ++b) inr64[b] = inr[b];  // the reference's float32 inertia, widened
+  }
+  return py::make_tuple(centroids, labels, inertia, n_iter);
+}
+
 py::tuple lloyd(carray<float> points, carray<float> weights, carray<int64_t> lengths, carray<float> init,
                 double tol, int iters, bool cosine) {
   require(points.ndim() == 3, "points must be (B, N, D)");
@@ -330,22 +464,9 @@ py::tuple lloyd(carray<float> points, carray<float> weights, carray<int64_t> len
   int64_t* lab = labels.mutable_data();
   float* inr = inertia.mutable_data();
   int64_t* nit = n_iter.mutable_data();
-  const int threads = max_threads();
   {
     py::gil_scoped_release nogil;
-    if (threads > 1 && B >= 2 * threads) {
-#pragma omp parallel for schedule(dynamic, 1)
-      for (int64_t b = 0; b < B; ++b)
-        solve_problem(x + b * N * D, w + b * N, len[b], N, D, k, tol, iters, cosine, 1, c + b * k * D,
-                      lab + b * N, inr + b, nit + b);
-    } else {
-      for (int64_t b = 0; b < B; ++b) {
-        // Split points across threads only when each thread gets a useful share.
-        const int inner = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, len[b] * D * k / 4096)));
-        solve_problem(x + b * N * D, w + b * N, len[b], N, D, k, tol, iters, cosine, inner, c + b * k * D,
-                      lab + b * N, inr + b, nit + b);
-      }
-    }
+    solve_all(x, w, len, B, N, D, k, tol, iters, cosine, c, lab, inr, nit);
   }
   return py::make_tuple(centroids, labels, inertia, n_iter);
 }
@@ -360,4 +481,13 @@ PYBIND11_MODULE(_cpu_kmeans, m) {
         py::arg("tol"), py::arg("iters"), py::arg("cosine"),
         "(B,N,D) points, (B,N) weights, (B,) lengths, (B,k,D) initial centres, relative tol -> "
         "(centroids, labels, inertia, n_iter)");
+  m.def("kmeans_pp", &streammem::kmeans_pp, py::arg("points_ptr"), py::arg("B"), py::arg("N"), py::arg("D"),
+        py::arg("k"), py::arg("iters"), py::arg("tol"), py::arg("seed"),
+        "Unweighted l2 k-means++ + Lloyd on C-contiguous float32 (B,N,D) points at points_ptr -> "
+        "(centroids, labels, inertia float64, n_iter), or None when a problem needs rescaling");
+  m.def("exponential_noise", [](uint32_t seed, int64_t n) {
+    streammem::carray<double> out(n);
+    streammem::exponential_noise(seed, n, out.mutable_data());
+    return out;
+  }, py::arg("seed"), py::arg("n"), "torch's CPU exponential_(1) draws of a generator seeded with seed (tests)");
 }
