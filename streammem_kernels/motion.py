@@ -414,10 +414,13 @@ def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", b
         frames = frames[..., 0]
     h, w_ = frames.shape[1:3]
     args = (tuple(frames.shape[1:3]), size, window, min_eig, levels, statistic)
-    try:
-        window, min_eig, levels, statistic, out_hw = _plan(*args)
-    except TypeError:  # unhashable arguments: validated uncached (and rejected there)
+    if torch.compiler.is_compiling():  # dynamo traces through the cache wrapper (and warns): skip it
         window, min_eig, levels, statistic, out_hw = _plan.__wrapped__(*args)
+    else:
+        try:
+            window, min_eig, levels, statistic, out_hw = _plan(*args)
+        except TypeError:  # unhashable arguments: validated uncached (and rejected there)
+            window, min_eig, levels, statistic, out_hw = _plan.__wrapped__(*args)
     native_prep = (
         frames.dtype == torch.uint8 and frames.device.type == "cpu" and out_hw[0] <= h and out_hw[1] <= w_
         and (frames.dim() == 4 or out_hw != (h, w_)) and LK_FLOW.select(backend, frames.device) == "cpp"
