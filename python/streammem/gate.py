@@ -123,6 +123,7 @@ class MotionGate:
         self.backend = backend
         self._anchor = None  # previous frame ("previous") or last kept frame ("last_kept")
         self._anchor_gray = None  # its working-size gray (motion._prepare), made when first needed
+        self._anchor_owned = False  # whether _anchor is the gate's own buffer (not a restored state's)
         self.frames_seen = 0
         self.frames_kept = 0
 
@@ -132,6 +133,21 @@ class MotionGate:
             raise ValueError(f"preset must be one of {sorted(PRESETS)} or a Preset, got {preset!r}")
         p = PRESETS[preset] if isinstance(preset, str) else preset
         return cls(p.threshold, **kwargs)
+
+    def _set_anchor(self, frame, gray) -> None:
+        """Copy ``frame`` into the gate's own reference buffer (reused from frame to frame: a fresh
+        full-size copy per push cost ~60 us in page faults) and keep its working-size gray."""
+        anchor = self._anchor
+        if self._anchor_owned and type(anchor) is type(frame) and (
+                not isinstance(frame, torch.Tensor) or anchor.device == frame.device):
+            if isinstance(anchor, torch.Tensor):
+                anchor.copy_(frame)
+            else:
+                np.copyto(anchor, frame)
+        else:
+            self._anchor = _own(frame)
+            self._anchor_owned = True
+        self._anchor_gray = gray
 
     def _gray(self, frames):
         """Working-size gray of (n, H, W[, C]) frames, validated (n >= 1), and the resolved arguments."""
@@ -171,7 +187,7 @@ class MotionGate:
         if self._anchor is None:
             scores.append(1.0)
             kept.append(True)
-            self._anchor, self._anchor_gray = _own(batch[0]), gray[0]
+            self._set_anchor(batch[0], gray[0])
             start = 1
         elif self._anchor_gray is None:  # restored by load_state_dict
             self._anchor_gray = self._gray(self._anchor[None])[0][0]
@@ -179,7 +195,7 @@ class MotionGate:
             s = self._scores(self._anchor_gray, gray[start:], args)
             scores.extend(s)
             kept.extend(v > self.threshold for v in s)
-            self._anchor, self._anchor_gray = _own(batch[-1]), gray[-1]
+            self._set_anchor(batch[-1], gray[-1])
         else:
             for t in range(start, n):
                 s = self._scores(self._anchor_gray, gray[t:t + 1], args)[0]
@@ -187,7 +203,7 @@ class MotionGate:
                 keep = s > self.threshold
                 kept.append(keep)
                 if keep:
-                    self._anchor, self._anchor_gray = _own(batch[t]), gray[t]
+                    self._set_anchor(batch[t], gray[t])
         self.frames_seen += n
         self.frames_kept += sum(kept)
         return scores, kept
@@ -207,11 +223,13 @@ class MotionGate:
         anchor = state["anchor"]
         self._anchor = anchor.numpy() if anchor is not None and state["anchor_is_numpy"] else anchor
         self._anchor_gray = None
+        self._anchor_owned = False  # the state's tensor: never written into
         self.frames_seen = int(state["frames_seen"])
         self.frames_kept = int(state["frames_kept"])
 
     def reset(self) -> None:
         self._anchor = None
         self._anchor_gray = None
+        self._anchor_owned = False
         self.frames_seen = 0
         self.frames_kept = 0
