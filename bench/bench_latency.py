@@ -161,7 +161,7 @@ def overhead_rows(faiss) -> list[tuple]:
     pair = torch.randint(0, 256, (2, 168, 224, 3), dtype=torch.uint8, generator=g)
     rows.append(("motion_magnitude 2x168x224 RGB uint8", *measure_pair(
         lambda: sk.motion_magnitude(pair),
-        lambda: motion_mod.lk_flow(motion_mod.gray_area(pair.numpy(), 168, 224), 5, 1e-5))))
+        lambda: motion_mod.lk_flow(motion_mod.gray_area(pair.numpy(), 168, 224), *_lk_args(168, 224)))))
     return rows
 
 
@@ -225,6 +225,14 @@ def inner_native_rows() -> list[tuple]:
     return rows
 
 
+def _lk_args(h: int, w: int) -> tuple:
+    """The C++ lk_flow arguments after the frames that motion_magnitude's defaults pass."""
+    from streammem_kernels import motion
+
+    return (5, 1e-5, motion._resolve_levels("auto", (h, w), 5), True, *motion.MOVING_FLOOR_PX,
+            motion.MOVING_MIN_AREA, motion.GUESS_BOX, motion.COARSEST_STEPS)
+
+
 def motion_gate_row() -> tuple:
     from streammem.gate import MotionGate
 
@@ -234,9 +242,13 @@ def motion_gate_row() -> tuple:
     gate = MotionGate(size=224)
     gate.push(video[:1])
     it = iter(range(10**9))
-    stacks = [np.stack([video[i], video[i + 1]]) for i in range(15)]
+    # The kernel work one push needs: the new frame's gray at 224 px, then LK on (reference, new)
+    # gray; the reference's gray was made when it was pushed.
+    anchor = motion_mod.gray_area(video[:1], 168, 224)
+    args = _lk_args(168, 224)
     pub, nat = measure_pair(lambda: gate.push(video[1 + next(it) % 15][None]),
-                            lambda: motion_mod.lk_flow(motion_mod.gray_area(stacks[next(it) % 15], 168, 224), 5, 1e-5))
+                            lambda: motion_mod.lk_flow(np.concatenate(
+                                (anchor, motion_mod.gray_area(video[1 + next(it) % 15][None], 168, 224))), *args))
     return ("MotionGate.push 480x640 RGB -> 224 px", pub, nat)
 
 

@@ -205,7 +205,16 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
     CUDA graph.
     """
     gray, window, min_eig, levels, statistic = _prepare(frames, size, window, min_eig, levels, statistic, backend)
-    flow_px, mean_uv = _lk_flow(gray, window, min_eig, levels, statistic, _select(backend, gray))
+    return _motion_of_gray(gray, window, min_eig, levels, statistic, _select(backend, gray))
+
+
+def _motion_of_gray(gray, window, min_eig, levels, statistic, backend) -> MotionResult:
+    """MotionResult of prepared gray frames (``_prepare``'s output) with a resolved backend."""
+    flow_px, mean_uv = _lk_flow(gray, window, min_eig, levels, statistic, backend)
+    if backend == "cpp":
+        # Same float32 division as the tensor expression below, without two small torch ops (~6 us each).
+        f = flow_px.numpy()
+        return MotionResult(flow_px, torch.from_numpy(f / (np.float32(1.0) + f)), mean_uv)
     return MotionResult(flow_px, flow_px / (1.0 + flow_px), mean_uv)
 
 
@@ -339,8 +348,41 @@ def _resolve_levels(levels, hw, window: int) -> int:
     return levels
 
 
-def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", backend="auto"):
-    """Validate and convert to contiguous gray (T, H, W): uint8 kept, else float32."""
+@functools.lru_cache(maxsize=256, typed=True)
+def _plan(shape, size, window, min_eig, levels, statistic):
+    """Validated scalar arguments and working size for frames of ``shape`` (T excluded), cached:
+    a stream calls with the same arguments every frame, and these checks cost ~10 us."""
+    if window is None:
+        window = 0
+    else:
+        window = check_int(window, "window", minimum=3, odd=True)
+    min_eig = check_float(min_eig, "min_eig", low=0.0)
+    if size is not None:
+        size = check_int(size, "size", minimum=3)
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
+    if not (levels == "auto" or (isinstance(levels, (int, np.integer)) and not isinstance(levels, bool))):
+        raise ValueError(f"levels must be an int >= 1 or 'auto', got {levels!r}")
+    h, w_ = shape[:2]
+    out_hw = (h, w_)
+    if size is not None:
+        scale = size / max(h, w_)
+        out_hw = (max(1, round(h * scale)), max(1, round(w_ * scale)))
+    need = (window or 1) + 2
+    if out_hw[0] < need or out_hw[1] < need:
+        raise ValueError(
+            f"frames must be at least {need}x{need} pixels at the working size for window={window or None} "
+            f"(3x3 gradients plus the window), got {out_hw}"
+        )
+    levels = _resolve_levels(levels, out_hw, window)
+    return window, min_eig, levels, statistic, out_hw
+
+
+def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", backend="auto", min_frames=2):
+    """Validate and convert to contiguous gray (T, H, W): uint8 kept, else float32.
+
+    ``min_frames=1`` prepares single frames (the streaming gate keeps its reference frame's gray).
+    """
     if isinstance(frames, (list, tuple)):
         frames = [as_tensor(f, f"frames[{i}]") for i, f in enumerate(frames)]
         if not frames:
@@ -358,7 +400,7 @@ def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", b
     check_nonempty(frames, "frames")
     if frames.dim() == 4 and frames.shape[-1] not in (1, 3):
         raise ValueError(f"frames must have 1 or 3 channels in the last dimension, got {frames.shape[-1]}")
-    if frames.shape[0] < 2:
+    if frames.shape[0] < min_frames:
         raise ValueError(f"frames must hold at least 2 frames (T >= 2), got T={frames.shape[0]}")
     if frames.is_floating_point():
         # Floating frames are intensities in [0, 1]: one min/max pass rejects NaN/Inf (they fail both
@@ -368,32 +410,17 @@ def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", b
         check_values((low >= 0) & (high <= 1),
                      "frames must be finite and, for a floating dtype, intensities in [0, 1] (NaN, Inf and values "
                      "outside are rejected); divide 0..255 data by 255 or pass uint8 frames")
-    if window is None:
-        window = 0
-    else:
-        window = check_int(window, "window", minimum=3, odd=True)
-    min_eig = check_float(min_eig, "min_eig", low=0.0)
-    if size is not None:
-        size = check_int(size, "size", minimum=3)
-    if statistic not in STATISTICS:
-        raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
-    if not (levels == "auto" or (isinstance(levels, (int, np.integer)) and not isinstance(levels, bool))):
-        raise ValueError(f"levels must be an int >= 1 or 'auto', got {levels!r}")
-
     if frames.dim() == 4 and frames.shape[-1] == 1:
         frames = frames[..., 0]
     h, w_ = frames.shape[1:3]
-    out_hw = (h, w_)
-    if size is not None:
-        scale = size / max(h, w_)
-        out_hw = (max(1, round(h * scale)), max(1, round(w_ * scale)))
-    need = (window or 1) + 2
-    if out_hw[0] < need or out_hw[1] < need:
-        raise ValueError(
-            f"frames must be at least {need}x{need} pixels at the working size for window={window or None} "
-            f"(3x3 gradients plus the window), got {out_hw}"
-        )
-    levels = _resolve_levels(levels, out_hw, window)
+    args = (tuple(frames.shape[1:3]), size, window, min_eig, levels, statistic)
+    if torch.compiler.is_compiling():  # dynamo traces through the cache wrapper (and warns): skip it
+        window, min_eig, levels, statistic, out_hw = _plan.__wrapped__(*args)
+    else:
+        try:
+            window, min_eig, levels, statistic, out_hw = _plan(*args)
+        except TypeError:  # unhashable arguments: validated uncached (and rejected there)
+            window, min_eig, levels, statistic, out_hw = _plan.__wrapped__(*args)
     native_prep = (
         frames.dtype == torch.uint8 and frames.device.type == "cpu" and out_hw[0] <= h and out_hw[1] <= w_
         and (frames.dim() == 4 or out_hw != (h, w_)) and LK_FLOW.select(backend, frames.device) == "cpp"
@@ -439,6 +466,8 @@ def _select(backend: str, gray: torch.Tensor) -> str:
 
 
 def _lk_flow(gray, window, min_eig, levels, statistic, backend):
+    if backend == "cpp" and not torch.compiler.is_compiling():
+        return _lk_flow_cpp(gray, window, min_eig, levels, statistic)  # numpy outputs: no grad context needed
     return call_op(torch.ops.streammem.lk_flow, LK_FLOW.impls, backend, gray, window, min_eig, levels, statistic)
 
 

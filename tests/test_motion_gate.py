@@ -3,6 +3,7 @@ known moving objects.  Ground truth is which frames contain motion; the presets 
 (issue 14: one small object moving on a static camera) and drop a static scene."""
 import numpy as np
 import pytest
+import torch
 
 from motion_clips import MovingObject, moving_object_clip
 from streammem import MemoryConfig
@@ -85,3 +86,41 @@ def test_memory_config_passes_the_statistic_to_the_gate():
         MemoryConfig(motion_levels=0)
     with pytest.raises(ValueError, match="statistic"):
         MotionGate(0.3, statistic="median")
+
+
+@pytest.mark.parametrize("reference", ["previous", "last_kept"])
+@pytest.mark.parametrize("kind", ["gray_uint8", "gray_float32", "rgb_tensor"])
+def test_gate_scores_equal_motion_magnitude_on_the_full_frames(kind, reference):
+    """The gate keeps its reference frame's working-size gray and converts each frame once; its
+    scores are motion_magnitude's on the stacked full-size frames, bit for bit, when the caller
+    reuses its buffer (gray frames at the working size are views of it before the gate copies
+    them), across batches and a state_dict round trip."""
+    rng = np.random.default_rng(3)
+    frames = rng.integers(0, 256, (7, 24, 32) if kind != "rgb_tensor" else (7, 24, 32, 3), dtype=np.uint8)
+    frames[3] = frames[2]  # a still frame
+    if kind == "gray_float32":
+        frames = frames.astype(np.float32) / 255.0
+    size = None if kind != "rgb_tensor" else 20
+    gate = MotionGate(0.3, size=size, reference=reference)
+    buffer = np.empty_like(frames[:2])
+    scores, kept, anchors = [], [], [0]
+    for start in range(0, len(frames), 2):
+        n = min(2, len(frames) - start)
+        buffer[:n] = frames[start:start + n]
+        batch = torch.from_numpy(buffer[:n]) if kind == "rgb_tensor" else buffer[:n]
+        s, k = gate.push(batch)
+        buffer[:] = 0  # the caller reuses its buffer at once
+        scores += s
+        kept += k
+        if start == 2:  # restore into a fresh gate mid-stream
+            state = gate.state_dict()
+            gate = MotionGate(0.3, size=size, reference=reference)
+            gate.load_state_dict(state)
+    for t in range(1, len(frames)):
+        pair = np.stack([frames[anchors[-1]], frames[t]])
+        want = float(motion_magnitude(pair, size=size).score[0])
+        assert scores[t] == want, (t, scores[t], want)
+        assert kept[t] == (want > 0.3)
+        if reference == "previous" or kept[t]:
+            anchors.append(t)
+    assert kept[0] and not kept[3]

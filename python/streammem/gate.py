@@ -31,8 +31,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from streammem_kernels import motion_magnitude
-from streammem_kernels.motion import STATISTICS
+from streammem_kernels.motion import STATISTICS, _motion_of_gray, _prepare, _select
 
 __all__ = ["Preset", "PRESETS", "MotionGate"]
 
@@ -90,6 +89,11 @@ class MotionGate:
     a stream has one shape and dtype.  The gate keeps a copy of its reference
     frame, so the caller may reuse its frame buffer.  Not thread-safe: one
     caller at a time.
+
+    Each frame is converted to the working-size gray once: the gate keeps its
+    reference frame's gray next to the frame, and scores a push from the gray of
+    the reference and of the new frames (``motion_magnitude`` converts each frame
+    on its own, so the scores are the same as on the stacked full-size frames).
     """
 
     def __init__(self, threshold: float = 0.4, *, size: int | None = 224, reference: str = "previous",
@@ -118,6 +122,8 @@ class MotionGate:
         self.window = window
         self.backend = backend
         self._anchor = None  # previous frame ("previous") or last kept frame ("last_kept")
+        self._anchor_gray = None  # its working-size gray (motion._prepare), made when first needed
+        self._anchor_owned = False  # whether _anchor is the gate's own buffer (not a restored state's)
         self.frames_seen = 0
         self.frames_kept = 0
 
@@ -128,9 +134,38 @@ class MotionGate:
         p = PRESETS[preset] if isinstance(preset, str) else preset
         return cls(p.threshold, **kwargs)
 
-    def _scores(self, stack: np.ndarray | torch.Tensor) -> list[float]:
-        res = motion_magnitude(stack, size=self.size, window=self.window, statistic=self.statistic,
-                               levels=self.levels, backend=self.backend)
+    def _set_anchor(self, frame, gray) -> None:
+        """Copy ``frame`` into the gate's own reference buffer (reused from frame to frame: a fresh
+        full-size copy per push cost ~60 us in page faults) and keep its working-size gray."""
+        anchor = self._anchor
+        if self._anchor_owned and type(anchor) is type(frame) and (
+                not isinstance(frame, torch.Tensor) or anchor.device == frame.device):
+            if isinstance(anchor, torch.Tensor):
+                anchor.copy_(frame)
+            else:
+                np.copyto(anchor, frame)
+        else:
+            self._anchor = _own(frame)
+            self._anchor_owned = True
+        self._anchor_gray = gray
+
+    def _gray(self, frames):
+        """Working-size gray of (n, H, W[, C]) frames, validated (n >= 1), and the resolved arguments."""
+        gray, window, min_eig, levels, statistic = _prepare(frames, self.size, self.window, 1e-5, self.levels,
+                                                            self.statistic, self.backend, min_frames=1)
+        if isinstance(frames, torch.Tensor):
+            shared = gray.untyped_storage().data_ptr() == frames.untyped_storage().data_ptr()
+        else:
+            shared = gray.device.type == "cpu" and np.may_share_memory(gray.numpy(), frames)
+        if shared:
+            gray = gray.clone()  # gray frames at the working size come back as views of the caller's buffer
+        return gray, (window, min_eig, levels, statistic, _select(self.backend, gray))
+
+    def _scores(self, anchor_gray, gray, args) -> list[float]:
+        """Scores of the reference gray (H', W') followed by ``gray`` (m, H', W')."""
+        if anchor_gray.dtype != gray.dtype:  # the preparation path changed (backend switched): redo the reference
+            anchor_gray = self._gray(self._anchor[None])[0][0]
+        res = _motion_of_gray(torch.cat((anchor_gray[None], gray)), *args)
         return res.score.tolist()
 
     def push(self, frames: Sequence[np.ndarray] | np.ndarray) -> tuple[list[float], list[bool]]:
@@ -145,32 +180,30 @@ class MotionGate:
             raise ValueError(f"frames must keep the stream's frame shape {tuple(anchor.shape)} and dtype "
                              f"{anchor.dtype}, got {tuple(batch.shape[1:])} {batch.dtype} (reset() starts a new "
                              f"stream)")
+        gray, args = self._gray(batch)  # validates every frame, the first of a stream included
         scores: list[float] = []
         kept: list[bool] = []
         start = 0
         if self._anchor is None:
             scores.append(1.0)
             kept.append(True)
-            self._anchor = _own(batch[0])
+            self._set_anchor(batch[0], gray[0])
             start = 1
+        elif self._anchor_gray is None:  # restored by load_state_dict
+            self._anchor_gray = self._gray(self._anchor[None])[0][0]
         if self.reference == "previous" and start < n:
-            if isinstance(batch, torch.Tensor):
-                stack = torch.cat([torch.as_tensor(self._anchor)[None], batch[start:]])
-            else:
-                stack = np.concatenate([self._anchor[None], batch[start:]])
-            s = self._scores(stack)
+            s = self._scores(self._anchor_gray, gray[start:], args)
             scores.extend(s)
             kept.extend(v > self.threshold for v in s)
-            self._anchor = _own(batch[-1])
+            self._set_anchor(batch[-1], gray[-1])
         else:
             for t in range(start, n):
-                pair = np.stack([np.asarray(self._anchor), np.asarray(batch[t])])
-                s = self._scores(pair)[0]
+                s = self._scores(self._anchor_gray, gray[t:t + 1], args)[0]
                 scores.append(s)
                 keep = s > self.threshold
                 kept.append(keep)
                 if keep:
-                    self._anchor = _own(batch[t])
+                    self._set_anchor(batch[t], gray[t])
         self.frames_seen += n
         self.frames_kept += sum(kept)
         return scores, kept
@@ -189,10 +222,14 @@ class MotionGate:
     def load_state_dict(self, state: dict) -> None:
         anchor = state["anchor"]
         self._anchor = anchor.numpy() if anchor is not None and state["anchor_is_numpy"] else anchor
+        self._anchor_gray = None
+        self._anchor_owned = False  # the state's tensor: never written into
         self.frames_seen = int(state["frames_seen"])
         self.frames_kept = int(state["frames_kept"])
 
     def reset(self) -> None:
         self._anchor = None
+        self._anchor_gray = None
+        self._anchor_owned = False
         self.frames_seen = 0
         self.frames_kept = 0
