@@ -401,7 +401,7 @@ def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", b
     if frames.dim() == 4 and frames.shape[-1] not in (1, 3):
         raise ValueError(f"frames must have 1 or 3 channels in the last dimension, got {frames.shape[-1]}")
     if frames.shape[0] < min_frames:
-        raise ValueError(f"frames must hold at least 2 frames (T >= 2), got T={frames.shape[0]}")
+        raise ValueError(f"frames must hold at least {min_frames} frames (T >= {min_frames}), got T={frames.shape[0]}")
     if frames.is_floating_point():
         # Floating frames are intensities in [0, 1]: one min/max pass rejects NaN/Inf (they fail both
         # comparisons) and out-of-range data (0..255 floats, 1e20) that would otherwise overflow the
