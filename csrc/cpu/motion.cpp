@@ -2,7 +2,7 @@
 //
 // Contract (see streammem_kernels/motion.py, which is the spec):
 //   lk_flow(gray (T,H,W) uint8|float32, window (odd >= 3, or 0 = global),
-//           min_eig, levels, moving, floor_lo, floor_hi, min_area, guess_box, coarsest_steps)
+//           min_eig, levels, moving, floor_lo, floor_hi, min_area, guess_box, search_radius)
 //     -> (flow_px (T-1,) float32, mean_uv (T-1,2) float32)
 //
 // One level of one pair is one pass per row strip: for each image row, the
@@ -33,6 +33,7 @@ namespace {
 
 constexpr int kLanes = 8;         // independent accumulators so the reductions vectorise
 constexpr int64_t kChunkPairs = 64;  // pairs whose pyramids and guesses are held at once
+constexpr float kSearchQuant = 4096.0f;  // motion.SEARCH_QUANT
 
 struct PairSums {
   double mag = 0, u = 0, v = 0, weight = 0;  // window mode: weighted sums
@@ -493,6 +494,34 @@ void reduce_frame(const T* src, int64_t H, int64_t W, float scale, float* dst, f
                        tmp + std::min<int64_t>(2 * i + 1, H - 1) * Wn, Wn, dst + i * Wn);
 }
 
+// The coarsest level's start (the reference's search_shift): the whole-pixel shift (dx, dy) in
+// [-rx, rx] x [-ry, ry] whose sum of quantised absolute differences over prev's central region
+// [ry, H - ry) x [rx, W - rx) against cur at (y + dy, x + dx) is smallest; ties go to no shift,
+// then to the first in row-major order.  Integer sums: the same shift as every backend.
+STREAMMEM_HOT void search_shift(const float* __restrict prev, const float* __restrict cur, int64_t H, int64_t W,
+                                int ry, int rx, float quant, int32_t* sx, int32_t* sy) {
+  int64_t best = -1;
+  *sx = *sy = 0;
+  const int64_t n = W - 2 * rx;
+  for (int dy = -ry; dy <= ry; ++dy)
+    for (int dx = -rx; dx <= rx; ++dx) {
+      int64_t sad = 0;
+      for (int64_t y = ry; y < H - ry; ++y) {
+        const float* __restrict a = prev + y * W + rx;
+        const float* __restrict b = cur + (y + dy) * W + rx + dx;
+        int32_t row = 0;
+        for (int64_t x = 0; x < n; ++x) row += static_cast<int32_t>(std::fabs(std::floor((b[x] - a[x]) * quant + 0.5f)));
+        sad += row;
+      }
+      const int64_t key = 2 * sad + ((dx != 0 || dy != 0) ? 1 : 0);
+      if (best < 0 || key < best) {
+        best = key;
+        *sx = dx;
+        *sy = dy;
+      }
+    }
+}
+
 void solve_global(const PairSums& s, double npix, float min_eig, float* flow, float* uv) {
   const float a = static_cast<float>(s.s[0] / npix), b = static_cast<float>(s.s[1] / npix);
   const float c = static_cast<float>(s.s[2] / npix);
@@ -547,7 +576,7 @@ void level0_sums(const T* base, int64_t p0, int64_t n, int64_t H, int64_t W, int
 
 template <typename T>
 py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int levels, Statistic stat,
-                       double min_area, int guess_box, int coarsest_steps, float scale) {
+                       double min_area, int guess_box, int search_radius, float scale) {
   require(gray.ndim() == 3, "gray must be (T, H, W)");
   const int64_t T_ = gray.shape(0), H = gray.shape(1), W = gray.shape(2);
   require(T_ >= 2, "gray must hold at least 2 frames");
@@ -556,7 +585,7 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
   require(H >= (w ? w : 1) + 2 && W >= (w ? w : 1) + 2, "frames too small for the window");
   require(levels >= 1 && (w != 0 || levels == 1), "levels must be >= 1 (1 for the global mode)");
   require(guess_box >= 1 && guess_box % 2 == 1, "guess_box must be odd >= 1");
-  require(coarsest_steps >= 1, "coarsest_steps must be >= 1");
+  require(search_radius >= 0, "search_radius must be >= 0");
   std::vector<int64_t> lh{H}, lw{W};
   for (int l = 1; l < levels; ++l) {
     lh.push_back((lh.back() + 1) / 2);
@@ -578,8 +607,11 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
     } else {
       // The levels LK runs on, coarsest first: all but level 1 when there are three or more
       // (motion.solved_levels); level 0's guess comes from `last` (1 or 2), factor 2^last.
-      // The coarsest level runs `coarsest_steps` times, each warped by the previous step (factor 1).
-      std::vector<int> solved(static_cast<size_t>(coarsest_steps), levels - 1);
+      // The coarsest level starts from the searched shift (factor 1).
+      std::vector<int> solved{levels - 1};
+      const int top = levels - 1;
+      const int ry = static_cast<int>(std::min<int64_t>(lh[top] / 4, search_radius));
+      const int rx = static_cast<int>(std::min<int64_t>(lw[top] / 4, search_radius));
       for (int l = levels - 2; l >= 1; --l)
         if (!(l == 1 && levels >= 3)) solved.push_back(l);
       const int last = solved.back();
@@ -616,7 +648,12 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
           std::vector<float> fields(static_cast<size_t>(3 * grid));
           std::vector<int32_t> offsets[2] = {std::vector<int32_t>(static_cast<size_t>(2 * grid)),
                                              std::vector<int32_t>(static_cast<size_t>(2 * grid))};
-          Guess g;
+          int32_t shift[2];
+          {
+            const float* prev = pyr[top].data() + k * lh[top] * lw[top];
+            search_shift(prev, prev + lh[top] * lw[top], lh[top], lw[top], ry, rx, kSearchQuant, shift, shift + 1);
+          }
+          Guess g{shift, shift + 1, 1, 1, 1};
           for (size_t i = 0; i < solved.size(); ++i) {
             const int l = solved[i];
             const int64_t hl = lh[l], wl = lw[l], ho = hl - 1 - w, wo = wl - 1 - w;
@@ -662,15 +699,15 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
 }
 
 py::tuple lk_flow(py::array gray, int window, float min_eig, int levels, bool moving, float floor_lo,
-                  float floor_hi, double min_area, int guess_box, int coarsest_steps) {
+                  float floor_hi, double min_area, int guess_box, int search_radius) {
   require(floor_hi > floor_lo, "floor_hi must exceed floor_lo");
   const Statistic stat{moving, floor_lo, floor_hi};
   if (py::isinstance<carray<uint8_t>>(gray) && gray.dtype().is(py::dtype::of<uint8_t>()))
     return lk_flow_impl<uint8_t>(gray.cast<carray<uint8_t>>(), window, min_eig, levels, stat, min_area, guess_box,
-                                 coarsest_steps, 1.0f / 255.0f);
+                                 search_radius, 1.0f / 255.0f);
   if (gray.dtype().is(py::dtype::of<float>()))
     return lk_flow_impl<float>(gray.cast<carray<float>>(), window, min_eig, levels, stat, min_area, guess_box,
-                               coarsest_steps, 1.0f);
+                               search_radius, 1.0f);
   throw std::invalid_argument("gray must be uint8 or float32");
 }
 
@@ -761,7 +798,7 @@ PYBIND11_MODULE(_cpu_motion, m) {
   m.doc() = "Pyramidal Lucas-Kanade motion magnitude (fused CPU kernel); see streammem_kernels/motion.py";
   m.def("lk_flow", &streammem::lk_flow, py::arg("gray"), py::arg("window"), py::arg("min_eig"), py::arg("levels"),
         py::arg("moving"), py::arg("floor_lo"), py::arg("floor_hi"), py::arg("min_area"), py::arg("guess_box"),
-        py::arg("coarsest_steps"),
+        py::arg("search_radius"),
         "(T,H,W) uint8|float32 gray -> (flow_px (T-1,), mean_uv (T-1,2))");
   m.def("gray_area", &streammem::gray_area, py::arg("frames"), py::arg("out_h"), py::arg("out_w"),
         "uint8 (T,H,W[,3]) -> float32 gray in [0,1] (T,out_h,out_w), area resampling");
