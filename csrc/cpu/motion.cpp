@@ -26,6 +26,8 @@
 #include <tuple>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace streammem {
@@ -79,21 +81,27 @@ struct Run {
   int32_t dx, dy;
 };
 
-template <typename T>
-STREAMMEM_HOT void warp_runs(const T* __restrict cur, int64_t H, int64_t W, int64_t y, const Run* runs, int64_t n,
-                             float scale, float* __restrict dst) {
+// Image rows [y0, y0 + rows) of a float frame moved by the runs' offsets into `dst` (rows x W
+// floats): run by run, every row of the block, so that a run's set-up is paid once per block (a
+// real clip's guess changes every few columns: level 0 has tens of runs per row).  Source row r
+// is at src + (r - src_lo) * W.  Plain float copies: uint8 frames are converted once beforehand
+// (converting inside short runs did not vectorise and cost as much as the rest of the warp).
+STREAMMEM_HOT void warp_runs(const float* __restrict src, int64_t src_lo, int64_t H, int64_t W, int64_t y0,
+                             int64_t rows, const Run* runs, int64_t n, float* __restrict dst) {
   for (int64_t r = 0; r < n; ++r) {
-    const int64_t xs = runs[r].begin, xe = runs[r].end, dx = runs[r].dx;
-    const T* row = cur + std::min<int64_t>(std::max<int64_t>(y + runs[r].dy, 0), H - 1) * W;
-    if (xs + dx >= 0 && xe + dx <= W) {  // the usual case: no column clamped
-      const T* __restrict src = row + dx;
-      int64_t x = xs;
-      for (; x + 4 <= xe; x += 4)  // runs are multiples of 4 columns at factor 4
-        for (int k = 0; k < 4; ++k) dst[x + k] = static_cast<float>(src[x + k]) * scale;
-      for (; x < xe; ++x) dst[x] = static_cast<float>(src[x]) * scale;
-    } else {
-      for (int64_t x = xs; x < xe; ++x)
-        dst[x] = static_cast<float>(row[std::min<int64_t>(std::max<int64_t>(x + dx, 0), W - 1)]) * scale;
+    const int64_t xs = runs[r].begin, xe = runs[r].end, dx = runs[r].dx, dy = runs[r].dy;
+    const bool inside = xs + dx >= 0 && xe + dx <= W;  // the usual case: no column clamped
+    for (int64_t k = 0; k < rows; ++k) {
+      const float* row = src + (std::min<int64_t>(std::max<int64_t>(y0 + k + dy, 0), H - 1) - src_lo) * W;
+      float* __restrict out = dst + k * W;
+      if (inside) {
+        const float* __restrict from = row + dx;
+        int64_t x = xs;
+        for (; x + 4 <= xe; x += 4) std::memcpy(out + x, from + x, 4 * sizeof(float));  // runs: multiples of 4
+        for (; x < xe; ++x) out[x] = from[x];
+      } else {
+        for (int64_t x = xs; x < xe; ++x) out[x] = row[std::min<int64_t>(std::max<int64_t>(x + dx, 0), W - 1)];
+      }
     }
   }
 }
@@ -132,11 +140,22 @@ class GuessRows {
       }
     }
   }
-  // Row y of `cur` moved by the offsets: dst[x] = cur[clamp(y + oy), clamp(x + ox)] * scale.
-  // The runs of grid row ci (neighbouring cells with equal offsets merged: a pan makes one run
-  // of the whole row) are found once and serve its `factor` image rows.
-  template <typename T>
-  void warp_row(const T* __restrict cur, int64_t y, int64_t ci, float scale, float* __restrict dst) {
+  // The last image row + 1 of grid row ci's block of image rows (those reading grid row ci).
+  int64_t grid_row_end(int64_t ci) const {
+    return ci + 1 >= g_.rows ? H_ : std::min<int64_t>(g_.factor * (ci + 1 + border_), H_);
+  }
+  // Rows [y0, y0 + rows) of `cur`, all in grid row ci, moved by the offsets:
+  // dst[k * W + x] = cur[clamp(y0 + k + oy), clamp(x + ox)] * scale.  The runs of grid row ci
+  // (neighbouring cells with equal offsets merged: a pan makes one run of the whole row) are
+  // found once.
+  // The largest |vertical offset| of the guess.
+  int64_t max_abs_dy() const {
+    int64_t m = 0;
+    for (int64_t k = 0; k < g_.rows * g_.cols; ++k) m = std::max<int64_t>(m, std::abs(static_cast<int64_t>(g_.oy[k])));
+    return m;
+  }
+  void warp_rows(const float* __restrict src, int64_t src_lo, int64_t y0, int64_t rows, int64_t ci,
+                 float* __restrict dst) {
     if (ci != runs_row_) {
       runs_row_ = ci;
       runs_.clear();
@@ -149,7 +168,7 @@ class GuessRows {
         j = k;
       }
     }
-    warp_runs<T>(cur, H_, W_, y, runs_.data(), static_cast<int64_t>(runs_.size()), scale, dst);
+    warp_runs(src, src_lo, H_, W_, y0, rows, runs_.data(), static_cast<int64_t>(runs_.size()), dst);
   }
 
  private:
@@ -323,17 +342,51 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
   std::vector<float> mean_ring(3 * W), it_ring(3 * Wg);  // each image row is converted once per strip
   GuessRows guess(lp.guess, H, W, border);
   std::vector<int32_t> out_ox(lp.guess ? W : 0), out_oy(lp.guess ? W : 0);
+  // Warped rows [block_lo, block_hi) of the current frame, warped a block at a time.
+  constexpr int64_t kBlockRows = 8;
+  std::vector<float> block(lp.guess ? kBlockRows * W : 0);
+  int64_t block_lo = 0, block_hi = 0;
+  const int64_t last_row = (w ? r1 + w - 1 : r1) + 2;  // the strip reads image rows [r0, last_row)
+  // The current frame as [0, 1] floats, rows [cur_lo, ...): the input itself when it is float
+  // already, else the rows the strip's warp can read, converted once.
+  const float* cur_f = nullptr;
+  int64_t cur_lo = 0;
+  std::vector<float> converted;
+  if (lp.guess) {
+    if constexpr (std::is_same<T, float>::value) {
+      if (lp.scale == 1.0f) cur_f = lp.cur;
+    }
+    if (cur_f == nullptr) {
+      const int64_t reach = guess.max_abs_dy();
+      cur_lo = std::max<int64_t>(r0 - reach, 0);
+      const int64_t hi = std::min<int64_t>(last_row + reach, H);
+      converted.resize(static_cast<size_t>((hi - cur_lo) * W));
+      for (int64_t y = cur_lo; y < hi; ++y)
+        unit_row(lp.cur + y * W, W, lp.scale, converted.data() + (y - cur_lo) * W);
+      cur_f = converted.data();
+    }
+  }
   int64_t next_row = r0;
   float* col = nullptr;  // the window's vertical sums (window mode)
   auto products = [&](int64_t g, float* out) {
     for (; next_row <= g + 2; ++next_row) {
       const int64_t y = next_row;
       unit_row(lp.prev + y * W, W, lp.scale, prow.data());
-      if (lp.guess && guess.nonzero(guess.grid_row(y)))
-        guess.warp_row(lp.cur, y, guess.grid_row(y), lp.scale, crow.data());
-      else
+      const float* cur_row = crow.data();
+      if (lp.guess && guess.nonzero(guess.grid_row(y))) {
+        if (y < block_lo || y >= block_hi) {
+          const int64_t ci = guess.grid_row(y);
+          block_lo = y;
+          block_hi = std::min({guess.grid_row_end(ci), y + kBlockRows, last_row});
+          guess.warp_rows(cur_f, cur_lo, block_lo, block_hi - block_lo, ci, block.data());
+        }
+        cur_row = block.data() + (y - block_lo) * W;
+      } else if (cur_f != nullptr) {
+        cur_row = cur_f + (y - cur_lo) * W;
+      } else {
         unit_row(lp.cur + y * W, W, lp.scale, crow.data());
-      mean_and_it_row(prow.data(), crow.data(), W, mean_ring.data() + (y % 3) * W, it_ring.data() + (y % 3) * Wg);
+      }
+      mean_and_it_row(prow.data(), cur_row, W, mean_ring.data() + (y % 3) * W, it_ring.data() + (y % 3) * Wg);
     }
     const float* m[3] = {mean_ring.data() + (g % 3) * W, mean_ring.data() + ((g + 1) % 3) * W,
                          mean_ring.data() + ((g + 2) % 3) * W};
