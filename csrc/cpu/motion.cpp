@@ -29,6 +29,7 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
+#include <memory>
 
 namespace streammem {
 namespace {
@@ -36,6 +37,13 @@ namespace {
 constexpr int kLanes = 8;         // independent accumulators so the reductions vectorise
 constexpr int64_t kChunkPairs = 64;  // pairs whose pyramids and guesses are held at once
 constexpr float kSearchQuant = 4096.0f;  // motion.SEARCH_QUANT
+
+// An uninitialised buffer: the large scratch arrays here are written before they are read, and
+// zero-filling them (std::vector) cost ~10 % of a pyramid pass at 224 px.
+template <typename U>
+std::unique_ptr<U[]> buffer(int64_t n) {
+  return std::unique_ptr<U[]>(new U[static_cast<size_t>(n)]);
+}
 
 struct PairSums {
   double mag = 0, u = 0, v = 0, weight = 0;  // window mode: weighted sums
@@ -351,7 +359,7 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
   // already, else the rows the strip's warp can read, converted once.
   const float* cur_f = nullptr;
   int64_t cur_lo = 0;
-  std::vector<float> converted;
+  std::unique_ptr<float[]> converted;
   if (lp.guess) {
     if constexpr (std::is_same<T, float>::value) {
       if (lp.scale == 1.0f) cur_f = lp.cur;
@@ -360,10 +368,10 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
       const int64_t reach = guess.max_abs_dy();
       cur_lo = std::max<int64_t>(r0 - reach, 0);
       const int64_t hi = std::min<int64_t>(last_row + reach, H);
-      converted.resize(static_cast<size_t>((hi - cur_lo) * W));
+      converted = buffer<float>((hi - cur_lo) * W);
       for (int64_t y = cur_lo; y < hi; ++y)
-        unit_row(lp.cur + y * W, W, lp.scale, converted.data() + (y - cur_lo) * W);
-      cur_f = converted.data();
+        unit_row(lp.cur + y * W, W, lp.scale, converted.get() + (y - cur_lo) * W);
+      cur_f = converted.get();
     }
   }
   int64_t next_row = r0;
@@ -470,7 +478,8 @@ STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restri
                                 int32_t* __restrict ox, int32_t* __restrict oy) {
   const int64_t half = box / 2, Wp = Wo + 2 * half;
   // Zero-padded rows of u*valid, v*valid, valid and their horizontal box sums (3 planes each).
-  std::vector<float> padded(3 * Wp, 0.0f), rows(3 * Ho * Wo);
+  std::vector<float> padded(3 * Wp, 0.0f);
+  const auto rows = buffer<float>(3 * Ho * Wo);
   for (int64_t i = 0; i < Ho; ++i) {
     float* pu = padded.data() + half;
     float* pv = pu + Wp;
@@ -485,7 +494,7 @@ STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restri
     }
     for (int c = 0; c < 3; ++c) {
       const float* src = padded.data() + c * Wp;
-      float* dst = rows.data() + (c * Ho + i) * Wo;
+      float* dst = rows.get() + (c * Ho + i) * Wo;
       for (int64_t j = 0; j < Wo; ++j) dst[j] = src[j];
       for (int64_t k = 1; k < box; ++k)
         for (int64_t j = 0; j < Wo; ++j) dst[j] += src[j + k];
@@ -498,7 +507,7 @@ STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restri
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int64_t r = std::max<int64_t>(i - half, 0); r <= std::min(i + half, Ho - 1); ++r)
       for (int c = 0; c < 3; ++c) {
-        const float* src = rows.data() + (c * Ho + r) * Wo;
+        const float* src = rows.get() + (c * Ho + r) * Wo;
         float* dst = acc.data() + c * Wo;
         for (int64_t j = 0; j < Wo; ++j) dst[j] += src[j];
       }
@@ -678,29 +687,28 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
         for (int l = 1; l < levels; ++l)
           if (l > 1 || levels == 2) pyr[l].resize(static_cast<size_t>(nf * lh[l] * lw[l]));
         const bool parallel = nf * H * W >= (int64_t{1} << 16);
-#pragma omp parallel for schedule(static) if (parallel)
-        for (int64_t f = 0; f < nf; ++f) {
-          std::vector<float> tmp(static_cast<size_t>(H * lw[1] + W)), level1;
-          float* l1 = levels == 2 ? pyr[1].data() + f * lh[1] * lw[1] : nullptr;
-          if (l1 == nullptr) {
-            level1.resize(static_cast<size_t>(lh[1] * lw[1]));
-            l1 = level1.data();
-          }
-          reduce_frame<T>(base + (p0 + f) * H * W, H, W, scale, l1, tmp.data());
-          const float* src = l1;
-          for (int l = 2; l < levels; ++l) {
-            float* dst = pyr[l].data() + f * lh[l] * lw[l];
-            reduce_frame<float>(src, lh[l - 1], lw[l - 1], 1.0f, dst, tmp.data());
-            src = dst;
+#pragma omp parallel if (parallel)
+        {
+          const auto tmp = buffer<float>(H * lw[1] + W);  // per thread
+          const auto level1 = buffer<float>(levels == 2 ? 0 : lh[1] * lw[1]);
+#pragma omp for schedule(static)
+          for (int64_t f = 0; f < nf; ++f) {
+            float* l1 = levels == 2 ? pyr[1].data() + f * lh[1] * lw[1] : level1.get();
+            reduce_frame<T>(base + (p0 + f) * H * W, H, W, scale, l1, tmp.get());
+            const float* src = l1;
+            for (int l = 2; l < levels; ++l) {
+              float* dst = pyr[l].data() + f * lh[l] * lw[l];
+              reduce_frame<float>(src, lh[l - 1], lw[l - 1], 1.0f, dst, tmp.get());
+              src = dst;
+            }
           }
         }
         // The solved coarse levels of each pair, down to the offsets for level 0.
-        std::vector<int32_t> guess0(static_cast<size_t>(n * 2 * grid));
+        const auto guess0 = buffer<int32_t>(n * 2 * grid);
 #pragma omp parallel for schedule(dynamic, 1) if (parallel && n > 1)
         for (int64_t k = 0; k < n; ++k) {
-          std::vector<float> fields(static_cast<size_t>(3 * grid));
-          std::vector<int32_t> offsets[2] = {std::vector<int32_t>(static_cast<size_t>(2 * grid)),
-                                             std::vector<int32_t>(static_cast<size_t>(2 * grid))};
+          const auto fields = buffer<float>(3 * grid);
+          const std::unique_ptr<int32_t[]> offsets[2] = {buffer<int32_t>(2 * grid), buffer<int32_t>(2 * grid)};
           int32_t shift[2];
           {
             const float* prev = pyr[top].data() + k * lh[top] * lw[top];
@@ -713,14 +721,14 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
             const float* prev = pyr[l].data() + k * hl * wl;
             const LevelPair<float> lp{prev, prev + hl * wl, hl, wl, 1.0f, g};
             RowSink sink;
-            sink.u = fields.data();
-            sink.v = fields.data() + ho * wo;
-            sink.valid = fields.data() + 2 * ho * wo;
+            sink.u = fields.get();
+            sink.v = fields.get() + ho * wo;
+            sink.valid = fields.get() + 2 * ho * wo;
             run_strip<float>(lp, w, min_eig, 0, ho, sink);
             const int finer = i + 1 < solved.size() ? solved[i + 1] : 0;
             const int factor = 1 << (l - finer);
             // Two buffers: this level's offsets are written while the previous ones are read.
-            int32_t* gx = finer == 0 ? guess0.data() + k * 2 * grid : offsets[i % 2].data();
+            int32_t* gx = finer == 0 ? guess0.get() + k * 2 * grid : offsets[i % 2].get();
             smooth_guess(sink.u, sink.v, sink.valid, ho, wo, guess_box, factor, lh[finer], lw[finer], gx,
                          gx + ho * wo);
             g = Guess{gx, gx + ho * wo, ho, wo, factor};
@@ -728,7 +736,7 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
         }
         const int factor0 = 1 << last;
         auto guess_of = [&](int64_t k) {
-          const int32_t* gx = guess0.data() + k * 2 * grid;
+          const int32_t* gx = guess0.get() + k * 2 * grid;
           return Guess{gx, gx + grid, hol, wol, factor0};
         };
         level0_sums<T>(base, p0, n, H, W, w, scale, min_eig, stat, guess_of, totals);
