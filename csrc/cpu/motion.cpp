@@ -138,15 +138,29 @@ class GuessRows {
     return nonzero_[ci] != 0;
   }
   // The offsets of the window outputs of image row y (output x is image column x + border).
-  void output_row(int64_t ci, int64_t Wo, int32_t* __restrict ox, int32_t* __restrict oy) const {
+  // As floats (whole numbers), with whether every displaced column stays inside [border, W-1-border]
+  // and the vertical offsets' range, so that rows whose windows all stay inside skip the check.
+  struct Extent {
+    bool columns_inside = true;
+    int32_t dy_lo = 0, dy_hi = 0;
+  };
+  Extent output_row(int64_t ci, int64_t Wo, float* __restrict ox, float* __restrict oy) const {
+    Extent e;
+    e.dy_lo = e.dy_hi = g_.oy[ci * g_.cols];
     for (int64_t j = 0; j < g_.cols; ++j) {
       const int64_t lo = std::max<int64_t>(start_[j] - border_, 0), hi = std::min<int64_t>(start_[j + 1] - border_, Wo);
+      if (lo >= hi) continue;
       const int32_t dx = g_.ox[ci * g_.cols + j], dy = g_.oy[ci * g_.cols + j];
+      // Output x is image column x + border: inside when border <= x + border + dx <= W-1-border.
+      e.columns_inside = e.columns_inside && lo + dx >= 0 && hi - 1 + border_ + dx <= W_ - 1 - border_;
+      e.dy_lo = std::min(e.dy_lo, dy);
+      e.dy_hi = std::max(e.dy_hi, dy);
       for (int64_t x = lo; x < hi; ++x) {
-        ox[x] = dx;
-        oy[x] = dy;
+        ox[x] = static_cast<float>(dx);
+        oy[x] = static_cast<float>(dy);
       }
     }
+    return e;
   }
   // The last image row + 1 of grid row ci's block of image rows (those reading grid row ci).
   int64_t grid_row_end(int64_t ci) const {
@@ -269,9 +283,9 @@ STREAMMEM_HOT void box_row(const float* __restrict src, float* __restrict dst, i
 // the flow stored (kMode 0: coarser levels) or the statistic's weighted sums (kMode 1:
 // textured, 2: moving) in kLanes float accumulators, so that the loop vectorises.  One pass
 // instead of four: the row's values stay in registers.
-template <bool kCompose, int kMode>
+template <int kCompose, int kMode>
 STREAMMEM_HOT void finish_row(const float* __restrict box, int64_t Wo, float inv_area, float min_eig,
-                              const int32_t* __restrict gx, const int32_t* __restrict gy, int64_t y, int64_t H,
+                              const float* __restrict gx, const float* __restrict gy, int64_t y, int64_t H,
                               int64_t W, int64_t border, float lo, float hi, float* __restrict u_out,
                               float* __restrict v_out, float* __restrict n_out, PairSums* sums) {
   const float* __restrict sa = box;
@@ -279,8 +293,10 @@ STREAMMEM_HOT void finish_row(const float* __restrict box, int64_t Wo, float inv
   const float* __restrict sc = box + 2 * Wo;
   const float* __restrict sx = box + 3 * Wo;
   const float* __restrict sy = box + 4 * Wo;
-  const int32_t b = static_cast<int32_t>(border), yy = static_cast<int32_t>(y);
-  const int32_t right = static_cast<int32_t>(W - 1 - border), bottom = static_cast<int32_t>(H - 1 - border);
+  // The displaced window's centre (x + border + gx, y + gy) against [b, right] x [b, bottom], in
+  // floats (the offsets are whole numbers: exact).
+  const float b = static_cast<float>(border), yy = static_cast<float>(y);
+  const float right = static_cast<float>(W - 1 - border), bottom = static_cast<float>(H - 1 - border);
   const float slope = 1.0f / (hi - lo);
   float acc[4][kLanes] = {};
   auto pixel = [&](int64_t x, int l) {
@@ -295,14 +311,16 @@ STREAMMEM_HOT void finish_row(const float* __restrict box, int64_t Wo, float inv
     const float inv_det = valid / (valid != 0.0f ? det : 1.0f);
     float u = (c * bx - bb * by) * inv_det;
     float v = (a * by - bb * bx) * inv_det;
-    if (kCompose) {
-      const int32_t xs = b + static_cast<int32_t>(x) + gx[x];
-      const int32_t ys = yy + gy[x];
+    if (kCompose == 2) {
+      const float xs = (b + static_cast<float>(static_cast<int32_t>(x))) + gx[x];  // int32: vectorises
+      const float ys = yy + gy[x];
       const float inside = (xs >= b) & (xs <= right) & (ys >= b) & (ys <= bottom) ? 1.0f : 0.0f;
       valid *= inside;
+    }
+    if (kCompose != 0) {
       // valid is 0 or 1 and the solution finite: g + valid * d is the reference's select.
-      u = static_cast<float>(gx[x]) + valid * u;
-      v = static_cast<float>(gy[x]) + valid * v;
+      u = gx[x] + valid * u;
+      v = gy[x] + valid * v;
     }
     if (kMode == 0) {
       u_out[x] = u;
@@ -349,7 +367,8 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
   std::vector<float> prow(W), crow(W);
   std::vector<float> mean_ring(3 * W), it_ring(3 * Wg);  // each image row is converted once per strip
   GuessRows guess(lp.guess, H, W, border);
-  std::vector<int32_t> out_ox(lp.guess ? W : 0), out_oy(lp.guess ? W : 0);
+  std::vector<float> out_ox(lp.guess ? W : 0), out_oy(lp.guess ? W : 0);
+  typename GuessRows::Extent extent;
   // Warped rows [block_lo, block_hi) of the current frame, warped a block at a time.
   constexpr int64_t kBlockRows = 8;
   std::vector<float> block(lp.guess ? kBlockRows * W : 0);
@@ -445,8 +464,9 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
     const bool compose = lp.guess && guess.nonzero(guess.grid_row(y));
     if (compose && guess.grid_row(y) != offsets_row) {
       offsets_row = guess.grid_row(y);
-      guess.output_row(offsets_row, Wo, out_ox.data(), out_oy.data());
+      extent = guess.output_row(offsets_row, Wo, out_ox.data(), out_oy.data());
     }
+    const bool checked = !(extent.columns_inside && y + extent.dy_lo >= border && y + extent.dy_hi <= H - 1 - border);
     const int mode = sink.sums == nullptr ? 0 : (sink.stat.moving ? 2 : 1);
     float* u = sink.u + r * Wo;
     float* v = sink.v + r * Wo;
@@ -458,14 +478,18 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
     }
     const auto args = std::make_tuple(box, Wo, inv_area, min_eig, out_ox.data(), out_oy.data(), y, H, W, border,
                                       sink.stat.lo, sink.stat.hi, u, v, n, sink.sums);
-    if (compose) {
-      if (mode == 0) std::apply(finish_row<true, 0>, args);
-      else if (mode == 1) std::apply(finish_row<true, 1>, args);
-      else std::apply(finish_row<true, 2>, args);
+    if (compose && checked) {
+      if (mode == 0) std::apply(finish_row<2, 0>, args);
+      else if (mode == 1) std::apply(finish_row<2, 1>, args);
+      else std::apply(finish_row<2, 2>, args);
+    } else if (compose) {
+      if (mode == 0) std::apply(finish_row<1, 0>, args);
+      else if (mode == 1) std::apply(finish_row<1, 1>, args);
+      else std::apply(finish_row<1, 2>, args);
     } else {
-      if (mode == 0) std::apply(finish_row<false, 0>, args);
-      else if (mode == 1) std::apply(finish_row<false, 1>, args);
-      else std::apply(finish_row<false, 2>, args);
+      if (mode == 0) std::apply(finish_row<0, 0>, args);
+      else if (mode == 1) std::apply(finish_row<0, 1>, args);
+      else std::apply(finish_row<0, 2>, args);
     }
   }
 }
@@ -511,17 +535,21 @@ STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restri
         float* dst = acc.data() + c * Wo;
         for (int64_t j = 0; j < Wo; ++j) dst[j] += src[j];
       }
-    const float* su = acc.data();
-    const float* sv = su + Wo;
-    const float* sw = sv + Wo;
-    for (int64_t j = 0; j < Wo; ++j) {
-      const int64_t k = i * Wo + j;
+    const float* __restrict su = acc.data();
+    const float* __restrict sv = su + Wo;
+    const float* __restrict sw = sv + Wo;
+    const float* __restrict ui = u + i * Wo;
+    const float* __restrict vi = v + i * Wo;
+    int32_t* __restrict oxi = ox + i * Wo;
+    int32_t* __restrict oyi = oy + i * Wo;
+    for (int64_t j = 0; j < Wo; ++j) {  // branch-free, so that it vectorises
       const bool has = sw[j] > 0.0f;
       const float d = has ? sw[j] : 1.0f;
-      const float gu = has ? su[j] / d : u[k];
-      const float gv = has ? sv[j] / d : v[k];
-      ox[k] = floor_clamped(f * gu + 0.5f, lim_x);  // f * g is exact: a contracted fma rounds alike
-      oy[k] = floor_clamped(f * gv + 0.5f, lim_y);
+      const float qu = su[j] / d, qv = sv[j] / d;
+      const float gu = has ? qu : ui[j];
+      const float gv = has ? qv : vi[j];
+      oxi[j] = floor_clamped(f * gu + 0.5f, lim_x);  // f * g is exact: a contracted fma rounds alike
+      oyi[j] = floor_clamped(f * gv + 0.5f, lim_y);
     }
   }
 }
