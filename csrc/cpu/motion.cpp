@@ -15,8 +15,10 @@
 // frame's weighted sums (level 0) or the level's flow (coarser levels, which
 // are small).  Nothing of size (H, W) is allocated per pair.
 //
-// Work: the pyramids of a chunk of frames (OpenMP over frames), the coarse
-// levels of each pair with their guess smoothing (OpenMP over pairs), then
+// Work: the pyramids of a chunk of frames (OpenMP over frames), the coarsest
+// level's whole-pixel shift search (integer sums: the reference's shift exactly)
+// and the coarse levels of each pair with their guess smoothing (OpenMP over
+// pairs), then
 // level 0 over (pair, strip) items (strips split a pair only when there are
 // fewer pairs than threads).  Sums of windows run in another order than the
 // reference's (float32 rounding; tolerance declared in motion.py).
