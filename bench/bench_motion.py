@@ -293,3 +293,54 @@ def test_gate_stream_ours(benchmark, rgb_clip, length):
 @pytest.mark.parametrize("length", GATE_LENGTHS)
 def test_gate_stream_opencv_dis(benchmark, rgb_clip, length):
     _gate_case(benchmark, OpenCVDisGate(224), rgb_clip, length, "opencv-dis-ultrafast-push")
+
+
+# --------------------------------------------------------------------------
+# Single-threaded side by side (issue 14's cost target), outside pytest:
+#   OMP_NUM_THREADS=1 .venv/bin/python bench/bench_motion.py
+# CPU time per pair (time.process_time, one OpenMP / torch / OpenCV thread), rounds
+# interleaved so that every case sees the same machine load.
+# --------------------------------------------------------------------------
+def single_thread_table(frames: int = 16, rounds: int = 21) -> str:
+    import time
+
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    rgb = read_video(sample_video_path("bikes.mp4"), max_frames=frames)
+    lines = []
+    for h, w in ((224, 224), (126, 224)):
+        gray = np.stack([cv2.resize(cv2.cvtColor(f, cv2.COLOR_RGB2GRAY), (w, h), interpolation=cv2.INTER_AREA)
+                         for f in rgb])
+        frames_t = torch.from_numpy(gray)
+        pairs = len(gray) - 1
+        dis = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST)
+        pts = _grid_points(h, w)
+        cases = {
+            "ours-cpp single scale (levels=1, textured)":
+                lambda: motion_magnitude(frames_t, levels=1, statistic="textured", backend="cpp"),
+            "ours-cpp pyramid (default: auto, moving)": lambda: motion_magnitude(frames_t, backend="cpp"),
+            "ours-cpp pyramid, textured": lambda: motion_magnitude(frames_t, statistic="textured", backend="cpp"),
+            "OpenCV DIS ULTRAFAST": lambda: [dis.calc(a, b, None) for a, b in zip(gray[:-1], gray[1:])],
+            f"OpenCV PyrLK, dense grid ({len(pts)} points every {PYRLK_STEP} px)":
+                lambda: [_pyrlk_mean(a, b, pts) for a, b in zip(gray[:-1], gray[1:])],
+        }
+        times = {name: [] for name in cases}
+        for fn in cases.values():
+            fn()  # warm up
+        for _ in range(rounds):
+            for name, fn in cases.items():
+                start = time.process_time()
+                fn()
+                times[name].append((time.process_time() - start) / pairs * 1e3)
+        base = float(np.median(times["ours-cpp single scale (levels=1, textured)"]))
+        lines += [f"{w} x {h}, {pairs} pairs of bikes.mp4, CPU ms per pair (p20 / p50 / p80, median / single scale):",
+                  "| case | p20 | p50 | p80 | x single |", "|---|---|---|---|---|"]
+        for name, v in times.items():
+            p20, p50, p80 = np.percentile(v, [20, 50, 80])
+            lines.append(f"| {name} | {p20:.3f} | {p50:.3f} | {p80:.3f} | {p50 / base:.2f} |")
+    lines.append(f"load average {os.getloadavg()}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(single_thread_table())
