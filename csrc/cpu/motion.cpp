@@ -753,6 +753,34 @@ carray<float> gray_area(const py::array_t<uint8_t, py::array::c_style>& frames, 
   return out;
 }
 
+// The public function's fused CPU path for uint8 frames: gray (and area resize) when needed,
+// lk_flow, and score = flow_px / (1 + flow_px), in one call.  A single pair at 224 px is a
+// ~0.5 ms kernel, and each Python-side step between the two native calls (tensor wrapping,
+// the score's float32 division, dispatch) cost microseconds; this returns every output of
+// motion_magnitude.  frames: (T,H,W) or (T,H,W,3) uint8, C-contiguous (the Python side has
+// validated shapes and arguments with the same rules as the general path, which this
+// reproduces bit for bit: the same gray_area and lk_flow, and the score's one float32
+// division). (out_h, out_w) == (H, W) with (T,H,W) frames: LK reads the uint8 frames directly.
+py::tuple motion_u8(const carray<uint8_t>& frames, int64_t out_h, int64_t out_w, int window, float min_eig,
+                    int levels, bool moving, float floor_lo, float floor_hi, double min_area, int guess_box,
+                    int coarsest_steps) {
+  require(floor_hi > floor_lo, "floor_hi must exceed floor_lo");
+  require(frames.ndim() == 3 || (frames.ndim() == 4 && frames.shape(3) == 3), "frames must be (T,H,W) or (T,H,W,3)");
+  const Statistic stat{moving, floor_lo, floor_hi};
+  const bool direct = frames.ndim() == 3 && out_h == frames.shape(1) && out_w == frames.shape(2);
+  const py::tuple flow = direct ? lk_flow_impl<uint8_t>(frames, window, min_eig, levels, stat, min_area, guess_box,
+                                                        coarsest_steps, 1.0f / 255.0f)
+                                : lk_flow_impl<float>(gray_area(frames, out_h, out_w), window, min_eig, levels, stat,
+                                                      min_area, guess_box, coarsest_steps, 1.0f);
+  const auto flow_px = flow[0].cast<carray<float>>();
+  const int64_t pairs = flow_px.shape(0);
+  carray<float> score(pairs);
+  const float* f = flow_px.data();
+  float* s = score.mutable_data();
+  for (int64_t p = 0; p < pairs; ++p) s[p] = f[p] / (1.0f + f[p]);
+  return py::make_tuple(flow_px, score, flow[1]);
+}
+
 }  // namespace
 }  // namespace streammem
 
@@ -765,4 +793,8 @@ PYBIND11_MODULE(_cpu_motion, m) {
         "(T,H,W) uint8|float32 gray -> (flow_px (T-1,), mean_uv (T-1,2))");
   m.def("gray_area", &streammem::gray_area, py::arg("frames"), py::arg("out_h"), py::arg("out_w"),
         "uint8 (T,H,W[,3]) -> float32 gray in [0,1] (T,out_h,out_w), area resampling");
+  m.def("motion_u8", &streammem::motion_u8, py::arg("frames"), py::arg("out_h"), py::arg("out_w"), py::arg("window"),
+        py::arg("min_eig"), py::arg("levels"), py::arg("moving"), py::arg("floor_lo"), py::arg("floor_hi"),
+        py::arg("min_area"), py::arg("guess_box"), py::arg("coarsest_steps"),
+        "uint8 (T,H,W[,3]) frames -> (flow_px (T-1,), score (T-1,), mean_uv (T-1,2)): gray, resize and lk_flow");
 }
