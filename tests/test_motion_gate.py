@@ -178,3 +178,48 @@ def test_gate_state_holds_the_reference_gray_and_still_loads_the_raw_frame_forma
         fresh = MotionGate(0.3, size=32, reference=reference)
         fresh.load_state_dict(_reloaded(empty))
         assert fresh.push(frames[:2])[1][0] is True
+
+
+@pytest.mark.parametrize("reference", ["previous", "last_kept"])
+def test_native_gate_step_equals_the_general_path(monkeypatch, reference):
+    """Contiguous uint8 frames that the C++ backend shrinks take one native call per push
+    ("previous") or per frame ("last_kept"): gray written after the reference's, LK and score.
+    Scores, decisions and the kept reference gray must be the general path's bit for bit (the
+    same frames as non-contiguous views take it), over batches of 1 and 3, numpy and tensors; a
+    spy checks which path ran, and the reference gray of a batch holds one frame, not the batch.
+    (Batches of different sizes may differ in the last bit: the C++ LK splits a pair into row
+    strips by the number of pairs, and sums the strips in that order.)"""
+    from streammem_kernels._dispatch import load_native
+
+    mod, why = load_native("cpu", "motion")
+    if mod is None:
+        pytest.skip(why)
+    rng = np.random.default_rng(9)
+    frames = rng.integers(0, 256, (10, 30, 40, 3), dtype=np.uint8)
+    frames[5] = frames[4]
+    frames[6] = frames[4]  # still frames: dropped, so "last_kept" keeps an older reference
+    padded = np.zeros((10, 30, 40, 4), dtype=np.uint8)
+    padded[..., :3] = frames
+    strided = padded[..., :3]  # the same frames, not contiguous: the general path
+    calls = []
+    native_step = mod.gate_u8
+    monkeypatch.setattr(mod, "gate_u8", lambda *a: calls.append(len(a[0])) or native_step(*a))
+    for batch in (1, 3):
+        for source, native in ((strided, False), (frames, True), (torch.from_numpy(frames), True)):
+            calls.clear()
+            gate = MotionGate(0.3, size=24, reference=reference)
+            got = ([], [])
+            for start in range(0, len(source), batch):
+                s, k = gate.push(source[start:start + batch])
+                got[0].extend(s)
+                got[1].extend(k)
+                assert gate._anchor_gray.untyped_storage().nbytes() <= 2 * 18 * 24 * 4
+            assert bool(calls) == native, (batch, type(source), calls)
+            if native and reference == "last_kept":
+                assert set(calls) == {1}  # one frame per call
+            if not native:
+                want, want_gray = got, gate._anchor_gray
+                assert not want[1][5] and not want[1][6] and all(want[1][:5])
+            else:
+                assert got == want, (batch, type(source))
+                assert torch.equal(gate._anchor_gray, want_gray)

@@ -31,7 +31,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from streammem_kernels.motion import STATISTICS, _motion_of_gray, _prepare, _select
+from streammem_kernels.motion import STATISTICS, _cpp_lk_args, _motion_of_gray, _prepare, _select, _uint8_cpp_plan
 
 __all__ = ["Preset", "PRESETS", "MotionGate"]
 
@@ -99,10 +99,12 @@ class MotionGate:
     (the gate keeps nothing of it).  Not thread-safe: one caller at a time.
 
     Each frame is converted to the working-size gray once: the gate keeps its
-    reference frame's gray (not the frame: a full-size copy per push cost a
-    fifth of the push at 480 x 640), and scores a push from the gray of the
-    reference and of the new frames (``motion_magnitude`` converts each frame on
-    its own, so the scores are the same as on the stacked full-size frames).
+    reference frame's gray (not the frame: a full-size copy cost ~60 us a push
+    at 480 x 640), and scores a push from the gray of the reference and of the
+    new frames (``motion_magnitude`` converts each frame on its own, so the
+    scores are the same as on the stacked full-size frames).  Contiguous uint8
+    CPU frames on the C++ backend take one native call per push ("previous") or
+    per frame ("last_kept"), the same numbers without Python between the steps.
     ``state_dict`` holds that gray too; a state of the earlier format (the raw
     reference frame) still loads, its frame converted on load.
     """
@@ -174,6 +176,15 @@ class MotionGate:
         if spec is not None and (spec[0] != tuple(batch.shape[1:]) or spec[1] != batch.dtype):
             raise ValueError(f"frames must keep the stream's frame shape {spec[0]} and dtype {spec[1]}, got "
                              f"{tuple(batch.shape[1:])} {batch.dtype} (reset() starts a new stream)")
+        native = self._native_plan(batch)
+        scores, kept = self._push_native(batch, *native) if native is not None else self._push_general(batch)
+        if self._frame_spec is None:
+            self._frame_spec = (tuple(batch.shape[1:]), batch.dtype)
+        self.frames_seen += n
+        self.frames_kept += sum(kept)
+        return scores, kept
+
+    def _push_general(self, batch) -> tuple[list[float], list[bool]]:
         gray, args = self._gray(batch)  # validates every frame, the first of a stream included
         scores: list[float] = []
         kept: list[bool] = []
@@ -182,17 +193,16 @@ class MotionGate:
             scores.append(1.0)
             kept.append(True)
             self._anchor_gray = gray[0]
-            self._frame_spec = (tuple(batch.shape[1:]), batch.dtype)
             start = 1
         elif self._anchor_gray.device != gray.device:  # restored from a CPU checkpoint into a GPU stream
             self._anchor_gray = self._anchor_gray.to(gray.device)
-        if self.reference == "previous" and start < n:
+        if self.reference == "previous" and start < len(gray):
             s = self._scores(gray[start:], args)
             scores.extend(s)
             kept.extend(v > self.threshold for v in s)
             self._anchor_gray = gray[-1]
         else:
-            for t in range(start, n):
+            for t in range(start, len(gray)):
                 s = self._scores(gray[t:t + 1], args)[0]
                 scores.append(s)
                 keep = s > self.threshold
@@ -202,8 +212,48 @@ class MotionGate:
         anchor = self._anchor_gray
         if anchor.untyped_storage().nbytes() != anchor.numel() * anchor.element_size():
             self._anchor_gray = anchor.clone()  # one frame of the batch's gray: do not hold on to the rest
-        self.frames_seen += n
-        self.frames_kept += sum(kept)
+        return scores, kept
+
+    def _native_plan(self, batch):
+        """(module, plan) when the push runs on the C++ gate step: uint8 CPU frames that the C++
+        backend shrinks or converts to float32 gray (motion._uint8_cpp_plan; gray uint8 frames kept at
+        their size stay on the general path, whose gray is uint8), and a float32 CPU reference gray of
+        that size, or none yet; else None."""
+        planned = _uint8_cpp_plan(batch, self.size, self.window, 1e-5, self.levels, self.statistic, self.backend,
+                                  min_frames=1)
+        if planned is None:
+            return None
+        out_hw = planned[1][4]
+        if batch.ndim == 3 and out_hw == tuple(batch.shape[1:]):
+            return None
+        anchor = self._anchor_gray
+        if anchor is not None and (anchor.dtype != torch.float32 or anchor.device.type != "cpu"
+                                   or tuple(anchor.shape) != out_hw or not anchor.is_contiguous()):
+            return None
+        return planned
+
+    def _push_native(self, batch, mod, plan) -> tuple[list[float], list[bool]]:
+        """``push`` in one C++ call per batch ("previous") or per frame ("last_kept"): gray of the new
+        frames written after the reference's, LK and score (motion_magnitude's numbers bit for bit:
+        the general path's native steps without the Python between them)."""
+        window, min_eig, levels, statistic, (oh, ow) = plan
+        lk = _cpp_lk_args(window, min_eig, levels, statistic)
+        frames = batch.numpy() if isinstance(batch, torch.Tensor) else batch
+        steps = (frames,) if self.reference == "previous" else (frames[t:t + 1] for t in range(len(frames)))
+        scores: list[float] = []
+        kept: list[bool] = []
+        for step in steps:
+            anchor = self._anchor_gray
+            stack, score = mod.gate_u8(step, None if anchor is None else anchor.numpy(), oh, ow, *lk)
+            s = score.tolist()
+            keep = [v > self.threshold for v in s]
+            if anchor is None:  # a stream's first frame is kept
+                s, keep = [1.0] + s, [True] + keep
+            scores.extend(s)
+            kept.extend(keep)
+            if self.reference == "previous" or keep[-1]:
+                # The stack's last gray; a copy when the stack holds more than the pair (a batch).
+                self._anchor_gray = torch.from_numpy(stack[-1] if len(stack) <= 2 else stack[-1].copy())
         return scores, kept
 
     def state_dict(self) -> dict:
