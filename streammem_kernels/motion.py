@@ -234,7 +234,7 @@ def _uint8_cpp_plan(frames, size, window, min_eig, levels, statistic, backend, m
     then validates and explains.  Every check that path would pass is made here, and the
     arguments go through the same cached :func:`_plan`, whose errors are the general path's."""
     if isinstance(frames, torch.Tensor):
-        if frames.dtype != torch.uint8 or frames.device.type != "cpu" or not frames.is_contiguous():
+        if frames.dtype is not torch.uint8 or not frames.is_cpu or not frames.is_contiguous():
             return None
     elif not (isinstance(frames, np.ndarray) and frames.dtype == np.uint8 and frames.flags.c_contiguous):
         return None
