@@ -61,6 +61,8 @@ _from_numpy = torch.from_numpy
 # The fast path has Q < BLAS_MIN_QUERIES: Q x k stays within MAX_RESULTS for these k.
 _FAST_MAX_K = MAX_RESULTS // BLAS_MIN_QUERIES
 _is_compiling = torch.compiler.is_compiling
+# Builds a NamedTuple without its Python-level __new__ (0.3 us of a 5 us call).
+_new_tuple = tuple.__new__
 
 
 class TopKResult(NamedTuple):
@@ -103,14 +105,12 @@ def cosine_topk(queries, keys, k: int, *, ranges=None, backend: str = "auto") ->
     TopKResult with ``ids (Q, k)`` int64 and ``scores (Q, k)`` float32, best
     first, ties toward the lower index.  Inputs are never modified.
     """
-    if (ranges is None and type(k) is int and 1 <= k <= _FAST_MAX_K and cpu_fast_path(queries)
-            and cpu_fast_path(keys)):
-        qs, ks = queries.shape, keys.shape  # torch.Size: tuples, read once
-        if len(qs) == 2 and len(ks) == 2 and 1 <= qs[0] < BLAS_MIN_QUERIES and ks[0] >= 1 and qs[1] == ks[1] >= 1:
-            mod = COSINE_TOPK.cpp_module(backend)
-            if mod is not None and not _is_compiling():
-                ids, scores = mod.cosine_topk(queries.data_ptr(), qs[0], keys.data_ptr(), ks[0], ks[1], k, 0)
-                return TopKResult(_from_numpy(ids), _from_numpy(scores))
+    if ranges is None:
+        mod = COSINE_TOPK.cpp_module(backend)
+        if mod is not None and not _is_compiling():
+            out = mod.cosine_topk_tensors(queries, keys, k, BLAS_MIN_QUERIES, _FAST_MAX_K)
+            if out is not None:
+                return _new_tuple(TopKResult, out)
     return _cosine_topk_general(queries, keys, k, ranges, backend)
 
 
