@@ -429,6 +429,13 @@ def test_graph_retrieve_fused_call_equals_the_general_path(monkeypatch):
             assert got.chunks is None and type(got.neighbourhood) is type(want.neighbourhood)
             for a, b in zip(got.neighbourhood, want.neighbourhood):
                 assert a.dtype == b.dtype and torch.equal(a, b), kwargs
+    # Q x N x D >= 2^16: the scan hands the GIL back while it runs (called from the graph module).
+    big_graph, big_emb, _, big_q = memory(n=300, dim=256, seed=6)
+    ran.clear()
+    got = graph_retrieve(big_q, big_emb, big_graph, k=5, hops=2, capacity=40)
+    want = _general_retrieve(big_q, big_emb, big_graph, k=5, hops=2, capacity=40)
+    assert ran and torch.equal(got.seeds, want.seeds) and torch.equal(got.seed_scores, want.seed_scores)
+    assert torch.equal(got.neighbourhood.nodes, want.neighbourhood.nodes)
     ref = graph_retrieve(queries, emb, graph, k=4, hops=2, capacity=30, backend="torch")
     got = graph_retrieve(queries, emb, graph, k=4, hops=2, capacity=30)
     assert torch.equal(got.seeds, ref.seeds) and torch.equal(got.neighbourhood.nodes, ref.neighbourhood.nodes)
