@@ -447,17 +447,18 @@ void cosine_topk_into(const float* queries, int64_t Q, const float* K, int64_t N
   const float* Qm = unit.data();
   const int threads = max_threads();
   int bad = 0;
-  if (Q * N * D < (int64_t(1) << 16)) {
-    // A few microseconds of work (one query against a few hundred keys): no thread team, no GIL
-    // hand-off, which would cost about as much as the scan.
+  if (Q * N * D < (int64_t(1) << 20)) {
+    // Up to about 100 us of work (one query against 2,700 keys of D = 384): one thread, and the
+    // GIL kept, since handing it back and taking it again costs about 1 us, 3% of a scan of 1,000
+    // keys (Python's switch interval, 5 ms, is far longer than this).
     for (int64_t b = 0; b < Q; b += kQueryBlock)
       scan_keys(Qm, K, D, b, std::min(Q, b + kQueryBlock), 0, N, rg, S, I, k, &bad);
   } else {
     py::gil_scoped_release nogil;
-    if (Q >= 2 * int64_t(threads) * kQueryBlock || threads == 1 || Q * N * D < (int64_t(1) << 20)) {
+    if (Q >= 2 * int64_t(threads) * kQueryBlock || threads == 1) {
       // Enough query blocks to keep every thread busy.
       const int64_t blocks = (Q + kQueryBlock - 1) / kQueryBlock;
-#pragma omp parallel for schedule(dynamic, 1) if (Q * N * D >= (int64_t(1) << 20))
+#pragma omp parallel for schedule(dynamic, 1)
       for (int64_t b = 0; b < blocks; ++b)
         scan_keys(Qm, K, D, b * kQueryBlock, std::min(Q, (b + 1) * kQueryBlock), 0, N, rg, S, I, k, &bad);
     } else {
