@@ -77,7 +77,11 @@ backend without ``max_fanout`` pads candidates to the graph's largest degree,
 which a :class:`CSRGraph` on CUDA reads once (one synchronisation, then cached);
 every other path, and the Triton backend always, runs without host
 synchronisation.  On CPU, an expansion with int64 C-contiguous seeds and the
-C++ backend is one native call that reads the graph and the seeds in place.
+C++ backend is one native call that reads the graph and the seeds in place;
+so is a :func:`graph_retrieve` of float32 C-contiguous queries (``Q < 8``)
+and embeddings without a chunk map: the seed top-k (the scan of
+:func:`~streammem_kernels.cosine_topk`'s C++ backend, reached by address),
+``min_score`` and the expansion in one call.
 """
 from __future__ import annotations
 
