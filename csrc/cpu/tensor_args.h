@@ -1,13 +1,14 @@
 // torch.Tensor arguments read from their Python attributes, for the per-call fast paths.
 //
 // The CPU modules are built without libtorch (setup.py), so a kernel normally receives
-// `tensor.data_ptr()` and the sizes from the Python side.  For the single-item calls those Python
-// reads (type, dtype, device, autograd, layout, contiguity, shape, pointer: a dozen attribute
-// lookups per tensor in bytecode) cost as much as the kernel.  Here they are the same lookups made
-// from C++ through the CPython API, about three times cheaper, with the same acceptance rule as
-// streammem_kernels._cosine.cpu_fast_path: an exact torch.Tensor (no subclass), the wanted dtype,
-// on the CPU, not requiring grad, strided and C-contiguous.  Anything else is "not this case"
-// (the caller returns None and the Python side takes its general path, which explains itself).
+// `tensor.data_ptr()` and the sizes from the Python side.  For the single-item calls that Python
+// side (checks, shape reads, pointer reads, result conversion: a dozen calls per tensor) cost as
+// much as the kernel.  Here the same attribute reads are made from C++ through the CPython API
+// (about 0.75 us per tensor, most of it torch's own getters: 0.16 us for `shape`, 0.11 for
+// `is_contiguous()`), with the acceptance rule of streammem_kernels._cosine.cpu_fast_path: an
+// exact torch.Tensor (no subclass), the wanted dtype, on the CPU, not requiring grad, strided and
+// C-contiguous.  Anything else is "not this case" (the caller returns None and the Python side
+// takes its general path, which explains itself).
 //
 // Outputs go back as torch tensors made by torch.from_numpy on freshly allocated numpy arrays
 // (each call returns new memory the caller owns).
