@@ -788,6 +788,36 @@ def test_topk_cpp_paths_validate_values_alike():
         assert torch.equal(got.ids, want.ids)
 
 
+def test_topk_fast_path_declines_what_it_does_not_read_in_place():
+    """The C++ fast path of cosine_topk (tensors read in C++) takes only plain float32 contiguous CPU
+    tensors, Q < 8 and an int k: every other input goes through the general path, same answer."""
+    if "cpp" not in TOPK_BACKENDS:
+        pytest.skip("the C++ backend is not built")
+    mod = COSINE_TOPK.cpp_module("cpp")
+    g = torch.Generator().manual_seed(21)
+    keys, q = torch.randn(33, 12, generator=g), torch.randn(2, 12, generator=g)
+    assert mod.cosine_topk_tensors(q, keys, 4, 8, 1000) is not None
+    declined = {
+        "float64": (q.double(), keys, 4), "non-contiguous keys": (q, keys.T.contiguous().T, 4),
+        "Parameter": (q, torch.nn.Parameter(keys), 4), "requires_grad": (q.clone().requires_grad_(), keys, 4),
+        "Q = 8": (q.repeat(4, 1), keys, 4), "bool k": (q, keys, True), "k = 0": (q, keys, 0),
+        "k too large": (q, keys, 1001), "k beyond int64": (q, keys, 2**64), "1-D queries": (q[0], keys, 4),
+        "D mismatch": (q[:, :5], keys, 4), "numpy": (q.numpy(), keys, 4),
+    }
+    for name, (qq, kk, k) in declined.items():
+        assert mod.cosine_topk_tensors(qq, kk, k, 8, 1000) is None, name
+    for name in ("float64", "non-contiguous keys", "Parameter", "requires_grad", "Q = 8", "numpy"):
+        qq, kk, k = declined[name]
+        got = cosine_topk(qq, kk, k)
+        want = cosine_topk(torch.as_tensor(qq).detach().float(), kk.detach().contiguous(), k, backend="torch")
+        assert torch.equal(got.ids, want.ids), name
+        torch.testing.assert_close(got.scores, want.scores, atol=SCORE_ATOL, rtol=0)
+    for name, match in (("bool k", "k must be an int"), ("k = 0", "k must be >= 1"), ("D mismatch", "D=12")):
+        qq, kk, k = declined[name]
+        with pytest.raises(ValueError, match=match):
+            cosine_topk(qq, kk, k)
+
+
 def test_unavailable_backend_error_names_the_op_and_inputs():
     """An explicit backend that cannot run says which op, and the shapes/dtypes/devices it was given."""
     tree = build_tree(30, 4, 6, seed=2)
