@@ -21,6 +21,12 @@ objects:
 * ``utility (num_nodes,)`` float32 (default 1) and ``payload (num_nodes,)``
   int64 (default -1), which the caller maps to its own objects.
 
+On CPU, the tables a search reads at random (embeddings, ``level``, the CSR
+arrays) are allocated for 2 MB pages from 4 MB up (``madvise(MADV_HUGEPAGE)``
+before their first touch, Linux only, a hint the OS may refuse): a search in a
+large tree reads rows scattered over the whole table, and on 4 KB pages nearly
+every row costs a TLB miss too.
+
 The store owns its data and validates it once, on the way in: every embedding
 is checked finite and normalised on insertion (and on :meth:`CosineTree.load`),
 so a search only checks its queries.  Host metadata the searches size their
@@ -49,6 +55,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 import sys
 import threading
 import zlib
@@ -200,7 +207,10 @@ class CosineTree:
         """Replace storage tensors by copies before rewriting them in place, so that snapshots
         taken earlier (:meth:`search_arrays`, searches running in other threads) keep theirs."""
         for name in names:
-            setattr(self, name, getattr(self, name).clone())
+            old = getattr(self, name)
+            new = _storage(tuple(old.shape), old.dtype, None, old.device)  # huge pages, as allocated
+            new.copy_(old)
+            setattr(self, name, new)
         self._invalidate()
 
     def _alloc_nodes(self, capacity: int) -> None:
@@ -820,7 +830,7 @@ class CosineTree:
 # Tables a search reads at random (embeddings, levels, CSR) from this size up ask Linux for
 # 2 MB pages (transparent huge pages, "madvise" mode): a search at 10^6 leaves touches rows
 # scattered over a 1.7 GB table, and with 4 KB pages nearly every row also costs a TLB miss
-# (measured: beam (5, 10) ~10% faster, bench/RESULTS.md, issue 15).
+# (measured: beam (5, 10) 52.3 -> 48.8 us native, bench/RESULTS.md, issue 15).
 _HUGE_PAGE_MIN_BYTES = 4 << 20
 _MADV_HUGEPAGE = 14  # <sys/mman.h>, Linux
 
@@ -847,7 +857,7 @@ def _storage(shape: tuple, dtype: torch.dtype, fill, device: torch.device) -> to
     nbytes = t.numel() * t.element_size()
     madvise = _madvise() if device.type == "cpu" and nbytes >= _HUGE_PAGE_MIN_BYTES else None
     if madvise is not None:
-        page = 4096
+        page = mmap.PAGESIZE
         lo, hi = (t.data_ptr() + page - 1) // page * page, (t.data_ptr() + nbytes) // page * page
         madvise(lo, hi - lo, _MADV_HUGEPAGE)
     if fill is not None:
