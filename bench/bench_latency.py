@@ -1,6 +1,7 @@
 """Single-item latency (issue 15): one query, one push, one frame pair, next to the native kernel and faiss.
 
 Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/bench_latency.py [--quick] [--out bench/results/latency.md]
+      (``--tables tree --tree-sizes 1000000``: the 10^6-leaf tree row alone, ~5 GB and ~2 min)
       (pytest-benchmark form: .venv/bin/python -m pytest bench/bench_latency.py --benchmark-json ...)
 
 Every case times the public function and, on the same input, the native call it ends in (the
@@ -348,6 +349,8 @@ def main(argv=None) -> str:
     parser.add_argument("--out", help="write the markdown here too")
     parser.add_argument("--hnsw-max", type=int, default=100_000)
     parser.add_argument("--tables", default="overhead,others,topk,tree", help="comma-separated subset to run")
+    parser.add_argument("--tree-sizes", help="comma-separated leaf counts for the tree table (default: 10^3 .. 10^6, "
+                        "--quick: 10^3, 10^4)")
     args = parser.parse_args(argv)
     import faiss
 
@@ -371,6 +374,8 @@ def main(argv=None) -> str:
         lines.append(f"| {n:,} | {fmt(ours)} | {fmt(theirs)} | {same} |")
         print(lines[-1], flush=True)
     tree_sizes = (1000, 10_000) if args.quick else (1000, 10_000, 100_000, 1_000_000)
+    if args.tree_sizes:
+        tree_sizes = tuple(int(x) for x in args.tree_sizes.split(","))
     lines += ["", "| tree Q=1, N | greedy | recall@1 | beam (5,10) | recall@10 | faiss HNSW | HNSW recall@10 | "
               "build s (tree / HNSW) |", "|---|---|---|---|---|---|---|---|"]
     rows = tree_vs_hnsw(faiss, tree_sizes, args.hnsw_max) if "tree" in tables else []

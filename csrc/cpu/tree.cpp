@@ -292,7 +292,7 @@ py::tuple beam(std::uintptr_t emb_ptr, int64_t D, std::uintptr_t child_ptr_ptr, 
     py::gil_scoped_release nogil;
 #pragma omp parallel if (Q >= 8)
     {
-      std::vector<int64_t> pending, next;
+      std::vector<int64_t> pending, next, at_level;
       std::vector<std::pair<float, int64_t>> pool;
       auto by_rank = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
         return better(a.first, a.second, b.first, b.second);
@@ -303,25 +303,25 @@ py::tuple beam(std::uintptr_t emb_ptr, int64_t D, std::uintptr_t child_ptr_ptr, 
         pending.assign(root, root + R);
         for (int64_t step = 0; step < H; ++step) {
           const int64_t at = H - step;
-          pool.clear();
+          at_level.clear();
           next.clear();
-          const size_t np = pending.size();
-          for (size_t i = 0; i < std::min<size_t>(kAhead, np); ++i) prefetch_row(E + pending[i] * D, D);
-          for (size_t i = 0; i < np; ++i) {
-            const int64_t node = pending[i];
-            if (i + kAhead < np) prefetch_row(E + pending[i + kAhead] * D, D);
-            if (lvl[node] == at)
-              pool.emplace_back(dot(qv, E + node * D, D), node);
-            else
-              next.push_back(node);
-          }
-          if (pool.empty()) continue;
-          const size_t keep = std::min<size_t>(static_cast<size_t>(W[step]), pool.size());
-          std::partial_sort(pool.begin(), pool.begin() + keep, pool.end(), by_rank);
-          for (size_t i = 0; i < keep; ++i) {
-            const int64_t node = pool[i].second;
-            next.insert(next.end(), kids + ptr[node], kids + ptr[node + 1]);
-          }
+          for (const int64_t node : pending) (lvl[node] == at ? at_level : next).push_back(node);
+          if (at_level.empty()) continue;
+          const size_t width = static_cast<size_t>(W[step]);
+          if (at_level.size() > width) {
+            pool.clear();
+            const size_t np = at_level.size();
+            for (size_t i = 0; i < std::min<size_t>(kAhead, np); ++i) prefetch_row(E + at_level[i] * D, D);
+            for (size_t i = 0; i < np; ++i) {
+              if (i + kAhead < np) prefetch_row(E + at_level[i + kAhead] * D, D);
+              pool.emplace_back(dot(qv, E + at_level[i] * D, D), at_level[i]);
+            }
+            // Only the set kept matters (the ranking is a total order): no sort needed.
+            std::nth_element(pool.begin(), pool.begin() + (width - 1), pool.end(), by_rank);
+            at_level.clear();
+            for (size_t i = 0; i < width; ++i) at_level.push_back(pool[i].second);
+          }  // else every node of the level is kept: none needs a score
+          for (const int64_t node : at_level) next.insert(next.end(), kids + ptr[node], kids + ptr[node + 1]);
           pending.swap(next);
         }
         pool.clear();
