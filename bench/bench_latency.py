@@ -1,6 +1,7 @@
 """Single-item latency (issue 15): one query, one push, one frame pair, next to the native kernel and faiss.
 
 Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/bench_latency.py [--quick] [--out bench/results/latency.md]
+      (``--tables tree --tree-sizes 1000000``: the 10^6-leaf tree row alone, ~5 GB and ~2 min)
       (pytest-benchmark form: .venv/bin/python -m pytest bench/bench_latency.py --benchmark-json ...)
 
 Every case times the public function and, on the same input, the native call it ends in (the
@@ -19,7 +20,8 @@ Cases (D = 384 for retrieval, as bench_tree.py; synthetic hierarchical data from
   motion_magnitude on one 224x168 uint8 RGB pair; MotionGate.push at 224 px (kernel share).
 * ``others``: batched_kmeans, token_logprobs, divergence_point, detect_boundaries, graph_retrieve on
   small inputs, the native time read by wrapping their ``_cpu_<family>`` module's functions.
-* cosine_topk Q=1 vs faiss IndexFlatIP at N = 10^2 .. 10^6 (``--quick``: up to 10^5).
+* cosine_topk Q=1 vs faiss IndexFlatIP at N = 10^2 .. 10^6 (``--quick``: up to 10^5), their calls
+  alternating (measure_alternating).
 * tree_search greedy / beam (5, 10) Q=1 vs faiss IndexHNSWFlat (M=32, efConstruction=40,
   efSearch=64) at N = 10^3 .. 10^5 (HNSW), and the tree alone at 10^6; recall over 200 queries
   (recall@1 for greedy: the path's leaf is the exact top-1; recall@10 for beam and HNSW: the
@@ -97,6 +99,28 @@ def measure_pair(public, native) -> tuple[dict, dict]:
         for fn, m in zip((public, native), out):
             m["cpu"] = min(m["cpu"], cpu_per_call(fn, m["reps"], batches=1))
     return out[0], out[1]
+
+
+def measure_alternating(first, second) -> tuple[dict, dict]:
+    """Two functions compared side by side: single calls alternate (first, second, first, ...) for
+    the wall percentiles and batches alternate for the CPU figure, so that the load of a shared
+    machine, which changes from second to second, weighs on both alike."""
+    reps = min(reps_for(first), reps_for(second))
+    first(), second()
+    times = ([], [])
+    for _ in range(reps):
+        for fn, out in zip((first, second), times):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    result = []
+    for out in times:
+        p20, p50, p80 = np.percentile(np.array(out) * 1e6, [20, 50, 80])
+        result.append(dict(p20=float(p20), p50=float(p50), p80=float(p80), cpu=float("inf")))
+    for _ in range(15):
+        for fn, m in zip((first, second), result):
+            m["cpu"] = min(m["cpu"], cpu_per_call(fn, max(3, reps // 10), batches=1))
+    return result[0], result[1]
 
 
 # --------------------------------------------------------------------------
@@ -262,8 +286,7 @@ def topk_vs_faiss(faiss, sizes) -> list[tuple]:
         index = faiss.IndexFlatIP(DIM)
         index.add(keys)
         kt, qt = torch.from_numpy(keys), torch.from_numpy(np.ascontiguousarray(q))
-        ours = measure(lambda: sk.cosine_topk(qt, kt, TOPK))
-        theirs = measure(lambda: index.search(q, TOPK))
+        ours, theirs = measure_alternating(lambda: sk.cosine_topk(qt, kt, TOPK), lambda: index.search(q, TOPK))
         same = np.array_equal(sk.cosine_topk(qt, kt, TOPK).ids.numpy(), index.search(q, TOPK)[1])
         rows.append((n, ours, theirs, same))
         del index, keys, kt
@@ -326,6 +349,8 @@ def main(argv=None) -> str:
     parser.add_argument("--out", help="write the markdown here too")
     parser.add_argument("--hnsw-max", type=int, default=100_000)
     parser.add_argument("--tables", default="overhead,others,topk,tree", help="comma-separated subset to run")
+    parser.add_argument("--tree-sizes", help="comma-separated leaf counts for the tree table (default: 10^3 .. 10^6, "
+                        "--quick: 10^3, 10^4)")
     args = parser.parse_args(argv)
     import faiss
 
@@ -349,6 +374,8 @@ def main(argv=None) -> str:
         lines.append(f"| {n:,} | {fmt(ours)} | {fmt(theirs)} | {same} |")
         print(lines[-1], flush=True)
     tree_sizes = (1000, 10_000) if args.quick else (1000, 10_000, 100_000, 1_000_000)
+    if args.tree_sizes:
+        tree_sizes = tuple(int(x) for x in args.tree_sizes.split(","))
     lines += ["", "| tree Q=1, N | greedy | recall@1 | beam (5,10) | recall@10 | faiss HNSW | HNSW recall@10 | "
               "build s (tree / HNSW) |", "|---|---|---|---|---|---|---|---|"]
     rows = tree_vs_hnsw(faiss, tree_sizes, args.hnsw_max) if "tree" in tables else []

@@ -276,6 +276,7 @@ class Op:
             self.native = self.name
         self._selected: dict = {}
         _SELECTED.append(self._selected)
+        self._cpp = None  # the loaded _cpu_<native> module, once cpp_module has found it
 
     def tolerance(self, backend: str, dtype: torch.dtype) -> tuple[float, float]:
         """(atol, rtol) of ``backend`` on inputs of ``dtype`` against the reference."""
@@ -301,17 +302,18 @@ class Op:
         override, another backend, a module that is not built) goes through
         :meth:`select`, which explains itself.
         """
+        # Asked on every single-item call: the unset variable and the loaded module are the quick case.
         if backend == "auto":
-            if backend_override() is not None:
+            if getenv("STREAMMEM_BACKEND") is not None and backend_override() is not None:
                 return None
         elif backend != "cpp":
             return None
-        if "cpp" not in self.impls:
-            return None
-        module = _IMPORTS.get(("cpu", self.native))
+        module = self._cpp
         if module is None:
-            module = load_native("cpu", self.native)
-        return module[0]
+            if "cpp" not in self.impls:
+                return None
+            module = self._cpp = load_native("cpu", self.native)[0]  # an import outcome never changes
+        return module
 
     def select(self, backend: str, device: torch.device, *, inputs: Mapping[str, object] | None = None,
                **info) -> str:

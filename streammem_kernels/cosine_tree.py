@@ -21,6 +21,12 @@ objects:
 * ``utility (num_nodes,)`` float32 (default 1) and ``payload (num_nodes,)``
   int64 (default -1), which the caller maps to its own objects.
 
+On CPU, the tables a search reads at random (embeddings, ``level``, the CSR
+arrays) are allocated for 2 MB pages from 4 MB up (``madvise(MADV_HUGEPAGE)``
+before their first touch, Linux only, a hint the OS may refuse): a search in a
+large tree reads rows scattered over the whole table, and on 4 KB pages nearly
+every row costs a TLB miss too.
+
 The store owns its data and validates it once, on the way in: every embedding
 is checked finite and normalised on insertion (and on :meth:`CosineTree.load`),
 so a search only checks its queries.  Host metadata the searches size their
@@ -47,7 +53,10 @@ renumbering.  Save/load round-trips the tombstone mask.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+import mmap
+import sys
 import threading
 import zlib
 from typing import Callable
@@ -160,7 +169,7 @@ class CosineTree:
         # to (updated by every mutation, so a search never asks the device for it).
         self._max_fanout = 0
         self._alloc_nodes(capacity)
-        self._child_idx = torch.empty(capacity, dtype=torch.int64, device=self._device)
+        self._child_idx = _storage((capacity,), torch.int64, None, self._device)
         # Current roots per level, in insertion (= ascending id) order; dicts
         # give O(1) removal and ordered iteration for grow()'s "oldest g".
         self._roots_by_level: list[dict[int, None]] = []
@@ -198,15 +207,18 @@ class CosineTree:
         """Replace storage tensors by copies before rewriting them in place, so that snapshots
         taken earlier (:meth:`search_arrays`, searches running in other threads) keep theirs."""
         for name in names:
-            setattr(self, name, getattr(self, name).clone())
+            old = getattr(self, name)
+            new = _storage(tuple(old.shape), old.dtype, None, old.device)  # huge pages, as allocated
+            new.copy_(old)
+            setattr(self, name, new)
         self._invalidate()
 
     def _alloc_nodes(self, capacity: int) -> None:
         dev = self._device
-        self._emb = torch.zeros((capacity, self._dim), dtype=torch.float32, device=dev)
-        self._level = torch.zeros(capacity, dtype=torch.int64, device=dev)
+        self._emb = _storage((capacity, self._dim), torch.float32, 0, dev)
+        self._level = _storage((capacity,), torch.int64, 0, dev)
         self._parent = torch.full((capacity,), -1, dtype=torch.int64, device=dev)
-        self._child_ptr = torch.zeros(capacity + 1, dtype=torch.int64, device=dev)
+        self._child_ptr = _storage((capacity + 1,), torch.int64, 0, dev)
         self._utility = torch.ones(capacity, dtype=torch.float32, device=dev)
         self._payload = torch.full((capacity,), -1, dtype=torch.int64, device=dev)
         self._alive = torch.ones(capacity, dtype=torch.bool, device=dev)
@@ -225,7 +237,7 @@ class CosineTree:
             self._child_ptr[: n + 1] = old[-1][: n + 1]  # CSR offsets have one more entry than nodes
         need_e = self._n_edges + extra_edges
         if need_e > self._child_idx.shape[0]:
-            grown = torch.empty(max(need_e, 2 * self._child_idx.shape[0]), dtype=torch.int64, device=self._device)
+            grown = _storage((max(need_e, 2 * self._child_idx.shape[0]),), torch.int64, None, self._device)
             grown[: self._n_edges] = self._child_idx[: self._n_edges]
             self._child_idx = grown
         self._invalidate()
@@ -813,6 +825,44 @@ class CosineTree:
     def __repr__(self) -> str:
         return (f"CosineTree(dim={self._dim}, num_nodes={self._n}, roots={len(self.roots)}, "
                 f"height={self.height}, device={self._device})")
+
+
+# Tables a search reads at random (embeddings, levels, CSR) from this size up ask Linux for
+# 2 MB pages (transparent huge pages, "madvise" mode): a search at 10^6 leaves touches rows
+# scattered over a 1.7 GB table, and with 4 KB pages nearly every row also costs a TLB miss
+# (measured: beam (5, 10) 52.3 -> 48.8 us native, bench/RESULTS.md, issue 15).
+_HUGE_PAGE_MIN_BYTES = 4 << 20
+_MADV_HUGEPAGE = 14  # <sys/mman.h>, Linux
+
+
+@functools.cache
+def _madvise():
+    """libc's ``madvise``, or None where there is none (not Linux, no libc)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _storage(shape: tuple, dtype: torch.dtype, fill, device: torch.device) -> torch.Tensor:
+    """A new tensor filled with ``fill`` (None: uninitialised); large CPU ones are advised to huge
+    pages before their first touch, which is what decides the page size.  The advice is a hint:
+    refused (another OS, THP disabled), the tensor is the same, on 4 KB pages."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    nbytes = t.numel() * t.element_size()
+    madvise = _madvise() if device.type == "cpu" and nbytes >= _HUGE_PAGE_MIN_BYTES else None
+    if madvise is not None:
+        page = mmap.PAGESIZE
+        lo, hi = (t.data_ptr() + page - 1) // page * page, (t.data_ptr() + nbytes) // page * page
+        madvise(lo, hi - lo, _MADV_HUGEPAGE)
+    if fill is not None:
+        t.fill_(fill)
+    return t
 
 
 def _max_run(child_ptr: torch.Tensor) -> int:

@@ -77,10 +77,15 @@ backend without ``max_fanout`` pads candidates to the graph's largest degree,
 which a :class:`CSRGraph` on CUDA reads once (one synchronisation, then cached);
 every other path, and the Triton backend always, runs without host
 synchronisation.  On CPU, an expansion with int64 C-contiguous seeds and the
-C++ backend is one native call that reads the graph and the seeds in place.
+C++ backend is one native call that reads the graph and the seeds in place;
+so is a :func:`graph_retrieve` of float32 C-contiguous queries (``Q < 8``)
+and embeddings without a chunk map: the seed top-k (the scan of
+:func:`~streammem_kernels.cosine_topk`'s C++ backend, reached by address),
+``min_score`` and the expansion in one call.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -88,7 +93,7 @@ import torch
 
 from ._dispatch import Op, call_op, load_native
 from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_rank, check_values
-from .topk import TopKResult, cosine_topk
+from .topk import _FAST_MAX_K, BLAS_MIN_QUERIES, COSINE_TOPK, TopKResult, cosine_topk
 
 __all__ = [
     "CSRGraph",
@@ -108,6 +113,9 @@ NO_CAP = 2**31 - 1
 _ABSENT = torch.iinfo(torch.int64).max
 _from_numpy = torch.from_numpy
 _is_compiling = torch.compiler.is_compiling
+_new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
+# The address of tree.cpp's top-k behind its C signature (read once; the module is never unloaded).
+_TOPK_INTO: list[int] = []
 
 
 # --------------------------------------------------------------------------
@@ -564,6 +572,11 @@ def graph_retrieve(queries, node_embeddings, graph: CSRGraph, *, k: int, hops: i
     -------
     GraphRetrieval on the graph's device.
     """
+    if chunk_map is None and chunk_capacity is None:
+        fast = _retrieve_fast(queries, node_embeddings, graph, k, hops, capacity, max_fanout, max_frontier, min_score,
+                              backend)
+        if fast is not None:
+            return fast
     graph = _check_graph(graph, "graph")
     emb = as_tensor(node_embeddings, "node_embeddings")
     check_rank(emb, "node_embeddings", (2,), "(N, D)")
@@ -593,6 +606,36 @@ def graph_retrieve(queries, node_embeddings, graph: CSRGraph, *, k: int, hops: i
     scores = top.scores if min_score is None else torch.where(seeds >= 0, top.scores,
                                                               torch.full_like(top.scores, float("-inf")))
     return GraphRetrieval(seeds, scores, near, chunks)
+
+
+def _retrieve_fast(queries, node_embeddings, graph, k, hops, capacity, max_fanout, max_frontier, min_score,
+                   backend) -> GraphRetrieval | None:
+    """The common CPU call (plain float32 queries and embeddings, int caps, no chunk map, the C++
+    backend for the top-k and the expansion) in one native call: the seed top-k (the same scan as
+    cosine_topk's), min_score and the expansion, with the tensors read and value-checked in C++.
+    None: not this case (the general path handles it and raises its errors)."""
+    if not (type(graph) is CSRGraph and type(hops) is int and type(capacity) is int
+            and (max_fanout is None or type(max_fanout) is int) and (max_frontier is None or type(max_frontier) is int)
+            and (min_score is None or type(min_score) is float) and graph._row_ptr.is_cpu):
+        return None
+    num_rows = graph._row_ptr.shape[0] - 1
+    fanout = NO_CAP if max_fanout is None else max_fanout
+    frontier = NO_CAP if max_frontier is None else max_frontier
+    if not (graph._num_cols == num_rows and hops >= 0 and 1 <= capacity < NO_CAP and fanout >= 1 and frontier >= 1
+            and (min_score is None or math.isfinite(min_score))):
+        return None
+    mod, tree_mod = GRAPH.cpp_module(backend), COSINE_TOPK.cpp_module(backend)
+    if mod is None or tree_mod is None or _is_compiling():
+        return None
+    if not _TOPK_INTO:
+        _TOPK_INTO.append(tree_mod.topk_into_address())
+    out = mod.retrieve(queries, node_embeddings, k, _TOPK_INTO[0], graph._row_ptr.data_ptr(), num_rows,
+                       graph._col_idx.data_ptr(), min(hops, num_rows), capacity, min(fanout, NO_CAP),
+                       min(frontier, NO_CAP), min_score is not None, 0.0 if min_score is None else min_score,
+                       BLAS_MIN_QUERIES, _FAST_MAX_K)
+    if out is None:
+        return None
+    return _new_tuple(GraphRetrieval, (out[0], out[1], _new_tuple(Neighbourhood, out[2:]), None))
 
 
 # --------------------------------------------------------------------------

@@ -220,8 +220,60 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
     floating frames is a device-side assertion), so a call can be captured in a
     CUDA graph.
     """
+    fused = _motion_uint8_cpp(frames, size, window, min_eig, levels, statistic, backend)
+    if fused is not None:
+        return fused
     gray, window, min_eig, levels, statistic = _prepare(frames, size, window, min_eig, levels, statistic, backend)
     return _motion_of_gray(gray, window, min_eig, levels, statistic, _select(backend, gray))
+
+
+def _motion_uint8_cpp(frames, size, window, min_eig, levels, statistic, backend) -> MotionResult | None:
+    """The common case in one native call: C-contiguous uint8 CPU frames (a tensor or an array),
+    gray or RGB, shrunk or kept, on the C++ backend.  Gray, resize, LK and score are the general
+    path's own native steps (bit for bit); each Python step between them cost microseconds, the
+    whole of a single pair's overhead (issue 15).  None outside this case (see
+    :func:`_uint8_cpp_plan`)."""
+    planned = _uint8_cpp_plan(frames, size, window, min_eig, levels, statistic, backend)
+    if planned is None:
+        return None
+    mod, (window, min_eig, levels, statistic, (oh, ow)) = planned
+    flow_px, score, mean_uv = mod.motion_u8(frames.numpy() if isinstance(frames, torch.Tensor) else frames, oh, ow,
+                                            *_cpp_lk_args(window, min_eig, levels, statistic))
+    return MotionResult(torch.from_numpy(flow_px), torch.from_numpy(score), torch.from_numpy(mean_uv))
+
+
+def _uint8_cpp_plan(frames, size, window, min_eig, levels, statistic, backend, min_frames=2):
+    """(``_cpu_motion`` module, :func:`_plan`'s validated arguments) when ``frames`` are C-contiguous
+    uint8 CPU frames ((T, H, W) or (T, H, W, 3), a tensor or an array, T >= ``min_frames``) that
+    the C++ backend prepares (shrunk or kept, not enlarged), for the fused native entry points;
+    None otherwise, or when they or the arguments are not valid: the general path (``_prepare``)
+    then validates and explains.  Every check that path would pass is made here, and the
+    arguments go through the same cached :func:`_plan`, whose errors are the general path's."""
+    if isinstance(frames, torch.Tensor):
+        if frames.dtype is not torch.uint8 or not frames.is_cpu or not frames.is_contiguous():
+            return None
+    elif not (isinstance(frames, np.ndarray) and frames.dtype == np.uint8 and frames.flags.c_contiguous):
+        return None
+    shape = tuple(frames.shape)
+    if not ((len(shape) == 4 and shape[3] == 3) or len(shape) == 3) or shape[0] < min_frames or 0 in shape:
+        return None
+    mod = LK_FLOW.cpp_module(backend)
+    if mod is None or torch.compiler.is_compiling():
+        return None
+    try:
+        plan = _plan(shape[1:3], size, window, min_eig, levels, statistic)
+    except TypeError:  # unhashable arguments: the general path validates (and rejects) them
+        return None
+    oh, ow = plan[4]
+    if oh > shape[1] or ow > shape[2]:  # enlarging: bilinear, torch only
+        return None
+    return mod, plan
+
+
+def _cpp_lk_args(window, min_eig, levels, statistic) -> tuple:
+    """The C++ lk_flow arguments after the frames, from validated ones."""
+    return (window, min_eig, levels, statistic == "moving", MOVING_FLOOR_PX[0], MOVING_FLOOR_PX[1], MOVING_MIN_AREA,
+            GUESS_BOX, COARSEST_STEPS)
 
 
 def _motion_of_gray(gray, window, min_eig, levels, statistic, backend) -> MotionResult:

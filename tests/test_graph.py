@@ -393,6 +393,88 @@ def test_graph_retrieve_min_score_drops_weak_seeds(backend):
     assert torch.equal(got.neighbourhood.nodes, expected.nodes)
 
 
+def _general_retrieve(queries, emb, graph, **kwargs):
+    """graph_retrieve through its general path (a float64 copy of the queries declines the fused call)."""
+    return graph_retrieve(queries.double(), emb, graph, **kwargs)
+
+
+def test_graph_retrieve_fused_call_equals_the_general_path(monkeypatch):
+    """The CPU fast path (one native call: the seed top-k, min_score and the expansion) returns what
+    cosine_topk + the expansion return, and runs for the plain float32 call only."""
+    if "cpp" not in BACKENDS:
+        pytest.skip("the C++ backend is not built")
+    import streammem_kernels.graph as graph_mod
+
+    ran = []
+    fused = graph_mod._retrieve_fast
+    monkeypatch.setattr(graph_mod, "_retrieve_fast", lambda *a: ran.append(1) or fused(*a))
+    graph, emb, _, queries = memory(n=53, dim=20, seed=4)
+    emb[7] = 0.0  # a zero node scores 0
+    emb[30] = emb[11] * 8  # parallel rows tie: the lower id first
+    top = cosine_topk(queries, emb, 6, backend="torch")
+    cases = [dict(k=4, hops=2, capacity=30), dict(k=60, hops=1, capacity=80),  # k > N: -1 seeds
+             dict(k=5, hops=3, capacity=9, max_fanout=2, max_frontier=3),  # caps bind, truncated
+             dict(k=6, hops=10**9, capacity=53), dict(k=3, hops=0, capacity=2),
+             dict(k=6, hops=1, capacity=40, min_score=float(top.scores[:, 2].max())),  # the float32 boundary
+             dict(k=6, hops=1, capacity=40, min_score=float(top.scores[0, 3]) + 1e-12),  # rounds to that score
+             dict(k=6, hops=1, capacity=40, min_score=1e300), dict(k=6, hops=1, capacity=40, min_score=-1e300)]
+    for q in (queries, queries[:1], torch.zeros(1, 20), queries.repeat(3, 1)[:7]):
+        for kwargs in cases:
+            ran.clear()
+            got = graph_retrieve(q, emb, graph, **kwargs)
+            assert ran
+            want = _general_retrieve(q, emb, graph, **kwargs)
+            assert torch.equal(got.seeds, want.seeds), kwargs
+            assert torch.equal(got.seed_scores, want.seed_scores), kwargs
+            assert got.chunks is None and type(got.neighbourhood) is type(want.neighbourhood)
+            for a, b in zip(got.neighbourhood, want.neighbourhood):
+                assert a.dtype == b.dtype and torch.equal(a, b), kwargs
+    # Q x N x D >= 2^16: the scan hands the GIL back while it runs (called from the graph module).
+    big_graph, big_emb, _, big_q = memory(n=300, dim=256, seed=6)
+    ran.clear()
+    got = graph_retrieve(big_q, big_emb, big_graph, k=5, hops=2, capacity=40)
+    want = _general_retrieve(big_q, big_emb, big_graph, k=5, hops=2, capacity=40)
+    assert ran and torch.equal(got.seeds, want.seeds) and torch.equal(got.seed_scores, want.seed_scores)
+    assert torch.equal(got.neighbourhood.nodes, want.neighbourhood.nodes)
+    ref = graph_retrieve(queries, emb, graph, k=4, hops=2, capacity=30, backend="torch")
+    got = graph_retrieve(queries, emb, graph, k=4, hops=2, capacity=30)
+    assert torch.equal(got.seeds, ref.seeds) and torch.equal(got.neighbourhood.nodes, ref.neighbourhood.nodes)
+    torch.testing.assert_close(got.seed_scores, ref.seed_scores, atol=2e-5, rtol=1e-5)
+    # Declined, same answer: Q >= 8, non-contiguous embeddings, a chunk map, numpy input.
+    mod = GRAPH.cpp_module("cpp")
+    for q, e in ((queries.repeat(4, 1), emb), (queries, emb.T.contiguous().T), (queries.numpy(), emb)):
+        assert mod.retrieve(q, e, 4, graph_mod._TOPK_INTO[0], graph.row_ptr.data_ptr(), 53, graph.col_idx.data_ptr(),
+                            2, 30, NO_CAP, NO_CAP, False, 0.0, 8, 1 << 25) is None
+        got = graph_retrieve(q, e, graph, k=4, hops=2, capacity=30)
+        want = graph_retrieve(torch.as_tensor(q).double(), e, graph, k=4, hops=2, capacity=30)
+        assert torch.equal(got.seeds, want.seeds) and torch.equal(got.neighbourhood.nodes, want.neighbourhood.nodes)
+
+
+def test_graph_retrieve_fused_call_raises_the_general_errors():
+    graph, emb, _, queries = memory()
+    for bad in (float("nan"), float("inf")):
+        q, e = queries.clone(), emb.clone()
+        q[1, 3] = bad
+        e[40, 0] = bad
+        for args, match in (((q, emb), "queries must be finite"), ((queries, e), "keys must be finite")):
+            with pytest.raises(ValueError, match=match):
+                graph_retrieve(*args, graph, k=2, hops=1, capacity=8)
+            with pytest.raises(ValueError, match=match):
+                _general_retrieve(*args, graph, k=2, hops=1, capacity=8)
+    for kwargs, match in ((dict(k=2, hops=-1, capacity=8), "hops must be >= 0"),
+                          (dict(k=0, hops=1, capacity=8), "k must be >= 1"),
+                          (dict(k=2, hops=1, capacity=0), "capacity must be >= 1"),
+                          (dict(k=2, hops=1, capacity=8, max_fanout=0), "max_fanout must be >= 1"),
+                          (dict(k=2, hops=1, capacity=8, min_score=float("inf")), "min_score must be finite")):
+        with pytest.raises(ValueError, match=match):
+            graph_retrieve(queries, emb, graph, **kwargs)
+    with pytest.raises(ValueError, match="graph must be square"):
+        graph_retrieve(queries, emb, CSRGraph.from_edges([0], [0], 41, num_cols=42), k=2, hops=1, capacity=8)
+    before = (queries.clone(), emb.clone())
+    graph_retrieve(queries, emb, graph, k=3, hops=2, capacity=8, min_score=0.0)
+    assert torch.equal(queries, before[0]) and torch.equal(emb, before[1])
+
+
 # --------------------------------------------------------------------------
 # Bad input
 # --------------------------------------------------------------------------

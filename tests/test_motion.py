@@ -517,6 +517,17 @@ BAD = [
     (dict(frames=torch.zeros(3, 16, 16), size=2), "size"),
     (dict(frames=[np.zeros((16, 16)), np.zeros((16, 17))]), "frames\\[1\\]"),
     (dict(frames="video.mp4"), "frames"),
+    # uint8 frames: the fused C++ path's checks (it hands what it does not take to the general path)
+    (dict(frames=torch.zeros(1, 16, 16, dtype=torch.uint8)), "T >= 2"),
+    (dict(frames=np.zeros((1, 16, 16, 3), dtype=np.uint8)), "T >= 2"),
+    (dict(frames=torch.zeros(3, 16, 16, 2, dtype=torch.uint8)), "channels"),
+    (dict(frames=torch.zeros(3, 0, 16, 3, dtype=torch.uint8)), "empty"),
+    (dict(frames=torch.zeros(3, 16, 16, 3, dtype=torch.uint8), window=4), "odd"),
+    (dict(frames=torch.zeros(3, 16, 16, 3, dtype=torch.uint8), size=2), "size"),
+    (dict(frames=torch.zeros(3, 16, 16, dtype=torch.uint8), levels=3), "levels=3"),
+    (dict(frames=torch.zeros(3, 16, 16, dtype=torch.uint8), statistic="median"), "statistic"),
+    (dict(frames=torch.zeros(3, 8, 16, dtype=torch.uint8), window=7), "at least"),
+    (dict(frames=torch.zeros(3, 16, 16, dtype=torch.uint8), backend="bogus"), "bogus"),
 ]
 
 
@@ -620,3 +631,46 @@ def test_native_gray_area_equals_torch_preparation(shape, out_hw):
         ref = ref / 255.0
     assert out.shape == (shape[0], *out_hw)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+FUSED_CASES = [  # (shape, size): uint8 gray kept, gray shrunk, RGB kept, RGB shrunk, odd sizes, T > 2
+    ((2, 17, 23), None), ((3, 40, 30), 17), ((2, 23, 29, 3), None), ((3, 37, 53, 3), 24), ((4, 31, 64, 3), 40),
+]
+
+
+@pytest.mark.parametrize("as_numpy", [False, True], ids=["tensor", "numpy"])
+@pytest.mark.parametrize("window,statistic", [(5, "moving"), (3, "textured"), (None, "moving")])
+@pytest.mark.parametrize("shape,size", FUSED_CASES)
+def test_fused_uint8_path_is_bit_for_bit_the_general_path(monkeypatch, shape, size, window, statistic, as_numpy):
+    """Contiguous uint8 CPU frames on the C++ backend take one native call (motion_u8: gray, resize,
+    LK and score); it must be the general path's result bit for bit (the same native steps) and
+    leave the frames untouched.  A spy checks that the fused call ran, so the test cannot pass
+    through the general path alone."""
+    from streammem_kernels import motion
+    from streammem_kernels._dispatch import load_native
+
+    mod, why = load_native("cpu", "motion")
+    if mod is None:
+        pytest.skip(why)
+    frames = random_clip(shape[0], shape[1], shape[2], shape[3] if len(shape) == 4 else None, torch.uint8,
+                         seed=sum(shape))
+    frames = frames.numpy() if as_numpy else frames
+    before = frames.copy() if as_numpy else frames.clone()
+    calls = []
+    fused = mod.motion_u8
+    monkeypatch.setattr(mod, "motion_u8", lambda *a: calls.append(a) or fused(*a))
+    out = motion_magnitude(frames, size=size, window=window, statistic=statistic)
+    assert len(calls) == 1, "contiguous uint8 CPU frames must take the fused C++ path"
+    prepared = motion._prepare(frames, size, window, 1e-5, "auto", statistic, "cpp")
+    ref = motion._motion_of_gray(*prepared, "cpp")
+    for name in ("flow_px", "score", "mean_uv"):
+        assert_bitwise_equal(getattr(out, name), getattr(ref, name), name)
+    assert bool((out.flow_px > 0).all()), "the cases must exercise non-trivial flow"
+    np.testing.assert_array_equal(np.asarray(frames), np.asarray(before))
+    # Outside the fused case (enlarging, a non-contiguous view, the torch backend): the general path.
+    bigger = max(shape[1:3]) + 7
+    sliced = torch.as_tensor(frames)[:, :, 1:]
+    for kwargs in (dict(frames=frames, size=bigger), dict(frames=sliced, size=size), dict(frames=frames, size=size,
+                                                                                          backend="torch")):
+        motion_magnitude(window=window, statistic=statistic, **kwargs)
+    assert len(calls) == 1

@@ -1,6 +1,8 @@
 """The motion gate on labelled synthetic clips (tests/motion_clips.py): a static camera with
 known moving objects.  Ground truth is which frames contain motion; the presets must keep those
 (issue 14: one small object moving on a static camera) and drop a static scene."""
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -124,3 +126,100 @@ def test_gate_scores_equal_motion_magnitude_on_the_full_frames(kind, reference):
         if reference == "previous" or kept[t]:
             anchors.append(t)
     assert kept[0] and not kept[3]
+
+
+def _reloaded(state):
+    """``state`` through torch.save and torch.load(weights_only=True), as checkpoints travel."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+@pytest.mark.parametrize("reference", ["previous", "last_kept"])
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["numpy", "tensor"])
+def test_gate_state_holds_the_reference_gray_and_still_loads_the_raw_frame_format(reference, as_tensor):
+    """The gate keeps (and checkpoints) its reference frame's working-size gray, not the full-size
+    frame: no copy of the frame per push, nothing of a batch's other grays held.  A state of the
+    earlier format (the raw reference frame under "anchor") still loads, and both continue the
+    stream exactly as the gate that never stopped; the stream's frame shape and dtype survive the
+    round trip, and a gate of another size refuses the state."""
+    rng = np.random.default_rng(5)
+    frames = rng.integers(0, 256, (9, 48, 64, 3), dtype=np.uint8)
+    frames[4] = frames[3]  # a still frame: dropped in both modes
+    frames = torch.from_numpy(frames) if as_tensor else frames
+    full = MotionGate(0.3, size=32, reference=reference)
+    want = full.push(frames)
+    gate = MotionGate(0.3, size=32, reference=reference)
+    first = gate.push(frames[:4])
+    state = gate.state_dict()
+    assert "anchor" not in state and tuple(state["anchor_gray"].shape) == (24, 32)
+    assert state["anchor_gray"].untyped_storage().nbytes() == 24 * 32 * 4
+    assert gate._anchor_gray.untyped_storage().nbytes() == 24 * 32 * 4  # not the batch's four grays
+    anchor = 3 if reference == "previous" else max(t for t in range(4) if first[1][t])
+    legacy = {"anchor": torch.as_tensor(frames[anchor]).clone(), "anchor_is_numpy": not as_tensor,
+              "frames_seen": 4, "frames_kept": sum(first[1])}
+    for saved in (state, legacy):
+        restored = MotionGate(0.3, size=32, reference=reference)
+        restored.load_state_dict(_reloaded(saved))
+        rest = restored.push(frames[4:])
+        assert (first[0] + rest[0], first[1] + rest[1]) == want
+        assert not want[1][4] and (restored.frames_seen, restored.frames_kept) == (9, full.frames_kept)
+        with pytest.raises(ValueError, match="frame shape"):
+            restored.push(frames[:1, :40])
+        other = torch.as_tensor(frames[:1]).float() / 255 if not as_tensor else frames[:1].numpy()
+        with pytest.raises(ValueError, match="dtype"):
+            restored.push(other)
+    with pytest.raises(ValueError, match="anchor_gray"):
+        MotionGate(0.3, size=48, reference=reference).load_state_dict(_reloaded(state))
+    # A gate that has seen nothing, in both formats: the next frame starts the stream.
+    for empty in (MotionGate(0.3).state_dict(), {"anchor": None, "anchor_is_numpy": False, "frames_seen": 0,
+                                                  "frames_kept": 0}):
+        fresh = MotionGate(0.3, size=32, reference=reference)
+        fresh.load_state_dict(_reloaded(empty))
+        assert fresh.push(frames[:2])[1][0] is True
+
+
+@pytest.mark.parametrize("reference", ["previous", "last_kept"])
+def test_native_gate_step_equals_the_general_path(monkeypatch, reference):
+    """Contiguous uint8 frames that the C++ backend shrinks take one native call per push
+    ("previous") or per frame ("last_kept"): gray written after the reference's, LK and score.
+    Scores, decisions and the kept reference gray must be the general path's bit for bit (the
+    same frames as non-contiguous views take it), over batches of 1 and 3, numpy and tensors; a
+    spy checks which path ran, and the reference gray of a batch holds one frame, not the batch.
+    (Batches of different sizes may differ in the last bit: the C++ LK splits a pair into row
+    strips by the number of pairs, and sums the strips in that order.)"""
+    from streammem_kernels._dispatch import load_native
+
+    mod, why = load_native("cpu", "motion")
+    if mod is None:
+        pytest.skip(why)
+    rng = np.random.default_rng(9)
+    frames = rng.integers(0, 256, (10, 30, 40, 3), dtype=np.uint8)
+    frames[5] = frames[4]
+    frames[6] = frames[4]  # still frames: dropped, so "last_kept" keeps an older reference
+    padded = np.zeros((10, 30, 40, 4), dtype=np.uint8)
+    padded[..., :3] = frames
+    strided = padded[..., :3]  # the same frames, not contiguous: the general path
+    calls = []
+    native_step = mod.gate_u8
+    monkeypatch.setattr(mod, "gate_u8", lambda *a: calls.append(len(a[0])) or native_step(*a))
+    for batch in (1, 3):
+        for source, native in ((strided, False), (frames, True), (torch.from_numpy(frames), True)):
+            calls.clear()
+            gate = MotionGate(0.3, size=24, reference=reference)
+            got = ([], [])
+            for start in range(0, len(source), batch):
+                s, k = gate.push(source[start:start + batch])
+                got[0].extend(s)
+                got[1].extend(k)
+                assert gate._anchor_gray.untyped_storage().nbytes() <= 2 * 18 * 24 * 4
+            assert bool(calls) == native, (batch, type(source), calls)
+            if native and reference == "last_kept":
+                assert set(calls) == {1}  # one frame per call
+            if not native:
+                want, want_gray = got, gate._anchor_gray
+                assert not want[1][5] and not want[1][6] and all(want[1][:5])
+            else:
+                assert got == want, (batch, type(source))
+                assert torch.equal(gate._anchor_gray, want_gray)

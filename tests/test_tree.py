@@ -312,6 +312,45 @@ def test_beam_pads_when_fewer_leaves_qualify():
         assert bool((res.ids == -1).all())
 
 
+def test_beam_keeps_narrow_levels_unscored_and_breaks_ties_by_id():
+    """A level with no more nodes than its width is kept whole (the C++ search skips scoring it), a
+    wider one keeps its best by (score, lower id): on a tree of duplicated rows (exact ties at
+    every level), each single-query fast-path search equals the reference."""
+    g = torch.Generator().manual_seed(13)
+    base = torch.randn(9, 16, generator=g)
+    tree = CosineTree(16)
+    rows = torch.cat([base.repeat(3, 1), 0.5 * base.repeat(3, 1) + torch.randn(27, 16, generator=g)])
+    tree.add_leaves(rows[torch.randperm(54, generator=g)])  # 27 leaves are 9 rows 3 times each
+    tree.grow(3)
+    tree.add_leaves(base[:2])  # leaf roots beside the grown part
+    queries = torch.cat([torch.randn(5, 16, generator=g), base[:3], torch.zeros(1, 16)])
+    levels = torch.bincount(tree.level).tolist()
+    for beam in ((1,), (2, 3), (levels[-1], 4), (100,)):
+        ref = tree_search(tree, queries, beam=beam, k=7, backend="torch")
+        for i in range(queries.shape[0]):
+            got = tree_search(tree, queries[i : i + 1].contiguous(), beam=beam, k=7)
+            assert torch.equal(got.ids[0], ref.ids[i]), (beam, i)
+            torch.testing.assert_close(got.scores[0], ref.scores[i], atol=SCORE_ATOL, rtol=0)
+
+
+def test_large_tables_search_like_small_ones():
+    """Tables from 4 MB up are allocated for huge pages (cosine_tree._storage): the same
+    contents (zero-filled past the used prefix) and the same search results as a small tree."""
+    g = torch.Generator().manual_seed(5)
+    emb = torch.randn(600, 384, generator=g)
+    small, large = CosineTree(384, capacity=4), CosineTree(384, capacity=4000)  # 6 MB of embeddings
+    for t in (small, large):
+        t.add_leaves(emb)
+        t.grow(6)
+    assert bool((large._emb[large.num_nodes :] == 0).all()) and bool((large._child_ptr[large.num_nodes + 1 :] == 0).all())
+    for name in ("embeddings", "level", "parent", "child_ptr", "child_idx", "roots"):
+        assert torch.equal(getattr(small, name), getattr(large, name)), name
+    queries = torch.randn(3, 384, generator=g)
+    for kwargs in (dict(), dict(beam=(2, 3), k=5)):
+        for a, b in zip(tree_search(small, queries, **kwargs), tree_search(large, queries, **kwargs)):
+            assert torch.equal(a, b)
+
+
 # --------------------------------------------------------------------------
 # cosine_topk
 # --------------------------------------------------------------------------
@@ -786,6 +825,36 @@ def test_topk_cpp_paths_validate_values_alike():
         want = cosine_topk(q, huge, 50, backend="torch")
         assert not bool(torch.isnan(got.scores).any())
         assert torch.equal(got.ids, want.ids)
+
+
+def test_topk_fast_path_declines_what_it_does_not_read_in_place():
+    """The C++ fast path of cosine_topk (tensors read in C++) takes only plain float32 contiguous CPU
+    tensors, Q < 8 and an int k: every other input goes through the general path, same answer."""
+    if "cpp" not in TOPK_BACKENDS:
+        pytest.skip("the C++ backend is not built")
+    mod = COSINE_TOPK.cpp_module("cpp")
+    g = torch.Generator().manual_seed(21)
+    keys, q = torch.randn(33, 12, generator=g), torch.randn(2, 12, generator=g)
+    assert mod.cosine_topk_tensors(q, keys, 4, 8, 1000) is not None
+    declined = {
+        "float64": (q.double(), keys, 4), "non-contiguous keys": (q, keys.T.contiguous().T, 4),
+        "Parameter": (q, torch.nn.Parameter(keys), 4), "requires_grad": (q.clone().requires_grad_(), keys, 4),
+        "Q = 8": (q.repeat(4, 1), keys, 4), "bool k": (q, keys, True), "k = 0": (q, keys, 0),
+        "k too large": (q, keys, 1001), "k beyond int64": (q, keys, 2**64), "1-D queries": (q[0], keys, 4),
+        "D mismatch": (q[:, :5], keys, 4), "numpy": (q.numpy(), keys, 4),
+    }
+    for name, (qq, kk, k) in declined.items():
+        assert mod.cosine_topk_tensors(qq, kk, k, 8, 1000) is None, name
+    for name in ("float64", "non-contiguous keys", "Parameter", "requires_grad", "Q = 8", "numpy"):
+        qq, kk, k = declined[name]
+        got = cosine_topk(qq, kk, k)
+        want = cosine_topk(torch.as_tensor(qq).detach().float(), kk.detach().contiguous(), k, backend="torch")
+        assert torch.equal(got.ids, want.ids), name
+        torch.testing.assert_close(got.scores, want.scores, atol=SCORE_ATOL, rtol=0)
+    for name, match in (("bool k", "k must be an int"), ("k = 0", "k must be >= 1"), ("D mismatch", "D=12")):
+        qq, kk, k = declined[name]
+        with pytest.raises(ValueError, match=match):
+            cosine_topk(qq, kk, k)
 
 
 def test_unavailable_backend_error_names_the_op_and_inputs():

@@ -5,6 +5,9 @@
 //          num_cols, hops >= 0, capacity >= 1, max_fanout >= 1, max_frontier >= 1, keep_sources)
 //     -> nodes, hop, seed, parent, edge (B, capacity) i64 padded with -1,
 //        count (B,) i64, truncated (B,) bool.
+//   expand_ptr(...): the same on a validated CSRGraph and sources read in place (khop_neighbourhood).
+//   retrieve(queries, node_embeddings, k, topk_into, row_ptr, ...): graph_retrieve in one call, the
+//        cosine top-k seeds (tree.cpp's scan) and their expansion (see retrieve below).
 //
 // Per query, a level-synchronous BFS that appends to one ordered list:
 //   hop 0 (keep_sources): the distinct sources in row order;
@@ -20,9 +23,11 @@
 // O(num_cols): at 10^6 nodes, zeroing a fresh bitmap per call would cost more than a 2-hop
 // expansion itself.
 #include "common.h"
+#include "tensor_args.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace streammem {
@@ -111,18 +116,24 @@ void expand_one(const int64_t* row_ptr, const int64_t* col_idx, const int64_t* s
   *truncated_out = truncated;
 }
 
+// The expansion's outputs: nodes, hop, seed, parent, edge (B, capacity), count (B,), truncated (B,).
+struct Expansion {
+  carray<int64_t> node, hop, seed, parent, edge, count;
+  py::array_t<bool> truncated;
+};
+
 // Expansion of num_q queries into fresh output arrays (inputs as validated raw pointers).
-py::tuple expand_raw(const int64_t* rp, const int64_t* ci, const int64_t* src, int64_t num_q, int64_t num_src,
+Expansion expand_raw(const int64_t* rp, const int64_t* ci, const int64_t* src, int64_t num_q, int64_t num_src,
                      int64_t num_cols, int64_t hops, int64_t capacity, int64_t max_fanout, int64_t max_frontier,
                      bool keep_sources) {
   const std::vector<py::ssize_t> shape{num_q, capacity};
-  carray<int64_t> node(shape), hop(shape), seed(shape), parent(shape), edge(shape);
-  carray<int64_t> count(std::vector<py::ssize_t>{num_q});
-  py::array_t<bool> truncated(std::vector<py::ssize_t>{num_q});
-  Lists lists{node.mutable_data(), hop.mutable_data(), seed.mutable_data(), parent.mutable_data(),
-              edge.mutable_data()};
-  int64_t* cnt = count.mutable_data();
-  bool* trunc = truncated.mutable_data();
+  Expansion out{carray<int64_t>(shape), carray<int64_t>(shape), carray<int64_t>(shape), carray<int64_t>(shape),
+                carray<int64_t>(shape), carray<int64_t>(std::vector<py::ssize_t>{num_q}),
+                py::array_t<bool>(std::vector<py::ssize_t>{num_q})};
+  Lists lists{out.node.mutable_data(), out.hop.mutable_data(), out.seed.mutable_data(), out.parent.mutable_data(),
+              out.edge.mutable_data()};
+  int64_t* cnt = out.count.mutable_data();
+  bool* trunc = out.truncated.mutable_data();
   {
     py::gil_scoped_release release;
     std::fill(lists.node, lists.node + num_q * capacity, -1);
@@ -145,7 +156,11 @@ py::tuple expand_raw(const int64_t* rp, const int64_t* ci, const int64_t* src, i
       for (int64_t b = 0; b < num_q; ++b) run(b);
     }
   }
-  return py::make_tuple(node, hop, seed, parent, edge, count, truncated);
+  return out;
+}
+
+py::tuple as_tuple(const Expansion& e) {
+  return py::make_tuple(e.node, e.hop, e.seed, e.parent, e.edge, e.count, e.truncated);
 }
 
 py::tuple expand(carray<int64_t> row_ptr, carray<int64_t> col_idx, carray<int64_t> sources, int64_t num_cols,
@@ -154,8 +169,8 @@ py::tuple expand(carray<int64_t> row_ptr, carray<int64_t> col_idx, carray<int64_
   require(col_idx.ndim() == 1 && sources.ndim() == 2, "col_idx must be (E,), sources (B, S)");
   require(capacity >= 1 && hops >= 0 && max_fanout >= 1 && max_frontier >= 1 && num_cols >= 0,
           "capacity, max_fanout, max_frontier must be >= 1 and hops, num_cols >= 0");
-  return expand_raw(row_ptr.data(), col_idx.data(), sources.data(), sources.shape(0), sources.shape(1), num_cols,
-                    hops, capacity, max_fanout, max_frontier, keep_sources);
+  return as_tuple(expand_raw(row_ptr.data(), col_idx.data(), sources.data(), sources.shape(0), sources.shape(1),
+                            num_cols, hops, capacity, max_fanout, max_frontier, keep_sources));
 }
 
 // The per-call fast path (graph.khop_neighbourhood): a validated CSRGraph's int64 contiguous arrays and
@@ -170,8 +185,56 @@ py::object expand_ptr(std::uintptr_t row_ptr, int64_t num_rows, std::uintptr_t c
   const int64_t* src = in_ptr<int64_t>(sources);
   for (int64_t e = 0; e < num_q * num_src; ++e)
     if (src[e] < -1 || src[e] >= num_rows) return py::none();
-  return expand_raw(in_ptr<int64_t>(row_ptr), in_ptr<int64_t>(col_idx), src, num_q, num_src, num_cols, hops,
-                    capacity, max_fanout, max_frontier, true);
+  return as_tuple(expand_raw(in_ptr<int64_t>(row_ptr), in_ptr<int64_t>(col_idx), src, num_q, num_src, num_cols,
+                            hops, capacity, max_fanout, max_frontier, true));
+}
+
+// graph.graph_retrieve's fast path, fused: the cosine top-k seeds of plain float32 CPU queries (Q, D),
+// 1 <= Q < max_queries, over the node embeddings (N, D) (tensor_args.h), k an int in [1, max_k],
+// dropped (-1 / -inf) where they score below min_score (compared in float32, as the reference's
+// tensor comparison does), then their expansion (keep_sources) over a validated square CSRGraph of
+// N rows read in place.  The top-k is tree.cpp's, reached through the C signature at `topk_into`
+// (tree.cpp topk_into_address), so both modules run one scan and raise its ValueErrors.  Returns
+// (seeds, seed_scores, nodes, hop, seed, parent, edge, count, truncated) as torch tensors, or None
+// when the input is not this case (the general path then validates and explains).
+using TopKInto = const char* (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t*, float*);
+
+py::object retrieve(py::handle queries, py::handle embeddings, py::handle k_obj, std::uintptr_t topk_into,
+                    std::uintptr_t row_ptr, int64_t num_rows, std::uintptr_t col_idx, int64_t hops, int64_t capacity,
+                    int64_t max_fanout, int64_t max_frontier, bool use_min_score, double min_score,
+                    int64_t max_queries, int64_t max_k) {
+  namespace ta = tensor_args;
+  require(topk_into != 0 && num_rows >= 0 && hops >= 0 && capacity >= 1 && max_fanout >= 1 && max_frontier >= 1,
+          "retrieve: bad arguments");
+  ta::Plain<2> q, emb;
+  int64_t k;
+  if (!ta::exact_int(k_obj, &k) || k < 1 || k > max_k || !ta::plain_cpu(queries, ta::torch_objects().float32, &q) ||
+      !ta::plain_cpu(embeddings, ta::torch_objects().float32, &emb))
+    return py::none();
+  const int64_t Q = q.size[0], N = emb.size[0], D = emb.size[1];
+  if (Q < 1 || Q >= max_queries || N < 1 || N != num_rows || D < 1 || q.size[1] != D) return py::none();
+  py::array_t<int64_t> seeds({Q, k});
+  py::array_t<float> scores({Q, k});
+  int64_t* ids = seeds.mutable_data();
+  float* s = scores.mutable_data();
+  const char* error = reinterpret_cast<TopKInto>(topk_into)(in_ptr<float>(q.data), Q, in_ptr<float>(emb.data), N, D,
+                                                            k, ids, s);
+  if (error != nullptr) require(false, error);
+  if (use_min_score) {
+    const float threshold = min_score > std::numeric_limits<float>::max()    ? std::numeric_limits<float>::infinity()
+                            : min_score < -std::numeric_limits<float>::max() ? -std::numeric_limits<float>::infinity()
+                                                                             : static_cast<float>(min_score);
+    for (int64_t j = 0; j < Q * k; ++j)
+      if (!(s[j] >= threshold)) {
+        ids[j] = -1;
+        s[j] = -std::numeric_limits<float>::infinity();
+      }
+  }
+  const Expansion e = expand_raw(in_ptr<int64_t>(row_ptr), in_ptr<int64_t>(col_idx), ids, Q, k, num_rows,
+                                 std::min(hops, num_rows), capacity, max_fanout, max_frontier, true);
+  return py::make_tuple(ta::to_tensor(seeds), ta::to_tensor(scores), ta::to_tensor(e.node), ta::to_tensor(e.hop),
+                        ta::to_tensor(e.seed), ta::to_tensor(e.parent), ta::to_tensor(e.edge), ta::to_tensor(e.count),
+                        ta::to_tensor(e.truncated));
 }
 
 }  // namespace
@@ -187,4 +250,9 @@ PYBIND11_MODULE(_cpu_graph, m) {
         py::arg("sources"), py::arg("num_q"), py::arg("num_src"), py::arg("num_cols"), py::arg("hops"),
         py::arg("capacity"), py::arg("max_fanout"), py::arg("max_frontier"),
         "expand (keep_sources) on int64 C-contiguous arrays read in place; None if a source is out of range");
+  m.def("retrieve", &streammem::retrieve, py::arg("queries"), py::arg("node_embeddings"), py::arg("k"),
+        py::arg("topk_into"), py::arg("row_ptr"), py::arg("num_rows"), py::arg("col_idx"), py::arg("hops"),
+        py::arg("capacity"), py::arg("max_fanout"), py::arg("max_frontier"), py::arg("use_min_score"),
+        py::arg("min_score"), py::arg("max_queries"), py::arg("max_k"),
+        "graph_retrieve fused: cosine top-k seeds, min_score, expansion; None when not this case");
 }

@@ -819,14 +819,17 @@ STREAMMEM_HOT void add_row(float* __restrict acc, const float* __restrict row, i
   for (int64_t x = 0; x < W; ++x) acc[x] += row[x];
 }
 
-carray<float> gray_area(const py::array_t<uint8_t, py::array::c_style>& frames, int64_t oh, int64_t ow) {
+void check_gray_area(const carray<uint8_t>& frames, int64_t oh, int64_t ow) {
   require(frames.ndim() == 3 || (frames.ndim() == 4 && frames.shape(3) == 3), "frames must be (T,H,W) or (T,H,W,3)");
+  require(oh >= 1 && ow >= 1 && oh <= frames.shape(1) && ow <= frames.shape(2),
+          "output size must be within the input size");
+}
+
+// gray_area written into dst ((T, oh, ow) floats; checked by check_gray_area).
+void gray_area_into(const carray<uint8_t>& frames, int64_t oh, int64_t ow, float* dst) {
   const int64_t T_ = frames.shape(0), H = frames.shape(1), W = frames.shape(2);
   const int64_t C = frames.ndim() == 4 ? 3 : 1;
-  require(oh >= 1 && ow >= 1 && oh <= H && ow <= W, "output size must be within the input size");
-  carray<float> out({T_, oh, ow});
   const uint8_t* src = frames.data();
-  float* dst = out.mutable_data();
   std::vector<int64_t> c0(ow), c1(ow);
   for (int64_t j = 0; j < ow; ++j) {
     c0[j] = (j * W) / ow;
@@ -878,7 +881,73 @@ carray<float> gray_area(const py::array_t<uint8_t, py::array::c_style>& frames, 
       }
     }
   }
+}
+
+carray<float> gray_area(const carray<uint8_t>& frames, int64_t oh, int64_t ow) {
+  check_gray_area(frames, oh, ow);
+  carray<float> out({frames.shape(0), oh, ow});
+  gray_area_into(frames, oh, ow, out.mutable_data());
   return out;
+}
+
+// score = flow_px / (1 + flow_px), the float32 division of motion.py's MotionResult.
+carray<float> score_of(const carray<float>& flow_px) {
+  const int64_t pairs = flow_px.shape(0);
+  carray<float> score(pairs);
+  const float* f = flow_px.data();
+  float* s = score.mutable_data();
+  for (int64_t p = 0; p < pairs; ++p) s[p] = f[p] / (1.0f + f[p]);
+  return score;
+}
+
+// The public function's fused CPU path for uint8 frames: gray (and area resize) when needed,
+// lk_flow, and score = flow_px / (1 + flow_px), in one call.  A single pair at 224 px is a
+// ~0.5 ms kernel, and each Python-side step between the two native calls (tensor wrapping,
+// the score's float32 division, dispatch) cost microseconds; this returns every output of
+// motion_magnitude.  frames: (T,H,W) or (T,H,W,3) uint8, C-contiguous (the Python side has
+// validated shapes and arguments with the same rules as the general path, which this
+// reproduces bit for bit: the same gray_area and lk_flow, and the score's one float32
+// division). (out_h, out_w) == (H, W) with (T,H,W) frames: LK reads the uint8 frames directly.
+py::tuple motion_u8(const carray<uint8_t>& frames, int64_t out_h, int64_t out_w, int window, float min_eig,
+                    int levels, bool moving, float floor_lo, float floor_hi, double min_area, int guess_box,
+                    int coarsest_steps) {
+  require(floor_hi > floor_lo, "floor_hi must exceed floor_lo");
+  require(frames.ndim() == 3 || (frames.ndim() == 4 && frames.shape(3) == 3), "frames must be (T,H,W) or (T,H,W,3)");
+  const Statistic stat{moving, floor_lo, floor_hi};
+  const bool direct = frames.ndim() == 3 && out_h == frames.shape(1) && out_w == frames.shape(2);
+  const py::tuple flow = direct ? lk_flow_impl<uint8_t>(frames, window, min_eig, levels, stat, min_area, guess_box,
+                                                        coarsest_steps, 1.0f / 255.0f)
+                                : lk_flow_impl<float>(gray_area(frames, out_h, out_w), window, min_eig, levels, stat,
+                                                      min_area, guess_box, coarsest_steps, 1.0f);
+  const auto flow_px = flow[0].cast<carray<float>>();
+  return py::make_tuple(flow_px, score_of(flow_px), flow[1]);
+}
+
+// The streaming gate's step (python/streammem/gate.py, MotionGate.push) for uint8 frames:
+// one (m, out_h, out_w) float32 stack holding the reference frame's gray `anchor` ((out_h, out_w)
+// float32, or None at a stream's start) followed by the gray of `frames` ((n,H,W) or (n,H,W,3),
+// C-contiguous; gray_area written in place, so no concatenation), and the score of each
+// consecutive pair of the stack (m - 1 of them; none when m == 1).  Returns (stack, score).
+// The values are the general path's (gray_area, then lk_flow on the concatenated grays) bit
+// for bit; the Python side has validated the frames and arguments.
+py::tuple gate_u8(const carray<uint8_t>& frames, const py::object& anchor, int64_t out_h, int64_t out_w, int window,
+                  float min_eig, int levels, bool moving, float floor_lo, float floor_hi, double min_area,
+                  int guess_box, int coarsest_steps) {
+  require(floor_hi > floor_lo, "floor_hi must exceed floor_lo");
+  check_gray_area(frames, out_h, out_w);
+  const int64_t first = anchor.is_none() ? 0 : 1, m = first + frames.shape(0), plane = out_h * out_w;
+  carray<float> stack({m, out_h, out_w});
+  float* dst = stack.mutable_data();
+  if (first) {
+    const auto ref = anchor.cast<carray<float>>();
+    require(ref.ndim() == 2 && ref.shape(0) == out_h && ref.shape(1) == out_w, "anchor must be (out_h, out_w)");
+    std::copy(ref.data(), ref.data() + plane, dst);
+  }
+  gray_area_into(frames, out_h, out_w, dst + first * plane);
+  if (m < 2) return py::make_tuple(stack, carray<float>(0));
+  const py::tuple flow = lk_flow_impl<float>(stack, window, min_eig, levels, Statistic{moving, floor_lo, floor_hi},
+                                             min_area, guess_box, coarsest_steps, 1.0f);
+  return py::make_tuple(stack, score_of(flow[0].cast<carray<float>>()));
 }
 
 }  // namespace
@@ -893,4 +962,13 @@ PYBIND11_MODULE(_cpu_motion, m) {
         "(T,H,W) uint8|float32 gray -> (flow_px (T-1,), mean_uv (T-1,2))");
   m.def("gray_area", &streammem::gray_area, py::arg("frames"), py::arg("out_h"), py::arg("out_w"),
         "uint8 (T,H,W[,3]) -> float32 gray in [0,1] (T,out_h,out_w), area resampling");
+  m.def("motion_u8", &streammem::motion_u8, py::arg("frames"), py::arg("out_h"), py::arg("out_w"), py::arg("window"),
+        py::arg("min_eig"), py::arg("levels"), py::arg("moving"), py::arg("floor_lo"), py::arg("floor_hi"),
+        py::arg("min_area"), py::arg("guess_box"), py::arg("coarsest_steps"),
+        "uint8 (T,H,W[,3]) frames -> (flow_px (T-1,), score (T-1,), mean_uv (T-1,2)): gray, resize and lk_flow");
+  m.def("gate_u8", &streammem::gate_u8, py::arg("frames"), py::arg("anchor"), py::arg("out_h"), py::arg("out_w"),
+        py::arg("window"), py::arg("min_eig"), py::arg("levels"), py::arg("moving"), py::arg("floor_lo"),
+        py::arg("floor_hi"), py::arg("min_area"), py::arg("guess_box"), py::arg("coarsest_steps"),
+        "uint8 (n,H,W[,3]) frames after the reference gray anchor (out_h,out_w) or None -> (gray stack (m,out_h,out_w), "
+        "score (m-1,))");
 }

@@ -17,6 +17,10 @@
 //        products while the key row is in L1; the keys' finiteness is read off the same pass
 //        (a key's squared norm is finite unless it holds NaN/Inf or overflows, and only then is
 //        the row itself checked), ranges are checked (ValueError) before the scan.
+//   cosine_topk_tensors(queries, keys, k, max_queries, max_k) -> (ids, scores) torch tensors or None:
+//        the same on plain float32 CPU tensors read in place (the public function's fast path).
+//   topk_into_address() -> the address of the same top-k behind a C signature (topk_into_c), so
+//        that graph.cpp's fused retrieval runs this scan instead of a copy of it.
 //   unit_rows(queries (Q,D) f32) -> (Q,D) f32: the checked unit rows every entry point uses
 //        (the BLAS path of topk.py multiplies with them).
 //   row_norms(keys (N,D) f32) -> (N,) sqrt(dot(key, key)), the norms cosine_topk divides by.
@@ -32,6 +36,7 @@
 // few hundred keys, almost every candidate fails the one comparison with the current k-th.
 #include "common.h"
 #include "simd.h"
+#include "tensor_args.h"
 
 #include <pybind11/stl.h>
 
@@ -287,7 +292,7 @@ py::tuple beam(std::uintptr_t emb_ptr, int64_t D, std::uintptr_t child_ptr_ptr, 
     py::gil_scoped_release nogil;
 #pragma omp parallel if (Q >= 8)
     {
-      std::vector<int64_t> pending, next;
+      std::vector<int64_t> pending, next, at_level;
       std::vector<std::pair<float, int64_t>> pool;
       auto by_rank = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
         return better(a.first, a.second, b.first, b.second);
@@ -298,25 +303,25 @@ py::tuple beam(std::uintptr_t emb_ptr, int64_t D, std::uintptr_t child_ptr_ptr, 
         pending.assign(root, root + R);
         for (int64_t step = 0; step < H; ++step) {
           const int64_t at = H - step;
-          pool.clear();
+          at_level.clear();
           next.clear();
-          const size_t np = pending.size();
-          for (size_t i = 0; i < std::min<size_t>(kAhead, np); ++i) prefetch_row(E + pending[i] * D, D);
-          for (size_t i = 0; i < np; ++i) {
-            const int64_t node = pending[i];
-            if (i + kAhead < np) prefetch_row(E + pending[i + kAhead] * D, D);
-            if (lvl[node] == at)
-              pool.emplace_back(dot(qv, E + node * D, D), node);
-            else
-              next.push_back(node);
-          }
-          if (pool.empty()) continue;
-          const size_t keep = std::min<size_t>(static_cast<size_t>(W[step]), pool.size());
-          std::partial_sort(pool.begin(), pool.begin() + keep, pool.end(), by_rank);
-          for (size_t i = 0; i < keep; ++i) {
-            const int64_t node = pool[i].second;
-            next.insert(next.end(), kids + ptr[node], kids + ptr[node + 1]);
-          }
+          for (const int64_t node : pending) (lvl[node] == at ? at_level : next).push_back(node);
+          if (at_level.empty()) continue;
+          const size_t width = static_cast<size_t>(W[step]);
+          if (at_level.size() > width) {
+            pool.clear();
+            const size_t np = at_level.size();
+            for (size_t i = 0; i < std::min<size_t>(kAhead, np); ++i) prefetch_row(E + at_level[i] * D, D);
+            for (size_t i = 0; i < np; ++i) {
+              if (i + kAhead < np) prefetch_row(E + at_level[i + kAhead] * D, D);
+              pool.emplace_back(dot(qv, E + at_level[i] * D, D), at_level[i]);
+            }
+            // Only the set kept matters (the ranking is a total order): no sort needed.
+            std::nth_element(pool.begin(), pool.begin() + (width - 1), pool.end(), by_rank);
+            at_level.clear();
+            for (size_t i = 0; i < width; ++i) at_level.push_back(pool[i].second);
+          }  // else every node of the level is kept: none needs a score
+          for (const int64_t node : at_level) next.insert(next.end(), kids + ptr[node], kids + ptr[node + 1]);
           pending.swap(next);
         }
         pool.clear();
@@ -411,15 +416,37 @@ void check_ranges(const int64_t* rg, int64_t Q, int64_t N) {
             "ranges must satisfy 0 <= start <= end <= N=" + std::to_string(N) + " for every query");
 }
 
-py::tuple cosine_topk(std::uintptr_t queries_ptr, int64_t Q, std::uintptr_t keys_ptr, int64_t N, int64_t D,
-                      int64_t k, std::uintptr_t ranges_ptr) {
+// A copy of float rows at a 64-byte aligned address.
+class AlignedRows {
+ public:
+  explicit AlignedRows(const std::vector<float>& rows) : storage_(rows.size() + kPad) {
+    const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(storage_.data());
+    start_ = storage_.data() + ((64 - at % 64) % 64) / sizeof(float);
+    std::copy(rows.begin(), rows.end(), start_);
+  }
+  const float* data() const { return start_; }
+
+ private:
+  static constexpr size_t kPad = 64 / sizeof(float);
+  std::vector<float> storage_;
+  float* start_;
+};
+
+// The exact top-k of Q raw queries against the raw keys (N, D), into ids / scores (Q, k) (filled
+// here), each query restricted to its range (ranges (Q, 2), or nullptr for all keys).  Raises
+// ValueError on NaN/Inf in the queries or keys and on bad ranges.
+void cosine_topk_into(const float* queries, int64_t Q, const float* K, int64_t N, int64_t D, int64_t k,
+                      const int64_t* ranges, int64_t* I, float* S) {
   require(Q >= 1 && N >= 1 && D >= 1, "cosine_topk: bad sizes");
   require(k >= 1, "cosine_topk: k must be >= 1");
-  const std::vector<float> unit = unit_queries(in_ptr<float>(queries_ptr), Q, D, "queries");
-  const float* K = in_ptr<float>(keys_ptr);
+  const std::vector<float> checked = unit_queries(queries, Q, D, "queries");
+  // The scan reads every query row once per key, 8 floats at a time: from a 64-byte aligned copy
+  // no read straddles two cache lines (malloc's 16-byte alignment made half of them do, and the
+  // address, hence the cost, changed from call to call: up to 8 ns per key of D = 384).
+  const AlignedRows unit(checked);
   std::vector<int64_t> whole;
-  const int64_t* rg = in_ptr<int64_t>(ranges_ptr);
-  if (ranges_ptr == 0) {  // every query scans every key: the scan proves every key finite
+  const int64_t* rg = ranges;
+  if (ranges == nullptr) {  // every query scans every key: the scan proves every key finite
     whole.resize(2 * Q);
     for (int64_t q = 0; q < Q; ++q) {
       whole[2 * q] = 0;
@@ -435,26 +462,23 @@ py::tuple cosine_topk(std::uintptr_t queries_ptr, int64_t Q, std::uintptr_t keys
     }
     require(ok, "keys must be finite, found NaN or Inf");
   }
-  py::array_t<int64_t> ids({Q, k});
-  py::array_t<float> scores({Q, k});
-  int64_t* I = out_ptr(ids);
-  float* S = out_ptr(scores);
   std::fill(I, I + Q * k, int64_t(-1));
   std::fill(S, S + Q * k, kNegInf);
   const float* Qm = unit.data();
   const int threads = max_threads();
   int bad = 0;
-  if (Q * N * D < (int64_t(1) << 16)) {
-    // A few microseconds of work (one query against a few hundred keys): no thread team, no GIL
-    // hand-off, which would cost about as much as the scan.
+  if (Q * N * D < (int64_t(1) << 20)) {
+    // Up to about 100 us of work (one query against 2,700 keys of D = 384): one thread, and the
+    // GIL kept, since handing it back and taking it again costs about 1 us, 3% of a scan of 1,000
+    // keys (Python's switch interval, 5 ms, is far longer than this).
     for (int64_t b = 0; b < Q; b += kQueryBlock)
       scan_keys(Qm, K, D, b, std::min(Q, b + kQueryBlock), 0, N, rg, S, I, k, &bad);
   } else {
     py::gil_scoped_release nogil;
-    if (Q >= 2 * int64_t(threads) * kQueryBlock || threads == 1 || Q * N * D < (int64_t(1) << 20)) {
+    if (Q >= 2 * int64_t(threads) * kQueryBlock || threads == 1) {
       // Enough query blocks to keep every thread busy.
       const int64_t blocks = (Q + kQueryBlock - 1) / kQueryBlock;
-#pragma omp parallel for schedule(dynamic, 1) if (Q * N * D >= (int64_t(1) << 20))
+#pragma omp parallel for schedule(dynamic, 1)
       for (int64_t b = 0; b < blocks; ++b)
         scan_keys(Qm, K, D, b * kQueryBlock, std::min(Q, (b + 1) * kQueryBlock), 0, N, rg, S, I, k, &bad);
     } else {
@@ -484,7 +508,51 @@ py::tuple cosine_topk(std::uintptr_t queries_ptr, int64_t Q, std::uintptr_t keys
     }
   }
   require(!bad, "keys must be finite, found NaN or Inf");
+}
+
+py::tuple cosine_topk(std::uintptr_t queries_ptr, int64_t Q, std::uintptr_t keys_ptr, int64_t N, int64_t D,
+                      int64_t k, std::uintptr_t ranges_ptr) {
+  py::array_t<int64_t> ids({Q, k});
+  py::array_t<float> scores({Q, k});
+  cosine_topk_into(in_ptr<float>(queries_ptr), Q, in_ptr<float>(keys_ptr), N, D, k,
+                   ranges_ptr == 0 ? nullptr : in_ptr<int64_t>(ranges_ptr), out_ptr(ids), out_ptr(scores));
   return py::make_tuple(ids, scores);
+}
+
+// The public function's fast path (topk.cosine_topk): queries (Q, D) and keys (N, D) plain
+// float32 CPU tensors (tensor_args.h) with 1 <= Q < max_queries, k an int in [1, max_k], read and
+// checked here rather than in Python bytecode.  Returns (ids, scores) as torch tensors, or None
+// when the input is not this case (the general path then converts, validates and dispatches).
+py::object cosine_topk_tensors(py::handle queries, py::handle keys, py::handle k_obj, int64_t max_queries,
+                               int64_t max_k) {
+  namespace ta = tensor_args;
+  ta::Plain<2> q, kv;
+  int64_t k;
+  if (!ta::exact_int(k_obj, &k) || k < 1 || k > max_k || !ta::plain_cpu(queries, ta::torch_objects().float32, &q) ||
+      !ta::plain_cpu(keys, ta::torch_objects().float32, &kv))
+    return py::none();
+  const int64_t Q = q.size[0], N = kv.size[0], D = kv.size[1];
+  if (Q < 1 || Q >= max_queries || N < 1 || D < 1 || q.size[1] != D) return py::none();
+  py::array_t<int64_t> ids({Q, k});
+  py::array_t<float> scores({Q, k});
+  cosine_topk_into(in_ptr<float>(q.data), Q, in_ptr<float>(kv.data), N, D, k, nullptr, out_ptr(ids),
+                   out_ptr(scores));
+  return py::make_tuple(ta::to_tensor(ids), ta::to_tensor(scores));
+}
+
+// cosine_topk_into behind a C signature for the other CPU modules (graph.cpp's fused retrieval
+// reaches it through topk_into_address(), so the scan exists once): returns nullptr, or the
+// ValueError message (valid until this thread's next call).
+const char* topk_into_c(const float* queries, int64_t Q, const float* keys, int64_t N, int64_t D, int64_t k,
+                        int64_t* ids, float* scores) noexcept {
+  thread_local std::string error;
+  try {
+    cosine_topk_into(queries, Q, keys, N, D, k, nullptr, ids, scores);
+    return nullptr;
+  } catch (const std::exception& e) {
+    error = e.what();
+    return error.c_str();
+  }
 }
 
 // The checked unit rows of the queries (see unit_queries), for the BLAS path of topk.py.
@@ -614,6 +682,12 @@ PYBIND11_MODULE(_cpu_tree, m) {
         py::arg("num_queries"), py::arg("widths"), py::arg("k"), py::arg("min_score"), py::arg("use_utility"));
   m.def("cosine_topk", &streammem::cosine_topk, py::arg("queries"), py::arg("num_queries"), py::arg("keys"),
         py::arg("num_keys"), py::arg("dim"), py::arg("k"), py::arg("ranges"));
+  m.def("cosine_topk_tensors", &streammem::cosine_topk_tensors, py::arg("queries"), py::arg("keys"), py::arg("k"),
+        py::arg("max_queries"), py::arg("max_k"));
+  m.def("topk_into_address", [] { return reinterpret_cast<std::uintptr_t>(&streammem::topk_into_c); },
+        "Address of cosine_topk_into as `const char* (const float* queries, int64_t Q, const float* keys, "
+        "int64_t N, int64_t D, int64_t k, int64_t* ids, float* scores) noexcept` (nullptr or the ValueError "
+        "message), for the other CPU modules");
   m.def("unit_rows", &streammem::unit_rows, py::arg("queries"));
   m.def("all_finite", &streammem::all_finite, py::arg("values"));
   m.def("row_norms", &streammem::row_norms, py::arg("keys"));
