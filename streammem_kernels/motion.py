@@ -273,7 +273,7 @@ def _uint8_cpp_plan(frames, size, window, min_eig, levels, statistic, backend, m
 def _cpp_lk_args(window, min_eig, levels, statistic) -> tuple:
     """The C++ lk_flow arguments after the frames, from validated ones."""
     return (window, min_eig, levels, statistic == "moving", MOVING_FLOOR_PX[0], MOVING_FLOOR_PX[1], MOVING_MIN_AREA,
-            GUESS_BOX, COARSEST_STEPS)
+            GUESS_BOX, SEARCH_RADIUS)
 
 
 def _motion_of_gray(gray, window, min_eig, levels, statistic, backend) -> MotionResult:

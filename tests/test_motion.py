@@ -339,6 +339,25 @@ def test_coarsest_search_finds_whole_pixel_shifts_and_prefers_none(backend):
     assert motion.search_shift(flat[:1], flat[1:], (4, 4)).flatten().tolist() == [0, 0]
 
 
+def test_cpp_reads_a_pair_the_same_in_any_batch():
+    """The C++ backend splits a pair's rows into strips that restart their running window sums;
+    the split depends on the frame size only, so a pair reads bit for bit the same alone, in a
+    batch of three or of eight (it depended on the batch and the thread count: a streaming gate
+    fed frame by frame disagreed with one call on the whole clip in the last bit)."""
+    if "cpp" not in BACKENDS:
+        pytest.skip("C++ backend not built")
+    for shape in ((24, 32), (72, 96)):
+        for seed in range(3):  # uint8 noise: every pixel textured, rounding differences show
+            frames = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (9, *shape), dtype=np.uint8))
+            whole = motion_magnitude(frames, backend="cpp")
+            for t in range(8):
+                for batch in (frames[t:t + 2], frames[max(t - 2, 0):t + 2]):
+                    part = motion_magnitude(batch, backend="cpp")
+                    what = f"{shape}, seed {seed}, pair {t}, batch of {len(batch) - 1}"
+                    assert_bitwise_equal(part.flow_px[-1:], whole.flow_px[t:t + 1], what)
+                    assert_bitwise_equal(part.mean_uv[-1:], whole.mean_uv[t:t + 1], what)
+
+
 def test_pyramid_levels_resolve_and_validate():
     from streammem_kernels.motion import _resolve_levels, solved_levels
 

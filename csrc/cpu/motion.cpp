@@ -636,8 +636,12 @@ template <typename T, typename GuessOf>
 void level0_sums(const T* base, int64_t p0, int64_t n, int64_t H, int64_t W, int w, float scale, float min_eig,
                  Statistic stat, GuessOf guess_of, std::vector<PairSums>& totals) {
   const int64_t out_rows = w ? (H - 2 - w + 1) : (H - 2);
-  const int threads = max_threads();
-  const int64_t strips = std::min<int64_t>(out_rows, std::max<int64_t>(1, (2 * threads + n - 1) / n));
+  // Strips depend on the frame size only: each strip restarts its running window sums, so its
+  // boundaries change the float rounding, and a pair must read the same in any batch (a stream
+  // gate fed frame by frame against the same frames in one call) and with any thread count.
+  // Two strips (so a single pair still uses two threads) from 32 output rows, one more per 128
+  // rows of large frames; restarting a strip costs window + 1 rows (~3 % at 224 px).
+  const int64_t strips = std::max<int64_t>(1, std::min<int64_t>(out_rows / 16, std::max<int64_t>(2, out_rows / 128)));
   const int64_t items = n * strips;
   std::vector<PairSums> partial(items);
   // Small clips stay on the calling thread: waking a team costs more than the work.
@@ -910,15 +914,15 @@ carray<float> score_of(const carray<float>& flow_px) {
 // division). (out_h, out_w) == (H, W) with (T,H,W) frames: LK reads the uint8 frames directly.
 py::tuple motion_u8(const carray<uint8_t>& frames, int64_t out_h, int64_t out_w, int window, float min_eig,
                     int levels, bool moving, float floor_lo, float floor_hi, double min_area, int guess_box,
-                    int coarsest_steps) {
+                    int search_radius) {
   require(floor_hi > floor_lo, "floor_hi must exceed floor_lo");
   require(frames.ndim() == 3 || (frames.ndim() == 4 && frames.shape(3) == 3), "frames must be (T,H,W) or (T,H,W,3)");
   const Statistic stat{moving, floor_lo, floor_hi};
   const bool direct = frames.ndim() == 3 && out_h == frames.shape(1) && out_w == frames.shape(2);
   const py::tuple flow = direct ? lk_flow_impl<uint8_t>(frames, window, min_eig, levels, stat, min_area, guess_box,
-                                                        coarsest_steps, 1.0f / 255.0f)
+                                                        search_radius, 1.0f / 255.0f)
                                 : lk_flow_impl<float>(gray_area(frames, out_h, out_w), window, min_eig, levels, stat,
-                                                      min_area, guess_box, coarsest_steps, 1.0f);
+                                                      min_area, guess_box, search_radius, 1.0f);
   const auto flow_px = flow[0].cast<carray<float>>();
   return py::make_tuple(flow_px, score_of(flow_px), flow[1]);
 }
@@ -932,7 +936,7 @@ py::tuple motion_u8(const carray<uint8_t>& frames, int64_t out_h, int64_t out_w,
 // for bit; the Python side has validated the frames and arguments.
 py::tuple gate_u8(const carray<uint8_t>& frames, const py::object& anchor, int64_t out_h, int64_t out_w, int window,
                   float min_eig, int levels, bool moving, float floor_lo, float floor_hi, double min_area,
-                  int guess_box, int coarsest_steps) {
+                  int guess_box, int search_radius) {
   require(floor_hi > floor_lo, "floor_hi must exceed floor_lo");
   check_gray_area(frames, out_h, out_w);
   const int64_t first = anchor.is_none() ? 0 : 1, m = first + frames.shape(0), plane = out_h * out_w;
@@ -946,7 +950,7 @@ py::tuple gate_u8(const carray<uint8_t>& frames, const py::object& anchor, int64
   gray_area_into(frames, out_h, out_w, dst + first * plane);
   if (m < 2) return py::make_tuple(stack, carray<float>(0));
   const py::tuple flow = lk_flow_impl<float>(stack, window, min_eig, levels, Statistic{moving, floor_lo, floor_hi},
-                                             min_area, guess_box, coarsest_steps, 1.0f);
+                                             min_area, guess_box, search_radius, 1.0f);
   return py::make_tuple(stack, score_of(flow[0].cast<carray<float>>()));
 }
 
@@ -964,11 +968,11 @@ PYBIND11_MODULE(_cpu_motion, m) {
         "uint8 (T,H,W[,3]) -> float32 gray in [0,1] (T,out_h,out_w), area resampling");
   m.def("motion_u8", &streammem::motion_u8, py::arg("frames"), py::arg("out_h"), py::arg("out_w"), py::arg("window"),
         py::arg("min_eig"), py::arg("levels"), py::arg("moving"), py::arg("floor_lo"), py::arg("floor_hi"),
-        py::arg("min_area"), py::arg("guess_box"), py::arg("coarsest_steps"),
+        py::arg("min_area"), py::arg("guess_box"), py::arg("search_radius"),
         "uint8 (T,H,W[,3]) frames -> (flow_px (T-1,), score (T-1,), mean_uv (T-1,2)): gray, resize and lk_flow");
   m.def("gate_u8", &streammem::gate_u8, py::arg("frames"), py::arg("anchor"), py::arg("out_h"), py::arg("out_w"),
         py::arg("window"), py::arg("min_eig"), py::arg("levels"), py::arg("moving"), py::arg("floor_lo"),
-        py::arg("floor_hi"), py::arg("min_area"), py::arg("guess_box"), py::arg("coarsest_steps"),
+        py::arg("floor_hi"), py::arg("min_area"), py::arg("guess_box"), py::arg("search_radius"),
         "uint8 (n,H,W[,3]) frames after the reference gray anchor (out_h,out_w) or None -> (gray stack (m,out_h,out_w), "
         "score (m-1,))");
 }
