@@ -254,7 +254,7 @@ def _lk_args(h: int, w: int) -> tuple:
     from streammem_kernels import motion
 
     return (5, 1e-5, motion._resolve_levels("auto", (h, w), 5), True, *motion.MOVING_FLOOR_PX,
-            motion.MOVING_MIN_AREA, motion.GUESS_BOX, motion.COARSEST_STEPS)
+            motion.MOVING_MIN_AREA, motion.GUESS_BOX, motion.SEARCH_RADIUS)
 
 
 def motion_gate_row() -> tuple:

@@ -132,32 +132,73 @@ def test_opencv_pyrlk_200_corners(benchmark, clip):
     _run(benchmark, run, T - 1, f"motion-{size}", provider="opencv-pyrlk-200-corners")
 
 
+def test_opencv_pyrlk_dense_grid(benchmark, clip):
+    """OpenCV's pyramidal LK on a dense grid (every PYRLK_STEP px, OpenCV's default 21 x 21 window
+    and 3 pyramid levels above the frame), the same summary as ours: mean |flow| of the tracked points."""
+    size, gray = clip
+    pts = _grid_points(*gray.shape[1:])
+
+    def run():
+        return [_pyrlk_mean(a, b, pts) for a, b in zip(gray[:-1], gray[1:])]
+
+    _run(benchmark, run, T - 1, f"motion-{size}", provider="opencv-pyrlk-dense-grid")
+
+
+PYRLK_STEP = 8
+
+
+def _grid_points(h, w, step=PYRLK_STEP):
+    """(N, 1, 2) float32 points every ``step`` px, ``step`` px from the borders."""
+    ys, xs = np.mgrid[step:h - step:step, step:w - step:step]
+    return np.stack((xs.ravel(), ys.ravel()), axis=1).astype(np.float32)[:, None, :]
+
+
+def _pyrlk_mean(a, b, pts, inside=None):
+    """Mean |flow| of the points cv2.calcOpticalFlowPyrLK tracks (status 1), optionally only those
+    whose source stays in the frame (``inside``: a boolean mask over the points)."""
+    nxt, status, _ = cv2.calcOpticalFlowPyrLK(a, b, pts, None, winSize=(21, 21), maxLevel=3)
+    ok = status[:, 0] == 1
+    if inside is not None:
+        ok &= inside
+    return float(np.linalg.norm((nxt - pts)[ok, 0], axis=-1).mean()) if ok.any() else 0.0
+
+
 SHIFTS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0)
+KNOWN_SHIFT_FRAMES = {"224": (224, 224), "224x126": (126, 224)}
 
 
-@pytest.mark.parametrize("provider", ["ours-pyramid", "ours-single-scale", "opencv-dis-ultrafast"])
-def test_known_shift_accuracy(benchmark, provider):
-    """Accuracy, not speed: a texture blurred by sigma = 1.5 px at 224 x 224 moved by known shifts;
-    ``extra_info`` holds each provider's reading (ours: the textured mean; DIS: the mean |flow|
-    over the pixels whose source stays in the frame).  The timed call is one pair."""
+@pytest.mark.parametrize("frame", list(KNOWN_SHIFT_FRAMES))
+@pytest.mark.parametrize("provider", ["ours-pyramid", "ours-single-scale", "opencv-dis-ultrafast",
+                                      "opencv-pyrlk-dense-grid"])
+def test_known_shift_accuracy(benchmark, provider, frame):
+    """Accuracy, not speed: a texture blurred by sigma = 1.5 px at 224 x 224 (and 224 x 126) moved
+    right by known shifts; ``extra_info`` holds each provider's reading (ours: the textured mean;
+    DIS: the mean |flow| over the pixels whose source stays in the frame; PyrLK: the mean |flow| of
+    the tracked grid points whose source stays in the frame).  The timed call is one pair."""
     from motion_clips import shifted_pair
 
-    pairs = {d: shifted_pair(d, 0.0, h=224, w=224, sigma=1.5, pad=48) for d in SHIFTS}
+    h, w = KNOWN_SHIFT_FRAMES[frame]
+    pairs = {d: shifted_pair(d, 0.0, h=h, w=w, sigma=1.5, pad=48) for d in SHIFTS}
+    u8 = {d: (p.numpy() * 255).round().astype(np.uint8) for d, p in pairs.items()}
     if provider == "opencv-dis-ultrafast":
         dis = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST)
-        u8 = {d: (p.numpy() * 255).round().astype(np.uint8) for d, p in pairs.items()}
 
         def read(d):
             flow = dis.calc(u8[d][0], u8[d][1], None)
-            inside = slice(0, 224 - int(np.ceil(d)))
+            inside = slice(0, w - int(np.ceil(d)))
             return float(np.linalg.norm(flow[:, inside], axis=2).mean())
+    elif provider == "opencv-pyrlk-dense-grid":
+        pts = _grid_points(h, w)
+
+        def read(d):
+            return _pyrlk_mean(u8[d][0], u8[d][1], pts, inside=pts[:, 0, 0] < w - d)
     else:
         levels = "auto" if provider == "ours-pyramid" else 1
 
         def read(d):
             return float(motion_magnitude(pairs[d], levels=levels, statistic="textured").flow_px[0])
 
-    benchmark.group = "motion-known-shift-224"
+    benchmark.group = f"motion-known-shift-{frame}"
     benchmark.extra_info.update(pairs=1, provider=provider,
                                 **{f"flow_px_at_{d}": round(read(d), 3) for d in SHIFTS})
     benchmark(lambda: read(8.0))
@@ -178,7 +219,10 @@ def test_raw_kernel_tiny(benchmark):
     frames = torch.rand(2, 9, 9).numpy()
     benchmark.group = "motion-overhead"
     benchmark.extra_info.update(pairs=1, provider="ours-raw-cpp-module")
-    benchmark(lambda: mod.lk_flow(frames, 5, 1e-5))
+    from streammem_kernels import motion
+
+    args = (5, 1e-5, 1, True, *motion.MOVING_FLOOR_PX, motion.MOVING_MIN_AREA, motion.GUESS_BOX, motion.SEARCH_RADIUS)
+    benchmark(lambda: mod.lk_flow(frames, *args))
 
 
 # --------------------------------------------------------------------------
@@ -249,3 +293,54 @@ def test_gate_stream_ours(benchmark, rgb_clip, length):
 @pytest.mark.parametrize("length", GATE_LENGTHS)
 def test_gate_stream_opencv_dis(benchmark, rgb_clip, length):
     _gate_case(benchmark, OpenCVDisGate(224), rgb_clip, length, "opencv-dis-ultrafast-push")
+
+
+# --------------------------------------------------------------------------
+# Single-threaded side by side (issue 14's cost target), outside pytest:
+#   OMP_NUM_THREADS=1 .venv/bin/python bench/bench_motion.py
+# CPU time per pair (time.process_time, one OpenMP / torch / OpenCV thread), rounds
+# interleaved so that every case sees the same machine load.
+# --------------------------------------------------------------------------
+def single_thread_table(frames: int = 16, rounds: int = 21) -> str:
+    import time
+
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    rgb = read_video(sample_video_path("bikes.mp4"), max_frames=frames)
+    lines = []
+    for h, w in ((224, 224), (126, 224)):
+        gray = np.stack([cv2.resize(cv2.cvtColor(f, cv2.COLOR_RGB2GRAY), (w, h), interpolation=cv2.INTER_AREA)
+                         for f in rgb])
+        frames_t = torch.from_numpy(gray)
+        pairs = len(gray) - 1
+        dis = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST)
+        pts = _grid_points(h, w)
+        cases = {
+            "ours-cpp single scale (levels=1, textured)":
+                lambda: motion_magnitude(frames_t, levels=1, statistic="textured", backend="cpp"),
+            "ours-cpp pyramid (default: auto, moving)": lambda: motion_magnitude(frames_t, backend="cpp"),
+            "ours-cpp pyramid, textured": lambda: motion_magnitude(frames_t, statistic="textured", backend="cpp"),
+            "OpenCV DIS ULTRAFAST": lambda: [dis.calc(a, b, None) for a, b in zip(gray[:-1], gray[1:])],
+            f"OpenCV PyrLK, dense grid ({len(pts)} points every {PYRLK_STEP} px)":
+                lambda: [_pyrlk_mean(a, b, pts) for a, b in zip(gray[:-1], gray[1:])],
+        }
+        times = {name: [] for name in cases}
+        for fn in cases.values():
+            fn()  # warm up
+        for _ in range(rounds):
+            for name, fn in cases.items():
+                start = time.process_time()
+                fn()
+                times[name].append((time.process_time() - start) / pairs * 1e3)
+        base = float(np.median(times["ours-cpp single scale (levels=1, textured)"]))
+        lines += [f"{w} x {h}, {pairs} pairs of bikes.mp4, CPU ms per pair (p20 / p50 / p80, median / single scale):",
+                  "| case | p20 | p50 | p80 | x single |", "|---|---|---|---|---|"]
+        for name, v in times.items():
+            p20, p50, p80 = np.percentile(v, [20, 50, 80])
+            lines.append(f"| {name} | {p20:.3f} | {p50:.3f} | {p80:.3f} | {p50 / base:.2f} |")
+    lines.append(f"load average {os.getloadavg()}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(single_thread_table())

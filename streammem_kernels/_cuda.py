@@ -35,6 +35,7 @@ PROTOTYPES: dict[str, dict[str, tuple]] = {
         "streammem_motion_guess": (_I32, (_P, _P, _I64, _I64, _I64, _I64, _P)),
         "streammem_motion_warp": (_I32, (_P, _I32, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _P)),
         "streammem_motion_reduce": (_I32, (_P, _I32, _P, _I64, _I64, _I64, _F32, _P)),
+        "streammem_motion_search": (_I32, (_P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _P)),
     },
     "boundaries": {
         "streammem_boundaries_stream_step": (_I32, (_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _F64,

@@ -1,7 +1,8 @@
 """CUDA backend of the motion magnitude (kernels: csrc/cuda/motion.cu; contract: motion.py).
 
 The per-level stages of the Triton backend -- pyramid reduce, guess, warp,
-structure products, per-pixel fields of the window solve -- as CUDA kernels
+structure products, per-pixel fields of the window solve, the coarsest level's
+shift search -- as CUDA kernels
 launched on torch's current stream through the module's C ABI; the reference's
 driver (``motion.pyramid_flow``) sequences them, and the per-frame summary and
 the global mode are the reference's own torch code.  Bit for bit with the
@@ -16,7 +17,7 @@ import torch
 
 from . import _cuda
 from ._dispatch import load_native
-from .motion import GUESS_BOX
+from .motion import GUESS_BOX, SEARCH_QUANT, _to_unit_float, shift_of_sads
 
 
 def _module():
@@ -102,10 +103,25 @@ def reduce_level_cuda(frames: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def search_shift_cuda(prev: torch.Tensor, cur: torch.Tensor, radius) -> torch.Tensor:
+    """(P, 2, 1, 1) float32: ``motion.search_shift(prev, cur, radius)`` (integer sums of absolute
+    differences on the device, the reference's choice of the shift)."""
+    mod = _module()
+    prev, cur = _to_unit_float(prev).contiguous(), _to_unit_float(cur).contiguous()
+    pairs, H, W = prev.shape
+    ry, rx = radius
+    sads = torch.empty((pairs, (2 * ry + 1) * (2 * rx + 1)), dtype=torch.int64, device=prev.device)
+    with torch.cuda.device(prev.device):
+        mod.call("streammem_motion_search", prev.data_ptr(), cur.data_ptr(), sads.data_ptr(), pairs, H, W, ry, rx,
+                 SEARCH_QUANT, _cuda.stream_handle(prev.device))
+    return shift_of_sads(sads, radius)
+
+
 CUDA_STAGES = SimpleNamespace(
     products=products_cuda,
     fields=flow_fields_cuda,
     guess=guess_field_cuda,
     warp=warp_frames_cuda,
     reduce=reduce_level_cuda,
+    search=search_shift_cuda,
 )

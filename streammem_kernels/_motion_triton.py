@@ -13,7 +13,11 @@ evaluated operation for operation:
   (P, 5, H-2, W-2) float32 (``pair_products``);
 * ``_lk_window_kernel``   -- the w x w window average, the 2x2 solve and, with a
   guess, the composition with its offsets: the per-pixel fields |flow|, u, v,
-  valid, (P, 4, Ho, Wo) float32 (``flow_fields(window_average(...))``).
+  valid, (P, 4, Ho, Wo) float32 (``flow_fields(window_average(...))``);
+* ``_lk_search_kernel``   -- the coarsest level's sums of quantised absolute
+  differences under every whole-pixel shift, (P, K) int64 (``search_sads``;
+  integer sums, exact in any order); the shift is chosen by the reference's
+  ``shift_of_sads`` (torch, on the device).
 
 The per-frame summary and the global mode (window=None: one system per pair
 from the mean products) are the reference's own torch functions applied to
@@ -49,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .motion import GUESS_BOX
+from .motion import GUESS_BOX, SEARCH_QUANT, _to_unit_float, shift_of_sads
 
 # One tile shape for every kernel and both targets: 512 pixels, 4 per thread
 # at 4 warps; 64 float32 columns are two 128-byte lines per row.
@@ -63,6 +67,7 @@ KERNEL_CONTRACTS = {
     "_lk_reduce_kernel": {"hot": True, "exact": True},
     "_lk_guess_kernel": {"hot": True, "exact": True},
     "_lk_warp_kernel": {"hot": True, "exact": True},
+    "_lk_search_kernel": {"hot": True, "exact": True},
 }
 
 
@@ -301,6 +306,34 @@ def _lk_reduce_kernel(src_ptr, dst_ptr, H, W, Hn, Wn, scale, BLOCK_R: tl.constex
     tl.store(out, ((h0 + 2.0 * h1) + h2) * 0.25, mask=inside)
 
 
+@triton.jit
+def _lk_search_kernel(prev_ptr, cur_ptr, sad_ptr, H, W, ry, rx, quant, BLOCK_R: tl.constexpr,
+                      BLOCK_C: tl.constexpr):
+    """One program per pair: for each shift k (row-major over dy, dx), the sum over prev's central
+    region of |floor(quant * (cur[y + dy, x + dx] - prev[y, x]) + 0.5)| in int64."""
+    pair = tl.program_id(0)
+    base = pair.to(tl.int64) * H * W
+    nr = H - 2 * ry
+    nc = W - 2 * rx
+    side = 2 * rx + 1
+    shifts = (2 * ry + 1) * side
+    for k in range(shifts):
+        dy = k // side - ry
+        dx = k % side - rx
+        acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.int64)
+        for r0 in range(0, nr, BLOCK_R):
+            for c0 in range(0, nc, BLOCK_C):
+                rows = r0 + tl.arange(0, BLOCK_R)
+                cols = c0 + tl.arange(0, BLOCK_C)
+                ok = (rows[:, None] < nr) & (cols[None, :] < nc)
+                at = (rows[:, None] + ry) * W + (cols[None, :] + rx)
+                a = tl.load(prev_ptr + base + at, mask=ok, other=0.0)
+                b = tl.load(cur_ptr + base + at + (dy * W + dx), mask=ok, other=0.0)
+                q = tl.abs(tl.floor((b - a) * quant + 0.5))
+                acc += tl.where(ok, q, 0.0).to(tl.int64)
+        tl.store(sad_ptr + pair.to(tl.int64) * shifts + k, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
 def _scale(frames: torch.Tensor) -> float:
     return 1.0 / 255.0 if frames.dtype == torch.uint8 else 1.0
 
@@ -371,10 +404,22 @@ def reduce_level_triton(frames: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def search_shift_triton(prev: torch.Tensor, cur: torch.Tensor, radius) -> torch.Tensor:
+    """(P, 2, 1, 1) float32; equals ``motion.search_shift(prev, cur, radius)`` bit for bit."""
+    prev, cur = _to_unit_float(prev).contiguous(), _to_unit_float(cur).contiguous()
+    pairs, H, W = prev.shape
+    ry, rx = radius
+    sads = torch.empty((pairs, (2 * ry + 1) * (2 * rx + 1)), dtype=torch.int64, device=prev.device)
+    _lk_search_kernel[(pairs,)](prev, cur, sads, H, W, ry, rx, SEARCH_QUANT, BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
+                                num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return shift_of_sads(sads, radius)
+
+
 TRITON_STAGES = SimpleNamespace(
     products=products_triton,
     fields=flow_fields_triton,
     guess=guess_field_triton,
     warp=warp_frames_triton,
     reduce=reduce_level_triton,
+    search=search_shift_triton,
 )

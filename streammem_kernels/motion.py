@@ -36,11 +36,21 @@ every second pixel, ``((H+1)//2, (W+1)//2)``.  The blur matters: plain 2x2
 averaging aliases fine texture and lost 40 % at 32 px.  From the coarsest
 level down, each level runs one LK step on a *warped* pair:
 
-1. guess: the coarser level's flow, smoothed by a 5 x 5 box normalised by the
-   valid pixels (``guess_field``; a pixel with no valid neighbour keeps its
-   own flow), doubled, read at each pixel's coarse parent (nearest), and
-   rounded to whole pixels: ``g = floor(2 * guess + 0.5)`` (``floor(guess + 0.5)`` for the
-   further steps at the coarsest level, below);
+0. search (coarsest level only): the whole-pixel shift (dx, dy), |dx| <= rx,
+   |dy| <= ry (a quarter of each side, at most ``SEARCH_RADIUS`` = 4), that
+   minimises the sum of absolute differences between the previous frame's
+   central region (rows [ry, H-ry), columns [rx, W-rx): the same pixels for
+   every shift) and the current frame moved by it (``search_shift``).  Each
+   difference counts ``|floor(4096 * (cur - prev) + 0.5)|``, an integer, so the
+   sums are exact in any order; ties go to no shift, then to the first in
+   row-major order.  This one vector per pair is the coarsest step's guess
+   (factor 1): at 224 x 224 the coarsest level is 14 x 14 and 4 px there is
+   64 px at level 0, at 224 x 126 (4 levels, 16 x 28) 32 px;
+1. guess (finer levels): the coarser level's flow, smoothed by a 5 x 5 box
+   normalised by the valid pixels (``guess_field``; a pixel with no valid
+   neighbour keeps its own flow), times the level ratio f (2, or 4 from level
+   2 to level 0), read at each pixel's coarse parent (nearest), and rounded to
+   whole pixels: ``g = floor(f * guess + 0.5)``;
 2. warp: the current frame sampled at ``x + g`` (border clamped) -- whole
    pixels, so the warp is an exact copy (no interpolation blur, which biased
    small motions by +12 %) and LK solves the residual of at most ~0.5 px plus
@@ -50,21 +60,26 @@ level down, each level runs one LK step on a *warped* pair:
    window stays inside the frame (``c <= x + g <= W-1-c``, c = 1 + w//2);
    its flow is ``g + d`` when valid, else the guess ``g`` (carried down).
 
-The coarsest level runs ``COARSEST_STEPS`` = 2 such steps, the second warped by the first
-one's flow (at 224 px it is 14 x 14 and a 32 px shift is 2 px there, which one step read as
-1.1 px, and 32 px as 26 px at level 0; with two steps 31.9 px on three of the four test
-textures, 26.9 px on the fourth; 24 px and below within 10 % on all).  Not more: on a scene cut
-the steps follow noise, and with three they drifted until no level-0 window stayed inside
-the frame, so a cut read 0 (tests/test_motion_gate.py checks that cuts are kept).  One step
-per finer level is enough: the symmetric (mean-frame) gradient makes a step accurate
-to a few per cent within its capture range, and a second step on a dense, unregularised
-field amplified per-pixel noise.  The smoothing of the guess removes the outliers of the
-coarsest levels (a 14 x 14 frame), which otherwise never recover.  The window is the same at
-every level, so a level-l window covers 2^l times more of the scene; the statistic is
-computed at level 0 only, on its own valid pixels.  "auto" uses as many levels as keep both sides of
-the coarsest at least ``window + 4`` (three window outputs), at most 5 (a 32 px
-shift is 2 px at level 4); ``levels=1`` is single-scale LK.  Cost: the levels
-above 0 add a third of level 0's pixels.
+Why the search: one LK step at the coarsest level captures about 1 px there; a
+32 px shift is 2 px at 14 x 14 and 4 px at 16 x 28, which LK steps from zero read
+as 26.9 px (a vertical 32 px on one test texture) and 7 px (224 x 126).  Two LK
+steps from zero were the previous remedy; more drifted on scene cuts until no
+level-0 window stayed inside the frame (a cut read 0).  The search is bounded
+(at least half of each side stays compared), cheap (at most 81 shifts of a tiny
+frame), finds no shift on a static scene, and on a cut returns some shift whose
+LK steps read a large flow, so cuts are kept (tests/test_motion_gate.py).  It is
+global: a small object moving in a static scene gets no shift from it, and the
+LK steps below measure it as they would from zero.  One step per finer level is
+enough: the symmetric (mean-frame) gradient makes a step accurate to a few per
+cent within its capture range, and a second step on a dense, unregularised
+field amplified per-pixel noise.  The smoothing of the guess removes the
+outliers of the coarsest levels, which otherwise never recover.  The window is
+the same at every level, so a level-l window covers 2^l times more of the
+scene; the statistic is computed at level 0 only, on its own valid pixels.
+"auto" uses as many levels as keep both sides of the coarsest at least
+``window + 4`` (three window outputs), at most 5; ``levels=1`` is single-scale
+LK.  Cost: the levels above 0 add a third of level 0's pixels (level 1 is
+reduced, not solved).
 
 Statistic (``statistic``, default "moving")
 --------------------------------------------
@@ -138,7 +153,8 @@ MOVING_FLOOR_PX = (0.25, 0.5)
 MOVING_MIN_AREA = 0.002
 MAX_AUTO_LEVELS = 5
 GUESS_BOX = 5  # side of the box that smooths a coarse level's flow into the next level's guess
-COARSEST_STEPS = 2  # LK steps at the coarsest level (each on the pair warped by the previous one)
+SEARCH_RADIUS = 4  # largest whole-pixel shift per axis tried by the coarsest level's search
+SEARCH_QUANT = 4096.0  # the search's differences are counted in 1/4096ths of the intensity range
 
 
 class MotionResult(NamedTuple):
@@ -257,7 +273,7 @@ def _uint8_cpp_plan(frames, size, window, min_eig, levels, statistic, backend, m
 def _cpp_lk_args(window, min_eig, levels, statistic) -> tuple:
     """The C++ lk_flow arguments after the frames, from validated ones."""
     return (window, min_eig, levels, statistic == "moving", MOVING_FLOOR_PX[0], MOVING_FLOOR_PX[1], MOVING_MIN_AREA,
-            GUESS_BOX, COARSEST_STEPS)
+            GUESS_BOX, SEARCH_RADIUS)
 
 
 def _motion_of_gray(gray, window, min_eig, levels, statistic, backend) -> MotionResult:
@@ -734,22 +750,64 @@ def global_flow(prods: torch.Tensor, min_eig: float):
 
 
 def solved_levels(levels: int) -> list[int]:
-    """The LK steps of a pyramid of ``levels``, coarsest first, one level per step: the coarsest
-    level ``COARSEST_STEPS`` times (a coarsest level of 14 x 14 read a 2 px shift as 1.1 px in one
-    step; a further step warps by the previous one's flow, factor 1, and solves the rest), then
-    every finer level once but level 1 when there are three or more (level 1's image only feeds
-    level 2; level 2's flow, 4x, is within level 0's capture, and solving level 1 cost a quarter
-    of level 0 and changed results by < 0.5 %)."""
+    """The LK steps of a pyramid of ``levels``, coarsest first, one per level: every level but
+    level 1 when there are three or more (level 1's image only feeds level 2; level 2's flow, 4x,
+    is within level 0's capture, and solving level 1 cost a quarter of level 0 and changed
+    results by < 0.5 %).  The coarsest step starts from :func:`search_shift`."""
     if levels == 1:
         return [0]
-    finer = [lv for lv in range(levels - 2, -1, -1) if not (lv == 1 and levels >= 3)]
-    return [levels - 1] * COARSEST_STEPS + finer
+    return [lv for lv in range(levels - 1, -1, -1) if not (lv == 1 and levels >= 3)]
+
+
+def search_radius(shape) -> tuple[int, int]:
+    """(ry, rx): the coarsest level's search tries whole-pixel shifts up to a quarter of each side,
+    at most ``SEARCH_RADIUS``."""
+    return min(shape[0] // 4, SEARCH_RADIUS), min(shape[1] // 4, SEARCH_RADIUS)
+
+
+def search_sads(prev: torch.Tensor, cur: torch.Tensor, radius) -> torch.Tensor:
+    """(P, K) int64 sums of absolute differences of frame pairs (P, H, W) under every whole-pixel
+    shift (dx, dy) in [-rx, rx] x [-ry, ry], K = (2 ry + 1)(2 rx + 1) in row-major order (dy, then dx).
+
+    Each shift compares the central region of ``prev``, rows [ry, H - ry) and columns
+    [rx, W - rx) (the same pixels for every shift), with ``cur`` at (y + dy, x + dx); a difference
+    counts ``|floor(SEARCH_QUANT * (cur - prev) + 0.5)|``, an integer, so that the sums are exact
+    in any order (every backend finds the same shift)."""
+    ry, rx = radius
+    a, b = _to_unit_float(prev), _to_unit_float(cur)
+    H, W = a.shape[1:]
+    centre = a[:, ry:H - ry, rx:W - rx]
+    sads = []
+    for dy in range(-ry, ry + 1):
+        for dx in range(-rx, rx + 1):
+            d = b[:, ry + dy:H - ry + dy, rx + dx:W - rx + dx] - centre
+            sads.append(torch.floor(d * SEARCH_QUANT + 0.5).abs().to(torch.int64).sum(dim=(1, 2)))
+    return torch.stack(sads, dim=1)
+
+
+def shift_of_sads(sads: torch.Tensor, radius) -> torch.Tensor:
+    """(P, 2, 1, 1) float32 shift (dx, dy) of the smallest sum, as a one-cell guess field: ties go
+    to no shift, then to the first in row-major order (the key ``2 sad + (shift != 0)``)."""
+    ry, rx = radius
+    k = torch.arange(sads.shape[1], device=sads.device)
+    key = 2 * sads + (k != ry * (2 * rx + 1) + rx).to(torch.int64)
+    best = torch.argmin(key, dim=1)  # the first of equal keys
+    dx = torch.remainder(best, 2 * rx + 1) - rx
+    dy = torch.div(best, 2 * rx + 1, rounding_mode="floor") - ry
+    return torch.stack((dx, dy), dim=1).to(torch.float32)[:, :, None, None]
+
+
+def search_shift(prev: torch.Tensor, cur: torch.Tensor, radius) -> torch.Tensor:
+    """(P, 2, 1, 1) float32 whole-pixel shift of each pair that minimises the sum of absolute
+    differences (:func:`search_sads`, :func:`shift_of_sads`): the coarsest level's start."""
+    return shift_of_sads(search_sads(prev, cur, radius), radius)
 
 
 def pyramid_flow(gray: torch.Tensor, window: int, min_eig: float, levels: int, statistic: str, ops):
     """Coarse-to-fine LK of every consecutive pair, from per-level stages ``ops`` (a backend's
     ``products(prev, cur)``, ``fields(prods, window, min_eig, guess, level_hw, factor)``,
-    ``guess(fields)``, ``warp(cur, guess, border, factor)``, ``reduce(frames)``); the
+    ``guess(fields)``, ``warp(cur, guess, border, factor)``, ``reduce(frames)``,
+    ``search(prev, cur, radius)``); the
     reference's are the spec, and every backend that supplies bit-identical stages gets
     bit-identical results through this driver."""
     if window == 0:
@@ -759,6 +817,9 @@ def pyramid_flow(gray: torch.Tensor, window: int, min_eig: float, levels: int, s
         pyramid.append(ops.reduce(pyramid[-1]))
     border = 1 + window // 2
     guess, above = None, None
+    if levels > 1:  # the coarsest step starts from the best whole-pixel shift (factor 1)
+        top = pyramid[-1]
+        guess, above = ops.search(top[:-1], top[1:], search_radius(top.shape[1:])), levels - 1
     for level in solved_levels(levels):
         frames = pyramid[level]
         factor = 0 if above is None else 2 ** (above - level)
@@ -777,6 +838,7 @@ TORCH_STAGES = SimpleNamespace(
     guess=guess_field,
     warp=warp_frames,
     reduce=reduce_level,
+    search=search_shift,
 )
 
 
@@ -791,7 +853,7 @@ def _lk_flow_cpp(gray: torch.Tensor, window: int, min_eig: float, levels: int, s
     mod, _ = load_native("cpu", "motion")
     flow_px, mean_uv = mod.lk_flow(gray.numpy(), int(window), float(min_eig), int(levels),
                                    statistic == "moving", MOVING_FLOOR_PX[0], MOVING_FLOOR_PX[1],
-                                   MOVING_MIN_AREA, GUESS_BOX, COARSEST_STEPS)
+                                   MOVING_MIN_AREA, GUESS_BOX, SEARCH_RADIUS)
     return torch.from_numpy(flow_px), torch.from_numpy(mean_uv)
 
 

@@ -155,9 +155,9 @@ def test_triton_is_bit_for_bit_with_reference(device, case):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
 def test_triton_pyramid_stages_are_bit_for_bit_with_reference(device, dtype):
-    """Every pyramid stage (reduce, guess, whole-pixel warp at factors 2 and 1, fields composed
-    with a guess) equals the reference's bit for bit, on odd sizes with a moving texture so that
-    the offsets are non-zero, and so does the whole pyramid (levels 2, coarsest solved 3 times)."""
+    """Every pyramid stage (reduce, the coarsest level's shift search, guess, whole-pixel warp at
+    factors 2 and 1, fields composed with a guess) equals the reference's bit for bit, on odd
+    sizes with a moving texture so that the offsets are non-zero, and so does the whole pyramid."""
     from streammem_kernels import motion
     from streammem_kernels._motion_triton import TRITON_STAGES as tri
 
@@ -169,6 +169,10 @@ def test_triton_pyramid_stages_are_bit_for_bit_with_reference(device, dtype):
     frames = frames.to(device)
     coarse = ref.reduce(frames)
     assert_bitwise_equal(tri.reduce(frames), coarse, "reduce")  # 21 x 27 -> 11 x 14
+    radius = motion.search_radius(coarse.shape[1:])
+    shift = ref.search(coarse[:-1], coarse[1:], radius)
+    assert shift.abs().sum() > 0, "the search must find a shift"
+    assert_bitwise_equal(tri.search(coarse[:-1], coarse[1:], radius), shift, "search")
     fields = ref.fields(ref.products(coarse[:-1], coarse[1:]), 5, 1e-5, None, tuple(coarse.shape[1:]), 0)
     assert bool((fields[:, 3] == 1).any())
     guess = ref.guess(fields)
@@ -273,41 +277,85 @@ LARGE = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0)
 
 
 @functools.lru_cache(maxsize=None)
-def _pairs_224(sigma):
-    """Textures blurred by ``sigma`` at 224 x 224, each moved by every LARGE shift (x, then y)."""
-    return {(d, axis): shifted_pair(d if axis == 0 else 0.0, d if axis == 1 else 0.0, h=224, w=224, sigma=sigma,
+def _pairs(sigma, h, w):
+    """Textures blurred by ``sigma`` at h x w, each moved by every LARGE shift (x, then y)."""
+    return {(d, axis): shifted_pair(d if axis == 0 else 0.0, d if axis == 1 else 0.0, h=h, w=w, sigma=sigma,
                                     pad=48, seed=int(sigma * 10) + axis)
             for d in LARGE for axis in (0, 1)}
 
 
 @pytest.mark.parametrize("backend", FAST)
-@pytest.mark.parametrize("sigma", [1.5, 3.0])
-def test_pyramid_measures_large_shifts_within_ten_percent(backend, sigma, record_property):
-    """Issue 14: at 224 px the default pyramid measures known shifts from 0.25 to 24 px within 10 %
-    (32 px: within 20 %; the issue asks 10 %, see motion.py on the coarsest steps) and monotone in
-    the shift (per-pixel flow: the textured mean); the default "moving" statistic
-    too from 0.5 px (below its 0.25-0.5 px noise floor it reads less, by design).  Single-scale
-    LK saturates (3.4 px for 16 px at sigma 1.5): what the pyramid is for."""
-    pairs = _pairs_224(sigma)
+@pytest.mark.parametrize("sigma,hw", [(1.5, (224, 224)), (3.0, (224, 224)), (1.5, (126, 224)), (3.0, (126, 224))],
+                         ids=["s1.5-224x224", "s3-224x224", "s1.5-224x126", "s3-224x126"])
+def test_pyramid_measures_large_shifts_within_ten_percent(backend, sigma, hw, record_property):
+    """Issue 14: at 224 px, square and 16:9 (224 x 126: 4 levels, coarsest 16 x 28), the default
+    pyramid measures known shifts from 0.25 to 32 px within 10 % along both axes, in the right
+    direction, and monotone in the shift (per-pixel flow: the textured mean); the default
+    "moving" statistic too from 0.5 px (below its 0.25-0.5 px noise floor it reads less, by
+    design).  Single-scale LK saturates (3.4 px for 16 px at sigma 1.5): what the pyramid is for.
+    (Before the coarsest level's shift search: 26.9 px for a vertical 32 px, and 7 px for 24 and
+    32 px at 224 x 126.)"""
+    pairs = _pairs(sigma, *hw)
     for axis in (0, 1):
         textured, moving = [], []
         for d in LARGE:
             res = motion_magnitude(pairs[d, axis], statistic="textured", backend=backend)
             textured.append(float(res.flow_px[0]))
             uv = res.mean_uv[0].tolist()
-            tol = 0.1 if d <= 24 else 0.2
-            assert abs(uv[axis] - d) <= tol * d and abs(uv[1 - axis]) <= 0.1 * d, (d, axis, uv)  # direction
+            assert abs(uv[axis] - d) <= 0.1 * d and abs(uv[1 - axis]) <= 0.1 * d, (d, axis, uv)  # direction
             moving.append(float(motion_magnitude(pairs[d, axis], backend=backend).flow_px[0]))
             record_property(f"flow_px_axis{axis}_at_{d}px", round(textured[-1], 4))
         for d, t, m in zip(LARGE, textured, moving):
-            tol = 0.1 if d <= 24 else 0.2  # 32 px: 31.9 px on three of these four cases, 26.9 on one
-            assert abs(t - d) <= tol * d, (axis, d, t)
+            assert abs(t - d) <= 0.1 * d, (axis, d, t)
             if d >= 0.5:
-                assert abs(m - d) <= tol * d, (axis, d, m)
+                assert abs(m - d) <= 0.1 * d, (axis, d, m)
         assert all(b > a for a, b in zip(textured, textured[1:])), textured
         assert all(b > a for a, b in zip(moving[1:], moving[2:])), moving
     single = float(motion_magnitude(pairs[16.0, 0], levels=1, statistic="textured", backend=backend).flow_px[0])
     assert single < 0.6 * 16.0, single
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_coarsest_search_finds_whole_pixel_shifts_and_prefers_none(backend):
+    """The coarsest level's start (motion.search_shift) finds a whole-pixel shift of the content
+    (dx, dy) within its radius, and no shift on flat frames (every sum equal: ties go to none);
+    through the public function a shift of 4 coarsest pixels (32 px at level 0 of a 4-level
+    pyramid) is measured."""
+    from streammem_kernels import motion
+
+    tex = smooth_texture(20, 30, sigma=1.0, seed=2).float()
+    for dx, dy in ((0, 0), (3, -2), (-4, 4), (1, 0)):
+        moved = torch.roll(tex, (dy, dx), (0, 1))  # moved[y, x] = tex[y - dy, x - dx]
+        pair = torch.stack((tex, moved))[:, 16:36, 16:46]
+        radius = motion.search_radius(pair.shape[1:])
+        assert radius == (4, 4)
+        assert motion.search_shift(pair[:1], pair[1:], radius).flatten().tolist() == [dx, dy]
+        if backend == "triton":
+            from streammem_kernels._motion_triton import search_shift_triton
+            assert_bitwise_equal(search_shift_triton(pair[:1], pair[1:], radius),
+                                 motion.search_shift(pair[:1], pair[1:], radius), "search")
+    flat = torch.full((2, 20, 30), 0.5)
+    flat[1] = 0.6
+    assert motion.search_shift(flat[:1], flat[1:], (4, 4)).flatten().tolist() == [0, 0]
+
+
+def test_cpp_reads_a_pair_the_same_in_any_batch():
+    """The C++ backend splits a pair's rows into strips that restart their running window sums;
+    the split depends on the frame size only, so a pair reads bit for bit the same alone, in a
+    batch of three or of eight (it depended on the batch and the thread count: a streaming gate
+    fed frame by frame disagreed with one call on the whole clip in the last bit)."""
+    if "cpp" not in BACKENDS:
+        pytest.skip("C++ backend not built")
+    for shape in ((24, 32), (72, 96)):
+        for seed in range(3):  # uint8 noise: every pixel textured, rounding differences show
+            frames = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (9, *shape), dtype=np.uint8))
+            whole = motion_magnitude(frames, backend="cpp")
+            for t in range(8):
+                for batch in (frames[t:t + 2], frames[max(t - 2, 0):t + 2]):
+                    part = motion_magnitude(batch, backend="cpp")
+                    what = f"{shape}, seed {seed}, pair {t}, batch of {len(batch) - 1}"
+                    assert_bitwise_equal(part.flow_px[-1:], whole.flow_px[t:t + 1], what)
+                    assert_bitwise_equal(part.mean_uv[-1:], whole.mean_uv[t:t + 1], what)
 
 
 def test_pyramid_levels_resolve_and_validate():
@@ -319,7 +367,7 @@ def test_pyramid_levels_resolve_and_validate():
     assert _resolve_levels("auto", (17, 17), 5) == 2
     assert _resolve_levels(1, (224, 224), 5) == 1
     assert _resolve_levels("auto", (224, 224), 0) == 1
-    assert solved_levels(1) == [0] and solved_levels(2) == [1, 1, 0] and solved_levels(5) == [4, 4, 3, 2, 0]
+    assert solved_levels(1) == [0] and solved_levels(2) == [1, 0] and solved_levels(5) == [4, 3, 2, 0]
     for levels, match in ((0, "levels"), (6, "at most 4"), (2.0, "levels"), (True, "levels"), ("two", "levels")):
         with pytest.raises(ValueError, match=match):
             motion_magnitude(torch.zeros(2, 126, 224), levels=levels)

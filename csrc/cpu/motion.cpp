@@ -2,7 +2,7 @@
 //
 // Contract (see streammem_kernels/motion.py, which is the spec):
 //   lk_flow(gray (T,H,W) uint8|float32, window (odd >= 3, or 0 = global),
-//           min_eig, levels, moving, floor_lo, floor_hi, min_area, guess_box, coarsest_steps)
+//           min_eig, levels, moving, floor_lo, floor_hi, min_area, guess_box, search_radius)
 //     -> (flow_px (T-1,) float32, mean_uv (T-1,2) float32)
 //
 // One level of one pair is one pass per row strip: for each image row, the
@@ -15,8 +15,10 @@
 // frame's weighted sums (level 0) or the level's flow (coarser levels, which
 // are small).  Nothing of size (H, W) is allocated per pair.
 //
-// Work: the pyramids of a chunk of frames (OpenMP over frames), the coarse
-// levels of each pair with their guess smoothing (OpenMP over pairs), then
+// Work: the pyramids of a chunk of frames (OpenMP over frames), the coarsest
+// level's whole-pixel shift search (integer sums: the reference's shift exactly)
+// and the coarse levels of each pair with their guess smoothing (OpenMP over
+// pairs), then
 // level 0 over (pair, strip) items (strips split a pair only when there are
 // fewer pairs than threads).  Sums of windows run in another order than the
 // reference's (float32 rounding; tolerance declared in motion.py).
@@ -26,13 +28,24 @@
 #include <tuple>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
+#include <memory>
 
 namespace streammem {
 namespace {
 
 constexpr int kLanes = 8;         // independent accumulators so the reductions vectorise
 constexpr int64_t kChunkPairs = 64;  // pairs whose pyramids and guesses are held at once
+constexpr float kSearchQuant = 4096.0f;  // motion.SEARCH_QUANT
+
+// An uninitialised buffer: the large scratch arrays here are written before they are read, and
+// zero-filling them (std::vector) cost ~10 % of a pyramid pass at 224 px.
+template <typename U>
+std::unique_ptr<U[]> buffer(int64_t n) {
+  return std::unique_ptr<U[]>(new U[static_cast<size_t>(n)]);
+}
 
 struct PairSums {
   double mag = 0, u = 0, v = 0, weight = 0;  // window mode: weighted sums
@@ -78,21 +91,27 @@ struct Run {
   int32_t dx, dy;
 };
 
-template <typename T>
-STREAMMEM_HOT void warp_runs(const T* __restrict cur, int64_t H, int64_t W, int64_t y, const Run* runs, int64_t n,
-                             float scale, float* __restrict dst) {
+// Image rows [y0, y0 + rows) of a float frame moved by the runs' offsets into `dst` (rows x W
+// floats): run by run, every row of the block, so that a run's set-up is paid once per block (a
+// real clip's guess changes every few columns: level 0 has tens of runs per row).  Source row r
+// is at src + (r - src_lo) * W.  Plain float copies: uint8 frames are converted once beforehand
+// (converting inside short runs did not vectorise and cost as much as the rest of the warp).
+STREAMMEM_HOT void warp_runs(const float* __restrict src, int64_t src_lo, int64_t H, int64_t W, int64_t y0,
+                             int64_t rows, const Run* runs, int64_t n, float* __restrict dst) {
   for (int64_t r = 0; r < n; ++r) {
-    const int64_t xs = runs[r].begin, xe = runs[r].end, dx = runs[r].dx;
-    const T* row = cur + std::min<int64_t>(std::max<int64_t>(y + runs[r].dy, 0), H - 1) * W;
-    if (xs + dx >= 0 && xe + dx <= W) {  // the usual case: no column clamped
-      const T* __restrict src = row + dx;
-      int64_t x = xs;
-      for (; x + 4 <= xe; x += 4)  // runs are multiples of 4 columns at factor 4
-        for (int k = 0; k < 4; ++k) dst[x + k] = static_cast<float>(src[x + k]) * scale;
-      for (; x < xe; ++x) dst[x] = static_cast<float>(src[x]) * scale;
-    } else {
-      for (int64_t x = xs; x < xe; ++x)
-        dst[x] = static_cast<float>(row[std::min<int64_t>(std::max<int64_t>(x + dx, 0), W - 1)]) * scale;
+    const int64_t xs = runs[r].begin, xe = runs[r].end, dx = runs[r].dx, dy = runs[r].dy;
+    const bool inside = xs + dx >= 0 && xe + dx <= W;  // the usual case: no column clamped
+    for (int64_t k = 0; k < rows; ++k) {
+      const float* row = src + (std::min<int64_t>(std::max<int64_t>(y0 + k + dy, 0), H - 1) - src_lo) * W;
+      float* __restrict out = dst + k * W;
+      if (inside) {
+        const float* __restrict from = row + dx;
+        int64_t x = xs;
+        for (; x + 4 <= xe; x += 4) std::memcpy(out + x, from + x, 4 * sizeof(float));  // runs: multiples of 4
+        for (; x < xe; ++x) out[x] = from[x];
+      } else {
+        for (int64_t x = xs; x < xe; ++x) out[x] = row[std::min<int64_t>(std::max<int64_t>(x + dx, 0), W - 1)];
+      }
     }
   }
 }
@@ -121,21 +140,46 @@ class GuessRows {
     return nonzero_[ci] != 0;
   }
   // The offsets of the window outputs of image row y (output x is image column x + border).
-  void output_row(int64_t ci, int64_t Wo, int32_t* __restrict ox, int32_t* __restrict oy) const {
+  // As floats (whole numbers), with whether every displaced column stays inside [border, W-1-border]
+  // and the vertical offsets' range, so that rows whose windows all stay inside skip the check.
+  struct Extent {
+    bool columns_inside = true;
+    int32_t dy_lo = 0, dy_hi = 0;
+  };
+  Extent output_row(int64_t ci, int64_t Wo, float* __restrict ox, float* __restrict oy) const {
+    Extent e;
+    e.dy_lo = e.dy_hi = g_.oy[ci * g_.cols];
     for (int64_t j = 0; j < g_.cols; ++j) {
       const int64_t lo = std::max<int64_t>(start_[j] - border_, 0), hi = std::min<int64_t>(start_[j + 1] - border_, Wo);
+      if (lo >= hi) continue;
       const int32_t dx = g_.ox[ci * g_.cols + j], dy = g_.oy[ci * g_.cols + j];
+      // Output x is image column x + border: inside when border <= x + border + dx <= W-1-border.
+      e.columns_inside = e.columns_inside && lo + dx >= 0 && hi - 1 + border_ + dx <= W_ - 1 - border_;
+      e.dy_lo = std::min(e.dy_lo, dy);
+      e.dy_hi = std::max(e.dy_hi, dy);
       for (int64_t x = lo; x < hi; ++x) {
-        ox[x] = dx;
-        oy[x] = dy;
+        ox[x] = static_cast<float>(dx);
+        oy[x] = static_cast<float>(dy);
       }
     }
+    return e;
   }
-  // Row y of `cur` moved by the offsets: dst[x] = cur[clamp(y + oy), clamp(x + ox)] * scale.
-  // The runs of grid row ci (neighbouring cells with equal offsets merged: a pan makes one run
-  // of the whole row) are found once and serve its `factor` image rows.
-  template <typename T>
-  void warp_row(const T* __restrict cur, int64_t y, int64_t ci, float scale, float* __restrict dst) {
+  // The last image row + 1 of grid row ci's block of image rows (those reading grid row ci).
+  int64_t grid_row_end(int64_t ci) const {
+    return ci + 1 >= g_.rows ? H_ : std::min<int64_t>(g_.factor * (ci + 1 + border_), H_);
+  }
+  // Rows [y0, y0 + rows) of `cur`, all in grid row ci, moved by the offsets:
+  // dst[k * W + x] = cur[clamp(y0 + k + oy), clamp(x + ox)] * scale.  The runs of grid row ci
+  // (neighbouring cells with equal offsets merged: a pan makes one run of the whole row) are
+  // found once.
+  // The largest |vertical offset| of the guess.
+  int64_t max_abs_dy() const {
+    int64_t m = 0;
+    for (int64_t k = 0; k < g_.rows * g_.cols; ++k) m = std::max<int64_t>(m, std::abs(static_cast<int64_t>(g_.oy[k])));
+    return m;
+  }
+  void warp_rows(const float* __restrict src, int64_t src_lo, int64_t y0, int64_t rows, int64_t ci,
+                 float* __restrict dst) {
     if (ci != runs_row_) {
       runs_row_ = ci;
       runs_.clear();
@@ -148,7 +192,7 @@ class GuessRows {
         j = k;
       }
     }
-    warp_runs<T>(cur, H_, W_, y, runs_.data(), static_cast<int64_t>(runs_.size()), scale, dst);
+    warp_runs(src, src_lo, H_, W_, y0, rows, runs_.data(), static_cast<int64_t>(runs_.size()), dst);
   }
 
  private:
@@ -241,9 +285,9 @@ STREAMMEM_HOT void box_row(const float* __restrict src, float* __restrict dst, i
 // the flow stored (kMode 0: coarser levels) or the statistic's weighted sums (kMode 1:
 // textured, 2: moving) in kLanes float accumulators, so that the loop vectorises.  One pass
 // instead of four: the row's values stay in registers.
-template <bool kCompose, int kMode>
+template <int kCompose, int kMode>
 STREAMMEM_HOT void finish_row(const float* __restrict box, int64_t Wo, float inv_area, float min_eig,
-                              const int32_t* __restrict gx, const int32_t* __restrict gy, int64_t y, int64_t H,
+                              const float* __restrict gx, const float* __restrict gy, int64_t y, int64_t H,
                               int64_t W, int64_t border, float lo, float hi, float* __restrict u_out,
                               float* __restrict v_out, float* __restrict n_out, PairSums* sums) {
   const float* __restrict sa = box;
@@ -251,8 +295,10 @@ STREAMMEM_HOT void finish_row(const float* __restrict box, int64_t Wo, float inv
   const float* __restrict sc = box + 2 * Wo;
   const float* __restrict sx = box + 3 * Wo;
   const float* __restrict sy = box + 4 * Wo;
-  const int32_t b = static_cast<int32_t>(border), yy = static_cast<int32_t>(y);
-  const int32_t right = static_cast<int32_t>(W - 1 - border), bottom = static_cast<int32_t>(H - 1 - border);
+  // The displaced window's centre (x + border + gx, y + gy) against [b, right] x [b, bottom], in
+  // floats (the offsets are whole numbers: exact).
+  const float b = static_cast<float>(border), yy = static_cast<float>(y);
+  const float right = static_cast<float>(W - 1 - border), bottom = static_cast<float>(H - 1 - border);
   const float slope = 1.0f / (hi - lo);
   float acc[4][kLanes] = {};
   auto pixel = [&](int64_t x, int l) {
@@ -267,14 +313,16 @@ STREAMMEM_HOT void finish_row(const float* __restrict box, int64_t Wo, float inv
     const float inv_det = valid / (valid != 0.0f ? det : 1.0f);
     float u = (c * bx - bb * by) * inv_det;
     float v = (a * by - bb * bx) * inv_det;
-    if (kCompose) {
-      const int32_t xs = b + static_cast<int32_t>(x) + gx[x];
-      const int32_t ys = yy + gy[x];
+    if (kCompose == 2) {
+      const float xs = (b + static_cast<float>(static_cast<int32_t>(x))) + gx[x];  // int32: vectorises
+      const float ys = yy + gy[x];
       const float inside = (xs >= b) & (xs <= right) & (ys >= b) & (ys <= bottom) ? 1.0f : 0.0f;
       valid *= inside;
+    }
+    if (kCompose != 0) {
       // valid is 0 or 1 and the solution finite: g + valid * d is the reference's select.
-      u = static_cast<float>(gx[x]) + valid * u;
-      v = static_cast<float>(gy[x]) + valid * v;
+      u = gx[x] + valid * u;
+      v = gy[x] + valid * v;
     }
     if (kMode == 0) {
       u_out[x] = u;
@@ -321,18 +369,53 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
   std::vector<float> prow(W), crow(W);
   std::vector<float> mean_ring(3 * W), it_ring(3 * Wg);  // each image row is converted once per strip
   GuessRows guess(lp.guess, H, W, border);
-  std::vector<int32_t> out_ox(lp.guess ? W : 0), out_oy(lp.guess ? W : 0);
+  std::vector<float> out_ox(lp.guess ? W : 0), out_oy(lp.guess ? W : 0);
+  typename GuessRows::Extent extent;
+  // Warped rows [block_lo, block_hi) of the current frame, warped a block at a time.
+  constexpr int64_t kBlockRows = 8;
+  std::vector<float> block(lp.guess ? kBlockRows * W : 0);
+  int64_t block_lo = 0, block_hi = 0;
+  const int64_t last_row = (w ? r1 + w - 1 : r1) + 2;  // the strip reads image rows [r0, last_row)
+  // The current frame as [0, 1] floats, rows [cur_lo, ...): the input itself when it is float
+  // already, else the rows the strip's warp can read, converted once.
+  const float* cur_f = nullptr;
+  int64_t cur_lo = 0;
+  std::unique_ptr<float[]> converted;
+  if (lp.guess) {
+    if constexpr (std::is_same<T, float>::value) {
+      if (lp.scale == 1.0f) cur_f = lp.cur;
+    }
+    if (cur_f == nullptr) {
+      const int64_t reach = guess.max_abs_dy();
+      cur_lo = std::max<int64_t>(r0 - reach, 0);
+      const int64_t hi = std::min<int64_t>(last_row + reach, H);
+      converted = buffer<float>((hi - cur_lo) * W);
+      for (int64_t y = cur_lo; y < hi; ++y)
+        unit_row(lp.cur + y * W, W, lp.scale, converted.get() + (y - cur_lo) * W);
+      cur_f = converted.get();
+    }
+  }
   int64_t next_row = r0;
   float* col = nullptr;  // the window's vertical sums (window mode)
   auto products = [&](int64_t g, float* out) {
     for (; next_row <= g + 2; ++next_row) {
       const int64_t y = next_row;
       unit_row(lp.prev + y * W, W, lp.scale, prow.data());
-      if (lp.guess && guess.nonzero(guess.grid_row(y)))
-        guess.warp_row(lp.cur, y, guess.grid_row(y), lp.scale, crow.data());
-      else
+      const float* cur_row = crow.data();
+      if (lp.guess && guess.nonzero(guess.grid_row(y))) {
+        if (y < block_lo || y >= block_hi) {
+          const int64_t ci = guess.grid_row(y);
+          block_lo = y;
+          block_hi = std::min({guess.grid_row_end(ci), y + kBlockRows, last_row});
+          guess.warp_rows(cur_f, cur_lo, block_lo, block_hi - block_lo, ci, block.data());
+        }
+        cur_row = block.data() + (y - block_lo) * W;
+      } else if (cur_f != nullptr) {
+        cur_row = cur_f + (y - cur_lo) * W;
+      } else {
         unit_row(lp.cur + y * W, W, lp.scale, crow.data());
-      mean_and_it_row(prow.data(), crow.data(), W, mean_ring.data() + (y % 3) * W, it_ring.data() + (y % 3) * Wg);
+      }
+      mean_and_it_row(prow.data(), cur_row, W, mean_ring.data() + (y % 3) * W, it_ring.data() + (y % 3) * Wg);
     }
     const float* m[3] = {mean_ring.data() + (g % 3) * W, mean_ring.data() + ((g + 1) % 3) * W,
                          mean_ring.data() + ((g + 2) % 3) * W};
@@ -383,8 +466,9 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
     const bool compose = lp.guess && guess.nonzero(guess.grid_row(y));
     if (compose && guess.grid_row(y) != offsets_row) {
       offsets_row = guess.grid_row(y);
-      guess.output_row(offsets_row, Wo, out_ox.data(), out_oy.data());
+      extent = guess.output_row(offsets_row, Wo, out_ox.data(), out_oy.data());
     }
+    const bool checked = !(extent.columns_inside && y + extent.dy_lo >= border && y + extent.dy_hi <= H - 1 - border);
     const int mode = sink.sums == nullptr ? 0 : (sink.stat.moving ? 2 : 1);
     float* u = sink.u + r * Wo;
     float* v = sink.v + r * Wo;
@@ -396,14 +480,18 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
     }
     const auto args = std::make_tuple(box, Wo, inv_area, min_eig, out_ox.data(), out_oy.data(), y, H, W, border,
                                       sink.stat.lo, sink.stat.hi, u, v, n, sink.sums);
-    if (compose) {
-      if (mode == 0) std::apply(finish_row<true, 0>, args);
-      else if (mode == 1) std::apply(finish_row<true, 1>, args);
-      else std::apply(finish_row<true, 2>, args);
+    if (compose && checked) {
+      if (mode == 0) std::apply(finish_row<2, 0>, args);
+      else if (mode == 1) std::apply(finish_row<2, 1>, args);
+      else std::apply(finish_row<2, 2>, args);
+    } else if (compose) {
+      if (mode == 0) std::apply(finish_row<1, 0>, args);
+      else if (mode == 1) std::apply(finish_row<1, 1>, args);
+      else std::apply(finish_row<1, 2>, args);
     } else {
-      if (mode == 0) std::apply(finish_row<false, 0>, args);
-      else if (mode == 1) std::apply(finish_row<false, 1>, args);
-      else std::apply(finish_row<false, 2>, args);
+      if (mode == 0) std::apply(finish_row<0, 0>, args);
+      else if (mode == 1) std::apply(finish_row<0, 1>, args);
+      else std::apply(finish_row<0, 2>, args);
     }
   }
 }
@@ -416,7 +504,8 @@ STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restri
                                 int32_t* __restrict ox, int32_t* __restrict oy) {
   const int64_t half = box / 2, Wp = Wo + 2 * half;
   // Zero-padded rows of u*valid, v*valid, valid and their horizontal box sums (3 planes each).
-  std::vector<float> padded(3 * Wp, 0.0f), rows(3 * Ho * Wo);
+  std::vector<float> padded(3 * Wp, 0.0f);
+  const auto rows = buffer<float>(3 * Ho * Wo);
   for (int64_t i = 0; i < Ho; ++i) {
     float* pu = padded.data() + half;
     float* pv = pu + Wp;
@@ -431,7 +520,7 @@ STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restri
     }
     for (int c = 0; c < 3; ++c) {
       const float* src = padded.data() + c * Wp;
-      float* dst = rows.data() + (c * Ho + i) * Wo;
+      float* dst = rows.get() + (c * Ho + i) * Wo;
       for (int64_t j = 0; j < Wo; ++j) dst[j] = src[j];
       for (int64_t k = 1; k < box; ++k)
         for (int64_t j = 0; j < Wo; ++j) dst[j] += src[j + k];
@@ -444,21 +533,25 @@ STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restri
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int64_t r = std::max<int64_t>(i - half, 0); r <= std::min(i + half, Ho - 1); ++r)
       for (int c = 0; c < 3; ++c) {
-        const float* src = rows.data() + (c * Ho + r) * Wo;
+        const float* src = rows.get() + (c * Ho + r) * Wo;
         float* dst = acc.data() + c * Wo;
         for (int64_t j = 0; j < Wo; ++j) dst[j] += src[j];
       }
-    const float* su = acc.data();
-    const float* sv = su + Wo;
-    const float* sw = sv + Wo;
-    for (int64_t j = 0; j < Wo; ++j) {
-      const int64_t k = i * Wo + j;
+    const float* __restrict su = acc.data();
+    const float* __restrict sv = su + Wo;
+    const float* __restrict sw = sv + Wo;
+    const float* __restrict ui = u + i * Wo;
+    const float* __restrict vi = v + i * Wo;
+    int32_t* __restrict oxi = ox + i * Wo;
+    int32_t* __restrict oyi = oy + i * Wo;
+    for (int64_t j = 0; j < Wo; ++j) {  // branch-free, so that it vectorises
       const bool has = sw[j] > 0.0f;
       const float d = has ? sw[j] : 1.0f;
-      const float gu = has ? su[j] / d : u[k];
-      const float gv = has ? sv[j] / d : v[k];
-      ox[k] = floor_clamped(f * gu + 0.5f, lim_x);  // f * g is exact: a contracted fma rounds alike
-      oy[k] = floor_clamped(f * gv + 0.5f, lim_y);
+      const float qu = su[j] / d, qv = sv[j] / d;
+      const float gu = has ? qu : ui[j];
+      const float gv = has ? qv : vi[j];
+      oxi[j] = floor_clamped(f * gu + 0.5f, lim_x);  // f * g is exact: a contracted fma rounds alike
+      oyi[j] = floor_clamped(f * gv + 0.5f, lim_y);
     }
   }
 }
@@ -493,6 +586,34 @@ void reduce_frame(const T* src, int64_t H, int64_t W, float scale, float* dst, f
                        tmp + std::min<int64_t>(2 * i + 1, H - 1) * Wn, Wn, dst + i * Wn);
 }
 
+// The coarsest level's start (the reference's search_shift): the whole-pixel shift (dx, dy) in
+// [-rx, rx] x [-ry, ry] whose sum of quantised absolute differences over prev's central region
+// [ry, H - ry) x [rx, W - rx) against cur at (y + dy, x + dx) is smallest; ties go to no shift,
+// then to the first in row-major order.  Integer sums: the same shift as every backend.
+STREAMMEM_HOT void search_shift(const float* __restrict prev, const float* __restrict cur, int64_t H, int64_t W,
+                                int ry, int rx, float quant, int32_t* sx, int32_t* sy) {
+  int64_t best = -1;
+  *sx = *sy = 0;
+  const int64_t n = W - 2 * rx;
+  for (int dy = -ry; dy <= ry; ++dy)
+    for (int dx = -rx; dx <= rx; ++dx) {
+      int64_t sad = 0;
+      for (int64_t y = ry; y < H - ry; ++y) {
+        const float* __restrict a = prev + y * W + rx;
+        const float* __restrict b = cur + (y + dy) * W + rx + dx;
+        int32_t row = 0;
+        for (int64_t x = 0; x < n; ++x) row += static_cast<int32_t>(std::fabs(std::floor((b[x] - a[x]) * quant + 0.5f)));
+        sad += row;
+      }
+      const int64_t key = 2 * sad + ((dx != 0 || dy != 0) ? 1 : 0);
+      if (best < 0 || key < best) {
+        best = key;
+        *sx = dx;
+        *sy = dy;
+      }
+    }
+}
+
 void solve_global(const PairSums& s, double npix, float min_eig, float* flow, float* uv) {
   const float a = static_cast<float>(s.s[0] / npix), b = static_cast<float>(s.s[1] / npix);
   const float c = static_cast<float>(s.s[2] / npix);
@@ -515,8 +636,12 @@ template <typename T, typename GuessOf>
 void level0_sums(const T* base, int64_t p0, int64_t n, int64_t H, int64_t W, int w, float scale, float min_eig,
                  Statistic stat, GuessOf guess_of, std::vector<PairSums>& totals) {
   const int64_t out_rows = w ? (H - 2 - w + 1) : (H - 2);
-  const int threads = max_threads();
-  const int64_t strips = std::min<int64_t>(out_rows, std::max<int64_t>(1, (2 * threads + n - 1) / n));
+  // Strips depend on the frame size only: each strip restarts its running window sums, so its
+  // boundaries change the float rounding, and a pair must read the same in any batch (a stream
+  // gate fed frame by frame against the same frames in one call) and with any thread count.
+  // Two strips (so a single pair still uses two threads) from 32 output rows, one more per 128
+  // rows of large frames; restarting a strip costs window + 1 rows (~3 % at 224 px).
+  const int64_t strips = std::max<int64_t>(1, std::min<int64_t>(out_rows / 16, std::max<int64_t>(2, out_rows / 128)));
   const int64_t items = n * strips;
   std::vector<PairSums> partial(items);
   // Small clips stay on the calling thread: waking a team costs more than the work.
@@ -547,7 +672,7 @@ void level0_sums(const T* base, int64_t p0, int64_t n, int64_t H, int64_t W, int
 
 template <typename T>
 py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int levels, Statistic stat,
-                       double min_area, int guess_box, int coarsest_steps, float scale) {
+                       double min_area, int guess_box, int search_radius, float scale) {
   require(gray.ndim() == 3, "gray must be (T, H, W)");
   const int64_t T_ = gray.shape(0), H = gray.shape(1), W = gray.shape(2);
   require(T_ >= 2, "gray must hold at least 2 frames");
@@ -556,7 +681,7 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
   require(H >= (w ? w : 1) + 2 && W >= (w ? w : 1) + 2, "frames too small for the window");
   require(levels >= 1 && (w != 0 || levels == 1), "levels must be >= 1 (1 for the global mode)");
   require(guess_box >= 1 && guess_box % 2 == 1, "guess_box must be odd >= 1");
-  require(coarsest_steps >= 1, "coarsest_steps must be >= 1");
+  require(search_radius >= 0, "search_radius must be >= 0");
   std::vector<int64_t> lh{H}, lw{W};
   for (int l = 1; l < levels; ++l) {
     lh.push_back((lh.back() + 1) / 2);
@@ -578,8 +703,11 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
     } else {
       // The levels LK runs on, coarsest first: all but level 1 when there are three or more
       // (motion.solved_levels); level 0's guess comes from `last` (1 or 2), factor 2^last.
-      // The coarsest level runs `coarsest_steps` times, each warped by the previous step (factor 1).
-      std::vector<int> solved(static_cast<size_t>(coarsest_steps), levels - 1);
+      // The coarsest level starts from the searched shift (factor 1).
+      std::vector<int> solved{levels - 1};
+      const int top = levels - 1;
+      const int ry = static_cast<int>(std::min<int64_t>(lh[top] / 4, search_radius));
+      const int rx = static_cast<int>(std::min<int64_t>(lw[top] / 4, search_radius));
       for (int l = levels - 2; l >= 1; --l)
         if (!(l == 1 && levels >= 3)) solved.push_back(l);
       const int last = solved.back();
@@ -593,44 +721,48 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
         for (int l = 1; l < levels; ++l)
           if (l > 1 || levels == 2) pyr[l].resize(static_cast<size_t>(nf * lh[l] * lw[l]));
         const bool parallel = nf * H * W >= (int64_t{1} << 16);
-#pragma omp parallel for schedule(static) if (parallel)
-        for (int64_t f = 0; f < nf; ++f) {
-          std::vector<float> tmp(static_cast<size_t>(H * lw[1] + W)), level1;
-          float* l1 = levels == 2 ? pyr[1].data() + f * lh[1] * lw[1] : nullptr;
-          if (l1 == nullptr) {
-            level1.resize(static_cast<size_t>(lh[1] * lw[1]));
-            l1 = level1.data();
-          }
-          reduce_frame<T>(base + (p0 + f) * H * W, H, W, scale, l1, tmp.data());
-          const float* src = l1;
-          for (int l = 2; l < levels; ++l) {
-            float* dst = pyr[l].data() + f * lh[l] * lw[l];
-            reduce_frame<float>(src, lh[l - 1], lw[l - 1], 1.0f, dst, tmp.data());
-            src = dst;
+#pragma omp parallel if (parallel)
+        {
+          const auto tmp = buffer<float>(H * lw[1] + W);  // per thread
+          const auto level1 = buffer<float>(levels == 2 ? 0 : lh[1] * lw[1]);
+#pragma omp for schedule(static)
+          for (int64_t f = 0; f < nf; ++f) {
+            float* l1 = levels == 2 ? pyr[1].data() + f * lh[1] * lw[1] : level1.get();
+            reduce_frame<T>(base + (p0 + f) * H * W, H, W, scale, l1, tmp.get());
+            const float* src = l1;
+            for (int l = 2; l < levels; ++l) {
+              float* dst = pyr[l].data() + f * lh[l] * lw[l];
+              reduce_frame<float>(src, lh[l - 1], lw[l - 1], 1.0f, dst, tmp.get());
+              src = dst;
+            }
           }
         }
         // The solved coarse levels of each pair, down to the offsets for level 0.
-        std::vector<int32_t> guess0(static_cast<size_t>(n * 2 * grid));
+        const auto guess0 = buffer<int32_t>(n * 2 * grid);
 #pragma omp parallel for schedule(dynamic, 1) if (parallel && n > 1)
         for (int64_t k = 0; k < n; ++k) {
-          std::vector<float> fields(static_cast<size_t>(3 * grid));
-          std::vector<int32_t> offsets[2] = {std::vector<int32_t>(static_cast<size_t>(2 * grid)),
-                                             std::vector<int32_t>(static_cast<size_t>(2 * grid))};
-          Guess g;
+          const auto fields = buffer<float>(3 * grid);
+          const std::unique_ptr<int32_t[]> offsets[2] = {buffer<int32_t>(2 * grid), buffer<int32_t>(2 * grid)};
+          int32_t shift[2];
+          {
+            const float* prev = pyr[top].data() + k * lh[top] * lw[top];
+            search_shift(prev, prev + lh[top] * lw[top], lh[top], lw[top], ry, rx, kSearchQuant, shift, shift + 1);
+          }
+          Guess g{shift, shift + 1, 1, 1, 1};
           for (size_t i = 0; i < solved.size(); ++i) {
             const int l = solved[i];
             const int64_t hl = lh[l], wl = lw[l], ho = hl - 1 - w, wo = wl - 1 - w;
             const float* prev = pyr[l].data() + k * hl * wl;
             const LevelPair<float> lp{prev, prev + hl * wl, hl, wl, 1.0f, g};
             RowSink sink;
-            sink.u = fields.data();
-            sink.v = fields.data() + ho * wo;
-            sink.valid = fields.data() + 2 * ho * wo;
+            sink.u = fields.get();
+            sink.v = fields.get() + ho * wo;
+            sink.valid = fields.get() + 2 * ho * wo;
             run_strip<float>(lp, w, min_eig, 0, ho, sink);
             const int finer = i + 1 < solved.size() ? solved[i + 1] : 0;
             const int factor = 1 << (l - finer);
             // Two buffers: this level's offsets are written while the previous ones are read.
-            int32_t* gx = finer == 0 ? guess0.data() + k * 2 * grid : offsets[i % 2].data();
+            int32_t* gx = finer == 0 ? guess0.get() + k * 2 * grid : offsets[i % 2].get();
             smooth_guess(sink.u, sink.v, sink.valid, ho, wo, guess_box, factor, lh[finer], lw[finer], gx,
                          gx + ho * wo);
             g = Guess{gx, gx + ho * wo, ho, wo, factor};
@@ -638,7 +770,7 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
         }
         const int factor0 = 1 << last;
         auto guess_of = [&](int64_t k) {
-          const int32_t* gx = guess0.data() + k * 2 * grid;
+          const int32_t* gx = guess0.get() + k * 2 * grid;
           return Guess{gx, gx + grid, hol, wol, factor0};
         };
         level0_sums<T>(base, p0, n, H, W, w, scale, min_eig, stat, guess_of, totals);
@@ -662,15 +794,15 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
 }
 
 py::tuple lk_flow(py::array gray, int window, float min_eig, int levels, bool moving, float floor_lo,
-                  float floor_hi, double min_area, int guess_box, int coarsest_steps) {
+                  float floor_hi, double min_area, int guess_box, int search_radius) {
   require(floor_hi > floor_lo, "floor_hi must exceed floor_lo");
   const Statistic stat{moving, floor_lo, floor_hi};
   if (py::isinstance<carray<uint8_t>>(gray) && gray.dtype().is(py::dtype::of<uint8_t>()))
     return lk_flow_impl<uint8_t>(gray.cast<carray<uint8_t>>(), window, min_eig, levels, stat, min_area, guess_box,
-                                 coarsest_steps, 1.0f / 255.0f);
+                                 search_radius, 1.0f / 255.0f);
   if (gray.dtype().is(py::dtype::of<float>()))
     return lk_flow_impl<float>(gray.cast<carray<float>>(), window, min_eig, levels, stat, min_area, guess_box,
-                               coarsest_steps, 1.0f);
+                               search_radius, 1.0f);
   throw std::invalid_argument("gray must be uint8 or float32");
 }
 
@@ -782,15 +914,15 @@ carray<float> score_of(const carray<float>& flow_px) {
 // division). (out_h, out_w) == (H, W) with (T,H,W) frames: LK reads the uint8 frames directly.
 py::tuple motion_u8(const carray<uint8_t>& frames, int64_t out_h, int64_t out_w, int window, float min_eig,
                     int levels, bool moving, float floor_lo, float floor_hi, double min_area, int guess_box,
-                    int coarsest_steps) {
+                    int search_radius) {
   require(floor_hi > floor_lo, "floor_hi must exceed floor_lo");
   require(frames.ndim() == 3 || (frames.ndim() == 4 && frames.shape(3) == 3), "frames must be (T,H,W) or (T,H,W,3)");
   const Statistic stat{moving, floor_lo, floor_hi};
   const bool direct = frames.ndim() == 3 && out_h == frames.shape(1) && out_w == frames.shape(2);
   const py::tuple flow = direct ? lk_flow_impl<uint8_t>(frames, window, min_eig, levels, stat, min_area, guess_box,
-                                                        coarsest_steps, 1.0f / 255.0f)
+                                                        search_radius, 1.0f / 255.0f)
                                 : lk_flow_impl<float>(gray_area(frames, out_h, out_w), window, min_eig, levels, stat,
-                                                      min_area, guess_box, coarsest_steps, 1.0f);
+                                                      min_area, guess_box, search_radius, 1.0f);
   const auto flow_px = flow[0].cast<carray<float>>();
   return py::make_tuple(flow_px, score_of(flow_px), flow[1]);
 }
@@ -804,7 +936,7 @@ py::tuple motion_u8(const carray<uint8_t>& frames, int64_t out_h, int64_t out_w,
 // for bit; the Python side has validated the frames and arguments.
 py::tuple gate_u8(const carray<uint8_t>& frames, const py::object& anchor, int64_t out_h, int64_t out_w, int window,
                   float min_eig, int levels, bool moving, float floor_lo, float floor_hi, double min_area,
-                  int guess_box, int coarsest_steps) {
+                  int guess_box, int search_radius) {
   require(floor_hi > floor_lo, "floor_hi must exceed floor_lo");
   check_gray_area(frames, out_h, out_w);
   const int64_t first = anchor.is_none() ? 0 : 1, m = first + frames.shape(0), plane = out_h * out_w;
@@ -818,7 +950,7 @@ py::tuple gate_u8(const carray<uint8_t>& frames, const py::object& anchor, int64
   gray_area_into(frames, out_h, out_w, dst + first * plane);
   if (m < 2) return py::make_tuple(stack, carray<float>(0));
   const py::tuple flow = lk_flow_impl<float>(stack, window, min_eig, levels, Statistic{moving, floor_lo, floor_hi},
-                                             min_area, guess_box, coarsest_steps, 1.0f);
+                                             min_area, guess_box, search_radius, 1.0f);
   return py::make_tuple(stack, score_of(flow[0].cast<carray<float>>()));
 }
 
@@ -830,17 +962,17 @@ PYBIND11_MODULE(_cpu_motion, m) {
   m.doc() = "Pyramidal Lucas-Kanade motion magnitude (fused CPU kernel); see streammem_kernels/motion.py";
   m.def("lk_flow", &streammem::lk_flow, py::arg("gray"), py::arg("window"), py::arg("min_eig"), py::arg("levels"),
         py::arg("moving"), py::arg("floor_lo"), py::arg("floor_hi"), py::arg("min_area"), py::arg("guess_box"),
-        py::arg("coarsest_steps"),
+        py::arg("search_radius"),
         "(T,H,W) uint8|float32 gray -> (flow_px (T-1,), mean_uv (T-1,2))");
   m.def("gray_area", &streammem::gray_area, py::arg("frames"), py::arg("out_h"), py::arg("out_w"),
         "uint8 (T,H,W[,3]) -> float32 gray in [0,1] (T,out_h,out_w), area resampling");
   m.def("motion_u8", &streammem::motion_u8, py::arg("frames"), py::arg("out_h"), py::arg("out_w"), py::arg("window"),
         py::arg("min_eig"), py::arg("levels"), py::arg("moving"), py::arg("floor_lo"), py::arg("floor_hi"),
-        py::arg("min_area"), py::arg("guess_box"), py::arg("coarsest_steps"),
+        py::arg("min_area"), py::arg("guess_box"), py::arg("search_radius"),
         "uint8 (T,H,W[,3]) frames -> (flow_px (T-1,), score (T-1,), mean_uv (T-1,2)): gray, resize and lk_flow");
   m.def("gate_u8", &streammem::gate_u8, py::arg("frames"), py::arg("anchor"), py::arg("out_h"), py::arg("out_w"),
         py::arg("window"), py::arg("min_eig"), py::arg("levels"), py::arg("moving"), py::arg("floor_lo"),
-        py::arg("floor_hi"), py::arg("min_area"), py::arg("guess_box"), py::arg("coarsest_steps"),
+        py::arg("floor_hi"), py::arg("min_area"), py::arg("guess_box"), py::arg("search_radius"),
         "uint8 (n,H,W[,3]) frames after the reference gray anchor (out_h,out_w) or None -> (gray stack (m,out_h,out_w), "
         "score (m-1,))");
 }

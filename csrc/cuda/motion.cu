@@ -11,7 +11,10 @@
 //   lk_window:   the w x w window average of the products, the 2x2 solve, the
 //                composition with the guess's offsets (when there is one) and the
 //                per-pixel fields |flow|, u, v, valid, (P, 4, Ho, Wo) float32
-//                (flow_fields(window_average(...))).
+//                (flow_fields(window_average(...)));
+//   lk_search:   the coarsest level's sums of quantised absolute differences under
+//                every whole-pixel shift, (P, K) int64 (search_sads; integer sums,
+//                exact in any order); the reference's shift_of_sads picks the shift.
 // The per-frame summary and the global mode (window 0) are the reference's own
 // torch code applied to these tensors, and the reference's driver sequences the
 // stages (streammem_kernels/_motion_cuda.py).
@@ -211,6 +214,34 @@ __global__ void lk_reduce_kernel(const T* __restrict__ src, float* __restrict__ 
   dst[static_cast<int64_t>(frame) * Hn * Wn + static_cast<int64_t>(y) * Wn + x] = ((h0 + 2.0f * h1) + h2) * 0.25f;
 }
 
+constexpr int kSearchThreads = 256;
+
+// One block per (shift k, pair): the sum over prev's central region [ry, H - ry) x [rx, W - rx)
+// of |floor(quant * (cur[y + dy, x + dx] - prev[y, x]) + 0.5)|, k row-major over (dy, dx).
+__global__ void lk_search_kernel(const float* __restrict__ prev_frames, const float* __restrict__ cur_frames,
+                                 long long* __restrict__ sads, int H, int W, int ry, int rx, float quant) {
+  const int k = blockIdx.x, pair = blockIdx.y;
+  const int side = 2 * rx + 1;
+  const int dy = k / side - ry, dx = k % side - rx;
+  const int nr = H - 2 * ry, nc = W - 2 * rx;
+  const float* prev = prev_frames + static_cast<int64_t>(pair) * H * W;
+  const float* cur = cur_frames + static_cast<int64_t>(pair) * H * W;
+  long long acc = 0;
+  for (int i = threadIdx.x; i < nr * nc; i += blockDim.x) {
+    const int y = i / nc + ry, x = i % nc + rx;
+    const float d = cur[static_cast<int64_t>(y + dy) * W + x + dx] - prev[static_cast<int64_t>(y) * W + x];
+    acc += static_cast<long long>(fabsf(floorf(d * quant + 0.5f)));
+  }
+  __shared__ long long part[kSearchThreads];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = kSearchThreads / 2; s > 0; s >>= 1) {  // integer sums: any order gives the same total
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) sads[static_cast<int64_t>(pair) * gridDim.x + k] = part[0];
+}
+
 inline dim3 grid_for(int64_t w, int64_t h, int n) {
   return dim3(static_cast<unsigned>((w + kBlockX - 1) / kBlockX), static_cast<unsigned>((h + kBlockY - 1) / kBlockY),
               static_cast<unsigned>(n));
@@ -316,6 +347,21 @@ STREAMMEM_EXPORT int streammem_motion_reduce(const void* src, int is_uint8, floa
       streammem::lk_reduce_kernel<float><<<grid, block, 0, s>>>(static_cast<const float*>(src) + f0 * H * W,
                                                                  dst + f0 * Hn * Wn, static_cast<int>(H),
                                                                  static_cast<int>(W), scale);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+// prev, cur: (pairs, H, W) contiguous float32 frames; sads: (pairs, (2 ry + 1)(2 rx + 1)) int64 output.
+STREAMMEM_EXPORT int streammem_motion_search(const float* prev, const float* cur, int64_t* sads, int64_t pairs,
+                                             int64_t H, int64_t W, int64_t ry, int64_t rx, float quant,
+                                             void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t shifts = (2 * ry + 1) * (2 * rx + 1);
+  streammem::in_chunks(pairs, [&](int64_t p0, int n) {
+    const dim3 grid(static_cast<unsigned>(shifts), static_cast<unsigned>(n));
+    streammem::lk_search_kernel<<<grid, streammem::kSearchThreads, 0, s>>>(
+        prev + p0 * H * W, cur + p0 * H * W, reinterpret_cast<long long*>(sads) + p0 * shifts, static_cast<int>(H),
+        static_cast<int>(W), static_cast<int>(ry), static_cast<int>(rx), quant);
   });
   return static_cast<int>(cudaGetLastError());
 }
