@@ -261,22 +261,25 @@ void greedy_into(const TreeArrays& t, const float* Qm, int64_t Q, int64_t height
 }
 
 // Output arrays of a greedy search: path (lead..., H+1), path_scores, best_node (lead), best_score.
+// (Built in the member initialisers: a default-constructed py::array_t allocates an empty array.)
 struct GreedyOut {
+  using Shape = std::vector<py::ssize_t>;
   py::array_t<int64_t> path;
   py::array_t<float> path_scores;
   py::array_t<int64_t> best_node;
   py::array_t<float> best_score;
 
-  GreedyOut(int64_t Q, int64_t R, int64_t height, bool from_every_root) {
-    using Shape = std::vector<py::ssize_t>;
-    const Shape lead = from_every_root ? Shape{Q, R} : Shape{Q};
-    Shape full = lead;
-    full.push_back(height + 1);
-    path = py::array_t<int64_t>(full);
-    path_scores = py::array_t<float>(full);
-    best_node = py::array_t<int64_t>(lead);
-    best_score = py::array_t<float>(lead);
+  static Shape lead(int64_t Q, int64_t R, bool from_every_root) { return from_every_root ? Shape{Q, R} : Shape{Q}; }
+  static Shape full(int64_t Q, int64_t R, int64_t height, bool from_every_root) {
+    Shape s = lead(Q, R, from_every_root);
+    s.push_back(height + 1);
+    return s;
   }
+  GreedyOut(int64_t Q, int64_t R, int64_t height, bool from_every_root)
+      : path(full(Q, R, height, from_every_root)),
+        path_scores(full(Q, R, height, from_every_root)),
+        best_node(lead(Q, R, from_every_root)),
+        best_score(lead(Q, R, from_every_root)) {}
 };
 
 GreedyOut greedy_run(const TreeArrays& t, const float* queries, int64_t Q, int64_t height, bool from_every_root) {
