@@ -43,10 +43,14 @@ the lower id.
 
 Per-call cost.  The tree validated its embeddings on insertion, so a search
 checks only its queries.  For float32 C-contiguous CPU queries on the C++
-backend, ``tree_search`` makes one native call that checks (``ValueError`` on
-NaN/Inf) and normalises the queries itself and reads the tree through
-pointers the tree caches until its next mutation: no torch op runs before the
-kernel.
+backend, ``tree_search`` makes one native call (``search_tensors``) on the
+query tensor itself and the snapshot's ``TreeView`` (the tree's pointers and
+sizes, made once per snapshot, which keeps the snapshot's tensors alive): it
+reads the query's attributes through the CPython API, checks the scalar
+arguments, checks (``ValueError`` on NaN/Inf) and normalises the queries,
+searches and returns the result tensors, or declines (None) whatever the
+general path must convert or explain.  No torch op and no per-argument
+Python check runs on that path.
 """
 from __future__ import annotations
 

@@ -915,11 +915,16 @@ def test_tree_fast_path_declines_what_the_general_path_must_explain():
     assert mod.search_tensors(view, q, *base.values()) is not None
     assert mod.search_tensors(view, q, *greedy.values()) is not None
     converted = {  # the general path takes these (converting them): same answer as the reference
-        "float64": (q.double(), base), "non-contiguous": (q.T.contiguous().T, base),
-        "Parameter": (torch.nn.Parameter(q), base), "requires_grad": (q.clone().requires_grad_(), base),
-        "numpy": (q.numpy(), base), "numpy k": (q, dict(base, k=np.int64(2))),
-        "list beam": (q, dict(base, beam=[3])), "numpy beam": (q, dict(base, beam=np.int64(3))),
-        "numpy min_score": (q, dict(base, min_score=np.float32(0.1))), "numpy greedy beam": (q, dict(greedy, beam=np.int64(1))),
+        "float64": (q.double(), base),
+        "non-contiguous": (q.T.contiguous().T, base),
+        "Parameter": (torch.nn.Parameter(q), base),
+        "requires_grad": (q.clone().requires_grad_(), base),
+        "numpy": (q.numpy(), base),
+        "numpy k": (q, dict(base, k=np.int64(2))),
+        "list beam": (q, dict(base, beam=[3])),
+        "numpy beam": (q, dict(base, beam=np.int64(3))),
+        "numpy min_score": (q, dict(base, min_score=np.float32(0.1))),
+        "numpy greedy beam": (q, dict(greedy, beam=np.int64(1))),
     }
     for name, (qq, kw) in converted.items():
         assert mod.search_tensors(view, qq, *kw.values()) is None, name
@@ -931,21 +936,31 @@ def test_tree_fast_path_declines_what_the_general_path_must_explain():
             else:
                 torch.testing.assert_close(a, b, atol=SCORE_ATOL, rtol=0)
     rejected = {  # the general path raises, naming the argument
-        "1-D query": (q[0], base, "queries must have shape"), "D mismatch": (q[:, :5], base, "D=12|dim"),
+        "1-D query": (q[0], base, "queries must have shape"),
+        "D mismatch": (q[:, :5], base, "D=12|dim"),
         "no queries": (q[:0], base, "queries"),
-        "bool k": (q, dict(base, k=True), "k must be an int"), "bool k greedy": (q, dict(greedy, k=True), "k must be an int"),
-        "float k greedy": (q, dict(greedy, k=1.0), "k must be an int"), "k = 0": (q, dict(base, k=0), "k must be >= 1"),
-        "k beyond int64": (q, dict(base, k=2**64), "k must keep"), "Q x k too large": (q, dict(base, k=2**27 + 1), "k must keep"),
-        "bool beam": (q, dict(base, beam=True), "beam"), "beam 0": (q, dict(base, beam=0), "beam"),
-        "empty beam": (q, dict(base, beam=()), "beam"), "beam[1] = 0": (q, dict(base, beam=(2, 0)), r"beam\[1\]"),
-        "beam too wide": (q, dict(base, beam=2**31), "beam"), "float beam": (q, dict(base, beam=2.0), "beam"),
+        "bool k": (q, dict(base, k=True), "k must be an int"),
+        "bool k greedy": (q, dict(greedy, k=True), "k must be an int"),
+        "float k greedy": (q, dict(greedy, k=1.0), "k must be an int"),
+        "k = 0": (q, dict(base, k=0), "k must be >= 1"),
+        "k beyond int64": (q, dict(base, k=2**64), "k must keep"),
+        "Q x k beyond int64": (q, dict(base, k=2**62 + 1), "k must keep"),
+        "Q x k too large": (q, dict(base, k=2**27 + 1), "k must keep"),
+        "bool beam": (q, dict(base, beam=True), "beam"),
+        "beam 0": (q, dict(base, beam=0), "beam"),
+        "empty beam": (q, dict(base, beam=()), "beam"),
+        "beam[1] = 0": (q, dict(base, beam=(2, 0)), r"beam\[1\]"),
+        "beam too wide": (q, dict(base, beam=2**31), "beam"),
+        "float beam": (q, dict(base, beam=2.0), "beam"),
         "NaN min_score": (q, dict(base, min_score=float("nan")), "min_score"),
         "inf min_score": (q, dict(base, min_score=float("inf")), "min_score"),
         "huge int min_score": (q, dict(base, min_score=10**400), "min_score"),
-        "bool min_score": (q, dict(base, min_score=True), "min_score"), "str min_score": (q, dict(base, min_score="0"), "min_score"),
+        "bool min_score": (q, dict(base, min_score=True), "min_score"),
+        "str min_score": (q, dict(base, min_score="0"), "min_score"),
         "int use_utility": (q, dict(base, use_utility=1), "use_utility"),
         "int from_every_root": (q, dict(greedy, from_every_root=0), "from_every_root"),
-        "greedy k": (q, dict(greedy, k=2), "beam=1 is greedy"), "greedy min_score": (q, dict(greedy, min_score=0.0), "beam=1"),
+        "greedy k": (q, dict(greedy, k=2), "beam=1 is greedy"),
+        "greedy min_score": (q, dict(greedy, min_score=0.0), "beam=1"),
         "greedy use_utility": (q, dict(greedy, use_utility=True), "beam=1"),
         "beam from_every_root": (q, dict(base, from_every_root=True), "from_every_root applies"),
     }

@@ -12,6 +12,10 @@
 //   beam(emb, child_ptr, child_idx, roots, R, level (n) i64, utility (n) f32, queries, Q, D,
 //        widths [H], k, min_score, use_utility)
 //     -> ids (Q,k) i64, scores (Q,k) f32 (padded -1 / -inf).
+//   TreeView(pointers and sizes of a CosineTree snapshot, limits, keep) and
+//   search_tensors(view, queries, beam, k, min_score, use_utility, from_every_root) -> the greedy or
+//        beam result as torch tensors, or None: tree_search's fast path, on plain float32 CPU query
+//        tensors read in place (tensor_args.h) and the public arguments checked here.
 //   cosine_topk(queries, Q, keys (N,D) f32 raw, N, D, k, ranges (Q,2) i64 or 0 for whole)
 //     -> ids (Q,k), scores (Q,k): one fused pass, key norms computed on the fly next to the dot
 //        products while the key row is in L1; the keys' finiteness is read off the same pass
@@ -456,8 +460,8 @@ py::object search_tensors(const TreeView& v, py::handle queries, py::handle beam
                           py::handle min_score, py::handle use_utility, py::handle from_every_root) {
   namespace ta = tensor_args;
   ta::Plain<2> q;
-  if (v.num_live < 1 || !PyBool_Check(from_every_root.ptr()) || !PyBool_Check(use_utility.ptr()) ||
-      !ta::plain_cpu(queries, ta::torch_objects().float32, &q))
+  if (v.num_live < 1 || v.arrays.R < 1 || !PyBool_Check(from_every_root.ptr()) ||
+      !PyBool_Check(use_utility.ptr()) || !ta::plain_cpu(queries, ta::torch_objects().float32, &q))
     return py::none();
   const int64_t Q = q.size[0];
   if (Q < 1 || q.size[1] != v.arrays.D) return py::none();
@@ -467,12 +471,12 @@ py::object search_tensors(const TreeView& v, py::handle queries, py::handle beam
   int64_t greedy_beam;
   if (ta::exact_int(beam, &greedy_beam) && greedy_beam == 1) {
     if (k != 1 || !min_score.is_none() || utility) return py::none();
-    if (every_root && Q * v.arrays.R * (v.height + 1) > v.max_results) return py::none();
+    if (every_root && Q > v.max_results / (v.arrays.R * (v.height + 1))) return py::none();  // no overflow
     GreedyOut out = greedy_run(v.arrays, in_ptr<float>(q.data), Q, v.height, every_root);
     return py::make_tuple(ta::to_tensor(out.path), ta::to_tensor(out.path_scores), ta::to_tensor(out.best_node),
                           ta::to_tensor(out.best_score));
   }
-  if (every_root || k < 1 || Q * k > v.max_results) return py::none();
+  if (every_root || k < 1 || k > v.max_results / Q) return py::none();  // Q x k <= max_results, no overflow
   float min_val = kNegInf;
   if (!min_score.is_none()) {
     double m;
@@ -831,7 +835,7 @@ PYBIND11_MODULE(_cpu_tree, m) {
         py::arg("roots"), py::arg("num_roots"), py::arg("level"), py::arg("utility"), py::arg("queries"),
         py::arg("num_queries"), py::arg("widths"), py::arg("k"), py::arg("min_score"), py::arg("use_utility"));
   py::class_<streammem::TreeView>(m, "TreeView",
-                                  "A CosineTree snapshot's pointers, sizes and tensors (kept alive), for search_tensors")
+                                  "A CosineTree snapshot's pointers, sizes and tensors (kept alive) for search_tensors")
       .def(py::init([](std::uintptr_t emb, int64_t dim, std::uintptr_t child_ptr, std::uintptr_t child_idx,
                        std::uintptr_t roots, int64_t num_roots, std::uintptr_t level, std::uintptr_t utility,
                        int64_t height, int64_t num_live, int64_t max_results, int64_t max_width, py::object keep) {
