@@ -1006,6 +1006,26 @@ def test_tree_fast_path_keeps_its_snapshot():
     assert_same_path(tree_search(tree, q), tree_search(tree, q, backend="torch"))
 
 
+def test_greedy_k_must_be_the_int_one_on_every_path():
+    """Regression: the Python fast path compared ``k != 1``, so ``k=True`` or ``k=1.0`` ran a greedy
+    search that the general path (and every explicit backend) rejects."""
+    tree = build_tree(30, 4, 6, seed=2)
+    q = torch.randn(1, 6)
+    for k in (True, 1.0, np.float64(1.0)):
+        for backend in ("auto", "torch"):
+            with pytest.raises(ValueError, match="k must be an int"):
+                tree_search(tree, q, k=k, backend=backend)
+
+
+def test_min_score_int_beyond_float_range_is_a_value_error():
+    """Regression: ``min_score=10**400`` raised OverflowError from float() instead of the ValueError
+    naming the argument."""
+    tree = build_tree(30, 4, 6, seed=2)
+    for backend in ("auto", "torch"):
+        with pytest.raises(ValueError, match="min_score must be finite"):
+            tree_search(tree, torch.randn(1, 6), beam=2, k=2, min_score=-(10**400), backend=backend)
+
+
 def test_unavailable_backend_error_names_the_op_and_inputs():
     """An explicit backend that cannot run says which op, and the shapes/dtypes/devices it was given."""
     tree = build_tree(30, 4, 6, seed=2)
