@@ -99,7 +99,10 @@ def check_int(value, name: str, *, minimum: int | None = None, odd: bool = False
 def check_float(value, name: str, *, low=None, high=None, low_open=False, high_open=False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"{name} must be a number, got {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond the float range
+        raise ValueError(f"{name} must be finite, got an int of {value.bit_length()} bits") from None
     if not np.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
     if low is not None and (value <= low if low_open else value < low):

@@ -86,11 +86,13 @@ class SearchArrays:
     Built under the tree's lock and never mutated structurally afterwards (writers that rewrite
     the CSR or the levels do so in fresh tensors, see :class:`CosineTree`), so a search that holds
     one stays in bounds whatever other threads do to the tree.  :meth:`widths` memoises the
-    per-level beam widths of a beam tuple.
+    per-level beam widths of a beam tuple; ``native`` holds what a search backend derives from the
+    snapshot once (the C++ backend's ``TreeView``, see :mod:`~streammem_kernels.traversal`), None
+    until then.
     """
 
     __slots__ = ("embeddings", "dim", "child_ptr", "child_idx", "roots", "num_roots", "level", "utility", "height",
-                 "tensors", "fanout", "num_live", "_widths")
+                 "tensors", "fanout", "num_live", "native", "_widths")
 
     def __init__(self, tensors: tuple, dim: int, height: int, fanout: int, num_live: int):
         self.tensors = tensors
@@ -99,6 +101,7 @@ class SearchArrays:
         self.roots, self.num_roots, self.level, self.utility = roots.data_ptr(), roots.numel(), level.data_ptr(), \
             utility.data_ptr()
         self.height, self.fanout, self.num_live = height, fanout, num_live
+        self.native = None
         self._widths: dict[tuple, list[int]] = {}
 
     def widths(self, beam: tuple) -> list[int]:

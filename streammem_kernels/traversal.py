@@ -43,21 +43,24 @@ the lower id.
 
 Per-call cost.  The tree validated its embeddings on insertion, so a search
 checks only its queries.  For float32 C-contiguous CPU queries on the C++
-backend, ``tree_search`` makes one native call that checks (``ValueError`` on
-NaN/Inf) and normalises the queries itself and reads the tree through
-pointers the tree caches until its next mutation: no torch op runs before the
-kernel.
+backend, ``tree_search`` makes one native call (``search_tensors``) on the
+query tensor itself and the snapshot's ``TreeView`` (the tree's pointers and
+sizes, made once per snapshot, which keeps the snapshot's tensors alive): it
+reads the query's attributes through the CPython API, checks the scalar
+arguments, checks (``ValueError`` on NaN/Inf) and normalises the queries,
+searches and returns the result tensors, or declines (None) whatever the
+general path must convert or explain.  No torch op and no per-argument
+Python check runs on that path.
 """
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from ._cosine import MAX_RESULTS, MAX_WIDTH, check_size, cpu_fast_path, dot_rows, topk_low_id, unit_rows
+from ._cosine import MAX_RESULTS, MAX_WIDTH, check_size, dot_rows, topk_low_id, unit_rows
 from ._dispatch import Op, call_op
 from ._utils import check_finite, check_float, check_int
 from .cosine_tree import CosineTree
@@ -65,8 +68,9 @@ from .topk import TOLERANCES, TopKResult, prepare_queries
 
 __all__ = ["TreePathResult", "tree_search"]
 
-_from_numpy = torch.from_numpy
 _is_compiling = torch.compiler.is_compiling
+# Builds a NamedTuple without its Python-level __new__ (as topk.py does).
+_new_tuple = tuple.__new__
 
 # Candidate rows gathered per chunk by the torch reference: bounds the
 # (queries x candidates x D) temporary to 16M floats (64 MB).
@@ -130,49 +134,39 @@ def tree_search(tree: CosineTree, queries, *, beam=1, k: int = 1, min_score: flo
     -------
     TreePathResult (greedy) or TopKResult (beam), on the tree's device.
     """
-    if (type(tree) is CosineTree and tree._device.type == "cpu" and cpu_fast_path(queries)
-            and tree._n > tree._n_dead):
-        fast = _search_cpp_fast(tree, queries, beam, k, min_score, use_utility, from_every_root, backend)
-        if fast is not None:
-            return fast
+    if type(tree) is CosineTree:
+        mod = TREE_SEARCH.cpp_module(backend)
+        if mod is not None and not _is_compiling():
+            snap = tree.search_arrays()
+            view = snap.native
+            if view is None:
+                view = _tree_view(snap, mod)
+            if view is not False:
+                out = mod.search_tensors(view, queries, beam, k, min_score, use_utility, from_every_root)
+                if out is not None:
+                    return _new_tuple(TreePathResult if len(out) == 4 else TopKResult, out)
     return _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_every_root, backend)
 
 
-def _search_cpp_fast(tree, queries, beam, k, min_score, use_utility, from_every_root, backend):
-    """One native call for float32 C-contiguous CPU queries on the C++ backend, or None (then the
-    general path validates, converts and dispatches)."""
-    qs = queries.shape
-    if len(qs) != 2 or qs[1] != tree._dim or qs[0] < 1 or type(from_every_root) is not bool:
-        return None
-    mod = TREE_SEARCH.cpp_module(backend)
-    if mod is None or _is_compiling():
-        return None
-    a = tree.search_arrays()
-    if a.num_live == 0:
-        return None  # emptied by another thread since the caller looked: the general path explains
-    if beam == 1 and type(beam) is int:
-        if k != 1 or min_score is not None or use_utility is not False:
-            return None  # the general path explains
-        if from_every_root and qs[0] * a.num_roots * (a.height + 1) > MAX_RESULTS:
-            return None  # the general path explains
-        out = mod.greedy(a.embeddings, a.dim, a.child_ptr, a.child_idx, a.roots, a.num_roots, queries.data_ptr(),
-                         qs[0], a.height, from_every_root)
-        return TreePathResult(*map(_from_numpy, out))
-    if from_every_root or type(k) is not int or k < 1 or qs[0] * k > MAX_RESULTS or type(use_utility) is not bool:
-        return None
-    if type(beam) is int and 1 < beam <= MAX_WIDTH:
-        beam = (beam,)
-    elif type(beam) is not tuple or not beam or not all(type(w) is int and 1 <= w <= MAX_WIDTH for w in beam):
-        return None
-    if min_score is None:
-        min_val = float("-inf")
-    elif type(min_score) in (float, int) and math.isfinite(min_score):
-        min_val = float(min_score)
-    else:
-        return None
-    ids, scores = mod.beam(a.embeddings, a.dim, a.child_ptr, a.child_idx, a.roots, a.num_roots, a.level, a.utility,
-                           queries.data_ptr(), qs[0], a.widths(beam), k, min_val, use_utility)
-    return TopKResult(_from_numpy(ids), _from_numpy(scores))
+def _tree_view(snap, mod):
+    """Make the C++ backend's ``TreeView`` of a CPU snapshot (once per snapshot: it is kept as
+    ``snap.native``), or False for a snapshot of a tree on another device.
+
+    ``mod.search_tensors(view, queries, beam, k, min_score, use_utility, from_every_root)`` is the
+    fast path of :func:`tree_search`: for plain float32 C-contiguous CPU queries and arguments the
+    general path would accept unchanged, it reads the queries in place, checks them (``ValueError``
+    on NaN/Inf), runs the search and returns the result tensors; for anything else it returns None
+    and the general path validates, explains and dispatches.
+    """
+    if not snap.tensors[0].is_cpu:
+        snap.native = False  # a GPU tree: its snapshots never get a view
+        return False
+    # The snapshot's tensors are prefixes of contiguous storage (search_arrays).  Two threads
+    # may both build one: the views are equal and either is kept.
+    view = snap.native = mod.TreeView(snap.embeddings, snap.dim, snap.child_ptr, snap.child_idx, snap.roots,
+                                      snap.num_roots, snap.level, snap.utility, snap.height, snap.num_live,
+                                      MAX_RESULTS, MAX_WIDTH, snap.tensors)
+    return view
 
 
 def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_every_root, backend):

@@ -857,6 +857,175 @@ def test_topk_fast_path_declines_what_it_does_not_read_in_place():
             cosine_topk(qq, kk, k)
 
 
+def _tree_fast_path(tree):
+    """The C++ module and the tree's current TreeView (the fast path's inputs), or skip."""
+    import streammem_kernels.traversal as traversal_mod
+
+    if "cpp" not in TREE_BACKENDS:
+        pytest.skip("the C++ backend is not built")
+    mod = TREE_SEARCH.cpp_module("cpp")
+    return mod, traversal_mod._tree_view(tree.search_arrays(), mod)
+
+
+def test_tree_fast_path_equals_the_general_path_bit_for_bit():
+    """tree_search's native fast path (search_tensors on the snapshot's TreeView) takes every
+    argument form the general path accepts unchanged and returns the general C++ path's tensors
+    bit for bit, as fresh memory."""
+    import streammem_kernels.traversal as traversal_mod
+
+    tree = build_tree(300, 5, 24, seed=7, leftover=4)
+    tree.set_utility(torch.arange(0, tree.num_nodes, 3), torch.full((len(range(0, tree.num_nodes, 3)),), 0.5))
+    mod, view = _tree_fast_path(tree)
+    g = torch.Generator().manual_seed(8)
+    queries = torch.randn(5, 24, generator=g)
+    queries[3] = 0.0
+    cases = [dict(), dict(from_every_root=True), dict(beam=3, k=4), dict(beam=(2, 6), k=9), dict(beam=(1,), k=1),
+             dict(beam=(4, 1, 7), k=3, min_score=0.05), dict(beam=5, k=2, min_score=0, use_utility=True),
+             dict(beam=2, k=6, min_score=-1, use_utility=False, from_every_root=False), dict(beam=(300,), k=300)]
+    for q in (queries[:1], queries[3:4], queries):
+        for kw in cases:
+            args = (kw.get("beam", 1), kw.get("k", 1), kw.get("min_score"), kw.get("use_utility", False),
+                    kw.get("from_every_root", False))
+            fast = mod.search_tensors(view, q, *args)
+            assert fast is not None, kw
+            public = tree_search(tree, q, **kw)
+            general = traversal_mod._tree_search_general(tree, q, *args, "cpp")
+            assert type(public) is type(general), kw
+            for a, b, c in zip(fast, public, general):
+                assert a.dtype == c.dtype and a.shape == c.shape and a.is_contiguous(), kw
+                assert torch.equal(a, c) and torch.equal(b, c), kw
+            assert fast[0].data_ptr() != public[0].data_ptr(), "each call returns new memory"
+    want = tree_search(tree, queries, beam=(2, 6), k=9, backend="torch")
+    got = tree_search(tree, queries, beam=(2, 6), k=9)
+    assert torch.equal(got.ids, want.ids)
+    torch.testing.assert_close(got.scores, want.scores, atol=SCORE_ATOL, rtol=0)
+
+
+def test_tree_fast_path_declines_what_the_general_path_must_explain():
+    """search_tensors returns None for every input it does not take as is (the general path then
+    converts it or raises the ValueError naming the argument); the public answer is unchanged."""
+    import streammem_kernels.traversal as traversal_mod
+
+    tree = build_tree(60, 4, 12, seed=4)
+    mod, view = _tree_fast_path(tree)
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(2, 12, generator=g)
+    base = dict(beam=3, k=2, min_score=None, use_utility=False, from_every_root=False)
+    greedy = dict(base, beam=1, k=1)
+    assert mod.search_tensors(view, q, *base.values()) is not None
+    assert mod.search_tensors(view, q, *greedy.values()) is not None
+    converted = {  # the general path takes these (converting them): same answer as the reference
+        "float64": (q.double(), base),
+        "non-contiguous": (q.T.contiguous().T, base),
+        "Parameter": (torch.nn.Parameter(q), base),
+        "requires_grad": (q.clone().requires_grad_(), base),
+        "numpy": (q.numpy(), base),
+        "numpy k": (q, dict(base, k=np.int64(2))),
+        "list beam": (q, dict(base, beam=[3])),
+        "numpy beam": (q, dict(base, beam=np.int64(3))),
+        "numpy min_score": (q, dict(base, min_score=np.float32(0.1))),
+        "numpy greedy beam": (q, dict(greedy, beam=np.int64(1))),
+    }
+    for name, (qq, kw) in converted.items():
+        assert mod.search_tensors(view, qq, *kw.values()) is None, name
+        got = tree_search(tree, qq, **kw)
+        want = tree_search(tree, torch.as_tensor(qq).detach().float(), **dict(kw, backend="torch"))
+        for a, b in zip(got, want):
+            if a.dtype == torch.int64:
+                assert torch.equal(a, b), name
+            else:
+                torch.testing.assert_close(a, b, atol=SCORE_ATOL, rtol=0)
+    rejected = {  # the general path raises, naming the argument
+        "1-D query": (q[0], base, "queries must have shape"),
+        "D mismatch": (q[:, :5], base, "D=12|dim"),
+        "no queries": (q[:0], base, "queries"),
+        "bool k": (q, dict(base, k=True), "k must be an int"),
+        "bool k greedy": (q, dict(greedy, k=True), "k must be an int"),
+        "float k greedy": (q, dict(greedy, k=1.0), "k must be an int"),
+        "k = 0": (q, dict(base, k=0), "k must be >= 1"),
+        "k beyond int64": (q, dict(base, k=2**64), "k must keep"),
+        "Q x k beyond int64": (q, dict(base, k=2**62 + 1), "k must keep"),
+        "Q x k too large": (q, dict(base, k=2**27 + 1), "k must keep"),
+        "bool beam": (q, dict(base, beam=True), "beam"),
+        "beam 0": (q, dict(base, beam=0), "beam"),
+        "empty beam": (q, dict(base, beam=()), "beam"),
+        "beam[1] = 0": (q, dict(base, beam=(2, 0)), r"beam\[1\]"),
+        "beam too wide": (q, dict(base, beam=2**31), "beam"),
+        "float beam": (q, dict(base, beam=2.0), "beam"),
+        "NaN min_score": (q, dict(base, min_score=float("nan")), "min_score"),
+        "inf min_score": (q, dict(base, min_score=float("inf")), "min_score"),
+        "huge int min_score": (q, dict(base, min_score=10**400), "min_score"),
+        "bool min_score": (q, dict(base, min_score=True), "min_score"),
+        "str min_score": (q, dict(base, min_score="0"), "min_score"),
+        "int use_utility": (q, dict(base, use_utility=1), "use_utility"),
+        "int from_every_root": (q, dict(greedy, from_every_root=0), "from_every_root"),
+        "greedy k": (q, dict(greedy, k=2), "beam=1 is greedy"),
+        "greedy min_score": (q, dict(greedy, min_score=0.0), "beam=1"),
+        "greedy use_utility": (q, dict(greedy, use_utility=True), "beam=1"),
+        "beam from_every_root": (q, dict(base, from_every_root=True), "from_every_root applies"),
+    }
+    for name, (qq, kw, match) in rejected.items():
+        assert mod.search_tensors(view, qq, *kw.values()) is None, name
+        with pytest.raises(ValueError, match=match):
+            tree_search(tree, qq, **kw)
+    assert traversal_mod._tree_view(tree.search_arrays(), mod) is not None
+    with pytest.raises(ValueError, match="tree must not be empty"):
+        t = CosineTree(12)
+        t.add_leaves(q)
+        t.remove(torch.tensor([0, 1]))
+        tree_search(t, q)
+    for backend in ("torch", "cpp"):  # an explicit backend or an override goes through select()
+        assert_same_path(tree_search(tree, q, backend=backend), tree_search(tree, q, backend="torch"))
+
+
+def test_tree_fast_path_keeps_its_snapshot():
+    """A TreeView belongs to one snapshot and keeps its tensors alive: a search holding it returns
+    the tree as it was, whatever mutations (appends that reallocate, removal, compaction) came
+    after; the next search sees the new tree through a new view."""
+    tree = build_tree(40, 4, 8, seed=5)
+    mod, view = _tree_fast_path(tree)
+    q = torch.randn(3, 8, generator=torch.Generator().manual_seed(6))
+    args = ((2, 4), 5, None, False, False)
+    before = [t.clone() for t in mod.search_tensors(view, q, *args)]
+    before_greedy = [t.clone() for t in mod.search_tensors(view, q, 1, 1, None, False, False)]
+    assert tree.search_arrays().native is view
+    tree.add_leaves(torch.randn(500, 8))  # reallocates every table
+    tree.grow(4)
+    tree.remove(tree.roots[:2], cascade=True)
+    tree.compact()
+    tree.set_utility(torch.arange(5), torch.zeros(5))  # a new snapshot's values only
+    for got, want in zip(mod.search_tensors(view, q, *args), before):
+        assert torch.equal(got, want)
+    for got, want in zip(mod.search_tensors(view, q, 1, 1, None, False, False), before_greedy):
+        assert torch.equal(got, want)
+    assert tree.search_arrays().native is not view
+    got = tree_search(tree, q, beam=(2, 4), k=5)
+    want = tree_search(tree, q, beam=(2, 4), k=5, backend="torch")
+    assert tree.search_arrays().native not in (None, view)
+    assert torch.equal(got.ids, want.ids)
+    assert_same_path(tree_search(tree, q), tree_search(tree, q, backend="torch"))
+
+
+def test_greedy_k_must_be_the_int_one_on_every_path():
+    """Regression: the Python fast path compared ``k != 1``, so ``k=True`` or ``k=1.0`` ran a greedy
+    search that the general path (and every explicit backend) rejects."""
+    tree = build_tree(30, 4, 6, seed=2)
+    q = torch.randn(1, 6)
+    for k in (True, 1.0, np.float64(1.0)):
+        for backend in ("auto", "torch"):
+            with pytest.raises(ValueError, match="k must be an int"):
+                tree_search(tree, q, k=k, backend=backend)
+
+
+def test_min_score_int_beyond_float_range_is_a_value_error():
+    """Regression: ``min_score=10**400`` raised OverflowError from float() instead of the ValueError
+    naming the argument."""
+    tree = build_tree(30, 4, 6, seed=2)
+    for backend in ("auto", "torch"):
+        with pytest.raises(ValueError, match="min_score must be finite"):
+            tree_search(tree, torch.randn(1, 6), beam=2, k=2, min_score=-(10**400), backend=backend)
+
+
 def test_unavailable_backend_error_names_the_op_and_inputs():
     """An explicit backend that cannot run says which op, and the shapes/dtypes/devices it was given."""
     tree = build_tree(30, 4, 6, seed=2)

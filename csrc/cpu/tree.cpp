@@ -12,6 +12,10 @@
 //   beam(emb, child_ptr, child_idx, roots, R, level (n) i64, utility (n) f32, queries, Q, D,
 //        widths [H], k, min_score, use_utility)
 //     -> ids (Q,k) i64, scores (Q,k) f32 (padded -1 / -inf).
+//   TreeView(pointers and sizes of a CosineTree snapshot, limits, keep) and
+//   search_tensors(view, queries, beam, k, min_score, use_utility, from_every_root) -> the greedy or
+//        beam result as torch tensors, or None: tree_search's fast path, on plain float32 CPU query
+//        tensors read in place (tensor_args.h) and the public arguments checked here.
 //   cosine_topk(queries, Q, keys (N,D) f32 raw, N, D, k, ranges (Q,2) i64 or 0 for whole)
 //     -> ids (Q,k), scores (Q,k): one fused pass, key norms computed on the fly next to the dot
 //        products while the key row is in L1; the keys' finiteness is read off the same pass
@@ -181,33 +185,29 @@ T* inplace_ptr(py::array& a, const char* name) {
 // ---------------------------------------------------------------------------
 // Greedy descent (Algorithm 1)
 // ---------------------------------------------------------------------------
-py::tuple greedy(std::uintptr_t emb_ptr, int64_t D, std::uintptr_t child_ptr_ptr, std::uintptr_t child_idx_ptr,
-                 std::uintptr_t roots_ptr, int64_t R, std::uintptr_t queries_ptr, int64_t Q, int64_t height,
-                 bool from_every_root) {
-  require(R >= 1, "greedy: the tree has no roots");
-  require(Q >= 1 && D >= 1 && height >= 0, "greedy: bad sizes");
-  const int64_t width = height + 1;
+// The tree a search reads: raw pointers into C-contiguous CPU memory the caller keeps alive.
+struct TreeArrays {
+  const float* emb;  // (n, D) unit rows
+  int64_t D;
+  const int64_t* child_ptr;  // (n + 1)
+  const int64_t* child_idx;
+  const int64_t* roots;  // (R) ascending
+  int64_t R;
+  const int64_t* level;  // (n)
+  const float* utility;  // (n)
+};
+
+// Greedy descent of Q unit queries Qm (Q, D) into P, PS (S, height + 1) and BN, BS (S,), with
+// S = Q x R when from_every_root (else Q).  Runs without the GIL.
+void greedy_into(const TreeArrays& t, const float* Qm, int64_t Q, int64_t height, bool from_every_root, int64_t* P,
+                 float* PS, int64_t* BN, float* BS) {
+  const int64_t D = t.D, R = t.R, width = height + 1;
   const int64_t S = from_every_root ? Q * R : Q;
-  const std::vector<float> unit = unit_queries(in_ptr<float>(queries_ptr), Q, D, "queries");
-  using Shape = std::vector<py::ssize_t>;
-  const Shape lead = from_every_root ? Shape{Q, R} : Shape{Q};
-  Shape full = lead;
-  full.push_back(width);
-  py::array_t<int64_t> path(full);
-  py::array_t<float> path_scores(full);
-  py::array_t<int64_t> best_node(lead);
-  py::array_t<float> best_score(lead);
-  const float* E = in_ptr<float>(emb_ptr);
-  const int64_t* ptr = in_ptr<int64_t>(child_ptr_ptr);
-  const int64_t* kids = in_ptr<int64_t>(child_idx_ptr);
-  const int64_t* root = in_ptr<int64_t>(roots_ptr);
-  const float* Qm = unit.data();
-  int64_t* P = out_ptr(path);
-  float* PS = out_ptr(path_scores);
-  int64_t* BN = out_ptr(best_node);
-  float* BS = out_ptr(best_score);
+  const float* E = t.emb;
+  const int64_t* ptr = t.child_ptr;
+  const int64_t* kids = t.child_idx;
+  const int64_t* root = t.roots;
   {
-    py::gil_scoped_release nogil;
     // A parallel region costs more than a few short descents (and much more
     // when the cores are oversubscribed): small batches run on one thread.
 #pragma omp parallel for schedule(dynamic, 16) if (S * width >= 256)
@@ -262,34 +262,70 @@ py::tuple greedy(std::uintptr_t emb_ptr, int64_t D, std::uintptr_t child_ptr_ptr
       BS[s] = ps[bi];
     }
   }
-  return py::make_tuple(path, path_scores, best_node, best_score);
+}
+
+// Output arrays of a greedy search: path (lead..., H+1), path_scores, best_node (lead), best_score.
+// (Built in the member initialisers: a default-constructed py::array_t allocates an empty array.)
+struct GreedyOut {
+  using Shape = std::vector<py::ssize_t>;
+  py::array_t<int64_t> path;
+  py::array_t<float> path_scores;
+  py::array_t<int64_t> best_node;
+  py::array_t<float> best_score;
+
+  static Shape lead(int64_t Q, int64_t R, bool from_every_root) { return from_every_root ? Shape{Q, R} : Shape{Q}; }
+  static Shape full(int64_t Q, int64_t R, int64_t height, bool from_every_root) {
+    Shape s = lead(Q, R, from_every_root);
+    s.push_back(height + 1);
+    return s;
+  }
+  GreedyOut(int64_t Q, int64_t R, int64_t height, bool from_every_root)
+      : path(full(Q, R, height, from_every_root)),
+        path_scores(full(Q, R, height, from_every_root)),
+        best_node(lead(Q, R, from_every_root)),
+        best_score(lead(Q, R, from_every_root)) {}
+};
+
+GreedyOut greedy_run(const TreeArrays& t, const float* queries, int64_t Q, int64_t height, bool from_every_root) {
+  require(t.R >= 1, "greedy: the tree has no roots");
+  require(Q >= 1 && t.D >= 1 && height >= 0, "greedy: bad sizes");
+  const std::vector<float> unit = unit_queries(queries, Q, t.D, "queries");
+  GreedyOut out(Q, t.R, height, from_every_root);
+  int64_t* P = out_ptr(out.path);
+  float* PS = out_ptr(out.path_scores);
+  int64_t* BN = out_ptr(out.best_node);
+  float* BS = out_ptr(out.best_score);
+  {
+    py::gil_scoped_release nogil;
+    greedy_into(t, unit.data(), Q, height, from_every_root, P, PS, BN, BS);
+  }
+  return out;
+}
+
+py::tuple greedy(std::uintptr_t emb_ptr, int64_t D, std::uintptr_t child_ptr_ptr, std::uintptr_t child_idx_ptr,
+                 std::uintptr_t roots_ptr, int64_t R, std::uintptr_t queries_ptr, int64_t Q, int64_t height,
+                 bool from_every_root) {
+  const TreeArrays t{in_ptr<float>(emb_ptr), D, in_ptr<int64_t>(child_ptr_ptr), in_ptr<int64_t>(child_idx_ptr),
+                     in_ptr<int64_t>(roots_ptr), R, nullptr, nullptr};
+  GreedyOut out = greedy_run(t, in_ptr<float>(queries_ptr), Q, height, from_every_root);
+  return py::make_tuple(out.path, out.path_scores, out.best_node, out.best_score);
 }
 
 // ---------------------------------------------------------------------------
 // Level-synchronous beam search
 // ---------------------------------------------------------------------------
-py::tuple beam(std::uintptr_t emb_ptr, int64_t D, std::uintptr_t child_ptr_ptr, std::uintptr_t child_idx_ptr,
-               std::uintptr_t roots_ptr, int64_t R, std::uintptr_t level_ptr, std::uintptr_t utility_ptr,
-               std::uintptr_t queries_ptr, int64_t Q, const std::vector<int64_t>& widths, int64_t k,
-               float min_score, bool use_utility) {
-  require(k >= 1, "beam: k must be >= 1");
-  require(Q >= 1 && D >= 1, "beam: bad sizes");
-  const int64_t H = static_cast<int64_t>(widths.size());
-  const std::vector<float> unit = unit_queries(in_ptr<float>(queries_ptr), Q, D, "queries");
-  py::array_t<int64_t> ids({Q, k});
-  py::array_t<float> scores({Q, k});
-  const float* E = in_ptr<float>(emb_ptr);
-  const int64_t* ptr = in_ptr<int64_t>(child_ptr_ptr);
-  const int64_t* kids = in_ptr<int64_t>(child_idx_ptr);
-  const int64_t* root = in_ptr<int64_t>(roots_ptr);
-  const int64_t* lvl = in_ptr<int64_t>(level_ptr);
-  const float* util = in_ptr<float>(utility_ptr);
-  const float* Qm = unit.data();
-  const int64_t* W = widths.data();
-  int64_t* I = out_ptr(ids);
-  float* S = out_ptr(scores);
+// Beam search of Q unit queries Qm (Q, D), widths W[0..H) from the top level, into I, S (Q, k).
+// Runs without the GIL.
+void beam_into(const TreeArrays& t, const float* Qm, int64_t Q, const int64_t* W, int64_t H, int64_t k,
+               float min_score, bool use_utility, int64_t* I, float* S) {
+  const int64_t D = t.D, R = t.R;
+  const float* E = t.emb;
+  const int64_t* ptr = t.child_ptr;
+  const int64_t* kids = t.child_idx;
+  const int64_t* root = t.roots;
+  const int64_t* lvl = t.level;
+  const float* util = t.utility;
   {
-    py::gil_scoped_release nogil;
 #pragma omp parallel if (Q >= 8)
     {
       std::vector<int64_t> pending, next, at_level;
@@ -344,7 +380,125 @@ py::tuple beam(std::uintptr_t emb_ptr, int64_t D, std::uintptr_t child_ptr_ptr, 
       }
     }
   }
-  return py::make_tuple(ids, scores);
+}
+
+// ids (Q, k) int64 and scores (Q, k) float32 of a beam search.
+std::pair<py::array_t<int64_t>, py::array_t<float>> beam_run(const TreeArrays& t, const float* queries, int64_t Q,
+                                                             const int64_t* W, int64_t H, int64_t k, float min_score,
+                                                             bool use_utility) {
+  require(k >= 1, "beam: k must be >= 1");
+  require(Q >= 1 && t.D >= 1, "beam: bad sizes");
+  const std::vector<float> unit = unit_queries(queries, Q, t.D, "queries");
+  py::array_t<int64_t> ids({Q, k});
+  py::array_t<float> scores({Q, k});
+  int64_t* I = out_ptr(ids);
+  float* S = out_ptr(scores);
+  {
+    py::gil_scoped_release nogil;
+    beam_into(t, unit.data(), Q, W, H, k, min_score, use_utility, I, S);
+  }
+  return {std::move(ids), std::move(scores)};
+}
+
+py::tuple beam(std::uintptr_t emb_ptr, int64_t D, std::uintptr_t child_ptr_ptr, std::uintptr_t child_idx_ptr,
+               std::uintptr_t roots_ptr, int64_t R, std::uintptr_t level_ptr, std::uintptr_t utility_ptr,
+               std::uintptr_t queries_ptr, int64_t Q, const std::vector<int64_t>& widths, int64_t k,
+               float min_score, bool use_utility) {
+  const TreeArrays t{in_ptr<float>(emb_ptr), D, in_ptr<int64_t>(child_ptr_ptr), in_ptr<int64_t>(child_idx_ptr),
+                     in_ptr<int64_t>(roots_ptr), R, in_ptr<int64_t>(level_ptr), in_ptr<float>(utility_ptr)};
+  auto out = beam_run(t, in_ptr<float>(queries_ptr), Q, widths.data(), static_cast<int64_t>(widths.size()), k,
+                      min_score, use_utility);
+  return py::make_tuple(out.first, out.second);
+}
+
+// ---------------------------------------------------------------------------
+// The public function's fast path on tensors (traversal.tree_search)
+// ---------------------------------------------------------------------------
+// One snapshot of a CosineTree (cosine_tree.SearchArrays) as the kernels read it: its pointers and
+// sizes, the limits of the public function, and a reference to the snapshot's tensors, which it
+// keeps alive (a search holding the view stays in bounds whatever other threads do to the tree).
+struct TreeView {
+  TreeArrays arrays;
+  int64_t height;
+  int64_t num_live;
+  int64_t max_results;
+  int64_t max_width;
+  py::object keep;
+};
+
+// Per-level widths from the top (the last repeats) of a beam the Python fast path accepts: an int in
+// (1, max_width] or a non-empty tuple of ints in [1, max_width] (exact ints: bool and numpy
+// integers go through the general path).  False for anything else.
+bool beam_widths(py::handle beam, int64_t height, int64_t max_width, std::vector<int64_t>* widths) {
+  namespace ta = tensor_args;
+  int64_t one;
+  std::vector<int64_t> given;
+  if (ta::exact_int(beam, &one)) {
+    if (one <= 1 || one > max_width) return false;
+    given.push_back(one);
+  } else if (PyTuple_CheckExact(beam.ptr()) && PyTuple_GET_SIZE(beam.ptr()) > 0) {
+    const Py_ssize_t n = PyTuple_GET_SIZE(beam.ptr());
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (!ta::exact_int(PyTuple_GET_ITEM(beam.ptr(), i), &one) || one < 1 || one > max_width) return false;
+      given.push_back(one);
+    }
+  } else {
+    return false;
+  }
+  widths->resize(static_cast<size_t>(std::max<int64_t>(height, 0)));
+  for (size_t i = 0; i < widths->size(); ++i) (*widths)[i] = given[std::min(i, given.size() - 1)];
+  return true;
+}
+
+// tree_search on a tree view and plain float32 CPU queries (Q, D) (tensor_args.h) with arguments
+// the public function would accept unchanged: greedy (beam the int 1, k the int 1, min_score None,
+// use_utility False) -> (path, path_scores, best_node, best_score); beam search (k an int >= 1,
+// min_score None or a finite int/float, use_utility a bool, from_every_root False) -> (ids, scores),
+// as torch tensors.  None for anything else (the general path then validates, explains and
+// dispatches); ValueError for NaN/Inf queries, as the kernels raise it on every path.
+py::object search_tensors(const TreeView& v, py::handle queries, py::handle beam, py::handle k_obj,
+                          py::handle min_score, py::handle use_utility, py::handle from_every_root) {
+  namespace ta = tensor_args;
+  ta::Plain<2> q;
+  if (v.num_live < 1 || v.arrays.R < 1 || !PyBool_Check(from_every_root.ptr()) ||
+      !PyBool_Check(use_utility.ptr()) || !ta::plain_cpu(queries, ta::torch_objects().float32, &q))
+    return py::none();
+  const int64_t Q = q.size[0];
+  if (Q < 1 || q.size[1] != v.arrays.D) return py::none();
+  const bool every_root = from_every_root.ptr() == Py_True, utility = use_utility.ptr() == Py_True;
+  int64_t k;
+  if (!ta::exact_int(k_obj, &k)) return py::none();
+  int64_t greedy_beam;
+  if (ta::exact_int(beam, &greedy_beam) && greedy_beam == 1) {
+    if (k != 1 || !min_score.is_none() || utility) return py::none();
+    if (every_root && Q > v.max_results / (v.arrays.R * (v.height + 1))) return py::none();  // no overflow
+    GreedyOut out = greedy_run(v.arrays, in_ptr<float>(q.data), Q, v.height, every_root);
+    return py::make_tuple(ta::to_tensor(out.path), ta::to_tensor(out.path_scores), ta::to_tensor(out.best_node),
+                          ta::to_tensor(out.best_score));
+  }
+  if (every_root || k < 1 || k > v.max_results / Q) return py::none();  // Q x k <= max_results, no overflow
+  float min_val = kNegInf;
+  if (!min_score.is_none()) {
+    double m;
+    if (PyFloat_CheckExact(min_score.ptr())) {
+      m = PyFloat_AS_DOUBLE(min_score.ptr());
+    } else if (PyLong_CheckExact(min_score.ptr())) {
+      m = PyLong_AsDouble(min_score.ptr());
+      if (m == -1.0 && PyErr_Occurred()) {  // too large for a double
+        PyErr_Clear();
+        return py::none();
+      }
+    } else {
+      return py::none();
+    }
+    if (!std::isfinite(m)) return py::none();
+    min_val = static_cast<float>(m);
+  }
+  std::vector<int64_t> widths;
+  if (!beam_widths(beam, v.height, v.max_width, &widths)) return py::none();
+  auto out = beam_run(v.arrays, in_ptr<float>(q.data), Q, widths.data(), static_cast<int64_t>(widths.size()), k,
+                      min_val, utility);
+  return py::make_tuple(ta::to_tensor(out.first), ta::to_tensor(out.second));
 }
 
 // ---------------------------------------------------------------------------
@@ -680,6 +834,22 @@ PYBIND11_MODULE(_cpu_tree, m) {
   m.def("beam", &streammem::beam, py::arg("emb"), py::arg("dim"), py::arg("child_ptr"), py::arg("child_idx"),
         py::arg("roots"), py::arg("num_roots"), py::arg("level"), py::arg("utility"), py::arg("queries"),
         py::arg("num_queries"), py::arg("widths"), py::arg("k"), py::arg("min_score"), py::arg("use_utility"));
+  py::class_<streammem::TreeView>(m, "TreeView",
+                                  "A CosineTree snapshot's pointers, sizes and tensors (kept alive) for search_tensors")
+      .def(py::init([](std::uintptr_t emb, int64_t dim, std::uintptr_t child_ptr, std::uintptr_t child_idx,
+                       std::uintptr_t roots, int64_t num_roots, std::uintptr_t level, std::uintptr_t utility,
+                       int64_t height, int64_t num_live, int64_t max_results, int64_t max_width, py::object keep) {
+             using streammem::in_ptr;
+             return streammem::TreeView{{in_ptr<float>(emb), dim, in_ptr<int64_t>(child_ptr),
+                                         in_ptr<int64_t>(child_idx), in_ptr<int64_t>(roots), num_roots,
+                                         in_ptr<int64_t>(level), in_ptr<float>(utility)},
+                                        height, num_live, max_results, max_width, std::move(keep)};
+           }),
+           py::arg("emb"), py::arg("dim"), py::arg("child_ptr"), py::arg("child_idx"), py::arg("roots"),
+           py::arg("num_roots"), py::arg("level"), py::arg("utility"), py::arg("height"), py::arg("num_live"),
+           py::arg("max_results"), py::arg("max_width"), py::arg("keep"));
+  m.def("search_tensors", &streammem::search_tensors, py::arg("view"), py::arg("queries"), py::arg("beam"),
+        py::arg("k"), py::arg("min_score"), py::arg("use_utility"), py::arg("from_every_root"));
   m.def("cosine_topk", &streammem::cosine_topk, py::arg("queries"), py::arg("num_queries"), py::arg("keys"),
         py::arg("num_keys"), py::arg("dim"), py::arg("k"), py::arg("ranges"));
   m.def("cosine_topk_tensors", &streammem::cosine_topk_tensors, py::arg("queries"), py::arg("keys"), py::arg("k"),
