@@ -117,7 +117,8 @@ class GuessRows {
     bool columns_inside = true;
     int32_t dy_lo = 0, dy_hi = 0;
   };
-  Extent output_row(int64_t ci, int64_t Wo, float* __restrict ox, float* __restrict oy) const {
+  // in[x]: 1 where output x's displaced column stays inside, else 0.
+  Extent output_row(int64_t ci, int64_t Wo, float* __restrict ox, float* __restrict oy, float* __restrict in) const {
     Extent e;
     e.dy_lo = e.dy_hi = g_.oy[ci * g_.cols];
     for (int64_t j = 0; j < g_.cols; ++j) {
@@ -133,13 +134,23 @@ class GuessRows {
         oy[x] = static_cast<float>(dy);
       }
     }
+    // Output x is image column x + border: inside when border <= x + border + dx <= W-1-border
+    // (floats: whole numbers, exact; a separate loop, so that it vectorises).
+    const float right = static_cast<float>(W_ - 1 - 2 * border_);
+    for (int64_t x = 0; x < Wo; ++x) {
+      const float xs = static_cast<float>(static_cast<int32_t>(x)) + ox[x];
+      in[x] = (xs >= 0.0f) & (xs <= right) ? 1.0f : 0.0f;
+    }
     return e;
   }
   // The largest |vertical offset| of the guess.
   int64_t max_abs_dy() const {
-    int64_t m = 0;
-    for (int64_t k = 0; k < g_.rows * g_.cols; ++k) m = std::max<int64_t>(m, std::abs(static_cast<int64_t>(g_.oy[k])));
-    return m;
+    int32_t lo = 0, hi = 0;  // min and max: vectorises
+    for (int64_t k = 0; k < g_.rows * g_.cols; ++k) {
+      lo = std::min(lo, g_.oy[k]);
+      hi = std::max(hi, g_.oy[k]);
+    }
+    return std::max(-static_cast<int64_t>(lo), static_cast<int64_t>(hi));
   }
   // Image row y of `cur` (float rows from src_lo) moved by grid row ci's offsets into dst (W floats):
   // dst[x] = cur[clamp(y + oy), clamp(x + ox)].  Per grid row, each cell's source offset
@@ -282,18 +293,14 @@ STREAMMEM_HOT void box_row(const float* __restrict src, float* __restrict dst, i
 // instead of four: the row's values stay in registers.
 template <int kCompose, int kMode>
 STREAMMEM_HOT void finish_row(const float* __restrict box, int64_t Wo, float area, float min_eig,
-                              const float* __restrict gx, const float* __restrict gy, int64_t y, int64_t H,
-                              int64_t W, int64_t border, float lo, float hi, float* __restrict u_out,
+                              const float* __restrict gx, const float* __restrict gy, const float* __restrict inside,
+                              float lo, float hi, float* __restrict u_out,
                               float* __restrict v_out, float* __restrict n_out, PairSums* sums) {
   const float* __restrict sa = box;
   const float* __restrict sb = box + Wo;
   const float* __restrict sc = box + 2 * Wo;
   const float* __restrict sx = box + 3 * Wo;
   const float* __restrict sy = box + 4 * Wo;
-  // The displaced window's centre (x + border + gx, y + gy) against [b, right] x [b, bottom], in
-  // floats (the offsets are whole numbers: exact).
-  const float b = static_cast<float>(border), yy = static_cast<float>(y);
-  const float right = static_cast<float>(W - 1 - border), bottom = static_cast<float>(H - 1 - border);
   const float slope = 1.0f / (hi - lo);
   const float me = min_eig * area;
   float acc[4][kLanes] = {};
@@ -313,12 +320,7 @@ STREAMMEM_HOT void finish_row(const float* __restrict box, int64_t Wo, float are
     const float inv_det = valid / (valid != 0.0f ? det : 1.0f);
     float u = (c * bx - bb * by) * inv_det;
     float v = (a * by - bb * bx) * inv_det;
-    if (kCompose == 2) {
-      const float xs = (b + static_cast<float>(static_cast<int32_t>(x))) + gx[x];  // int32: vectorises
-      const float ys = yy + gy[x];
-      const float inside = (xs >= b) & (xs <= right) & (ys >= b) & (ys <= bottom) ? 1.0f : 0.0f;
-      valid *= inside;
-    }
+    if (kCompose == 2) valid *= inside[x];  // the displaced window inside the frame (0 or 1)
     if (kCompose != 0) {
       // valid is 0 or 1 and the solution finite: g + valid * d is the reference's select.
       u = gx[x] + valid * u;
@@ -369,7 +371,8 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
   std::vector<float> prow(W), crow(W);
   std::vector<float> mean_ring(3 * W), it_ring(3 * Wg);  // each image row is converted once per strip
   GuessRows guess(lp.guess, H, W, border);
-  std::vector<float> out_ox(lp.guess ? W : 0), out_oy(lp.guess ? W : 0);
+  std::vector<float> out_ox(lp.guess ? W : 0), out_oy(lp.guess ? W : 0), out_in(lp.guess ? W : 0),
+      row_in(lp.guess ? W : 0);
   typename GuessRows::Extent extent;
   const int64_t last_row = (w ? r1 + w - 1 : r1) + 2;  // the strip reads image rows [r0, last_row)
   // The current frame as [0, 1] floats, rows [cur_lo, ...): the input itself when it is float
@@ -456,9 +459,18 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
     const bool compose = lp.guess && guess.nonzero(guess.grid_row(y));
     if (compose && guess.grid_row(y) != offsets_row) {
       offsets_row = guess.grid_row(y);
-      extent = guess.output_row(offsets_row, Wo, out_ox.data(), out_oy.data());
+      extent = guess.output_row(offsets_row, Wo, out_ox.data(), out_oy.data(), out_in.data());
     }
-    const bool checked = !(extent.columns_inside && y + extent.dy_lo >= border && y + extent.dy_hi <= H - 1 - border);
+    // Whether some displaced window leaves the frame: its columns (out_in, per grid row) or, on
+    // the rows near the top and bottom, its rows (row_in).
+    const bool rows_inside = y + extent.dy_lo >= border && y + extent.dy_hi <= H - 1 - border;
+    const bool checked = !(extent.columns_inside && rows_inside);
+    const float* inside = out_in.data();
+    if (compose && !rows_inside) {
+      const float top = static_cast<float>(border - y), bottom = static_cast<float>(H - 1 - border - y);
+      for (int64_t x = 0; x < Wo; ++x) row_in[x] = out_in[x] * (out_oy[x] >= top && out_oy[x] <= bottom ? 1.0f : 0.0f);
+      inside = row_in.data();
+    }
     const int mode = sink.sums == nullptr ? 0 : (sink.stat.moving ? 2 : 1);
     float* u = sink.u + r * Wo;
     float* v = sink.v + r * Wo;
@@ -468,7 +480,7 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
     } else {
       u = v = n = nullptr;
     }
-    const auto args = std::make_tuple(box, Wo, area, min_eig, out_ox.data(), out_oy.data(), y, H, W, border,
+    const auto args = std::make_tuple(box, Wo, area, min_eig, out_ox.data(), out_oy.data(), inside,
                                       sink.stat.lo, sink.stat.hi, u, v, n, sink.sums);
     if (compose && checked) {
       if (mode == 0) std::apply(finish_row<2, 0>, args);
@@ -549,10 +561,13 @@ STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restri
 // Next pyramid level of one frame: [1 2 1] / 4 along rows then columns, every second pixel,
 // edges replicated.  tmp: H * ((W+1)/2) floats.
 // [1 2 1] / 4 at every second pixel of one row already in [0, 1] floats, edges replicated.
-STREAMMEM_HOT void reduce_row_pass(const float* __restrict s, int64_t W, float* __restrict h) {
+STREAMMEM_HOT void reduce_row_pass(const float* __restrict s, int64_t W, float* __restrict h, float* __restrict full) {
   const int64_t Wn = (W + 1) / 2;
   h[0] = ((s[0] + 2.0f * s[0]) + s[std::min<int64_t>(1, W - 1)]) * 0.25f;
-  for (int64_t j = 1; j + 1 < Wn; ++j) h[j] = ((s[2 * j - 1] + 2.0f * s[2 * j]) + s[2 * j + 1]) * 0.25f;
+  // Every interior column's sum, then every second one kept: contiguous loops vectorise, the
+  // strided sums did not (the same operations in the same order).
+  for (int64_t k = 1; k + 1 < W; ++k) full[k] = ((s[k - 1] + 2.0f * s[k]) + s[k + 1]) * 0.25f;
+  for (int64_t j = 1; j + 1 < Wn; ++j) h[j] = full[2 * j];
   if (Wn > 1) h[Wn - 1] = ((s[2 * Wn - 3] + 2.0f * s[2 * Wn - 2]) + s[std::min<int64_t>(2 * Wn - 1, W - 1)]) * 0.25f;
 }
 
@@ -562,14 +577,14 @@ STREAMMEM_HOT void reduce_column_pass(const float* __restrict up, const float* _
 }
 
 // Next pyramid level of one frame: [1 2 1] / 4 along rows then columns, every second pixel,
-// edges replicated.  tmp: H * ((W+1)/2) + W floats.
+// edges replicated.  tmp: H * ((W+1)/2) + 2 W floats.
 template <typename T>
 void reduce_frame(const T* src, int64_t H, int64_t W, float scale, float* dst, float* tmp) {
   const int64_t Hn = (H + 1) / 2, Wn = (W + 1) / 2;
   float* unit = tmp + H * Wn;
   for (int64_t y = 0; y < H; ++y) {
     unit_row<T>(src + y * W, W, scale, unit);
-    reduce_row_pass(unit, W, tmp + y * Wn);
+    reduce_row_pass(unit, W, tmp + y * Wn, unit + W);
   }
   for (int64_t i = 0; i < Hn; ++i)
     reduce_column_pass(tmp + std::max<int64_t>(2 * i - 1, 0) * Wn, tmp + (2 * i) * Wn,
@@ -713,7 +728,7 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
         const bool parallel = nf * H * W >= (int64_t{1} << 16);
 #pragma omp parallel if (parallel)
         {
-          const auto tmp = buffer<float>(H * lw[1] + W);  // per thread
+          const auto tmp = buffer<float>(H * lw[1] + 2 * W);  // per thread
           const auto level1 = buffer<float>(levels == 2 ? 0 : lh[1] * lw[1]);
 #pragma omp for schedule(static)
           for (int64_t f = 0; f < nf; ++f) {
