@@ -523,6 +523,10 @@ STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restri
     for (int c = 0; c < 3; ++c) {
       const float* src = padded.data() + c * Wp;
       float* dst = rows.get() + (c * Ho + i) * Wo;
+      if (box == 5) {  // the default: one pass, the same sums in the same order
+        box_row<5>(src, dst, Wo);
+        continue;
+      }
       for (int64_t j = 0; j < Wo; ++j) dst[j] = src[j];
       for (int64_t k = 1; k < box; ++k)
         for (int64_t j = 0; j < Wo; ++j) dst[j] += src[j + k];
@@ -532,29 +536,42 @@ STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restri
   const float lim_x = static_cast<float>(fine_w), lim_y = static_cast<float>(fine_h);
   const float f = static_cast<float>(factor);
   for (int64_t i = 0; i < Ho; ++i) {
+    const int64_t r_lo = std::max<int64_t>(i - half, 0), r_hi = std::min(i + half, Ho - 1);
+    const float* __restrict ui = u + i * Wo;
+    const float* __restrict vi = v + i * Wo;
+    int32_t* __restrict oxi = ox + i * Wo;
+    int32_t* __restrict oyi = oy + i * Wo;
+    // The offsets from the box sums (branch-free, so that the loops vectorise).
+    auto emit = [&](int64_t j, float su, float sv, float sw) {
+      const bool has = sw > 0.0f;
+      const float d = has ? sw : 1.0f;
+      const float qu = su / d, qv = sv / d;
+      const float gu = has ? qu : ui[j];
+      const float gv = has ? qv : vi[j];
+      oxi[j] = floor_clamped(f * gu + 0.5f, lim_x);  // f * g is exact: a contracted fma rounds alike
+      oyi[j] = floor_clamped(f * gv + 0.5f, lim_y);
+    };
+    if (r_hi - r_lo == 4) {
+      // Five rows (the default box away from the edges): the vertical sums and the offsets in
+      // one pass, the same sums in the same order (from 0, row by row) as below.
+      const float* p[3][5];
+      for (int c = 0; c < 3; ++c)
+        for (int k = 0; k < 5; ++k) p[c][k] = rows.get() + (c * Ho + r_lo + k) * Wo;
+      for (int64_t j = 0; j < Wo; ++j) {
+        float s3[3];
+        for (int c = 0; c < 3; ++c) s3[c] = ((((0.0f + p[c][0][j]) + p[c][1][j]) + p[c][2][j]) + p[c][3][j]) + p[c][4][j];
+        emit(j, s3[0], s3[1], s3[2]);
+      }
+      continue;
+    }
     std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int64_t r = std::max<int64_t>(i - half, 0); r <= std::min(i + half, Ho - 1); ++r)
+    for (int64_t r = r_lo; r <= r_hi; ++r)
       for (int c = 0; c < 3; ++c) {
         const float* src = rows.get() + (c * Ho + r) * Wo;
         float* dst = acc.data() + c * Wo;
         for (int64_t j = 0; j < Wo; ++j) dst[j] += src[j];
       }
-    const float* __restrict su = acc.data();
-    const float* __restrict sv = su + Wo;
-    const float* __restrict sw = sv + Wo;
-    const float* __restrict ui = u + i * Wo;
-    const float* __restrict vi = v + i * Wo;
-    int32_t* __restrict oxi = ox + i * Wo;
-    int32_t* __restrict oyi = oy + i * Wo;
-    for (int64_t j = 0; j < Wo; ++j) {  // branch-free, so that it vectorises
-      const bool has = sw[j] > 0.0f;
-      const float d = has ? sw[j] : 1.0f;
-      const float qu = su[j] / d, qv = sv[j] / d;
-      const float gu = has ? qu : ui[j];
-      const float gv = has ? qv : vi[j];
-      oxi[j] = floor_clamped(f * gu + 0.5f, lim_x);  // f * g is exact: a contracted fma rounds alike
-      oyi[j] = floor_clamped(f * gv + 0.5f, lim_y);
-    }
+    for (int64_t j = 0; j < Wo; ++j) emit(j, acc[j], acc[Wo + j], acc[2 * Wo + j]);
   }
 }
 
