@@ -85,37 +85,6 @@ inline int32_t floor_clamped(float x, float limit) {
   return t - (x < static_cast<float>(t) ? 1 : 0);
 }
 
-// Columns [begin, end) of an image row moved by (dx, dy).
-struct Run {
-  int64_t begin, end;
-  int32_t dx, dy;
-};
-
-// Image rows [y0, y0 + rows) of a float frame moved by the runs' offsets into `dst` (rows x W
-// floats): run by run, every row of the block, so that a run's set-up is paid once per block (a
-// real clip's guess changes every few columns: level 0 has tens of runs per row).  Source row r
-// is at src + (r - src_lo) * W.  Plain float copies: uint8 frames are converted once beforehand
-// (converting inside short runs did not vectorise and cost as much as the rest of the warp).
-STREAMMEM_HOT void warp_runs(const float* __restrict src, int64_t src_lo, int64_t H, int64_t W, int64_t y0,
-                             int64_t rows, const Run* runs, int64_t n, float* __restrict dst) {
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t xs = runs[r].begin, xe = runs[r].end, dx = runs[r].dx, dy = runs[r].dy;
-    const bool inside = xs + dx >= 0 && xe + dx <= W;  // the usual case: no column clamped
-    for (int64_t k = 0; k < rows; ++k) {
-      const float* row = src + (std::min<int64_t>(std::max<int64_t>(y0 + k + dy, 0), H - 1) - src_lo) * W;
-      float* __restrict out = dst + k * W;
-      if (inside) {
-        const float* __restrict from = row + dx;
-        int64_t x = xs;
-        for (; x + 4 <= xe; x += 4) std::memcpy(out + x, from + x, 4 * sizeof(float));  // runs: multiples of 4
-        for (; x < xe; ++x) out[x] = from[x];
-      } else {
-        for (int64_t x = xs; x < xe; ++x) out[x] = row[std::min<int64_t>(std::max<int64_t>(x + dx, 0), W - 1)];
-      }
-    }
-  }
-}
-
 // A guess seen from its level: grid cell j covers the image columns [start(j), start(j+1))
 // (runs of `factor` columns, the clamped ones at both edges), so the offsets of an image row
 // are constant over runs and warping is a contiguous copy per run.
@@ -128,6 +97,8 @@ class GuessRows {
     for (int64_t j = 1; j < g.cols; ++j) start_[j] = std::min<int64_t>(g.factor * (j + border), W);
     start_[g.cols] = W;
     nonzero_.assign(g.rows, -1);
+    off_.resize(g.cols);
+    kind_.resize(g.cols);
   }
   int64_t grid_row(int64_t y) const { return std::min(std::max<int64_t>(y / g_.factor - border_, 0), g_.rows - 1); }
   // Whether any offset of grid row ci is nonzero (zero offsets: no warp, no composition).
@@ -146,7 +117,8 @@ class GuessRows {
     bool columns_inside = true;
     int32_t dy_lo = 0, dy_hi = 0;
   };
-  Extent output_row(int64_t ci, int64_t Wo, float* __restrict ox, float* __restrict oy) const {
+  // in[x]: 1 where output x's displaced column stays inside, else 0.
+  Extent output_row(int64_t ci, int64_t Wo, float* __restrict ox, float* __restrict oy, float* __restrict in) const {
     Extent e;
     e.dy_lo = e.dy_hi = g_.oy[ci * g_.cols];
     for (int64_t j = 0; j < g_.cols; ++j) {
@@ -162,37 +134,68 @@ class GuessRows {
         oy[x] = static_cast<float>(dy);
       }
     }
+    // Output x is image column x + border: inside when border <= x + border + dx <= W-1-border
+    // (floats: whole numbers, exact; a separate loop, so that it vectorises).
+    const float right = static_cast<float>(W_ - 1 - 2 * border_);
+    for (int64_t x = 0; x < Wo; ++x) {
+      const float xs = static_cast<float>(static_cast<int32_t>(x)) + ox[x];
+      in[x] = (xs >= 0.0f) & (xs <= right) ? 1.0f : 0.0f;
+    }
     return e;
   }
-  // The last image row + 1 of grid row ci's block of image rows (those reading grid row ci).
-  int64_t grid_row_end(int64_t ci) const {
-    return ci + 1 >= g_.rows ? H_ : std::min<int64_t>(g_.factor * (ci + 1 + border_), H_);
-  }
-  // Rows [y0, y0 + rows) of `cur`, all in grid row ci, moved by the offsets:
-  // dst[k * W + x] = cur[clamp(y0 + k + oy), clamp(x + ox)] * scale.  The runs of grid row ci
-  // (neighbouring cells with equal offsets merged: a pan makes one run of the whole row) are
-  // found once.
   // The largest |vertical offset| of the guess.
   int64_t max_abs_dy() const {
-    int64_t m = 0;
-    for (int64_t k = 0; k < g_.rows * g_.cols; ++k) m = std::max<int64_t>(m, std::abs(static_cast<int64_t>(g_.oy[k])));
-    return m;
-  }
-  void warp_rows(const float* __restrict src, int64_t src_lo, int64_t y0, int64_t rows, int64_t ci,
-                 float* __restrict dst) {
-    if (ci != runs_row_) {
-      runs_row_ = ci;
-      runs_.clear();
-      const int32_t* gx = g_.ox + ci * g_.cols;
-      const int32_t* gy = g_.oy + ci * g_.cols;
-      for (int64_t j = 0; j < g_.cols;) {
-        int64_t k = j + 1;
-        while (k < g_.cols && gx[k] == gx[j] && gy[k] == gy[j]) ++k;
-        if (start_[j] < start_[k]) runs_.push_back(Run{start_[j], start_[k], gx[j], gy[j]});
-        j = k;
-      }
+    int32_t lo = 0, hi = 0;  // min and max: vectorises
+    for (int64_t k = 0; k < g_.rows * g_.cols; ++k) {
+      lo = std::min(lo, g_.oy[k]);
+      hi = std::max(hi, g_.oy[k]);
     }
-    warp_runs(src, src_lo, H_, W_, y0, rows, runs_.data(), static_cast<int64_t>(runs_.size()), dst);
+    return std::max(-static_cast<int64_t>(lo), static_cast<int64_t>(hi));
+  }
+  // Image row y of `cur` (float rows from src_lo) moved by grid row ci's offsets into dst (W floats):
+  // dst[x] = cur[clamp(y + oy), clamp(x + ox)].  Per grid row, each cell's source offset
+  // dy * W + dx, its kind (0: exactly kCell columns and reading inside the frame's columns,
+  // 1: reading inside, 2: clamped) and the vertical offsets' range are found once; a row whose
+  // cells all read inside the frame's rows copies each kind-0 cell as one fixed-size block
+  // (level 0: 4 floats, no branch, no library call; a real clip's guess changes every few cells).
+  void warp_row(const float* __restrict src, int64_t src_lo, int64_t y, int64_t ci, float* __restrict dst) {
+    const int64_t cols = g_.cols;
+    const int32_t* gx = g_.ox + ci * cols;
+    const int32_t* gy = g_.oy + ci * cols;
+    if (ci != cells_row_) {
+      cells_row_ = ci;
+      int32_t lo = gy[0], hi = gy[0];
+      for (int64_t j = 0; j < cols; ++j) {
+        const bool inside = start_[j] + gx[j] >= 0 && start_[j + 1] + gx[j] <= W_;
+        kind_[j] = inside ? (start_[j + 1] - start_[j] == kCell ? 0 : 1) : 2;
+        lo = std::min(lo, gy[j]);
+        hi = std::max(hi, gy[j]);
+        off_[j] = static_cast<int64_t>(gy[j]) * W_ + gx[j];
+      }
+      cells_dy_lo_ = lo;
+      cells_dy_hi_ = hi;
+    }
+    if (y + cells_dy_lo_ >= 0 && y + cells_dy_hi_ <= H_ - 1) {
+      const float* base = src + (y - src_lo) * W_;
+      for (int64_t j = 0; j < cols; ++j) {
+        const int64_t x0 = start_[j], x1 = start_[j + 1];
+        const float* from = base + off_[j];
+        if (kind_[j] == 0) {
+          std::memcpy(dst + x0, from + x0, kCell * sizeof(float));  // one 16-byte move
+        } else if (kind_[j] == 1) {
+          for (int64_t x = x0; x < x1; ++x) dst[x] = from[x];
+        } else {
+          const float* row = base + static_cast<int64_t>(gy[j]) * W_;
+          for (int64_t x = x0; x < x1; ++x) dst[x] = row[std::min<int64_t>(std::max<int64_t>(x + gx[j], 0), W_ - 1)];
+        }
+      }
+      return;
+    }
+    for (int64_t j = 0; j < cols; ++j) {
+      const float* row = src + (std::min<int64_t>(std::max<int64_t>(y + gy[j], 0), H_ - 1) - src_lo) * W_;
+      for (int64_t x = start_[j]; x < start_[j + 1]; ++x)
+        dst[x] = row[std::min<int64_t>(std::max<int64_t>(x + gx[j], 0), W_ - 1)];
+    }
   }
 
  private:
@@ -200,8 +203,11 @@ class GuessRows {
   int64_t H_, W_, border_;
   std::vector<int64_t> start_;
   std::vector<int8_t> nonzero_;
-  std::vector<Run> runs_;
-  int64_t runs_row_ = -1;
+  static constexpr int64_t kCell = 4;  // level 0's cell width (factor 4)
+  std::vector<int64_t> off_;           // grid row cells_row_: each cell's source offset dy * W + dx
+  std::vector<uint8_t> kind_;          // grid row cells_row_: each cell's copy (see warp_row)
+  int32_t cells_dy_lo_ = 0, cells_dy_hi_ = 0;
+  int64_t cells_row_ = -1;
 };
 
 template <typename T>
@@ -286,39 +292,35 @@ STREAMMEM_HOT void box_row(const float* __restrict src, float* __restrict dst, i
 // textured, 2: moving) in kLanes float accumulators, so that the loop vectorises.  One pass
 // instead of four: the row's values stay in registers.
 template <int kCompose, int kMode>
-STREAMMEM_HOT void finish_row(const float* __restrict box, int64_t Wo, float inv_area, float min_eig,
-                              const float* __restrict gx, const float* __restrict gy, int64_t y, int64_t H,
-                              int64_t W, int64_t border, float lo, float hi, float* __restrict u_out,
+STREAMMEM_HOT void finish_row(const float* __restrict box, int64_t Wo, float area, float min_eig,
+                              const float* __restrict gx, const float* __restrict gy, const float* __restrict inside,
+                              float lo, float hi, float* __restrict u_out,
                               float* __restrict v_out, float* __restrict n_out, PairSums* sums) {
   const float* __restrict sa = box;
   const float* __restrict sb = box + Wo;
   const float* __restrict sc = box + 2 * Wo;
   const float* __restrict sx = box + 3 * Wo;
   const float* __restrict sy = box + 4 * Wo;
-  // The displaced window's centre (x + border + gx, y + gy) against [b, right] x [b, bottom], in
-  // floats (the offsets are whole numbers: exact).
-  const float b = static_cast<float>(border), yy = static_cast<float>(y);
-  const float right = static_cast<float>(W - 1 - border), bottom = static_cast<float>(H - 1 - border);
   const float slope = 1.0f / (hi - lo);
+  const float me = min_eig * area;
   float acc[4][kLanes] = {};
   auto pixel = [&](int64_t x, int l) {
-    const float a = sa[x] * inv_area, bb = sb[x] * inv_area, c = sc[x] * inv_area;
-    const float bx = -sx[x] * inv_area, by = -sy[x] * inv_area;
+    // On the window sums, not divided by the area w*w (five products less): the solution is the
+    // same ratio, the eigenvalues scale by the area, so min_eig does.
+    const float a = sa[x], bb = sb[x], c = sc[x], bx = -sx[x], by = -sy[x];
     const float det = a * c - bb * bb;
-    const float lmax = 0.5f * ((a + c) + std::sqrt((a - c) * (a - c) + 4.0f * bb * bb));
     // Branch-free (float masks).  The reference's test det / lambda_max > min_eig as
-    // det > min_eig * lambda_max (lambda_max > 0): one division less, the same decision up
-    // to the rounding of the sums.
-    float valid = (lmax > 0.0f && det > min_eig * lmax) ? 1.0f : 0.0f;
+    // det > min_eig * lambda_max (lambda_max > 0): one division less, the same decision up to the
+    // rounding of the sums.  (A square-root-free form of it, q = 2 det / min_eig - (a + c) with
+    // q > 0 and q^2 > disc, rounds differently at the threshold: pixels there changed side, and
+    // through the coarse guesses bikes.mp4's readings moved by up to 8 % from the reference's.)
+    const float lmax = 0.5f * ((a + c) + std::sqrt((a - c) * (a - c) + 4.0f * bb * bb));
+    const bool ok = lmax > 0.0f && det > me * lmax;
+    float valid = ok ? 1.0f : 0.0f;
     const float inv_det = valid / (valid != 0.0f ? det : 1.0f);
     float u = (c * bx - bb * by) * inv_det;
     float v = (a * by - bb * bx) * inv_det;
-    if (kCompose == 2) {
-      const float xs = (b + static_cast<float>(static_cast<int32_t>(x))) + gx[x];  // int32: vectorises
-      const float ys = yy + gy[x];
-      const float inside = (xs >= b) & (xs <= right) & (ys >= b) & (ys <= bottom) ? 1.0f : 0.0f;
-      valid *= inside;
-    }
+    if (kCompose == 2) valid *= inside[x];  // the displaced window inside the frame (0 or 1)
     if (kCompose != 0) {
       // valid is 0 or 1 and the solution finite: g + valid * d is the reference's select.
       u = gx[x] + valid * u;
@@ -369,12 +371,9 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
   std::vector<float> prow(W), crow(W);
   std::vector<float> mean_ring(3 * W), it_ring(3 * Wg);  // each image row is converted once per strip
   GuessRows guess(lp.guess, H, W, border);
-  std::vector<float> out_ox(lp.guess ? W : 0), out_oy(lp.guess ? W : 0);
+  std::vector<float> out_ox(lp.guess ? W : 0), out_oy(lp.guess ? W : 0), out_in(lp.guess ? W : 0),
+      row_in(lp.guess ? W : 0);
   typename GuessRows::Extent extent;
-  // Warped rows [block_lo, block_hi) of the current frame, warped a block at a time.
-  constexpr int64_t kBlockRows = 8;
-  std::vector<float> block(lp.guess ? kBlockRows * W : 0);
-  int64_t block_lo = 0, block_hi = 0;
   const int64_t last_row = (w ? r1 + w - 1 : r1) + 2;  // the strip reads image rows [r0, last_row)
   // The current frame as [0, 1] floats, rows [cur_lo, ...): the input itself when it is float
   // already, else the rows the strip's warp can read, converted once.
@@ -403,13 +402,7 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
       unit_row(lp.prev + y * W, W, lp.scale, prow.data());
       const float* cur_row = crow.data();
       if (lp.guess && guess.nonzero(guess.grid_row(y))) {
-        if (y < block_lo || y >= block_hi) {
-          const int64_t ci = guess.grid_row(y);
-          block_lo = y;
-          block_hi = std::min({guess.grid_row_end(ci), y + kBlockRows, last_row});
-          guess.warp_rows(cur_f, cur_lo, block_lo, block_hi - block_lo, ci, block.data());
-        }
-        cur_row = block.data() + (y - block_lo) * W;
+        guess.warp_row(cur_f, cur_lo, y, guess.grid_row(y), crow.data());
       } else if (cur_f != nullptr) {
         cur_row = cur_f + (y - cur_lo) * W;
       } else {
@@ -439,7 +432,7 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
   std::vector<float> col_sums(5 * Wg, 0.0f);                       // vertical box sums
   col = col_sums.data();
   std::vector<float> scratch(5 * Wo);
-  const float inv_area = 1.0f / static_cast<float>(w * w);
+  const float area = static_cast<float>(w * w);
   auto slot = [&](int64_t g) { return ring.data() + (g % w) * 5 * Wg; };
   for (int64_t g = r0; g < r0 + w - 1; ++g) products(g, slot(g));
   int64_t offsets_row = -1;  // the grid row whose output offsets out_ox/out_oy hold
@@ -466,9 +459,18 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
     const bool compose = lp.guess && guess.nonzero(guess.grid_row(y));
     if (compose && guess.grid_row(y) != offsets_row) {
       offsets_row = guess.grid_row(y);
-      extent = guess.output_row(offsets_row, Wo, out_ox.data(), out_oy.data());
+      extent = guess.output_row(offsets_row, Wo, out_ox.data(), out_oy.data(), out_in.data());
     }
-    const bool checked = !(extent.columns_inside && y + extent.dy_lo >= border && y + extent.dy_hi <= H - 1 - border);
+    // Whether some displaced window leaves the frame: its columns (out_in, per grid row) or, on
+    // the rows near the top and bottom, its rows (row_in).
+    const bool rows_inside = y + extent.dy_lo >= border && y + extent.dy_hi <= H - 1 - border;
+    const bool checked = !(extent.columns_inside && rows_inside);
+    const float* inside = out_in.data();
+    if (compose && !rows_inside) {
+      const float top = static_cast<float>(border - y), bottom = static_cast<float>(H - 1 - border - y);
+      for (int64_t x = 0; x < Wo; ++x) row_in[x] = out_in[x] * (out_oy[x] >= top && out_oy[x] <= bottom ? 1.0f : 0.0f);
+      inside = row_in.data();
+    }
     const int mode = sink.sums == nullptr ? 0 : (sink.stat.moving ? 2 : 1);
     float* u = sink.u + r * Wo;
     float* v = sink.v + r * Wo;
@@ -478,7 +480,7 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
     } else {
       u = v = n = nullptr;
     }
-    const auto args = std::make_tuple(box, Wo, inv_area, min_eig, out_ox.data(), out_oy.data(), y, H, W, border,
+    const auto args = std::make_tuple(box, Wo, area, min_eig, out_ox.data(), out_oy.data(), inside,
                                       sink.stat.lo, sink.stat.hi, u, v, n, sink.sums);
     if (compose && checked) {
       if (mode == 0) std::apply(finish_row<2, 0>, args);
@@ -521,6 +523,10 @@ STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restri
     for (int c = 0; c < 3; ++c) {
       const float* src = padded.data() + c * Wp;
       float* dst = rows.get() + (c * Ho + i) * Wo;
+      if (box == 5) {  // the default: one pass, the same sums in the same order
+        box_row<5>(src, dst, Wo);
+        continue;
+      }
       for (int64_t j = 0; j < Wo; ++j) dst[j] = src[j];
       for (int64_t k = 1; k < box; ++k)
         for (int64_t j = 0; j < Wo; ++j) dst[j] += src[j + k];
@@ -530,39 +536,55 @@ STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restri
   const float lim_x = static_cast<float>(fine_w), lim_y = static_cast<float>(fine_h);
   const float f = static_cast<float>(factor);
   for (int64_t i = 0; i < Ho; ++i) {
+    const int64_t r_lo = std::max<int64_t>(i - half, 0), r_hi = std::min(i + half, Ho - 1);
+    const float* __restrict ui = u + i * Wo;
+    const float* __restrict vi = v + i * Wo;
+    int32_t* __restrict oxi = ox + i * Wo;
+    int32_t* __restrict oyi = oy + i * Wo;
+    // The offsets from the box sums (branch-free, so that the loops vectorise).
+    auto emit = [&](int64_t j, float su, float sv, float sw) {
+      const bool has = sw > 0.0f;
+      const float d = has ? sw : 1.0f;
+      const float qu = su / d, qv = sv / d;
+      const float gu = has ? qu : ui[j];
+      const float gv = has ? qv : vi[j];
+      oxi[j] = floor_clamped(f * gu + 0.5f, lim_x);  // f * g is exact: a contracted fma rounds alike
+      oyi[j] = floor_clamped(f * gv + 0.5f, lim_y);
+    };
+    if (r_hi - r_lo == 4) {
+      // Five rows (the default box away from the edges): the vertical sums and the offsets in
+      // one pass, the same sums in the same order (from 0, row by row) as below.
+      const float* p[3][5];
+      for (int c = 0; c < 3; ++c)
+        for (int k = 0; k < 5; ++k) p[c][k] = rows.get() + (c * Ho + r_lo + k) * Wo;
+      for (int64_t j = 0; j < Wo; ++j) {
+        float s3[3];
+        for (int c = 0; c < 3; ++c) s3[c] = ((((0.0f + p[c][0][j]) + p[c][1][j]) + p[c][2][j]) + p[c][3][j]) + p[c][4][j];
+        emit(j, s3[0], s3[1], s3[2]);
+      }
+      continue;
+    }
     std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int64_t r = std::max<int64_t>(i - half, 0); r <= std::min(i + half, Ho - 1); ++r)
+    for (int64_t r = r_lo; r <= r_hi; ++r)
       for (int c = 0; c < 3; ++c) {
         const float* src = rows.get() + (c * Ho + r) * Wo;
         float* dst = acc.data() + c * Wo;
         for (int64_t j = 0; j < Wo; ++j) dst[j] += src[j];
       }
-    const float* __restrict su = acc.data();
-    const float* __restrict sv = su + Wo;
-    const float* __restrict sw = sv + Wo;
-    const float* __restrict ui = u + i * Wo;
-    const float* __restrict vi = v + i * Wo;
-    int32_t* __restrict oxi = ox + i * Wo;
-    int32_t* __restrict oyi = oy + i * Wo;
-    for (int64_t j = 0; j < Wo; ++j) {  // branch-free, so that it vectorises
-      const bool has = sw[j] > 0.0f;
-      const float d = has ? sw[j] : 1.0f;
-      const float qu = su[j] / d, qv = sv[j] / d;
-      const float gu = has ? qu : ui[j];
-      const float gv = has ? qv : vi[j];
-      oxi[j] = floor_clamped(f * gu + 0.5f, lim_x);  // f * g is exact: a contracted fma rounds alike
-      oyi[j] = floor_clamped(f * gv + 0.5f, lim_y);
-    }
+    for (int64_t j = 0; j < Wo; ++j) emit(j, acc[j], acc[Wo + j], acc[2 * Wo + j]);
   }
 }
 
 // Next pyramid level of one frame: [1 2 1] / 4 along rows then columns, every second pixel,
 // edges replicated.  tmp: H * ((W+1)/2) floats.
 // [1 2 1] / 4 at every second pixel of one row already in [0, 1] floats, edges replicated.
-STREAMMEM_HOT void reduce_row_pass(const float* __restrict s, int64_t W, float* __restrict h) {
+STREAMMEM_HOT void reduce_row_pass(const float* __restrict s, int64_t W, float* __restrict h, float* __restrict full) {
   const int64_t Wn = (W + 1) / 2;
   h[0] = ((s[0] + 2.0f * s[0]) + s[std::min<int64_t>(1, W - 1)]) * 0.25f;
-  for (int64_t j = 1; j + 1 < Wn; ++j) h[j] = ((s[2 * j - 1] + 2.0f * s[2 * j]) + s[2 * j + 1]) * 0.25f;
+  // Every interior column's sum, then every second one kept: contiguous loops vectorise, the
+  // strided sums did not (the same operations in the same order).
+  for (int64_t k = 1; k + 1 < W; ++k) full[k] = ((s[k - 1] + 2.0f * s[k]) + s[k + 1]) * 0.25f;
+  for (int64_t j = 1; j + 1 < Wn; ++j) h[j] = full[2 * j];
   if (Wn > 1) h[Wn - 1] = ((s[2 * Wn - 3] + 2.0f * s[2 * Wn - 2]) + s[std::min<int64_t>(2 * Wn - 1, W - 1)]) * 0.25f;
 }
 
@@ -572,14 +594,14 @@ STREAMMEM_HOT void reduce_column_pass(const float* __restrict up, const float* _
 }
 
 // Next pyramid level of one frame: [1 2 1] / 4 along rows then columns, every second pixel,
-// edges replicated.  tmp: H * ((W+1)/2) + W floats.
+// edges replicated.  tmp: H * ((W+1)/2) + 2 W floats.
 template <typename T>
 void reduce_frame(const T* src, int64_t H, int64_t W, float scale, float* dst, float* tmp) {
   const int64_t Hn = (H + 1) / 2, Wn = (W + 1) / 2;
   float* unit = tmp + H * Wn;
   for (int64_t y = 0; y < H; ++y) {
     unit_row<T>(src + y * W, W, scale, unit);
-    reduce_row_pass(unit, W, tmp + y * Wn);
+    reduce_row_pass(unit, W, tmp + y * Wn, unit + W);
   }
   for (int64_t i = 0; i < Hn; ++i)
     reduce_column_pass(tmp + std::max<int64_t>(2 * i - 1, 0) * Wn, tmp + (2 * i) * Wn,
@@ -723,7 +745,7 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
         const bool parallel = nf * H * W >= (int64_t{1} << 16);
 #pragma omp parallel if (parallel)
         {
-          const auto tmp = buffer<float>(H * lw[1] + W);  // per thread
+          const auto tmp = buffer<float>(H * lw[1] + 2 * W);  // per thread
           const auto level1 = buffer<float>(levels == 2 ? 0 : lh[1] * lw[1]);
 #pragma omp for schedule(static)
           for (int64_t f = 0; f < nf; ++f) {
