@@ -208,11 +208,9 @@ py::object retrieve(py::handle queries, py::handle embeddings, py::handle k_obj,
           "retrieve: bad arguments");
   ta::Plain<2> q, emb;
   int64_t k;
-  if (!ta::exact_int(k_obj, &k) || k < 1 || k > max_k || !ta::plain_cpu(queries, ta::torch_objects().float32, &q) ||
-      !ta::plain_cpu(embeddings, ta::torch_objects().float32, &emb))
-    return py::none();
+  if (!ta::topk_args(queries, embeddings, k_obj, max_queries, max_k, &q, &emb, &k)) return py::none();
   const int64_t Q = q.size[0], N = emb.size[0], D = emb.size[1];
-  if (Q < 1 || Q >= max_queries || N < 1 || N != num_rows || D < 1 || q.size[1] != D) return py::none();
+  if (N != num_rows) return py::none();
   py::array_t<int64_t> seeds({Q, k});
   py::array_t<float> scores({Q, k});
   int64_t* ids = seeds.mutable_data();

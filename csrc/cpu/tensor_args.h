@@ -146,6 +146,18 @@ inline bool exact_int(py::handle h, int64_t* out) {
   return true;
 }
 
+// The arguments of a cosine top-k fast path (cosine_topk, graph_retrieve's seeds): queries (Q, D)
+// and keys (N, D) plain float32 CPU tensors with 1 <= Q < max_queries, N >= 1, D >= 1, and k an int
+// in [1, max_k].  False for anything else (the caller returns None: the general path explains).
+inline bool topk_args(py::handle queries, py::handle keys, py::handle k_obj, int64_t max_queries, int64_t max_k,
+                      Plain<2>* q, Plain<2>* kv, int64_t* k) {
+  if (!exact_int(k_obj, k) || *k < 1 || *k > max_k || !plain_cpu(queries, torch_objects().float32, q) ||
+      !plain_cpu(keys, torch_objects().float32, kv))
+    return false;
+  return q->size[0] >= 1 && q->size[0] < max_queries && kv->size[0] >= 1 && kv->size[1] >= 1 &&
+         q->size[1] == kv->size[1];
+}
+
 // torch.from_numpy(array): the tensor shares the array's fresh memory.
 inline py::object to_tensor(const py::array& a) {
   PyObject* t = PyObject_CallOneArg(torch_objects().from_numpy, a.ptr());

@@ -682,11 +682,8 @@ py::object cosine_topk_tensors(py::handle queries, py::handle keys, py::handle k
   namespace ta = tensor_args;
   ta::Plain<2> q, kv;
   int64_t k;
-  if (!ta::exact_int(k_obj, &k) || k < 1 || k > max_k || !ta::plain_cpu(queries, ta::torch_objects().float32, &q) ||
-      !ta::plain_cpu(keys, ta::torch_objects().float32, &kv))
-    return py::none();
+  if (!ta::topk_args(queries, keys, k_obj, max_queries, max_k, &q, &kv, &k)) return py::none();
   const int64_t Q = q.size[0], N = kv.size[0], D = kv.size[1];
-  if (Q < 1 || Q >= max_queries || N < 1 || D < 1 || q.size[1] != D) return py::none();
   py::array_t<int64_t> ids({Q, k});
   py::array_t<float> scores({Q, k});
   cosine_topk_into(in_ptr<float>(q.data), Q, in_ptr<float>(kv.data), N, D, k, nullptr, out_ptr(ids),
