@@ -253,8 +253,7 @@ def _lk_args(h: int, w: int) -> tuple:
     """The C++ lk_flow arguments after the frames that motion_magnitude's defaults pass."""
     from streammem_kernels import motion
 
-    return (5, 1e-5, motion._resolve_levels("auto", (h, w), 5), True, *motion.MOVING_FLOOR_PX,
-            motion.MOVING_MIN_AREA, motion.GUESS_BOX, motion.SEARCH_RADIUS)
+    return motion._cpp_lk_args(5, 1e-5, motion._resolve_levels("auto", (h, w), 5), "moving")
 
 
 def motion_gate_row() -> tuple:

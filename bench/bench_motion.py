@@ -221,7 +221,7 @@ def test_raw_kernel_tiny(benchmark):
     benchmark.extra_info.update(pairs=1, provider="ours-raw-cpp-module")
     from streammem_kernels import motion
 
-    args = (5, 1e-5, 1, True, *motion.MOVING_FLOOR_PX, motion.MOVING_MIN_AREA, motion.GUESS_BOX, motion.SEARCH_RADIUS)
+    args = motion._cpp_lk_args(5, 1e-5, 1, "moving")
     benchmark(lambda: mod.lk_flow(frames, *args))
 
 

@@ -851,9 +851,7 @@ def _lk_flow_torch(gray: torch.Tensor, window: int, min_eig: float, levels: int,
 # --------------------------------------------------------------------------
 def _lk_flow_cpp(gray: torch.Tensor, window: int, min_eig: float, levels: int, statistic: str):
     mod, _ = load_native("cpu", "motion")
-    flow_px, mean_uv = mod.lk_flow(gray.numpy(), int(window), float(min_eig), int(levels),
-                                   statistic == "moving", MOVING_FLOOR_PX[0], MOVING_FLOOR_PX[1],
-                                   MOVING_MIN_AREA, GUESS_BOX, SEARCH_RADIUS)
+    flow_px, mean_uv = mod.lk_flow(gray.numpy(), *_cpp_lk_args(int(window), float(min_eig), int(levels), statistic))
     return torch.from_numpy(flow_px), torch.from_numpy(mean_uv)
 
 
