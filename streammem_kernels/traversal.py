@@ -165,7 +165,8 @@ def _tree_view(snap, mod):
     # may both build one: the views are equal and either is kept.
     view = snap.native = mod.TreeView(snap.embeddings, snap.dim, snap.child_ptr, snap.child_idx, snap.roots,
                                       snap.num_roots, snap.level, snap.utility, snap.height, snap.num_live,
-                                      MAX_RESULTS, MAX_WIDTH, snap.tensors)
+                                      MAX_RESULTS, MAX_WIDTH, (snap.tensors, snap.scan_tensor), scan=snap.scan,
+                                      scan_norm=snap.scan_norm, scan_err=snap.scan_err)
     return view
 
 
