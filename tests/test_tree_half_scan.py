@@ -258,3 +258,21 @@ def test_missing_cpp_module_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match=r"half_scan=True needs the C\+\+ module streammem_kernels._cpu_tree"):
         CosineTree(4, half_scan=True)
     assert not CosineTree(4).half_scan  # the default needs no module
+
+
+@pytest.mark.parametrize("dim", [1, 31, 32, 97, 384])
+@pytest.mark.parametrize("portable", [False, True])
+def test_half_dot_kernels(dim, portable):
+    """Both copy-scoring kernels (F16C where the CPU has it, and the portable one every x86-64 and
+    other CPU runs) stay within the float32 summation bound of the exact dot product."""
+    mod = dispatch.load_native("cpu", "tree")[0]
+    g = torch.Generator().manual_seed(dim)
+    q = torch.randn(dim, generator=g)
+    rows = torch.randn(50, dim, generator=g).half()
+    rows[0] = 0.0
+    rows[1, : (dim + 1) // 2] = 2.0**-20  # float16 subnormals convert exactly too
+    got = torch.from_numpy(mod.half_dots(q.numpy(), rows.view(torch.int16).numpy().view(np.uint16), portable))
+    exact = rows.double() @ q.double()
+    bound = dim * 2.0**-24 / (1 - dim * 2.0**-24) * (rows.double().abs() @ q.double().abs())
+    assert bool(((got.double() - exact).abs() <= bound).all())
+    assert got[0] == 0.0

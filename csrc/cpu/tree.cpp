@@ -11,8 +11,12 @@
 //        with a root axis (Q,R,...) when from_every_root.
 //   beam(emb, child_ptr, child_idx, roots, R, level (n) i64, utility (n) f32, queries, Q, D,
 //        widths [H], k, min_score, use_utility)
-//     -> ids (Q,k) i64, scores (Q,k) f32 (padded -1 / -inf).
-//   TreeView(pointers and sizes of a CosineTree snapshot, limits, keep) and
+//     -> ids (Q,k) i64, scores (Q,k) f32 (padded -1 / -inf); through a TreeView with a scan copy,
+//        the same results read from the copy first (beam_into).
+//   half_copy(src (n,D) f32, dst (n,D) f16 bits, n, D) -> (norm bound, error bound): writes the
+//        half-precision scan copy of CosineTree(half_scan=True) and bounds what its beam search
+//        needs (see "Half-precision scan copy"); half_dots(query, rows, portable) for the tests.
+//   TreeView(pointers and sizes of a CosineTree snapshot, limits, keep; scan copy and its bounds) and
 //   search_tensors(view, queries, beam, k, min_score, use_utility, from_every_root) -> the greedy or
 //        beam result as torch tensors, or None: tree_search's fast path, on plain float32 CPU query
 //        tensors read in place (tensor_args.h) and the public arguments checked here.
@@ -341,6 +345,17 @@ py::tuple half_copy(std::uintptr_t src_ptr, std::uintptr_t dst_ptr, int64_t n, i
     bounds = half_copy_into(in_ptr<float>(src_ptr), reinterpret_cast<uint16_t*>(dst_ptr), n, D);
   }
   return py::make_tuple(bounds.first, bounds.second);
+}
+
+// dot_half(query, row) for each row of a copy, with the picked kernel or the portable one: lets the
+// tests check the kernel a machine without F16C runs.
+py::array_t<float> half_dots(carray<float> query, py::array_t<uint16_t, py::array::c_style> rows, bool portable) {
+  require(query.ndim() == 1 && rows.ndim() == 2 && rows.shape(1) == query.shape(0), "half_dots: bad shapes");
+  const int64_t n = rows.shape(0), D = rows.shape(1);
+  const DotHalf f = portable ? &dot_half_portable : dot_half_kernel();
+  py::array_t<float> out(n);
+  for (int64_t r = 0; r < n; ++r) out_ptr(out)[r] = f(query.data(), rows.data() + r * D, D);
+  return out;
 }
 
 // delta such that |dot(q, e) - dot_half(q, h)| <= delta for every row e of the table and its copy
@@ -1105,6 +1120,9 @@ PYBIND11_MODULE(_cpu_tree, m) {
            py::arg("num_roots"), py::arg("level"), py::arg("utility"), py::arg("height"), py::arg("num_live"),
            py::arg("max_results"), py::arg("max_width"), py::arg("keep"), py::kw_only(), py::arg("scan") = 0,
            py::arg("scan_norm") = 0.0, py::arg("scan_err") = 0.0);
+  m.def("half_dots", &streammem::half_dots, py::arg("query"), py::arg("rows"), py::arg("portable"),
+        "float32 dot products of query (D,) with the float16 rows (n, D) (uint16 bits) of a scan copy, by the "
+        "kernel the beam search picks or by the portable one (no F16C)");
   m.def("half_copy", &streammem::half_copy, py::arg("src"), py::arg("dst"), py::arg("rows"), py::arg("dim"),
         "Write the float16 scan copy of float32 rows src (rows, dim) into dst (rows, dim) (round to nearest even, "
         "|x| < 2^-14 stored as 0); returns upper bounds on the largest row norm and on the largest L2 distance of "
