@@ -1,7 +1,7 @@
 """Single-item latency (issue 15): one query, one push, one frame pair, next to the native kernel and faiss.
 
 Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/bench_latency.py [--quick] [--out bench/results/latency.md]
-      (``--tables tree --tree-sizes 1000000``: the 10^6-leaf tree row alone, ~7 GB and ~1 min)
+      (``--tables tree --tree-sizes 1000000``: the 10^6-leaf tree row alone, two trees, ~8 GB and ~1 min)
       (pytest-benchmark form: .venv/bin/python -m pytest bench/bench_latency.py --benchmark-json ...)
 
 Every case times the public function and, on the same input, the native call it ends in (the
@@ -26,8 +26,8 @@ Cases (D = 384 for retrieval, as bench_tree.py; synthetic hierarchical data from
   efSearch=64) at N = 10^3 .. 10^5 (HNSW), and the tree alone at 10^6; recall over 200 queries
   (recall@1 for greedy: the path's leaf is the exact top-1; recall@10 for beam and HNSW: the
   fraction of the exact top-10 ids returned).  The beam also runs on a second tree built from the
-  same keys with ``half_scan=True`` (the half-precision scan copy), the calls of both trees
-  alternating; "same" says whether both returned equal ids and scores for all 200 queries, and
+  same keys with ``half_scan=True`` (the half-precision scan copy), runs of 200 calls (one per
+  query) on each tree alternating; "same" says whether both returned equal ids and scores for all 200 queries, and
   the memory column gives both trees' ``nbytes``.
 
 Threads: run it with OMP_NUM_THREADS=1 (faiss and torch get 1 thread too) so both sides do the
@@ -104,18 +104,22 @@ def measure_pair(public, native) -> tuple[dict, dict]:
     return out[0], out[1]
 
 
-def measure_alternating(first, second) -> tuple[dict, dict]:
+def measure_alternating(first, second, block: int = 1) -> tuple[dict, dict]:
     """Two functions compared side by side: single calls alternate (first, second, first, ...) for
     the wall percentiles and batches alternate for the CPU figure, so that the load of a shared
-    machine, which changes from second to second, weighs on both alike."""
+    machine, which changes from second to second, weighs on both alike.  ``block`` > 1 alternates
+    runs of that many calls instead (each call still timed alone): two searches of two large
+    trees evict each other's cached upper levels when every call switches trees."""
     reps = min(reps_for(first), reps_for(second))
+    reps = max(block, reps // block * block)
     first(), second()
     times = ([], [])
-    for _ in range(reps):
+    for _ in range(reps // block):
         for fn, out in zip((first, second), times):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
+            for _ in range(block):
+                t0 = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t0)
     result = []
     for out in times:
         p20, p50, p80 = np.percentile(np.array(out) * 1e6, [20, 50, 80])
@@ -314,7 +318,7 @@ def tree_vs_hnsw(faiss, sizes, hnsw_max: int) -> list[tuple]:
         greedy = measure(lambda: sk.tree_search(tree, one[next(it) % len(one)]))
         beam, beam_half = measure_alternating(
             lambda: sk.tree_search(tree, one[next(it) % len(one)], beam=(5, 10), k=TOPK),
-            lambda: sk.tree_search(half, one[next(it) % len(one)], beam=(5, 10), k=TOPK))
+            lambda: sk.tree_search(half, one[next(it) % len(one)], beam=(5, 10), k=TOPK), block=len(one))
         same = all(torch.equal(a, b) for qq in one
                    for a, b in zip(sk.tree_search(tree, qq, beam=(5, 10), k=TOPK),
                                    sk.tree_search(half, qq, beam=(5, 10), k=TOPK)))
