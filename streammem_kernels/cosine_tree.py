@@ -169,9 +169,9 @@ class CosineTree:
     and stays in bounds -- appends write beyond the snapshot's prefix,
     reallocations leave the old tensors to the snapshots that hold them, and
     ``remove``/``compact`` rewrite copies of the arrays they change.  The one
-    exception: ``set_utility``/``set_embeddings`` write values in place, so a
-    search running at that moment may see some of the new values (never an
-    out-of-bounds read).  The tensor properties are views taken without the
+    exception: ``set_utility``/``set_embeddings`` write values in place (the
+    embeddings' scan copy too), so a search running at that moment may see
+    some of the new values (never an out-of-bounds read).  The tensor properties are views taken without the
     lock; for a consistent multi-array read while writers run, use
     :meth:`search_arrays` (``.tensors``) or :meth:`state_dict`.
     """
