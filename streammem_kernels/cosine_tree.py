@@ -20,9 +20,13 @@ objects:
   number of edges;
 * ``utility (num_nodes,)`` float32 (default 1) and ``payload (num_nodes,)``
   int64 (default -1), which the caller maps to its own objects.
+* optionally (``half_scan=True``, CPU) a float16 copy of ``embeddings``, the
+  "scan copy" the C++ beam search scores first (identical results, about half
+  the bytes read), with two bounds measured as rows are written: the largest
+  row norm and the largest distance of a row to its copy.
 
-On CPU, the tables a search reads at random (embeddings, ``level``, the CSR
-arrays) are allocated for 2 MB pages from 4 MB up (``madvise(MADV_HUGEPAGE)``
+On CPU, the tables a search reads at random (embeddings and their scan copy,
+``level``, the CSR arrays) are allocated for 2 MB pages from 4 MB up (``madvise(MADV_HUGEPAGE)``
 before their first touch, Linux only, a hint the OS may refuse): a search in a
 large tree reads rows scattered over the whole table, and on 4 KB pages nearly
 every row costs a TLB miss too.
