@@ -110,6 +110,9 @@ def test_identical_to_float32_beam(n, group, dim):
     queries = queries_for(emb, 12, seed=n)
     for kwargs in SEARCHES:
         same_search(plain, half, queries, **kwargs)
+        # A batch (12 >= 8 queries: the OpenMP path, one query per thread at a time).
+        a, b = tree_search(plain, queries, **kwargs), tree_search(half, queries, **kwargs)
+        assert torch.equal(a.ids, b.ids) and torch.equal(a.scores.view(torch.int32), b.scores.view(torch.int32))
 
 
 def test_min_score_exactly_at_scores():
@@ -177,6 +180,24 @@ def test_writers_maintain_the_copy():
     assert twin.half_scan
     check_copy(twin)
     same_search(plain, twin, queries, beam=(2,), k=4)
+
+
+def test_set_embeddings_refreshes_the_bounds():
+    """One-hot rows convert exactly (error bound 0); a row written later with a rounding error must
+    reach the bound that searches use, even through a snapshot cached before the write."""
+    dim = 12
+    rows = torch.eye(dim).repeat(4, 1)
+    plain, half = twin_trees(rows, 3, parent_embed=lambda ids: torch.eye(dim)[int(ids[0]) % dim])
+    assert half.search_arrays().scan_err == 0.0
+    new = torch.full((2, dim), 1.0)
+    new[:, 0] = 1 / 3
+    for tree in (plain, half):
+        tree.set_embeddings([5, 17], new)
+    check_copy(half)
+    assert half.search_arrays().scan_err > 0.0
+    queries = torch.cat([new + 0.01, torch.eye(dim)[:3]])
+    same_search(plain, half, queries, beam=(1,), k=3)
+    same_search(plain, half, queries, beam=(2, 2), k=5)
 
 
 def test_save_load(tmp_path):
