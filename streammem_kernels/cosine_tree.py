@@ -153,12 +153,11 @@ class CosineTree:
         then scores again exactly, in float32, only the nodes an error bound cannot rule out of
         the exact selection, so results are identical (ids, scores and tie order) to the search
         without the copy while reading about half the bytes.  CPU trees only (``ValueError`` on
-        another device) and it needs the C++ module ``streammem_kernels._cpu_tree``; the search
-        reads the copy on x86-64 CPUs with F16C, AVX2 and FMA (x86-64-v3) and ignores it elsewhere
-        (same results, float32 speed).  Only the
+        another device) and it needs the C++ module ``streammem_kernels._cpu_tree``.  Only the
         beam search of :func:`~streammem_kernels.tree_search`'s fast path (plain float32 CPU
-        queries) reads it; greedy search and the other backends ignore it.  Maintained by every
-        writer, not saved (:meth:`load` takes the same flag).
+        queries) reads it, and only on x86-64 CPUs with F16C, AVX2 and FMA (x86-64-v3); greedy
+        search, the other backends and other CPUs ignore it (same results, float32 speed).
+        Maintained by every writer, not saved (:meth:`load` takes the same flag).
 
     The tensor properties (``embeddings``, ``level``, ``parent``, ``child_ptr``,
     ``child_idx``, ``utility``, ``payload``, ``alive``, ``roots``) are views of
