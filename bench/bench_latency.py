@@ -1,7 +1,7 @@
 """Single-item latency (issue 15): one query, one push, one frame pair, next to the native kernel and faiss.
 
 Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/bench_latency.py [--quick] [--out bench/results/latency.md]
-      (``--tables tree --tree-sizes 1000000``: the 10^6-leaf tree row alone, ~5 GB and ~2 min)
+      (``--tables tree --tree-sizes 1000000``: the 10^6-leaf tree row alone, two trees, ~8 GB and ~1 min)
       (pytest-benchmark form: .venv/bin/python -m pytest bench/bench_latency.py --benchmark-json ...)
 
 Every case times the public function and, on the same input, the native call it ends in (the
@@ -25,7 +25,10 @@ Cases (D = 384 for retrieval, as bench_tree.py; synthetic hierarchical data from
 * tree_search greedy / beam (5, 10) Q=1 vs faiss IndexHNSWFlat (M=32, efConstruction=40,
   efSearch=64) at N = 10^3 .. 10^5 (HNSW), and the tree alone at 10^6; recall over 200 queries
   (recall@1 for greedy: the path's leaf is the exact top-1; recall@10 for beam and HNSW: the
-  fraction of the exact top-10 ids returned).
+  fraction of the exact top-10 ids returned).  The beam also runs on a second tree built from the
+  same keys with ``half_scan=True`` (the half-precision scan copy), runs of 200 calls (one per
+  query) on each tree alternating; "same" says whether both returned equal ids and scores for all 200 queries, and
+  the memory column gives both trees' ``nbytes``.
 
 Threads: run it with OMP_NUM_THREADS=1 (faiss and torch get 1 thread too) so both sides do the
 same work on one core; a shared machine's load otherwise decides the OpenMP barriers.
@@ -101,18 +104,22 @@ def measure_pair(public, native) -> tuple[dict, dict]:
     return out[0], out[1]
 
 
-def measure_alternating(first, second) -> tuple[dict, dict]:
+def measure_alternating(first, second, block: int = 1) -> tuple[dict, dict]:
     """Two functions compared side by side: single calls alternate (first, second, first, ...) for
     the wall percentiles and batches alternate for the CPU figure, so that the load of a shared
-    machine, which changes from second to second, weighs on both alike."""
+    machine, which changes from second to second, weighs on both alike.  ``block`` > 1 alternates
+    runs of that many calls instead (each call still timed alone): two searches of two large
+    trees evict each other's cached upper levels when every call switches trees."""
     reps = min(reps_for(first), reps_for(second))
+    reps = max(block, reps // block * block)
     first(), second()
     times = ([], [])
-    for _ in range(reps):
+    for _ in range(reps // block):
         for fn, out in zip((first, second), times):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
+            for _ in range(block):
+                t0 = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t0)
     result = []
     for out in times:
         p20, p50, p80 = np.percentile(np.array(out) * 1e6, [20, 50, 80])
@@ -133,9 +140,10 @@ def hierarchy(n: int, seed: int = 0):
     return bench_tree.synthetic_hierarchy(n, seed)
 
 
-def build_tree(keys: torch.Tensor) -> sk.CosineTree:
-    tree = sk.CosineTree(keys.shape[1], capacity=keys.shape[0] + keys.shape[0] // 9 + 16)
-    tree.add_leaves(keys)
+def build_tree(keys: torch.Tensor, half_scan: bool = False) -> sk.CosineTree:
+    tree = sk.CosineTree(keys.shape[1], capacity=keys.shape[0] + keys.shape[0] // 9 + 16, half_scan=half_scan)
+    for lo in range(0, keys.shape[0], 100_000):  # the same tree as one call, without a 1.5 GB normalised copy
+        tree.add_leaves(keys[lo : lo + 100_000])
     tree.grow(10)
     return tree
 
@@ -296,17 +304,26 @@ def tree_vs_hnsw(faiss, sizes, hnsw_max: int) -> list[tuple]:
     rows = []
     for n in sizes:
         keys, queries = hierarchy(n, seed=4)
-        t0 = time.perf_counter()
-        tree = build_tree(keys)
-        tree_build = time.perf_counter() - t0
         flat = faiss.IndexFlatIP(DIM)
         flat.add(keys.numpy())
         _, exact = flat.search(queries.numpy(), TOPK)
         del flat
+        t0 = time.perf_counter()
+        tree = build_tree(keys)
+        tree_build = time.perf_counter() - t0
+        # The same tree with the half-precision scan copy: beam calls of both alternate.
+        half = build_tree(keys, half_scan=True)
         one = [queries[i : i + 1].contiguous() for i in range(len(queries))]
         it = iter(range(10**9))
         greedy = measure(lambda: sk.tree_search(tree, one[next(it) % len(one)]))
-        beam = measure(lambda: sk.tree_search(tree, one[next(it) % len(one)], beam=(5, 10), k=TOPK))
+        beam, beam_half = measure_alternating(
+            lambda: sk.tree_search(tree, one[next(it) % len(one)], beam=(5, 10), k=TOPK),
+            lambda: sk.tree_search(half, one[next(it) % len(one)], beam=(5, 10), k=TOPK), block=len(one))
+        same = all(torch.equal(a, b) for qq in one
+                   for a, b in zip(sk.tree_search(tree, qq, beam=(5, 10), k=TOPK),
+                                   sk.tree_search(half, qq, beam=(5, 10), k=TOPK)))
+        memory = (tree.nbytes / 2**20, half.nbytes / 2**20)
+        del half
         leaf = []
         for qq in one:
             path = sk.tree_search(tree, qq).path[0]
@@ -326,7 +343,7 @@ def tree_vs_hnsw(faiss, sizes, hnsw_max: int) -> list[tuple]:
             h = measure(lambda: index.search(qn[next(it) % len(qn)], TOPK))
             h_rec = recall(index.search(queries.numpy(), TOPK)[1], exact, TOPK)
             del index
-        rows.append((n, greedy, g_rec, beam, b_rec, h, h_rec, tree_build, h_build))
+        rows.append((n, greedy, g_rec, beam, b_rec, beam_half, same, memory, h, h_rec, tree_build, h_build))
         del tree, keys
     return rows
 
@@ -375,12 +392,14 @@ def main(argv=None) -> str:
     tree_sizes = (1000, 10_000) if args.quick else (1000, 10_000, 100_000, 1_000_000)
     if args.tree_sizes:
         tree_sizes = tuple(int(x) for x in args.tree_sizes.split(","))
-    lines += ["", "| tree Q=1, N | greedy | recall@1 | beam (5,10) | recall@10 | faiss HNSW | HNSW recall@10 | "
-              "build s (tree / HNSW) |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| tree Q=1, N | greedy | recall@1 | beam (5,10) | recall@10 | beam (5,10) half_scan | "
+              "same ids and scores | tree MB (plain / half_scan) | faiss HNSW | HNSW recall@10 | "
+              "build s (tree / HNSW) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = tree_vs_hnsw(faiss, tree_sizes, args.hnsw_max) if "tree" in tables else []
-    for n, greedy, g_rec, beam, b_rec, h, h_rec, tb, hb in rows:
-        lines.append(f"| {n:,} | {fmt(greedy)} | {g_rec:.3f} | {fmt(beam)} | {b_rec:.3f} | {fmt(h)} | "
-                     f"{'-' if h_rec is None else f'{h_rec:.3f}'} | {tb:.1f} / {'-' if hb is None else f'{hb:.1f}'} |")
+    for n, greedy, g_rec, beam, b_rec, b_half, same, (mb, mb_half), h, h_rec, tb, hb in rows:
+        lines.append(f"| {n:,} | {fmt(greedy)} | {g_rec:.3f} | {fmt(beam)} | {b_rec:.3f} | {fmt(b_half)} | {same} | "
+                     f"{mb:,.0f} / {mb_half:,.0f} | {fmt(h)} | {'-' if h_rec is None else f'{h_rec:.3f}'} | "
+                     f"{tb:.1f} / {'-' if hb is None else f'{hb:.1f}'} |")
         print(lines[-1], flush=True)
     load1 = os.getloadavg()
     lines += ["", f"Load average at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}."]

@@ -20,9 +20,13 @@ objects:
   number of edges;
 * ``utility (num_nodes,)`` float32 (default 1) and ``payload (num_nodes,)``
   int64 (default -1), which the caller maps to its own objects.
+* optionally (``half_scan=True``, CPU) a float16 copy of ``embeddings``, the
+  "scan copy" the C++ beam search scores first (identical results, about half
+  the bytes read), with two bounds measured as rows are written: the largest
+  row norm and the largest distance of a row to its copy.
 
-On CPU, the tables a search reads at random (embeddings, ``level``, the CSR
-arrays) are allocated for 2 MB pages from 4 MB up (``madvise(MADV_HUGEPAGE)``
+On CPU, the tables a search reads at random (embeddings and their scan copy,
+``level``, the CSR arrays) are allocated for 2 MB pages from 4 MB up (``madvise(MADV_HUGEPAGE)``
 before their first touch, Linux only, a hint the OS may refuse): a search in a
 large tree reads rows scattered over the whole table, and on 4 KB pages nearly
 every row costs a TLB miss too.
@@ -88,19 +92,26 @@ class SearchArrays:
     one stays in bounds whatever other threads do to the tree.  :meth:`widths` memoises the
     per-level beam widths of a beam tuple; ``native`` holds what a search backend derives from the
     snapshot once (the C++ backend's ``TreeView``, see :mod:`~streammem_kernels.traversal`), None
-    until then.
+    until then.  ``scan_tensor`` is the used prefix of the tree's half-precision scan copy (None
+    without one), ``scan`` its address (0 without one), ``scan_norm`` and ``scan_err`` upper bounds
+    on the largest embedding norm and on the largest L2 distance of an embedding to its copy.
     """
 
     __slots__ = ("embeddings", "dim", "child_ptr", "child_idx", "roots", "num_roots", "level", "utility", "height",
-                 "tensors", "fanout", "num_live", "native", "_widths")
+                 "tensors", "fanout", "num_live", "native", "scan_tensor", "scan", "scan_norm", "scan_err", "_widths")
 
-    def __init__(self, tensors: tuple, dim: int, height: int, fanout: int, num_live: int):
+    def __init__(self, tensors: tuple, dim: int, height: int, fanout: int, num_live: int,
+                 scan: tuple | None = None):
         self.tensors = tensors
         emb, ptr, kids, roots, level, utility = tensors
         self.embeddings, self.dim, self.child_ptr, self.child_idx = emb.data_ptr(), dim, ptr.data_ptr(), kids.data_ptr()
         self.roots, self.num_roots, self.level, self.utility = roots.data_ptr(), roots.numel(), level.data_ptr(), \
             utility.data_ptr()
         self.height, self.fanout, self.num_live = height, fanout, num_live
+        # The half-precision scan copy (CosineTree(half_scan=True)): its used prefix (kept alive), its
+        # address (0 without one) and the bounds the C++ beam search derives its error bound from.
+        self.scan_tensor, self.scan_norm, self.scan_err = scan if scan is not None else (None, 0.0, 0.0)
+        self.scan = 0 if self.scan_tensor is None else self.scan_tensor.data_ptr()
         self.native = None
         self._widths: dict[tuple, list[int]] = {}
 
@@ -136,6 +147,17 @@ class CosineTree:
         Initial node capacity; storage doubles when full (amortised O(1) append).
     device : torch.device or str
         Where the tensors live (searches run there).
+    half_scan : bool
+        Keep a float16 copy of the embeddings (the "scan copy", +50% of the embedding table's
+        memory, see :attr:`nbytes`) for the C++ beam search: it scores every level on the copy,
+        then scores again exactly, in float32, only the nodes an error bound cannot rule out of
+        the exact selection, so results are identical (ids, scores and tie order) to the search
+        without the copy while reading about half the bytes.  CPU trees only (``ValueError`` on
+        another device) and it needs the C++ module ``streammem_kernels._cpu_tree``.  Only the
+        beam search of :func:`~streammem_kernels.tree_search`'s fast path (plain float32 CPU
+        queries) reads it, and only on x86-64 CPUs with F16C, AVX2 and FMA (x86-64-v3); greedy
+        search, the other backends and other CPUs ignore it (same results, float32 speed).
+        Maintained by every writer, not saved (:meth:`load` takes the same flag).
 
     The tensor properties (``embeddings``, ``level``, ``parent``, ``child_ptr``,
     ``child_idx``, ``utility``, ``payload``, ``alive``, ``roots``) are views of
@@ -152,19 +174,30 @@ class CosineTree:
     and stays in bounds -- appends write beyond the snapshot's prefix,
     reallocations leave the old tensors to the snapshots that hold them, and
     ``remove``/``compact`` rewrite copies of the arrays they change.  The one
-    exception: ``set_utility``/``set_embeddings`` write values in place, so a
-    search running at that moment may see some of the new values (never an
-    out-of-bounds read).  The tensor properties are views taken without the
+    exception: ``set_utility``/``set_embeddings`` write values in place (the
+    embeddings' scan copy too), so a search running at that moment may see
+    some of the new values (never an out-of-bounds read).  The tensor properties are views taken without the
     lock; for a consistent multi-array read while writers run, use
     :meth:`search_arrays` (``.tensors``) or :meth:`state_dict`.
     """
 
-    def __init__(self, dim: int, *, capacity: int = 1024, device="cpu"):
+    def __init__(self, dim: int, *, capacity: int = 1024, device="cpu", half_scan: bool = False):
         self._dim = check_size(dim, "dim", maximum=MAX_DIM)
         capacity = check_size(capacity, "capacity", maximum=MAX_NODES)
         if capacity * self._dim > MAX_TABLE:
             raise ValueError(f"capacity x dim must be <= {MAX_TABLE} floats, got capacity={capacity} x dim={dim}")
         self._device = torch.device(device)
+        if not isinstance(half_scan, bool):
+            raise ValueError(f"half_scan must be a bool, got {half_scan!r}")
+        if half_scan:
+            if self._device.type != "cpu":
+                raise ValueError(f"half_scan=True needs a CPU tree (the copy serves the C++ beam search), got "
+                                 f"device {self._device}")
+            _half_copy_fn()  # ValueError now, not at the first insertion, when the C++ module is missing
+        self._half_scan = half_scan
+        # Upper bounds on the largest embedding norm and on the largest distance of an embedding to
+        # its scan copy, over every row ever written (they only grow: still bounds after removals).
+        self._scan_bounds = (0.0, 0.0)
         self._n = 0
         self._n_edges = 0
         self._n_dead = 0
@@ -202,8 +235,9 @@ class CosineTree:
                     n, e = self._n, self._n_edges
                     tensors = (self._emb[:n], self._child_ptr[: n + 1], self._child_idx[:e], self._roots_locked(),
                                self._level[:n], self._utility[:n])
+                    scan = None if self._scan is None else (self._scan[:n], *self._scan_bounds)
                     a = self._search_arrays = SearchArrays(tensors, self._dim, self._height_locked(),
-                                                           self._max_fanout, n - self._n_dead)
+                                                           self._max_fanout, n - self._n_dead, scan)
         return a
 
     def _copy_on_write(self, *names: str) -> None:
@@ -216,9 +250,22 @@ class CosineTree:
             setattr(self, name, new)
         self._invalidate()
 
+    def _write_scan(self, lo: int, hi: int) -> None:
+        """Copy embedding rows [lo, hi) into the scan copy (when the tree keeps one)."""
+        if self._scan is not None and hi > lo:
+            self._raise_scan_bounds(_half_copy_fn()(self._emb[lo].data_ptr(), self._scan[lo].data_ptr(), hi - lo,
+                                                    self._dim))
+
+    def _raise_scan_bounds(self, bounds: tuple) -> None:
+        norm, err = max(self._scan_bounds[0], bounds[0]), max(self._scan_bounds[1], bounds[1])
+        if (norm, err) != self._scan_bounds:
+            self._scan_bounds = (norm, err)
+            self._search_arrays = None  # the snapshot carries the bounds
+
     def _alloc_nodes(self, capacity: int) -> None:
         dev = self._device
         self._emb = _storage((capacity, self._dim), torch.float32, 0, dev)
+        self._scan = _storage((capacity, self._dim), torch.float16, None, dev) if self._half_scan else None
         self._level = _storage((capacity,), torch.int64, 0, dev)
         self._parent = torch.full((capacity,), -1, dtype=torch.int64, device=dev)
         self._child_ptr = _storage((capacity + 1,), torch.int64, 0, dev)
@@ -232,11 +279,14 @@ class CosineTree:
         if need > cap:
             new_cap = max(need, 2 * cap)
             old = (self._emb, self._level, self._parent, self._utility, self._payload, self._alive, self._child_ptr)
+            old_scan = self._scan
             self._alloc_nodes(new_cap)
             n = self._n
             new = (self._emb, self._level, self._parent, self._utility, self._payload, self._alive, self._child_ptr)
             for dst, src in zip(new[:-1], old[:-1]):
                 dst[:n] = src[:n]
+            if old_scan is not None:
+                self._scan[:n] = old_scan[:n]
             self._child_ptr[: n + 1] = old[-1][: n + 1]  # CSR offsets have one more entry than nodes
         need_e = self._n_edges + extra_edges
         if need_e > self._child_idx.shape[0]:
@@ -262,6 +312,19 @@ class CosineTree:
     @property
     def num_nodes(self) -> int:
         return self._n
+
+    @property
+    def half_scan(self) -> bool:
+        """Whether the tree keeps a half-precision scan copy of its embeddings (see the class)."""
+        return self._half_scan
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tree's storage tensors, allocated capacity included (the scan copy too)."""
+        with self._lock:
+            tensors = (self._emb, self._scan, self._level, self._parent, self._child_ptr, self._child_idx,
+                       self._utility, self._payload, self._alive)
+            return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def __len__(self) -> int:
         return self._n
@@ -401,6 +464,7 @@ class CosineTree:
         self._reserve(n, 0)
         lo, hi = self._n, self._n + n
         self._emb[lo:hi] = rows
+        self._write_scan(lo, hi)
         self._level[lo:hi] = 0
         self._parent[lo:hi] = -1
         self._child_ptr[lo + 1 : hi + 1] = self._n_edges
@@ -464,6 +528,7 @@ class CosineTree:
             pos += s
         new_ids = torch.arange(lo, hi, dtype=torch.int64, device=self._device)
         self._emb[lo:hi] = rows
+        self._write_scan(lo, hi)
         self._level[lo:hi] = torch.tensor(levels, dtype=torch.int64, device=self._device)
         self._parent[lo:hi] = -1
         self._parent[flat_t] = torch.repeat_interleave(new_ids, torch.tensor(sizes, device=self._device))
@@ -567,7 +632,13 @@ class CosineTree:
         if rows.shape[0] != len(ids):
             raise ValueError(f"emb must hold one row per id ({len(ids)}), got {rows.shape[0]}")
         if ids:
-            self._emb[torch.tensor(ids, dtype=torch.int64, device=self._device)] = rows
+            idx = torch.tensor(ids, dtype=torch.int64, device=self._device)
+            self._emb[idx] = rows
+            if self._scan is not None:
+                copy = torch.empty(rows.shape, dtype=torch.float16)
+                rows = rows.contiguous()
+                self._raise_scan_bounds(_half_copy_fn()(rows.data_ptr(), copy.data_ptr(), rows.shape[0], self._dim))
+                self._scan[idx] = copy
 
     def _prepare_ids(self, ids, name: str) -> list[int]:
         """Distinct live node ids as a sorted Python list (ValueError naming ``name`` otherwise)."""
@@ -713,7 +784,7 @@ class CosineTree:
         if self._n_dead == 0:
             return mapping
         self._copy_on_write("_emb", "_level", "_parent", "_child_ptr", "_child_idx", "_utility", "_payload",
-                            "_alive")
+                            "_alive", *(("_scan",) if self._scan is not None else ()))
         alive = self._alive[:n]
         live = alive.nonzero()[:, 0]
         m = live.numel()
@@ -724,6 +795,8 @@ class CosineTree:
         for dst, src in ((self._emb, self._emb[live]), (self._level, self._level[live]),
                          (self._utility, self._utility[live]), (self._payload, self._payload[live])):
             dst[:m] = src
+        if self._scan is not None:  # rows move, values do not: the bounds still hold
+            self._scan[:m] = self._scan[live]
         self._parent[:m] = par
         self._child_ptr[: m + 1] = ptr
         self._child_idx[: self._n_edges] = mapping[self._child_idx[: self._n_edges]]
@@ -759,8 +832,11 @@ class CosineTree:
         torch.save(state, path)
 
     @classmethod
-    def load(cls, path, *, device="cpu") -> "CosineTree":
+    def load(cls, path, *, device="cpu", half_scan: bool = False) -> "CosineTree":
         """Read a tree written by :meth:`save`; node ids and tombstones are preserved.
+
+        ``half_scan`` builds the half-precision scan copy (see :class:`CosineTree`; the file
+        never holds it).
 
         The file is validated before anything is trusted, and every malformed file
         raises ``ValueError`` naming what is wrong: a file :meth:`save` wrote carries
@@ -790,10 +866,11 @@ class CosineTree:
         _validate_saved_state(state, path)
         n = state["embeddings"].shape[0]
         n_edges = state["child_idx"].shape[0]
-        tree = cls(state["dim"], capacity=max(n, 1), device=device)
+        tree = cls(state["dim"], capacity=max(n, 1), device=device, half_scan=half_scan)
         tree._reserve(0, n_edges)
         dev = tree._device
         tree._emb[:n] = state["embeddings"].to(dev, torch.float32)
+        tree._write_scan(0, n)
         tree._level[:n] = state["level"].to(dev)
         tree._parent[:n] = state["parent"].to(dev)
         tree._child_ptr[: n + 1] = state["child_ptr"].to(dev)
@@ -822,6 +899,7 @@ class CosineTree:
         return state
 
     def __setstate__(self, state: dict) -> None:
+        state = {"_half_scan": False, "_scan": None, "_scan_bounds": (0.0, 0.0), **state}  # pickles from before
         self.__dict__.update(state)
         self._lock = threading.RLock()
 
@@ -866,6 +944,18 @@ def _storage(shape: tuple, dtype: torch.dtype, fill, device: torch.device) -> to
     if fill is not None:
         t.fill_(fill)
     return t
+
+
+def _half_copy_fn():
+    """The C++ ``half_copy(src, dst, rows, dim) -> (norm bound, error bound)`` that writes the scan
+    copy; ValueError when the C++ module is not built (only its search reads the copy)."""
+    from ._dispatch import load_native
+
+    module, reason = load_native("cpu", "tree")
+    if module is None:
+        raise ValueError(f"half_scan=True needs the C++ module streammem_kernels._cpu_tree, which the half-precision "
+                         f"beam search runs in: {reason}")
+    return module.half_copy
 
 
 def _max_run(child_ptr: torch.Tensor) -> int:

@@ -51,6 +51,13 @@ arguments, checks (``ValueError`` on NaN/Inf) and normalises the queries,
 searches and returns the result tensors, or declines (None) whatever the
 general path must convert or explain.  No torch op and no per-argument
 Python check runs on that path.
+
+Half-precision scan copy.  A tree built with ``CosineTree(..., half_scan=True)``
+keeps a float16 copy of its embeddings; the fast path's beam search scores each
+level on it, then scores exactly (float32, as without the copy) only the nodes
+an error bound cannot rule out of the exact selection, so it returns the same
+ids and scores while reading about half the bytes (csrc/cpu/tree.cpp,
+``beam_into``).  Greedy search and the general path ignore the copy.
 """
 from __future__ import annotations
 
@@ -165,7 +172,8 @@ def _tree_view(snap, mod):
     # may both build one: the views are equal and either is kept.
     view = snap.native = mod.TreeView(snap.embeddings, snap.dim, snap.child_ptr, snap.child_idx, snap.roots,
                                       snap.num_roots, snap.level, snap.utility, snap.height, snap.num_live,
-                                      MAX_RESULTS, MAX_WIDTH, snap.tensors)
+                                      MAX_RESULTS, MAX_WIDTH, (snap.tensors, snap.scan_tensor), scan=snap.scan,
+                                      scan_norm=snap.scan_norm, scan_err=snap.scan_err)
     return view
 
 

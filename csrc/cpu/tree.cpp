@@ -11,8 +11,13 @@
 //        with a root axis (Q,R,...) when from_every_root.
 //   beam(emb, child_ptr, child_idx, roots, R, level (n) i64, utility (n) f32, queries, Q, D,
 //        widths [H], k, min_score, use_utility)
-//     -> ids (Q,k) i64, scores (Q,k) f32 (padded -1 / -inf).
-//   TreeView(pointers and sizes of a CosineTree snapshot, limits, keep) and
+//     -> ids (Q,k) i64, scores (Q,k) f32 (padded -1 / -inf); through a TreeView with a scan copy,
+//        the same results read from the copy first (beam_into).
+//   half_copy(src (n,D) f32, dst (n,D) f16 bits, n, D) -> (norm bound, error bound): writes the
+//        half-precision scan copy of CosineTree(half_scan=True) and bounds what its beam search
+//        needs (see "Half-precision scan copy"); half_scan_kernel() -> whether this CPU reads the
+//        copy (F16C, AVX2, FMA); half_dots(query, rows) for the tests.
+//   TreeView(pointers and sizes of a CosineTree snapshot, limits, keep; scan copy and its bounds) and
 //   search_tensors(view, queries, beam, k, min_score, use_utility, from_every_root) -> the greedy or
 //        beam result as torch tensors, or None: tree_search's fast path, on plain float32 CPU query
 //        tensors read in place (tensor_args.h) and the public arguments checked here.
@@ -44,9 +49,15 @@
 
 #include <pybind11/stl.h>
 
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -136,10 +147,14 @@ std::vector<float> unit_queries(const float* q, int64_t Q, int64_t D, const char
 // ahead overlaps those misses with the dot products in between.
 constexpr size_t kAhead = 4;
 
-inline void prefetch_row(const float* row, int64_t D) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t off = 0; off < D * int64_t(sizeof(float)); off += 64) __builtin_prefetch(p + off, 0, 1);
+inline void prefetch_bytes(const void* start, int64_t bytes) {
+  const char* p = static_cast<const char*>(start);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 1);
 }
+
+inline void prefetch_row(const float* row, int64_t D) { prefetch_bytes(row, D * int64_t(sizeof(float))); }
+
+inline void prefetch_half(const uint16_t* row, int64_t D) { prefetch_bytes(row, D * int64_t(sizeof(uint16_t))); }
 
 inline bool better(float s1, int64_t i1, float s2, int64_t i2) { return s1 > s2 || (s1 == s2 && i1 < i2); }
 
@@ -195,7 +210,166 @@ struct TreeArrays {
   int64_t R;
   const int64_t* level;  // (n)
   const float* utility;  // (n)
+  // Optional half-precision scan copy of emb (CosineTree(half_scan=True), see "Half-precision scan
+  // copy" below): (n, D) float16 bits, and upper bounds on the norm of every emb row and on the
+  // distance of every row to its copy; nullptr when the tree keeps none.
+  const uint16_t* scan = nullptr;
+  double scan_norm = 0.0;
+  double scan_err = 0.0;
 };
+
+// ---------------------------------------------------------------------------
+// Half-precision scan copy
+// ---------------------------------------------------------------------------
+// A beam search at 10^6 leaves is bound by the bytes it streams from DRAM (~500 rows of D floats
+// per query).  With a float16 copy of the table the search reads half the bytes: it scores every
+// level's pool on the copy, proves from an error bound which nodes can still be in the exact
+// selection, and scores only those again, exactly as the float32 search does (same dot(), same
+// selection): the results are the float32 search's, bit for bit, ties included.
+//
+// The copy holds zeros and normal float16 values only: |x| < 2^-14 (float16's subnormal range) is
+// stored as 0, so every conversion back to float32 (F16C or the integer one) is exact whatever the
+// MXCSR flush-to-zero / denormals-are-zero modes (torch.set_flush_denormal).  The conversions are
+// integer code for the same reason.  The error of each row is measured when the copy is written
+// (half_copy), not assumed, so flushing tiny entries only shows in the (measured) bound.
+inline uint16_t half_bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  const uint32_t sign = (b >> 16) & 0x8000u, mag = b & 0x7fffffffu;
+  if (mag < 0x38800000u) return static_cast<uint16_t>(sign);             // |x| < 2^-14
+  if (mag >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
+  uint32_t m = mag - 0x38000000u;                                         // exponent bias 127 -> 15
+  m += 0x0fffu + ((m >> 13) & 1u);                                        // to nearest, ties to even
+  return static_cast<uint16_t>(sign | (m >> 13));
+}
+
+inline float half_value(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, em = h & 0x7fffu;
+  uint32_t b;
+  if (em >= 0x7c00u) {
+    b = sign | 0x7f800000u | ((em & 0x3ffu) << 13);
+  } else if (em >= 0x0400u) {
+    b = sign | ((em << 13) + 0x38000000u);
+  } else {  // zero or subnormal: em * 2^-24, a normal float (exact)
+    const float v = static_cast<float>(em) * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  float v;
+  std::memcpy(&v, &b, sizeof(v));
+  return v;
+}
+
+// sum_i q[i] * float(h[i]) in float32, in any order (only the bound below matters: the selection
+// never ranks by this value), with F16C conversions (vcvtph2ps: 8 values per instruction), AVX2 and
+// FMA (x86-64-v3).  Where the CPU lacks them the search ignores the copy (dot_half_kernel): a
+// portable kernel (integer conversion, SSE2, vectorised) measured 172 us per 10^6-leaf beam here,
+// against ~60 us for the float32 search and ~45 us for this one.
+#if defined(__GNUC__) && defined(__x86_64__)
+__attribute__((target("avx2,fma,f16c"))) float dot_half_f16c(const float* __restrict q,
+                                                              const uint16_t* __restrict h, int64_t d) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 32 <= d; i += 32) {
+    const __m128i* p = reinterpret_cast<const __m128i*>(h + i);
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_cvtph_ps(_mm_loadu_si128(p)), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_cvtph_ps(_mm_loadu_si128(p + 1)), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 16), _mm256_cvtph_ps(_mm_loadu_si128(p + 2)), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 24), _mm256_cvtph_ps(_mm_loadu_si128(p + 3)), s3);
+  }
+  const __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+  float out = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+  for (; i < d; ++i) out += q[i] * half_value(h[i]);
+  return out;
+}
+#endif
+
+using DotHalf = float (*)(const float*, const uint16_t*, int64_t);
+
+// The copy's kernel on this CPU, or nullptr (the beam search then reads the float32 table only).
+DotHalf dot_half_kernel() {
+#if defined(__GNUC__) && defined(__x86_64__)
+  static const DotHalf picked = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2") &&
+                                        __builtin_cpu_supports("fma")
+                                    ? &dot_half_f16c
+                                    : nullptr;
+  return picked;
+#else
+  return nullptr;
+#endif
+}
+
+// Writes the copy of rows src (n, D) into dst (n, D) and returns upper bounds on max_r |src_r| and
+// max_r |src_r - float(dst_r)| (L2 norms, summed in double: relative error <= D 2^-53 <= 2^-33
+// for D <= 2^20, covered by the factor 1 + 2^-30).
+std::pair<double, double> half_copy_into(const float* src, uint16_t* dst, int64_t n, int64_t D) {
+  double norm_sq = 0.0, err_sq = 0.0;
+#pragma omp parallel for schedule(static) reduction(max : norm_sq, err_sq) if (n * D >= (int64_t(1) << 22))
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = src + r * D;
+    uint16_t* out = dst + r * D;
+    double ns = 0.0, es = 0.0;
+    for (int64_t d = 0; d < D; ++d) {
+      out[d] = half_bits(row[d]);
+      const double x = row[d], e = x - static_cast<double>(half_value(out[d]));
+      ns += x * x;
+      es += e * e;
+    }
+    norm_sq = std::max(norm_sq, ns);
+    err_sq = std::max(err_sq, es);
+  }
+  constexpr double kUp = 1.0 + 0x1p-30;
+  return {std::sqrt(norm_sq) * kUp, std::sqrt(err_sq) * kUp};
+}
+
+py::tuple half_copy(std::uintptr_t src_ptr, std::uintptr_t dst_ptr, int64_t n, int64_t D) {
+  require(n >= 0 && D >= 1, "half_copy: bad sizes");
+  std::pair<double, double> bounds;
+  {
+    py::gil_scoped_release nogil;
+    bounds = half_copy_into(in_ptr<float>(src_ptr), reinterpret_cast<uint16_t*>(dst_ptr), n, D);
+  }
+  return py::make_tuple(bounds.first, bounds.second);
+}
+
+// The copy's kernel applied to query (D,) and each row of rows (n, D) (float16 bits), for the tests;
+// ValueError where the CPU has no such kernel.
+py::array_t<float> half_dots(carray<float> query, py::array_t<uint16_t, py::array::c_style> rows) {
+  require(query.ndim() == 1 && rows.ndim() == 2 && rows.shape(1) == query.shape(0), "half_dots: bad shapes");
+  const int64_t n = rows.shape(0), D = rows.shape(1);
+  const DotHalf f = dot_half_kernel();
+  require(f != nullptr, "half_dots: this CPU has no F16C/AVX2/FMA, the scan copy is not read here");
+  py::array_t<float> out(n);
+  for (int64_t r = 0; r < n; ++r) out_ptr(out)[r] = f(query.data(), rows.data() + r * D, D);
+  return out;
+}
+
+// delta such that |dot(q, e) - dot_half(q, h)| <= delta for every row e of the table and its copy
+// h, both computed in float32 (returned as a float rounded up; +inf when no useful bound exists).
+//   exact:  |q.e - q.h| <= |q| |e - h| <= |q| scan_err                       (Cauchy-Schwarz)
+//   float32 sums of D products, any order, FMA or not (Higham, Accuracy and Stability, 3.1):
+//           |fl(q.e) - q.e| <= gamma_D sum |q_i e_i| <= gamma_D |q| scan_norm,
+//           |fl(q.h) - q.h| <= gamma_D |q| |h| <= gamma_D |q| (scan_norm + scan_err),
+//           gamma_D = D u / (1 - D u), u = 2^-24;
+//   underflow (gradual or flushed) adds at most 2 D 2^-126 <= 2^-100 (D <= 2^20).
+// So delta = |q| (scan_err + gamma_D (2 scan_norm + scan_err)), with |q| from a double sum (relative
+// error <= 2^-33), taken 1/8 larger plus 2^-30 as a margin for slips in this derivation.  The
+// selections then compare bounds fl(a - delta), fl(a + delta) of the float32 score c: since c is a
+// float and c >= a - delta, c >= fl(a - delta) by the monotonicity of rounding (likewise above), so
+// the rounding of those bounds needs no further margin.
+float scan_delta(const float* q, int64_t D, double scan_norm, double scan_err) {
+  const double Du = static_cast<double>(D) * 0x1p-24;
+  if (!(Du < 0.5) || !std::isfinite(scan_norm) || !std::isfinite(scan_err)) return kInf;
+  double qq = 0.0;
+  for (int64_t d = 0; d < D; ++d) qq += static_cast<double>(q[d]) * q[d];
+  const double nq = std::sqrt(qq) * (1.0 + 0x1p-30);
+  const double gamma = Du / (1.0 - Du);
+  const double delta = nq * (scan_err + gamma * (2.0 * scan_norm + scan_err)) * 1.125 + 0x1p-30;
+  float out = static_cast<float>(delta);
+  if (static_cast<double>(out) < delta) out = std::nextafter(out, kInf);
+  return out;
+}
 
 // Greedy descent of Q unit queries Qm (Q, D) into P, PS (S, height + 1) and BN, BS (S,), with
 // S = Q x R when from_every_root (else Q).  Runs without the GIL.
@@ -316,26 +490,84 @@ py::tuple greedy(std::uintptr_t emb_ptr, int64_t D, std::uintptr_t child_ptr_ptr
 // ---------------------------------------------------------------------------
 // Beam search of Q unit queries Qm (Q, D), widths W[0..H) from the top level, into I, S (Q, k).
 // Runs without the GIL.
+//
+// With a scan copy (t.scan), each pool is first scored on the copy (a_i, within delta of the exact
+// float32 score c_i, see scan_delta), and only the nodes that may belong to the exact selection are
+// scored exactly and selected as without the copy:
+// * a level keeping `width` nodes: L = the width-th largest fl(a_i - delta); a node with
+//   fl(a_i + delta) < L has c_i < c_j for `width` other nodes j, so it cannot be kept.  When exactly
+//   `width` nodes remain, they are the kept set and nothing is scored exactly.
+// * the leaves: a leaf with fl(a_i + delta) < min_score fails the filter; the others' keys lie in
+//   [key_lo, key_hi] (cos, or cos x utility: fl(lo x u) and fl(hi x u) in the order of u's sign,
+//   again by monotone rounding, so any finite utility, 0 and negative included, needs no extra
+//   margin); with T the k-th largest key_lo among leaves certain to pass (fl(a_i - delta) >=
+//   min_score; -inf when fewer than k are), a leaf with key_hi < T ranks below k passing leaves.
+// The leaves left are scored exactly, filtered and ranked as without the copy.
+constexpr size_t kSmallSelect = 32;
+
 void beam_into(const TreeArrays& t, const float* Qm, int64_t Q, const int64_t* W, int64_t H, int64_t k,
                float min_score, bool use_utility, int64_t* I, float* S) {
   const int64_t D = t.D, R = t.R;
   const float* E = t.emb;
+  const uint16_t* HS = t.scan;
   const int64_t* ptr = t.child_ptr;
   const int64_t* kids = t.child_idx;
   const int64_t* root = t.roots;
   const int64_t* lvl = t.level;
   const float* util = t.utility;
+  const DotHalf dot_half = dot_half_kernel();
   {
 #pragma omp parallel if (Q >= 8)
     {
-      std::vector<int64_t> pending, next, at_level;
+      std::vector<int64_t> pending, next, at_level, exact;
       std::vector<std::pair<float, int64_t>> pool;
+      std::vector<float> approx, bound;
       auto by_rank = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
         return better(a.first, a.second, b.first, b.second);
+      };
+      // pool += (dot(q, row), node) for each node, the rows asked for kAhead nodes ahead.
+      auto score_exact = [&](const float* qv, const std::vector<int64_t>& nodes) {
+        const size_t np = nodes.size();
+        for (size_t i = 0; i < std::min<size_t>(kAhead, np); ++i) prefetch_row(E + nodes[i] * D, D);
+        for (size_t i = 0; i < np; ++i) {
+          if (i + kAhead < np) prefetch_row(E + nodes[i + kAhead] * D, D);
+          pool.emplace_back(dot(qv, E + nodes[i] * D, D), nodes[i]);
+        }
+      };
+      // approx[i] = the copy's score of nodes[i].
+      auto score_half = [&](const float* qv, const std::vector<int64_t>& nodes) {
+        const size_t np = nodes.size();
+        approx.resize(np);
+        for (size_t i = 0; i < std::min<size_t>(kAhead, np); ++i) prefetch_half(HS + nodes[i] * D, D);
+        for (size_t i = 0; i < np; ++i) {
+          if (i + kAhead < np) prefetch_half(HS + nodes[i + kAhead] * D, D);
+          approx[i] = dot_half(qv, HS + nodes[i] * D, D);
+        }
+      };
+      // The n-th largest of bound[0..) (n >= 1, bound.size() >= n).  Up to 32: the n largest so far
+      // in a sorted array, which after the first few values most values leave with one comparison
+      // (nth_element's partitions mispredict about every other branch: perf put 11% of a 10^6-leaf
+      // search in it; this: 49.3 -> 47.7 us per call).  Larger n: nth_element (reorders bound).
+      auto nth_largest = [&](size_t n) {
+        if (n > kSmallSelect) {
+          std::nth_element(bound.begin(), bound.begin() + (n - 1), bound.end(), std::greater<float>());
+          return bound[n - 1];
+        }
+        float top[kSmallSelect];
+        size_t count = 0;
+        for (const float x : bound) {
+          if (count == n && !(x > top[n - 1])) continue;
+          size_t p = count < n ? count++ : n - 1;
+          for (; p > 0 && top[p - 1] < x; --p) top[p] = top[p - 1];
+          top[p] = x;
+        }
+        return top[n - 1];
       };
 #pragma omp for schedule(dynamic, 8)
       for (int64_t q = 0; q < Q; ++q) {
         const float* qv = Qm + q * D;
+        const float delta = HS != nullptr && dot_half != nullptr ? scan_delta(qv, D, t.scan_norm, t.scan_err) : kInf;
+        const bool half = delta < kInf;
         pending.assign(root, root + R);
         for (int64_t step = 0; step < H; ++step) {
           const int64_t at = H - step;
@@ -345,27 +577,71 @@ void beam_into(const TreeArrays& t, const float* Qm, int64_t Q, const int64_t* W
           if (at_level.empty()) continue;
           const size_t width = static_cast<size_t>(W[step]);
           if (at_level.size() > width) {
-            pool.clear();
-            const size_t np = at_level.size();
-            for (size_t i = 0; i < std::min<size_t>(kAhead, np); ++i) prefetch_row(E + at_level[i] * D, D);
-            for (size_t i = 0; i < np; ++i) {
-              if (i + kAhead < np) prefetch_row(E + at_level[i + kAhead] * D, D);
-              pool.emplace_back(dot(qv, E + at_level[i] * D, D), at_level[i]);
+            const std::vector<int64_t>* scored = &at_level;
+            bool settled = false;
+            if (half) {
+              score_half(qv, at_level);
+              bound.resize(approx.size());
+              for (size_t i = 0; i < approx.size(); ++i) bound[i] = approx[i] - delta;
+              const float floor_kept = nth_largest(width);
+              exact.clear();
+              for (size_t i = 0; i < approx.size(); ++i)
+                if (approx[i] + delta >= floor_kept) exact.push_back(at_level[i]);
+              // At least `width` remain (the width largest lower bounds' own upper bounds reach L).
+              if (exact.size() == width) {
+                at_level.swap(exact);  // the copy alone proved which nodes are kept
+                settled = true;
+              } else if (exact.size() > width) {
+                scored = &exact;
+              }
             }
-            // Only the set kept matters (the ranking is a total order): no sort needed.
-            std::nth_element(pool.begin(), pool.begin() + (width - 1), pool.end(), by_rank);
-            at_level.clear();
-            for (size_t i = 0; i < width; ++i) at_level.push_back(pool[i].second);
+            if (!settled) {
+              pool.clear();
+              score_exact(qv, *scored);
+              // Only the set kept matters (the ranking is a total order): no sort needed.
+              std::nth_element(pool.begin(), pool.begin() + (width - 1), pool.end(), by_rank);
+              at_level.clear();
+              for (size_t i = 0; i < width; ++i) at_level.push_back(pool[i].second);
+            }
           }  // else every node of the level is kept: none needs a score
           for (const int64_t node : at_level) next.insert(next.end(), kids + ptr[node], kids + ptr[node + 1]);
           pending.swap(next);
         }
+        const std::vector<int64_t>* leaves = &pending;
+        if (half && !pending.empty()) {
+          score_half(qv, pending);
+          bound.clear();
+          for (size_t i = 0; i < pending.size(); ++i) {
+            const float lo = approx[i] - delta;
+            if (!(lo >= min_score)) continue;
+            if (!use_utility) {
+              bound.push_back(lo);
+            } else {
+              const float u = util[pending[i]];
+              bound.push_back(u >= 0.f ? lo * u : (approx[i] + delta) * u);
+            }
+          }
+          const size_t kk = static_cast<size_t>(k);
+          const float floor_key = bound.size() >= kk ? nth_largest(kk) : kNegInf;
+          exact.clear();
+          for (size_t i = 0; i < pending.size(); ++i) {
+            const float hi = approx[i] + delta;
+            if (!(hi >= min_score)) continue;
+            float key_hi = hi;
+            if (use_utility) {
+              const float u = util[pending[i]];
+              key_hi = u >= 0.f ? hi * u : (approx[i] - delta) * u;
+            }
+            if (key_hi >= floor_key) exact.push_back(pending[i]);
+          }
+          leaves = &exact;
+        }
         pool.clear();
-        const size_t np = pending.size();
-        for (size_t i = 0; i < std::min<size_t>(kAhead, np); ++i) prefetch_row(E + pending[i] * D, D);
+        const size_t np = leaves->size();
+        for (size_t i = 0; i < std::min<size_t>(kAhead, np); ++i) prefetch_row(E + (*leaves)[i] * D, D);
         for (size_t i = 0; i < np; ++i) {
-          const int64_t node = pending[i];
-          if (i + kAhead < np) prefetch_row(E + pending[i + kAhead] * D, D);
+          const int64_t node = (*leaves)[i];
+          if (i + kAhead < np) prefetch_row(E + (*leaves)[i + kAhead] * D, D);
           const float cos = dot(qv, E + node * D, D);
           if (!(cos >= min_score)) continue;
           pool.emplace_back(use_utility ? cos * util[node] : cos, node);
@@ -835,16 +1111,29 @@ PYBIND11_MODULE(_cpu_tree, m) {
                                   "A CosineTree snapshot's pointers, sizes and tensors (kept alive) for search_tensors")
       .def(py::init([](std::uintptr_t emb, int64_t dim, std::uintptr_t child_ptr, std::uintptr_t child_idx,
                        std::uintptr_t roots, int64_t num_roots, std::uintptr_t level, std::uintptr_t utility,
-                       int64_t height, int64_t num_live, int64_t max_results, int64_t max_width, py::object keep) {
+                       int64_t height, int64_t num_live, int64_t max_results, int64_t max_width, py::object keep,
+                       std::uintptr_t scan, double scan_norm, double scan_err) {
              using streammem::in_ptr;
              return streammem::TreeView{{in_ptr<float>(emb), dim, in_ptr<int64_t>(child_ptr),
                                          in_ptr<int64_t>(child_idx), in_ptr<int64_t>(roots), num_roots,
-                                         in_ptr<int64_t>(level), in_ptr<float>(utility)},
+                                         in_ptr<int64_t>(level), in_ptr<float>(utility), in_ptr<uint16_t>(scan),
+                                         scan_norm, scan_err},
                                         height, num_live, max_results, max_width, std::move(keep)};
            }),
            py::arg("emb"), py::arg("dim"), py::arg("child_ptr"), py::arg("child_idx"), py::arg("roots"),
            py::arg("num_roots"), py::arg("level"), py::arg("utility"), py::arg("height"), py::arg("num_live"),
-           py::arg("max_results"), py::arg("max_width"), py::arg("keep"));
+           py::arg("max_results"), py::arg("max_width"), py::arg("keep"), py::kw_only(), py::arg("scan") = 0,
+           py::arg("scan_norm") = 0.0, py::arg("scan_err") = 0.0);
+  m.def("half_dots", &streammem::half_dots, py::arg("query"), py::arg("rows"),
+        "float32 dot products of query (D,) with the float16 rows (n, D) (uint16 bits) of a scan copy, by the "
+        "beam search's kernel (ValueError where the CPU has none)");
+  m.def("half_scan_kernel", [] { return streammem::dot_half_kernel() != nullptr; },
+        "Whether this CPU has the kernel (F16C, AVX2, FMA) with which the beam search reads a scan copy; "
+        "without it the copy is kept but not read (same results, float32 speed)");
+  m.def("half_copy", &streammem::half_copy, py::arg("src"), py::arg("dst"), py::arg("rows"), py::arg("dim"),
+        "Write the float16 scan copy of float32 rows src (rows, dim) into dst (rows, dim) (round to nearest even, "
+        "|x| < 2^-14 stored as 0); returns upper bounds on the largest row norm and on the largest L2 distance of "
+        "a row to its copy");
   m.def("search_tensors", &streammem::search_tensors, py::arg("view"), py::arg("queries"), py::arg("beam"),
         py::arg("k"), py::arg("min_score"), py::arg("use_utility"), py::arg("from_every_root"));
   m.def("cosine_topk", &streammem::cosine_topk, py::arg("queries"), py::arg("num_queries"), py::arg("keys"),
