@@ -106,14 +106,15 @@ __attribute__((always_inline)) inline void cell4(const T* __restrict from, float
   for (int k = 0; k < 4; ++k) dst[k] = static_cast<float>(from[k]) * scale;
 }
 
-// One row of a warp whose cells all read inside the frame's rows (GuessRows::warp_row): base is
-// the row in the frame, cell j covers columns [start[j], start[j+1]) and reads base + off[j];
-// kind[j] 0: exactly 4 columns read inside the row, 1: any width inside, 2: clamped columns.
+// One row of a warp: base is the row in the frame, cell j covers columns [start[j], start[j+1])
+// and reads base + off[j], off[j] = dy[j] * W + gx[j] (dy[j]: the cell's row offset, already
+// clamped to the frame's rows by the caller); kind[j] 0: exactly 4 columns read inside the row,
+// 1: any width inside, 2: clamped columns.
 template <typename T>
 STREAMMEM_HOT void warp_cells(const T* __restrict base, float scale, int64_t W, int64_t cols,
                               const int64_t* __restrict start, const int64_t* __restrict off,
                               const uint8_t* __restrict kind, const int32_t* __restrict gx,
-                              const int32_t* __restrict gy, float* __restrict dst) {
+                              const int32_t* __restrict dy, float* __restrict dst) {
   for (int64_t j = 0; j < cols; ++j) {
     const int64_t x0 = start[j], x1 = start[j + 1];
     const T* from = base + off[j];
@@ -122,11 +123,88 @@ STREAMMEM_HOT void warp_cells(const T* __restrict base, float scale, int64_t W, 
     } else if (kind[j] == 1) {
       for (int64_t x = x0; x < x1; ++x) dst[x] = static_cast<float>(from[x]) * scale;
     } else {
-      const T* row = base + static_cast<int64_t>(gy[j]) * W;
+      const T* row = base + static_cast<int64_t>(dy[j]) * W;
       for (int64_t x = x0; x < x1; ++x)
         dst[x] = static_cast<float>(row[std::min<int64_t>(std::max<int64_t>(x + gx[j], 0), W - 1)]) * scale;
     }
   }
+}
+
+// A grid row's warp plan (GuessRows::warp_row): each cell's kind (see warp_cells; `cell` is the
+// width of kind 0) and source offset dy * W + dx, and the vertical offsets' range.  Separate
+// simple loops, so that they vectorise.  (Merging runs of cells with the same offset into one
+// piece was slower on bikes.mp4: its level-0 guess changes every cell or two.)
+STREAMMEM_HOT void plan_cells(const int32_t* __restrict gx, const int32_t* __restrict gy,
+                              const int64_t* __restrict start, int64_t cols, int64_t W, int64_t cell,
+                              uint8_t* __restrict kind, int64_t* __restrict off, int32_t* dy_lo, int32_t* dy_hi) {
+  int32_t lo = gy[0], hi = gy[0];
+  for (int64_t j = 0; j < cols; ++j) {
+    lo = std::min(lo, gy[j]);
+    hi = std::max(hi, gy[j]);
+  }
+  *dy_lo = lo;
+  *dy_hi = hi;
+  for (int64_t j = 0; j < cols; ++j) {
+    const bool inside = start[j] + gx[j] >= 0 && start[j + 1] + gx[j] <= W;
+    kind[j] = inside ? (start[j + 1] - start[j] == cell ? 0 : 1) : 2;
+    off[j] = static_cast<int64_t>(gy[j]) * W + gx[j];
+  }
+}
+
+// Image row y's cells whose rows y + gy[j] leave the frame's H rows: the clamped row offsets
+// dy[j] = clamp(y + gy[j]) - y and source offsets dy[j] * W + gx[j] for warp_cells.
+STREAMMEM_HOT void clamp_cell_rows(const int32_t* __restrict gx, const int32_t* __restrict gy, int64_t cols,
+                                   int64_t y, int64_t H, int64_t W, int32_t* __restrict dy, int64_t* __restrict off) {
+  for (int64_t j = 0; j < cols; ++j) {
+    const int64_t d = std::min<int64_t>(std::max<int64_t>(y + gy[j], 0), H - 1) - y;
+    dy[j] = static_cast<int32_t>(d);
+    off[j] = d * W + gx[j];
+  }
+}
+
+// A grid row's offsets at the window outputs (GuessRows::output_row): cell j covers outputs
+// [lo[j], hi[j]) (empty for the cells right of the last output); ox/oy its offsets as floats (whole
+// numbers, exact), in[x] 1 where output x's displaced column x + ox[x] stays inside [0, right]
+// (a whole number), else 0.  Returns whether every in[x] is 1.  *dy_lo, *dy_hi: the range of gy over cell 0 and
+// the non-empty cells.
+STREAMMEM_HOT bool output_offsets(const int32_t* __restrict gx, const int32_t* __restrict gy,
+                                  const int32_t* __restrict lo, const int32_t* __restrict hi, int64_t cols,
+                                  int64_t Wo, float right, float* __restrict ox, float* __restrict oy,
+                                  float* __restrict in, int32_t* dy_lo, int32_t* dy_hi) {
+  // Per non-empty cell: its vertical offset's range, and whether its displaced columns
+  // lo + dx .. hi - 1 + dx all stay inside [0, right] (the columns of a cell are consecutive).
+  const int32_t last = static_cast<int32_t>(right);  // int32: the loop vectorises (frames < 2^31 columns)
+  int32_t dlo = gy[0], dhi = gy[0], inside = 1;
+  for (int64_t j = 0; j < cols; ++j) {
+    const int32_t used = lo[j] < hi[j];
+    dlo = std::min(dlo, used ? gy[j] : dlo);
+    dhi = std::max(dhi, used ? gy[j] : dhi);
+    inside &= (!used) | ((lo[j] + gx[j] >= 0) & (hi[j] - 1 + gx[j] <= last));
+  }
+  *dy_lo = dlo;
+  *dy_hi = dhi;
+  for (int64_t j = 0; j < cols; ++j) {
+    const int64_t x0 = lo[j], x1 = hi[j];
+    const float fx = static_cast<float>(gx[j]), fy = static_cast<float>(gy[j]);
+#if defined(__SSE2__)
+    if (x1 - x0 == 4) {  // level 0's cells (factor 4): one vector store each
+      _mm_storeu_ps(ox + x0, _mm_set1_ps(fx));
+      _mm_storeu_ps(oy + x0, _mm_set1_ps(fy));
+      continue;
+    }
+#endif
+    for (int64_t x = x0; x < x1; ++x) {
+      ox[x] = fx;
+      oy[x] = fy;
+    }
+  }
+  // Output x reads column x + ox[x] (floats: whole numbers, exact; its own loop, so that it
+  // vectorises).
+  for (int64_t x = 0; x < Wo; ++x) {
+    const float xs = static_cast<float>(static_cast<int32_t>(x)) + ox[x];
+    in[x] = (xs >= 0.0f) & (xs <= right) ? 1.0f : 0.0f;
+  }
+  return inside != 0;
 }
 
 // A guess seen from its level: grid cell j covers the image columns [start(j), start(j+1))
@@ -140,9 +218,18 @@ class GuessRows {
     start_[0] = 0;
     for (int64_t j = 1; j < g.cols; ++j) start_[j] = std::min<int64_t>(g.factor * (j + border), W);
     start_[g.cols] = W;
+    out_lo_.resize(g.cols);
+    out_hi_.resize(g.cols);
+    const int64_t Wo = W - 2 * border;  // window outputs per row (output x is image column x + border)
+    for (int64_t j = 0; j < g.cols; ++j) {
+      out_lo_[j] = static_cast<int32_t>(std::max<int64_t>(start_[j] - border, 0));
+      out_hi_[j] = static_cast<int32_t>(std::max<int64_t>(out_lo_[j], std::min<int64_t>(start_[j + 1] - border, Wo)));
+    }
     nonzero_.assign(g.rows, -1);
     off_.resize(g.cols);
     kind_.resize(g.cols);
+    clamped_off_.resize(g.cols);
+    clamped_dy_.resize(g.cols);
   }
   int64_t grid_row(int64_t y) const { return std::min(std::max<int64_t>(y / g_.factor - border_, 0), g_.rows - 1); }
   // Whether any offset of grid row ci is nonzero (zero offsets: no warp, no composition).
@@ -164,35 +251,18 @@ class GuessRows {
   // in[x]: 1 where output x's displaced column stays inside, else 0.
   Extent output_row(int64_t ci, int64_t Wo, float* __restrict ox, float* __restrict oy, float* __restrict in) const {
     Extent e;
-    e.dy_lo = e.dy_hi = g_.oy[ci * g_.cols];
-    for (int64_t j = 0; j < g_.cols; ++j) {
-      const int64_t lo = std::max<int64_t>(start_[j] - border_, 0), hi = std::min<int64_t>(start_[j + 1] - border_, Wo);
-      if (lo >= hi) continue;
-      const int32_t dx = g_.ox[ci * g_.cols + j], dy = g_.oy[ci * g_.cols + j];
-      // Output x is image column x + border: inside when border <= x + border + dx <= W-1-border.
-      e.columns_inside = e.columns_inside && lo + dx >= 0 && hi - 1 + border_ + dx <= W_ - 1 - border_;
-      e.dy_lo = std::min(e.dy_lo, dy);
-      e.dy_hi = std::max(e.dy_hi, dy);
-      for (int64_t x = lo; x < hi; ++x) {
-        ox[x] = static_cast<float>(dx);
-        oy[x] = static_cast<float>(dy);
-      }
-    }
-    // Output x is image column x + border: inside when border <= x + border + dx <= W-1-border
-    // (floats: whole numbers, exact; a separate loop, so that it vectorises).
-    const float right = static_cast<float>(W_ - 1 - 2 * border_);
-    for (int64_t x = 0; x < Wo; ++x) {
-      const float xs = static_cast<float>(static_cast<int32_t>(x)) + ox[x];
-      in[x] = (xs >= 0.0f) & (xs <= right) ? 1.0f : 0.0f;
-    }
+    e.columns_inside = output_offsets(g_.ox + ci * g_.cols, g_.oy + ci * g_.cols, out_lo_.data(), out_hi_.data(),
+                                      g_.cols, Wo, static_cast<float>(W_ - 1 - 2 * border_), ox, oy, in, &e.dy_lo,
+                                      &e.dy_hi);
     return e;
   }
   // Image row y of `src` (the frame, type T, times `scale`: [0, 1] floats) moved by grid row ci's
   // offsets into dst (W floats): dst[x] = src[clamp(y + oy), clamp(x + ox)] * scale.  Per grid row, each cell's source offset
   // dy * W + dx, its kind (0: exactly kCell columns and reading inside the frame's columns,
-  // 1: reading inside, 2: clamped) and the vertical offsets' range are found once; a row whose
-  // cells all read inside the frame's rows converts each kind-0 cell as one fixed-size block
-  // (level 0: 4 values, no branch, no library call; a real clip's guess changes every few cells).
+  // 1: reading inside, 2: clamped) and the vertical offsets' range are found once; each kind-0
+  // cell is converted as one fixed-size block (level 0: 4 values, no branch, no library call; a
+  // real clip's guess changes every few cells), also on the rows whose cells read outside the
+  // frame's rows (then each cell's row is clamped first).
   template <typename T>
   void warp_row(const T* __restrict src, float scale, int64_t y, int64_t ci, float* __restrict dst) {
     const int64_t cols = g_.cols;
@@ -200,36 +270,28 @@ class GuessRows {
     const int32_t* gy = g_.oy + ci * cols;
     if (ci != cells_row_) {
       cells_row_ = ci;
-      int32_t lo = gy[0], hi = gy[0];
-      for (int64_t j = 0; j < cols; ++j) {
-        const bool inside = start_[j] + gx[j] >= 0 && start_[j + 1] + gx[j] <= W_;
-        kind_[j] = inside ? (start_[j + 1] - start_[j] == kCell ? 0 : 1) : 2;
-        lo = std::min(lo, gy[j]);
-        hi = std::max(hi, gy[j]);
-        off_[j] = static_cast<int64_t>(gy[j]) * W_ + gx[j];
-      }
-      cells_dy_lo_ = lo;
-      cells_dy_hi_ = hi;
+      plan_cells(gx, gy, start_.data(), cols, W_, kCell, kind_.data(), off_.data(), &cells_dy_lo_, &cells_dy_hi_);
     }
     if (y + cells_dy_lo_ >= 0 && y + cells_dy_hi_ <= H_ - 1) {
       warp_cells<T>(src + y * W_, scale, W_, cols, start_.data(), off_.data(), kind_.data(), gx, gy, dst);
       return;
     }
-    for (int64_t j = 0; j < cols; ++j) {
-      const T* row = src + std::min<int64_t>(std::max<int64_t>(y + gy[j], 0), H_ - 1) * W_;
-      for (int64_t x = start_[j]; x < start_[j + 1]; ++x)
-        dst[x] = static_cast<float>(row[std::min<int64_t>(std::max<int64_t>(x + gx[j], 0), W_ - 1)]) * scale;
-    }
+    clamp_cell_rows(gx, gy, cols, y, H_, W_, clamped_dy_.data(), clamped_off_.data());
+    warp_cells<T>(src + y * W_, scale, W_, cols, start_.data(), clamped_off_.data(), kind_.data(), gx,
+                  clamped_dy_.data(), dst);
   }
 
  private:
   Guess g_;
   int64_t H_, W_, border_;
   std::vector<int64_t> start_;
+  std::vector<int32_t> out_lo_, out_hi_;  // each cell's window outputs [lo, hi) (empty right of the last)
   std::vector<int8_t> nonzero_;
   static constexpr int64_t kCell = 4;  // level 0's cell width (factor 4)
   std::vector<int64_t> off_;           // grid row cells_row_: each cell's source offset dy * W + dx
   std::vector<uint8_t> kind_;          // grid row cells_row_: each cell's copy (see warp_row)
+  std::vector<int64_t> clamped_off_;   // a row reading outside the frame's rows: off_ with clamped rows
+  std::vector<int32_t> clamped_dy_;    // ... and each cell's clamped row offset
   int32_t cells_dy_lo_ = 0, cells_dy_hi_ = 0;
   int64_t cells_row_ = -1;
 };
@@ -610,16 +672,28 @@ STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restri
   }
 }
 
-// Next pyramid level of one frame: [1 2 1] / 4 along rows then columns, every second pixel,
-// edges replicated.  tmp: H * ((W+1)/2) floats.
-// [1 2 1] / 4 at every second pixel of one row already in [0, 1] floats, edges replicated.
-STREAMMEM_HOT void reduce_row_pass(const float* __restrict s, int64_t W, float* __restrict h, float* __restrict full) {
+// [1 2 1] / 4 at every second pixel of one row already in [0, 1] floats, edges replicated:
+// h[j] = ((s[2j-1] + 2 s[2j]) + s[2j+1]) / 4 (the reference's order; 2 s is exact, so an FMA
+// rounds it the same way).  Four outputs per step from de-interleaved loads (odd, even and the
+// next odd samples).
+STREAMMEM_HOT void reduce_row_pass(const float* __restrict s, int64_t W, float* __restrict h) {
   const int64_t Wn = (W + 1) / 2;
   h[0] = ((s[0] + 2.0f * s[0]) + s[std::min<int64_t>(1, W - 1)]) * 0.25f;
-  // Every interior column's sum, then every second one kept: contiguous loops vectorise, the
-  // strided sums did not (the same operations in the same order).
-  for (int64_t k = 1; k + 1 < W; ++k) full[k] = ((s[k - 1] + 2.0f * s[k]) + s[k + 1]) * 0.25f;
-  for (int64_t j = 1; j + 1 < Wn; ++j) h[j] = full[2 * j];
+  int64_t j = 1;
+#if defined(__SSE2__)
+  // Outputs j..j+3 read s[2j-1 .. 2j+8]: inside the row while 2j + 9 <= W, and interior while
+  // j + 4 < Wn.
+  const __m128 quarter = _mm_set1_ps(0.25f);
+  for (; 2 * j + 9 <= W && j + 4 < Wn; j += 4) {
+    const float* p = s + 2 * j - 1;
+    const __m128 a = _mm_loadu_ps(p), b = _mm_loadu_ps(p + 4), c = _mm_loadu_ps(p + 2), d = _mm_loadu_ps(p + 6);
+    const __m128 left = _mm_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));   // s[2j-1], s[2j+1], ...
+    const __m128 mid = _mm_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));    // s[2j], s[2j+2], ...
+    const __m128 right = _mm_shuffle_ps(c, d, _MM_SHUFFLE(2, 0, 2, 0));  // s[2j+1], s[2j+3], ...
+    _mm_storeu_ps(h + j, _mm_mul_ps(_mm_add_ps(_mm_add_ps(left, _mm_add_ps(mid, mid)), right), quarter));
+  }
+#endif
+  for (; j + 1 < Wn; ++j) h[j] = ((s[2 * j - 1] + 2.0f * s[2 * j]) + s[2 * j + 1]) * 0.25f;
   if (Wn > 1) h[Wn - 1] = ((s[2 * Wn - 3] + 2.0f * s[2 * Wn - 2]) + s[std::min<int64_t>(2 * Wn - 1, W - 1)]) * 0.25f;
 }
 
@@ -629,14 +703,14 @@ STREAMMEM_HOT void reduce_column_pass(const float* __restrict up, const float* _
 }
 
 // Next pyramid level of one frame: [1 2 1] / 4 along rows then columns, every second pixel,
-// edges replicated.  tmp: H * ((W+1)/2) + 2 W floats.
+// edges replicated.  tmp: H * ((W+1)/2) + W floats.
 template <typename T>
 void reduce_frame(const T* src, int64_t H, int64_t W, float scale, float* dst, float* tmp) {
   const int64_t Hn = (H + 1) / 2, Wn = (W + 1) / 2;
   float* unit = tmp + H * Wn;
   for (int64_t y = 0; y < H; ++y) {
     unit_row<T>(src + y * W, W, scale, unit);
-    reduce_row_pass(unit, W, tmp + y * Wn, unit + W);
+    reduce_row_pass(unit, W, tmp + y * Wn);
   }
   for (int64_t i = 0; i < Hn; ++i)
     reduce_column_pass(tmp + std::max<int64_t>(2 * i - 1, 0) * Wn, tmp + (2 * i) * Wn,
@@ -780,7 +854,7 @@ py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int lev
         const bool parallel = nf * H * W >= (int64_t{1} << 16);
 #pragma omp parallel if (parallel)
         {
-          const auto tmp = buffer<float>(H * lw[1] + 2 * W);  // per thread
+          const auto tmp = buffer<float>(H * lw[1] + W);  // per thread
           const auto level1 = buffer<float>(levels == 2 ? 0 : lh[1] * lw[1]);
 #pragma omp for schedule(static)
           for (int64_t f = 0; f < nf; ++f) {
