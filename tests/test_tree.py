@@ -279,6 +279,30 @@ def test_wide_beam_equals_exhaustive_search(backend, use_utility, min_score):
     assert_topk_equal(res, ids, scores)
 
 
+@pytest.mark.parametrize("backend", TREE_BACKENDS)
+@pytest.mark.parametrize("width,k", [(31, 32), (32, 33), (33, 40), (40, 31), (3, 64)])
+def test_beam_selection_on_both_sides_of_the_small_select(backend, width, k):
+    """Level widths and k on both sides of 32 (the C++ beam keeps up to 32 best in a sorted array,
+    more with partial_sort): the torch reference's ids and scores, exact ties (duplicate leaves,
+    the lower id first) included."""
+    g = torch.Generator().manual_seed(21)
+    emb = torch.randn(600, 16, generator=g)
+    emb[300:340] = emb[0:40]  # duplicates: equal scores, ranked by id
+    tree = CosineTree(16, capacity=8)
+    tree.add_leaves(emb)
+    tree.grow(12)
+    assert int(torch.bincount(tree.level)[1]) > width  # the level below the top is scored, not kept whole
+    queries = torch.cat([emb[[0, 5, 310]], torch.randn(5, 16, generator=g)])
+    got = tree_search(tree, queries, beam=(2, width), k=k, backend=backend)
+    want = tree_search(tree, queries, beam=(2, width), k=k, backend="torch")
+    assert torch.equal(got.ids, want.ids)
+    torch.testing.assert_close(got.scores, want.scores, atol=SCORE_ATOL, rtol=0)
+    tied = (got.scores[:, :-1] == got.scores[:, 1:]) & (got.ids[:, 1:] >= 0)  # not the -1 / -inf padding
+    assert bool((got.ids[:, :-1][tied] < got.ids[:, 1:][tied]).all())  # equal scores: the lower id first
+    if width > 3:  # wide enough to reach both copies of some queried leaf: exact ties were ranked
+        assert bool(tied.any())
+
+
 def test_beam_prostream_hierarchy_recall():
     """Scenes -> events -> units with (5, 10): the true best unit is found."""
     g = torch.Generator().manual_seed(11)

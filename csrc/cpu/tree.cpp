@@ -522,6 +522,10 @@ void beam_into(const TreeArrays& t, const float* Qm, int64_t Q, const int64_t* W
       std::vector<int64_t> pending, next, at_level, exact;
       std::vector<std::pair<float, int64_t>> pool;
       std::vector<float> approx, bound;
+      // One allocation each for a typical search (beam (5, 10) over fan-out 10 holds ~100 nodes
+      // per level) instead of a growth series.
+      for (auto* v : {&pending, &next, &at_level, &exact}) v->reserve(256);
+      pool.reserve(256);
       auto by_rank = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
         return better(a.first, a.second, b.first, b.second);
       };
@@ -548,6 +552,25 @@ void beam_into(const TreeArrays& t, const float* Qm, int64_t Q, const int64_t* W
       // in a sorted array, which after the first few values most values leave with one comparison
       // (nth_element's partitions mispredict about every other branch: perf put 11% of a 10^6-leaf
       // search in it; this: 49.3 -> 47.7 us per call).  Larger n: nth_element (reorders bound).
+      // Moves the n best of pool (by_rank, n <= pool.size()) to pool[0..n), best first.  Up to 32:
+      // the n best so far in a sorted array, as nth_largest (the ranking is a total order, so the
+      // set and its order are nth_element's / partial_sort's).  Larger n: partial_sort.
+      auto best_first = [&](size_t n) {
+        if (n == 0) return;
+        if (n > kSmallSelect) {
+          std::partial_sort(pool.begin(), pool.begin() + n, pool.end(), by_rank);
+          return;
+        }
+        std::pair<float, int64_t> top[kSmallSelect];
+        size_t count = 0;
+        for (const auto& x : pool) {
+          if (count == n && !by_rank(x, top[n - 1])) continue;
+          size_t p = count < n ? count++ : n - 1;
+          for (; p > 0 && by_rank(x, top[p - 1]); --p) top[p] = top[p - 1];
+          top[p] = x;
+        }
+        std::copy(top, top + n, pool.begin());
+      };
       auto nth_largest = [&](size_t n) {
         if (n > kSmallSelect) {
           std::nth_element(bound.begin(), bound.begin() + (n - 1), bound.end(), std::greater<float>());
@@ -598,8 +621,7 @@ void beam_into(const TreeArrays& t, const float* Qm, int64_t Q, const int64_t* W
             if (!settled) {
               pool.clear();
               score_exact(qv, *scored);
-              // Only the set kept matters (the ranking is a total order): no sort needed.
-              std::nth_element(pool.begin(), pool.begin() + (width - 1), pool.end(), by_rank);
+              best_first(width);  // only the set kept matters (the ranking is a total order)
               at_level.clear();
               for (size_t i = 0; i < width; ++i) at_level.push_back(pool[i].second);
             }
@@ -647,7 +669,7 @@ void beam_into(const TreeArrays& t, const float* Qm, int64_t Q, const int64_t* W
           pool.emplace_back(use_utility ? cos * util[node] : cos, node);
         }
         const size_t keep = std::min<size_t>(static_cast<size_t>(k), pool.size());
-        std::partial_sort(pool.begin(), pool.begin() + keep, pool.end(), by_rank);
+        best_first(keep);
         for (int64_t i = 0; i < k; ++i) {
           const bool have = static_cast<size_t>(i) < keep;
           I[q * k + i] = have ? pool[i].second : -1;
