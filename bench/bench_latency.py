@@ -49,6 +49,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import streammem_kernels as sk  # noqa: E402
 from streammem_kernels._dispatch import load_native  # noqa: E402
+from streammem_kernels.traversal import _beam_widths  # noqa: E402
 
 DIM, TOPK, RECALL_QUERIES = 384, 10, 200
 
@@ -171,7 +172,7 @@ def overhead_rows(faiss) -> list[tuple]:
         lambda: sk.tree_search(tree, q),
         lambda: tree_mod.greedy(a.embeddings, a.dim, a.child_ptr, a.child_idx, a.roots, a.num_roots, q.data_ptr(), 1,
                                 a.height, False))))
-    widths = a.widths((5, 10))
+    widths = _beam_widths((5, 10), a.height)
     rows.append(("tree_search beam (5,10) Q=1 N=10^4", *measure_pair(
         lambda: sk.tree_search(tree, q, beam=(5, 10), k=TOPK),
         lambda: tree_mod.beam(a.embeddings, a.dim, a.child_ptr, a.child_idx, a.roots, a.num_roots, a.level, a.utility,

@@ -89,8 +89,7 @@ class SearchArrays:
 
     Built under the tree's lock and never mutated structurally afterwards (writers that rewrite
     the CSR or the levels do so in fresh tensors, see :class:`CosineTree`), so a search that holds
-    one stays in bounds whatever other threads do to the tree.  :meth:`widths` memoises the
-    per-level beam widths of a beam tuple; ``native`` holds what a search backend derives from the
+    one stays in bounds whatever other threads do to the tree.  ``native`` holds what a search backend derives from the
     snapshot once (the C++ backend's ``TreeView``, see :mod:`~streammem_kernels.traversal`), None
     until then.  ``scan_tensor`` is the used prefix of the tree's half-precision scan copy (None
     without one), ``scan`` its address (0 without one), ``scan_norm`` and ``scan_err`` upper bounds
@@ -98,7 +97,7 @@ class SearchArrays:
     """
 
     __slots__ = ("embeddings", "dim", "child_ptr", "child_idx", "roots", "num_roots", "level", "utility", "height",
-                 "tensors", "fanout", "num_live", "native", "scan_tensor", "scan", "scan_norm", "scan_err", "_widths")
+                 "tensors", "fanout", "num_live", "native", "scan_tensor", "scan", "scan_norm", "scan_err")
 
     def __init__(self, tensors: tuple, dim: int, height: int, fanout: int, num_live: int,
                  scan: tuple | None = None):
@@ -113,14 +112,6 @@ class SearchArrays:
         self.scan_tensor, self.scan_norm, self.scan_err = scan if scan is not None else (None, 0.0, 0.0)
         self.scan = 0 if self.scan_tensor is None else self.scan_tensor.data_ptr()
         self.native = None
-        self._widths: dict[tuple, list[int]] = {}
-
-    def widths(self, beam: tuple) -> list[int]:
-        """Width per level from the top for a validated beam tuple (the last width repeats)."""
-        out = self._widths.get(beam)
-        if out is None:
-            out = self._widths[beam] = [beam[min(i, len(beam) - 1)] for i in range(max(self.height, 0))]
-        return out
 
 
 def _writer(method):

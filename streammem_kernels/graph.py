@@ -93,7 +93,7 @@ import torch
 
 from ._dispatch import Op, call_op, load_native
 from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_rank, check_values
-from .topk import _FAST_MAX_K, BLAS_MIN_QUERIES, COSINE_TOPK, TopKResult, cosine_topk
+from .topk import _FAST_MAX_K, BLAS_MIN_QUERIES, COSINE_TOPK, TopKResult, _new_tuple, cosine_topk
 
 __all__ = [
     "CSRGraph",
@@ -113,7 +113,6 @@ NO_CAP = 2**31 - 1
 _ABSENT = torch.iinfo(torch.int64).max
 _from_numpy = torch.from_numpy
 _is_compiling = torch.compiler.is_compiling
-_new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
 # The address of tree.cpp's top-k behind its C signature (read once; the module is never unloaded).
 _TOPK_INTO: list[int] = []
 

@@ -71,13 +71,11 @@ from ._cosine import MAX_RESULTS, MAX_WIDTH, check_size, dot_rows, topk_low_id, 
 from ._dispatch import Op, call_op
 from ._utils import check_finite, check_float, check_int
 from .cosine_tree import CosineTree
-from .topk import TOLERANCES, TopKResult, prepare_queries
+from .topk import TOLERANCES, TopKResult, _new_tuple, prepare_queries
 
 __all__ = ["TreePathResult", "tree_search"]
 
 _is_compiling = torch.compiler.is_compiling
-# Builds a NamedTuple without its Python-level __new__ (as topk.py does).
-_new_tuple = tuple.__new__
 
 # Candidate rows gathered per chunk by the torch reference: bounds the
 # (queries x candidates x D) temporary to 16M floats (64 MB).

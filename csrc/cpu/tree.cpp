@@ -505,6 +505,23 @@ py::tuple greedy(std::uintptr_t emb_ptr, int64_t D, std::uintptr_t child_ptr_ptr
 // The leaves left are scored exactly, filtered and ranked as without the copy.
 constexpr size_t kSmallSelect = 32;
 
+// The n best values of v (n <= min(v.size(), kSmallSelect); `before` a strict order) into
+// top[0..n), best first: the n best so far in a sorted array, which after the first few values most
+// values leave with one comparison.  The beam's selections of up to 32 (widths, k, their bounds) use
+// it instead of nth_element / partial_sort, whose partitions mispredict about every other branch
+// (perf: 11% of a 10^6-leaf search with the scan copy, ~5% without).
+template <typename T, typename Before>
+void small_best(const std::vector<T>& v, size_t n, Before before, T* top) {
+  if (n == 0) return;
+  size_t count = 0;
+  for (const T& x : v) {
+    if (count == n && !before(x, top[n - 1])) continue;
+    size_t p = count < n ? count++ : n - 1;
+    for (; p > 0 && before(x, top[p - 1]); --p) top[p] = top[p - 1];
+    top[p] = x;
+  }
+}
+
 void beam_into(const TreeArrays& t, const float* Qm, int64_t Q, const int64_t* W, int64_t H, int64_t k,
                float min_score, bool use_utility, int64_t* I, float* S) {
   const int64_t D = t.D, R = t.R;
@@ -548,42 +565,25 @@ void beam_into(const TreeArrays& t, const float* Qm, int64_t Q, const int64_t* W
           approx[i] = dot_half(qv, HS + nodes[i] * D, D);
         }
       };
-      // The n-th largest of bound[0..) (n >= 1, bound.size() >= n).  Up to 32: the n largest so far
-      // in a sorted array, which after the first few values most values leave with one comparison
-      // (nth_element's partitions mispredict about every other branch: perf put 11% of a 10^6-leaf
-      // search in it; this: 49.3 -> 47.7 us per call).  Larger n: nth_element (reorders bound).
-      // Moves the n best of pool (by_rank, n <= pool.size()) to pool[0..n), best first.  Up to 32:
-      // the n best so far in a sorted array, as nth_largest (the ranking is a total order, so the
-      // set and its order are nth_element's / partial_sort's).  Larger n: partial_sort.
+      // Moves the n best of pool (by_rank, n <= pool.size()) to pool[0..n), best first (the ranking
+      // is a total order, so the set and its order are nth_element's / partial_sort's).
       auto best_first = [&](size_t n) {
-        if (n == 0) return;
         if (n > kSmallSelect) {
           std::partial_sort(pool.begin(), pool.begin() + n, pool.end(), by_rank);
           return;
         }
         std::pair<float, int64_t> top[kSmallSelect];
-        size_t count = 0;
-        for (const auto& x : pool) {
-          if (count == n && !by_rank(x, top[n - 1])) continue;
-          size_t p = count < n ? count++ : n - 1;
-          for (; p > 0 && by_rank(x, top[p - 1]); --p) top[p] = top[p - 1];
-          top[p] = x;
-        }
+        small_best(pool, n, by_rank, top);
         std::copy(top, top + n, pool.begin());
       };
+      // The n-th largest of bound[0..) (n >= 1, bound.size() >= n; larger n reorders bound).
       auto nth_largest = [&](size_t n) {
         if (n > kSmallSelect) {
           std::nth_element(bound.begin(), bound.begin() + (n - 1), bound.end(), std::greater<float>());
           return bound[n - 1];
         }
         float top[kSmallSelect];
-        size_t count = 0;
-        for (const float x : bound) {
-          if (count == n && !(x > top[n - 1])) continue;
-          size_t p = count < n ? count++ : n - 1;
-          for (; p > 0 && top[p - 1] < x; --p) top[p] = top[p - 1];
-          top[p] = x;
-        }
+        small_best(bound, n, std::greater<float>(), top);
         return top[n - 1];
       };
 #pragma omp for schedule(dynamic, 8)
