@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from streammem_kernels._optional import require
+from streammem_kernels.extras import require
 
 from ._segmenter import load_segmenter_state, segmenter_state
 from .config import MAX_SEGMENTER_WINDOW, _check_int, _check_real
