@@ -277,8 +277,8 @@ def _linear_case(dtype, rows=5, vocab=300, width=64, seed=0):
 @pytest.mark.parametrize("width", [64, 33])  # H % 16 == 0 or not: the two tile configurations per dtype
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES)
 def test_linear_triton_runs_the_gpu_tiles_under_the_interpreter(interpreted_launches, dtype, width):
-    from streammem_kernels import _aot
-    from streammem_kernels._logprobs_triton import linear_config
+    from streammem_kernels.runtime import aot as _aot
+    from streammem_kernels.logprobs._triton import linear_config
 
     hidden, weight, targets, bias = _linear_case(dtype, width=width)
     linear_token_logprobs(hidden, weight, targets, bias, backend="triton")

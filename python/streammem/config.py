@@ -243,7 +243,7 @@ class MemoryConfig:
                                                                           MAX_KMEANS_ITERS))
         object.__setattr__(self, "dialogue_k", _check_int(self.dialogue_k, "dialogue_k", 1))
         object.__setattr__(self, "seed", _check_int(self.seed, "seed", 0, MAX_SEED))
-        from streammem_kernels._dispatch import BACKENDS
+        from streammem_kernels.runtime.dispatch import BACKENDS
 
         if not isinstance(self.backend, str) or self.backend not in ("auto",) + BACKENDS:
             raise ValueError(f"backend must be one of {('auto',) + BACKENDS}, got {self.backend!r}")

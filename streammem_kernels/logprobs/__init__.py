@@ -26,7 +26,7 @@ NaN inside the kernels, and the public functions turn that into a
 
 On CUDA tensors nothing here synchronises with the host: the value checks
 (targets in range, finite inputs, NaN results, lengths) are device-side
-assertions (``streammem_kernels._utils.check_values``) that surface at the next
+assertions (``streammem_kernels.runtime.validate.check_values``) that surface at the next
 synchronisation as a "device-side assert triggered" error with the same
 message, so every function can be captured in a CUDA graph.  On CPU tensors
 they raise ``ValueError`` at once.
@@ -62,8 +62,8 @@ from typing import Optional
 
 import torch
 
-from ._dispatch import Op, call_op, load_native
-from ._utils import (as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank,
+from ..runtime.dispatch import Op, call_op, load_native
+from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank,
                      check_values)
 
 __all__ = [
@@ -481,16 +481,16 @@ def _divergence_point_cpp(logprobs, lengths, delta, alpha, beta):
 
 
 # --------------------------------------------------------------------------
-# Backend: Triton (streammem_kernels/_logprobs_triton.py)
+# Backend: Triton (streammem_kernels/logprobs/_triton.py)
 # --------------------------------------------------------------------------
 def _token_logprobs_triton(logits, targets):
-    from ._logprobs_triton import token_logprobs_triton
+    from ._triton import token_logprobs_triton
 
     return token_logprobs_triton(logits, targets)
 
 
 def _linear_token_logprobs_triton(hidden, weight, bias, targets):
-    from ._logprobs_triton import linear_token_logprobs_triton
+    from ._triton import linear_token_logprobs_triton
 
     return linear_token_logprobs_triton(hidden, weight, bias, targets)
 
