@@ -226,9 +226,9 @@ def test_linear_token_logprobs_validation():
 
 def test_linear_token_logprobs_chunking_crosses_tiles(monkeypatch):
     # Force many vocabulary chunks in the torch path (and its online rescaling).
-    import streammem_kernels.logprobs as lp
+    import streammem_kernels.logprobs.reference as lp
 
-    monkeypatch.setattr(lp, "_TORCH_CHUNK_ELEMS", 64)
+    monkeypatch.setattr(lp, "TORCH_CHUNK_ELEMS", 64)
     hidden, weight = torch.randn(5, 16), torch.randn(1500, 16) * 2
     targets = torch.tensor([0, 255, 256, 1023, 1499])
     torch.testing.assert_close(linear_token_logprobs(hidden, weight, targets, backend="torch"),
