@@ -60,6 +60,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 
 from ..runtime.dispatch import Op, call_op, load_native
@@ -245,6 +246,9 @@ def divergence_point(logprobs, *, delta: int = 20, alpha: float = 0.85, beta: fl
 
 _TENSOR, _STRIDED, _F32, _F64, _I64 = torch.Tensor, torch.strided, torch.float32, torch.float64, torch.int64
 _INF = float("inf")
+# The latency paths allocate their results through numpy (about 0.7 us against 1.4 for torch.empty
+# with a shape tuple and a dtype); the tensors own that memory like any other.
+_from_numpy, _np_empty, _NP_F32, _NP_I64 = torch.from_numpy, np.empty, np.float32, np.int64
 
 
 def _plain_cpu(t: torch.Tensor) -> bool:
@@ -371,7 +375,7 @@ def _token_logprobs_fast(mod, logits, targets):
     shape = logits.shape
     if not (2 <= len(shape) <= 3 and targets.shape == shape[:-1] and logits.numel()):
         return None
-    out = torch.empty(shape[:-1], dtype=_F32)
+    out = _from_numpy(_np_empty(shape[:-1], _NP_F32))
     _TOKEN_CHECKS.raise_for(mod.token_logprobs(view(logits), view(targets), view(out)), vocab=shape[-1],
                             targets=targets, out=out, source="logits")
     return out
@@ -409,7 +413,7 @@ def _divergence_point_fast(mod, logprobs, delta, alpha, beta, lengths):
     if not (lengths is None or (nd == 2 and type(lengths) is _TENSOR and lengths.dtype is _I64
                                 and lengths.shape == (batch,) and _plain_cpu(lengths))):
         return None
-    out = torch.empty(shape[:-1], dtype=_I64)
+    out = _from_numpy(_np_empty(() if nd == 1 else batch, _NP_I64))
     status = mod.divergence_point(view(logprobs), None if lengths is None else view(lengths), min(delta, max_len),
                                   alpha, beta, view(out))
     _DIVERGENCE_CHECKS.raise_for(status, L=max_len)
