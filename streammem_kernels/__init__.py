@@ -6,7 +6,8 @@ says which can run here and why not.  See each op module's docstring for its
 shape contract.  Importing the package is cheap: native
 modules and Triton load lazily on first use.
 """
-from .runtime.dispatch import BACKENDS, BackendFallbackWarning, BackendReport, backend_report
+from .backends import BackendReport, backend_report
+from .runtime.dispatch import BACKENDS, BackendFallbackWarning
 from .boundaries import (Event, SegmentStep, StreamingSegmenter, adjacent_cosine, depth_scores, detect_boundaries,
                          event_ends)
 from .graph import (CSRGraph, GraphRetrieval, Neighbourhood, SourceChunks, graph_retrieve, khop_neighbourhood,

@@ -10,6 +10,7 @@ import torch
 
 import streammem_kernels as sk
 from conftest import cpu_backends
+from streammem_kernels import backends as _backends
 from streammem_kernels.runtime import dispatch as _dispatch
 from streammem_kernels.runtime.dispatch import BackendFallbackWarning, Op, load_native
 from streammem_kernels.motion import LK_FLOW
@@ -75,16 +76,16 @@ def test_no_warning_when_the_reference_is_chosen_on_purpose(no_cpp_motion, monke
 
 def test_report_agrees_with_dispatch():
     report = sk.backend_report()
-    assert list(report.functions) == list(_dispatch.op_families())
+    assert list(report.functions) == list(_backends.op_families())
     assert "motion_magnitude" in report.functions["motion"] and "tree_search" in report.functions["tree"]
-    for op in _dispatch.op_families():
+    for op in _backends.op_families():
         assert "torch" in report.available(op, "cpu")
-        for table in _dispatch._op_tables(op):
+        for table in _backends._op_tables(op):
             assert report.auto(op, "cpu") == table.select("auto", CPU)
             assert set(table.available(CPU)) & {"torch", "cpp"} <= set(report.available(op, "cpu"))
     assert report.available("motion", "cpu") == cpu_backends(LK_FLOW)
     # statuses name only backends an op has on a device that can take them
-    assert all(s.backend in _dispatch.DEVICE_BACKENDS[s.device] for s in report.statuses)
+    assert all(s.backend in _backends.DEVICE_BACKENDS[s.device] for s in report.statuses)
     assert not any(s.op == "kmeans" and s.backend == "cuda" for s in report.statuses)
     # every unavailable backend says why; available ones carry no reason
     assert all(bool(s.reasons) != s.available for s in report.statuses)
@@ -113,7 +114,7 @@ def test_report_shows_a_missing_module_and_the_override(no_cpp_motion, monkeypat
     overridden = sk.backend_report()
     assert overridden.auto("motion", "cpu") is None and overridden.environment["STREAMMEM_BACKEND"] == "cpp"
     monkeypatch.setenv("STREAMMEM_BACKEND", "torch")
-    assert all(sk.backend_report().auto(op, "cpu") == "torch" for op in _dispatch.op_families())
+    assert all(sk.backend_report().auto(op, "cpu") == "torch" for op in _backends.op_families())
 
 
 def test_report_to_dict_is_json_and_complete():

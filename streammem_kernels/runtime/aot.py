@@ -66,12 +66,12 @@ _INEXACT_PTX = re.compile(r"\b(sqrt\.approx|div\.approx|div\.full|rcp\.approx|rs
 _FMA_PTX = re.compile(r"\bfma\.rn(?:\.ftz)?\.f32")
 
 def triton_modules() -> list[str]:
-    """Names of the package's Triton kernel modules (``streammem_kernels.<op>._triton``)."""
-    import streammem_kernels
-
+    """Names of the package's Triton kernel modules (``streammem_kernels.<op>._triton``), found by listing
+    the package folder."""
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     names = []
-    for info in pkgutil.iter_modules(streammem_kernels.__path__):
-        if info.ispkg and importlib.util.find_spec(f"streammem_kernels.{info.name}._triton") is not None:
+    for info in pkgutil.iter_modules([package_dir]):
+        if info.ispkg and os.path.exists(os.path.join(package_dir, info.name, "_triton.py")):
             names.append(f"streammem_kernels.{info.name}._triton")
     return sorted(names)
 
