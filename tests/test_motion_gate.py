@@ -9,7 +9,7 @@ import torch
 
 from motion_clips import MovingObject, moving_object_clip
 from streammem import MemoryConfig
-from streammem.gate import PRESETS, MotionGate
+from streammem import PRESETS, MotionGate
 from streammem_kernels import motion_magnitude
 
 

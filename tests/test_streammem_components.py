@@ -13,7 +13,7 @@ from streammem.encoders import (
     COLOUR_NAMES, HashingTextEncoder, PixelEncoder,
     load_frame_encoder, load_text_encoder,
 )
-from streammem.gate import PRESETS, MotionGate
+from streammem import PRESETS, MotionGate
 from streammem.knowledge import (
     DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeEntry, KnowledgeInjector,
 )

@@ -15,7 +15,7 @@ from streammem import (
     BoundedConfig, HashingTextEncoder, InjectorConfig, MemoryConfig, PixelEncoder, Preset, SegmenterConfig,
     ShortTermConfig, StreamMemory, SyntheticVideo, encoder_from_spec, encoder_spec,
 )
-from streammem.gate import PRESETS
+from streammem import PRESETS
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

@@ -25,7 +25,7 @@ from streammem import (
 )
 from streammem.bounded import BoundedMemory
 from streammem.cli import parse_query
-from streammem.gate import MotionGate
+from streammem import MotionGate
 from streammem.knowledge import DialogueMemory, KnowledgeBase, KnowledgeEntry
 from streammem.memory import LongTermMemory, ShortTermMemory
 

@@ -20,7 +20,7 @@ from streammem import (
 )
 from streammem.bounded import BoundedMemory
 from streammem.cli import main, parse_query
-from streammem.gate import MotionGate
+from streammem import MotionGate
 from streammem.knowledge import DialogueMemory, KnowledgeBase
 from streammem.memory import LongTermMemory
 from streammem.video import VideoSource, VideoTruncatedWarning

@@ -41,7 +41,8 @@ from .encoders import (
     load_frame_encoder,
     load_text_encoder,
 )
-from .gate import PRESETS, MotionGate, Preset
+from .config import PRESETS, Preset
+from .gate import MotionGate
 from .knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeInjector
 from .memory import Captioner, FrameRecord, LabelCaptioner, LongTermMemory, MemoryNode, ShortTermMemory
 from .pipeline import PipelineStopped, QueryResult, StreamPipeline

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import _check_int, _check_real
+from .checks import check_int, check_real
 from .memory import LongTermMemory, MemoryNode
 
 __all__ = ["BoundedMemory", "EvictionReport", "utility"]
@@ -103,14 +103,14 @@ class BoundedMemory:
                  tau: float = 60.0, theta_sim: float = 0.85, theta_concept: float | None = 0.95,
                  tokens_per_centre: int = 1, low_water: float = 0.8):
         self.memory = memory
-        self.budget = _check_int(budget, "budget", 1)
-        self.alpha = _check_real(alpha, "alpha", 0.0)
-        self.beta = _check_real(beta, "beta", 0.0)
-        self.tau = _check_real(tau, "tau", 0.0, open_low=True)
-        self.theta_sim = _check_real(theta_sim, "theta_sim", -1.0, 1.0)
-        self.theta_concept = None if theta_concept is None else _check_real(theta_concept, "theta_concept", -1.0, 1.0)
-        self.tokens_per_centre = _check_int(tokens_per_centre, "tokens_per_centre", 1)
-        self.low_water = _check_real(low_water, "low_water", 0.0, 1.0, open_low=True)
+        self.budget = check_int(budget, "budget", 1)
+        self.alpha = check_real(alpha, "alpha", 0.0)
+        self.beta = check_real(beta, "beta", 0.0)
+        self.tau = check_real(tau, "tau", 0.0, open_low=True)
+        self.theta_sim = check_real(theta_sim, "theta_sim", -1.0, 1.0)
+        self.theta_concept = None if theta_concept is None else check_real(theta_concept, "theta_concept", -1.0, 1.0)
+        self.tokens_per_centre = check_int(tokens_per_centre, "tokens_per_centre", 1)
+        self.low_water = check_real(low_water, "low_water", 0.0, 1.0, open_low=True)
         self.stats = BoundedStats()
         self.now = 0.0
         if self.theta_concept is not None:
@@ -140,7 +140,7 @@ class BoundedMemory:
     # ---- enforcement ---------------------------------------------------
     def enforce(self, now: float) -> EvictionReport | None:
         """Bring the memory within budget if it is over; returns what was done (None: nothing)."""
-        self.now = _check_real(now, "now")
+        self.now = check_real(now, "now")
         total = self.total_cost()
         self.stats.peak_cost = max(self.stats.peak_cost, total)
         if total <= self.budget:

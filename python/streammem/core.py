@@ -52,9 +52,10 @@ import torch
 import torch.nn.functional as F
 
 from .bounded import BoundedMemory
-from .config import MemoryConfig, _is_real
+from .checks import is_real
+from .config import MemoryConfig, Preset
 from .encoders import EncodedFrames, encoder_spec, encoders_from_specs
-from .gate import MotionGate, Preset
+from .gate import MotionGate
 from .knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeInjector
 from .memory import FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory, check_query_embedding
 
@@ -283,7 +284,7 @@ class StreamMemory:
     def _check_first_index(self, first_index) -> int | None:
         if first_index is None:
             return None
-        if not _is_real(first_index) or not math.isfinite(first_index) or int(first_index) != first_index:
+        if not is_real(first_index) or not math.isfinite(first_index) or int(first_index) != first_index:
             raise ValueError(f"first_index must be an int, got {first_index!r}")
         if first_index < self.frames_seen:
             raise ValueError(f"first_index must be >= {self.frames_seen} (frames already pushed), "
@@ -365,7 +366,7 @@ class StreamMemory:
         apart calls it for dropped frames, so ``stream_time`` (the "now" of
         every later question) is the stream's own time, not the last kept frame's.
         """
-        if not _is_real(timestamp) or not math.isfinite(timestamp):
+        if not is_real(timestamp) or not math.isfinite(timestamp):
             raise ValueError(f"timestamp must be a finite number of seconds, got {timestamp!r}")
         self._advance(float(timestamp))
 

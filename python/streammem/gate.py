@@ -1,4 +1,4 @@
-"""Selective frame stacking (StreamChat sec. 3.1.1) and the Slow / Base / Fast presets.
+"""Selective frame stacking (StreamChat sec. 3.1.1): the streaming motion gate.
 
 A frame enters the vision buffer only when its Lucas-Kanade motion score
 against the previous frame exceeds the threshold t; ``score = flow_px / (1 + flow_px)``
@@ -10,22 +10,9 @@ measured, not saturated) and the "moving" statistic (the mean flow over the
 pixels that move, so one small object on a static camera moves the gate);
 ``statistic="textured", levels=1`` is StreamChat's literal single-scale mean
 over all textured pixels, on which its presets were t = 0.13 / 0.35 / 0.58.
-
-Presets re-derived for the new statistic (bench/calibrate_motion_gate.py, tables
-in bench/RESULTS.md, "Motion gate calibration"): t = 0.25 / 0.40 / 0.65, i.e.
-0.33 / 0.67 / 1.86 px per frame at the 224 px working size.  Base keeps, with a
-15 % margin, an 8 px object (at 224) moving 1.4 px/frame on a static camera
-(scores 0.47-0.54; the literal statistic reads 0.04 px and kept nothing); slow
-keeps objects from about a third of that speed; fast keeps StreamChat's fast
-budget on the three sample clips (0.25 of their frames; StreamChat 0.17).  A
-static camera (sensor noise up to 4 grey levels reads at most 0.06 px, score
-0.06) keeps nothing at any preset.  On the sample clips, which move almost
-everywhere, slow and base keep more than StreamChat's (0.98 and 0.74 of the
-frames against 0.83 and 0.46): seeing small motion costs frames there.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -33,25 +20,10 @@ import torch
 
 from streammem_kernels.motion import STATISTICS, _cpp_lk_args, _motion_of_gray, _prepare, _select, _uint8_cpp_plan
 
-__all__ = ["Preset", "PRESETS", "MotionGate"]
+from .checks import check_int, check_real
+from .config import MAX_MOTION_SIZE, PRESETS, Preset
 
-
-@dataclass(frozen=True)
-class Preset:
-    """StreamChat's speed presets: motion threshold t, chunk length L, group size g, centres C."""
-
-    name: str
-    threshold: float
-    chunk: int
-    group: int
-    centres: int
-
-
-PRESETS = {
-    "slow": Preset("slow", 0.25, 35, 15, 5),
-    "base": Preset("base", 0.40, 25, 10, 5),
-    "fast": Preset("fast", 0.65, 30, 15, 5),
-}
+__all__ = ["MotionGate"]
 
 
 def _dtype_name(dtype) -> str:
@@ -112,13 +84,11 @@ class MotionGate:
     def __init__(self, threshold: float = 0.4, *, size: int | None = 224, reference: str = "previous",
                  window: int | None = 5, statistic: str = "moving", levels: int | str = "auto",
                  backend: str = "auto"):
-        from .config import MAX_MOTION_SIZE, _check_int, _check_real  # config imports this module
-
-        threshold = _check_real(threshold, "threshold", 0.0, 1.0)
+        threshold = check_real(threshold, "threshold", 0.0, 1.0)
         if size is not None:
-            size = _check_int(size, "size", 8, MAX_MOTION_SIZE)
+            size = check_int(size, "size", 8, MAX_MOTION_SIZE)
         if window is not None:
-            window = _check_int(window, "window", 3)
+            window = check_int(window, "window", 3)
             if window % 2 == 0:
                 raise ValueError(f"window must be odd, got {window}")
         if not isinstance(reference, str) or reference not in ("previous", "last_kept"):
@@ -126,7 +96,7 @@ class MotionGate:
         if not isinstance(statistic, str) or statistic not in STATISTICS:
             raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
         if levels != "auto":
-            levels = _check_int(levels, "levels", 1)
+            levels = check_int(levels, "levels", 1)
         self.threshold = threshold
         self.statistic = statistic
         self.levels = levels

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from streammem_kernels._optional import require
 
 from ._segmenter import load_segmenter_state, segmenter_state
-from .config import MAX_SEGMENTER_WINDOW, _check_int, _check_real
+from .checks import check_int, check_real
+from .config import MAX_SEGMENTER_WINDOW
 from .memory import FrameRecord, LabelCaptioner, check_query_embedding, records_from_state, records_state
 
 __all__ = [
@@ -94,7 +95,7 @@ class KnowledgeBase:
 
     def search(self, query_embedding: torch.Tensor, k: int) -> list[tuple[float, KnowledgeEntry]]:
         """Top-k entries by cosine, best first."""
-        k = _check_int(k, "k", 1)
+        k = check_int(k, "k", 1)
         q = check_query_embedding(query_embedding, self._matrix.rows.shape[1] if self.entries else None)
         if not self.entries:
             return []
@@ -157,7 +158,7 @@ class EventSegmenter:
                  drift: float | None = None, backend: str = "auto"):
         from streammem_kernels import StreamingSegmenter
 
-        window = _check_int(window, "window", 2, MAX_SEGMENTER_WINDOW)
+        window = check_int(window, "window", 2, MAX_SEGMENTER_WINDOW)
         self.segmenter = StreamingSegmenter(window=window, tau=tau, min_depth=min_depth, max_event=max_event,
                                             drift=drift, backend=backend)
         self.text_encoder = text_encoder
@@ -286,9 +287,9 @@ class KnowledgeInjector:
 
     def __init__(self, knowledge_base: KnowledgeBase, instantaneity: Callable[[str, torch.Tensor], float], *,
                  gamma: float = 0.5, theta1: float = 0.6, theta2: float = 0.4):
-        self.gamma = _check_real(gamma, "gamma", 0.0, 1.0)
-        self.theta1 = _check_real(theta1, "theta1")
-        self.theta2 = _check_real(theta2, "theta2")
+        self.gamma = check_real(gamma, "gamma", 0.0, 1.0)
+        self.theta1 = check_real(theta1, "theta1")
+        self.theta2 = check_real(theta2, "theta2")
         if not self.theta2 <= self.theta1:
             raise ValueError(f"theta2 must be <= theta1, got theta1={theta1!r}, theta2={theta2!r}")
         self.knowledge_base = knowledge_base
@@ -369,7 +370,7 @@ class DialogueMemory:
 
     def search(self, query_embedding: torch.Tensor, k: int = 3) -> list[tuple[float, DialogueEntry]]:
         """Top-k earlier exchanges by cosine with ``query_embedding`` ((E,), E = the text encoder's dim)."""
-        k = _check_int(k, "k", 1)
+        k = check_int(k, "k", 1)
         q = F.normalize(check_query_embedding(query_embedding, int(self.index.d))[None], dim=1)
         if not self.entries:
             return []

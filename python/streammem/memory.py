@@ -23,7 +23,8 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from .config import MAX_KMEANS_ITERS, MAX_SEED, _check_int, _check_real
+from .checks import check_int, check_real
+from .config import MAX_KMEANS_ITERS, MAX_SEED
 
 __all__ = [
     "check_query_embedding",
@@ -105,11 +106,11 @@ class ShortTermMemory:
     """
 
     def __init__(self, candidates: int = 20, keep: int = 5, tau: float = 5.0, seed: int = 0):
-        self.candidates = _check_int(candidates, "candidates", 1)
-        self.keep = _check_int(keep, "keep", 1)
-        self.tau = _check_real(tau, "tau", 0.0, open_low=True)
+        self.candidates = check_int(candidates, "candidates", 1)
+        self.keep = check_int(keep, "keep", 1)
+        self.tau = check_real(tau, "tau", 0.0, open_low=True)
         self._buffer: list[FrameRecord] = []
-        self._generator = torch.Generator().manual_seed(_check_int(seed, "seed", 0, MAX_SEED))
+        self._generator = torch.Generator().manual_seed(check_int(seed, "seed", 0, MAX_SEED))
 
     def __len__(self) -> int:
         return len(self._buffer)
@@ -263,11 +264,11 @@ class LongTermMemory:
                  kmeans_iters: int = 10, seed: int = 0, backend: str = "auto"):
         self.text_encoder = text_encoder
         self.captioner = captioner if captioner is not None else LabelCaptioner()
-        self.chunk = _check_int(chunk, "chunk", 1)
-        self.group = _check_int(group, "group", 2)
-        self.centres = _check_int(centres, "centres", 1)
-        self.kmeans_iters = _check_int(kmeans_iters, "kmeans_iters", 1, MAX_KMEANS_ITERS)
-        self.seed = _check_int(seed, "seed", 0, MAX_SEED)
+        self.chunk = check_int(chunk, "chunk", 1)
+        self.group = check_int(group, "group", 2)
+        self.centres = check_int(centres, "centres", 1)
+        self.kmeans_iters = check_int(kmeans_iters, "kmeans_iters", 1, MAX_KMEANS_ITERS)
+        self.seed = check_int(seed, "seed", 0, MAX_SEED)
         self.backend = backend
         self.nodes: dict[int, MemoryNode] = {}
         self._next_id = 0

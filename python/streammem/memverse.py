@@ -101,9 +101,10 @@ import torch
 import torch.nn.functional as F
 
 from .bounded import utility
-from .config import SegmenterConfig, _check_real
+from .checks import check_real
+from .config import PRESETS, SegmenterConfig
 from .encoders import encoder_spec, encoders_from_specs
-from .gate import PRESETS, MotionGate
+from .gate import MotionGate
 from .knowledge import EventSegmenter
 from .memory import FrameRecord, LabelCaptioner, records_from_state, records_state
 
@@ -146,7 +147,7 @@ def name_key(name: str) -> str:
 # --------------------------------------------------------------------------
 # Configuration
 # --------------------------------------------------------------------------
-def _check_int(value, name: str, minimum: int) -> int:
+def check_int(value, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return int(value)
@@ -234,18 +235,18 @@ class MemVerseConfig:
     def __post_init__(self):
         for name, low in (("window", 1), ("consolidate_every", 1), ("seeds", 1), ("hops", 0), ("capacity", 1),
                           ("chunks", 1), ("facts", 0), ("labels_per_chunk", 1)):
-            object.__setattr__(self, name, _check_int(getattr(self, name), name, low))
+            object.__setattr__(self, name, check_int(getattr(self, name), name, low))
         for name in ("max_fanout", "max_frontier", "chunks_per_node", "budget", "motion_size"):
             if getattr(self, name) is not None:
-                object.__setattr__(self, name, _check_int(getattr(self, name), name, 1))
+                object.__setattr__(self, name, check_int(getattr(self, name), name, 1))
         if self.capacity < self.seeds:
             raise ValueError(f"capacity must be >= seeds ({self.seeds}), got {self.capacity}")
         if self.min_score is not None:
-            object.__setattr__(self, "min_score", _check_real(self.min_score, "min_score", -1.0, 1.0))
-        object.__setattr__(self, "alpha", _check_real(self.alpha, "alpha"))
-        object.__setattr__(self, "beta", _check_real(self.beta, "beta"))
-        object.__setattr__(self, "tau", _check_real(self.tau, "tau", 0.0, open_low=True))
-        object.__setattr__(self, "low_water", _check_real(self.low_water, "low_water", 0.0, 1.0, open_low=True))
+            object.__setattr__(self, "min_score", check_real(self.min_score, "min_score", -1.0, 1.0))
+        object.__setattr__(self, "alpha", check_real(self.alpha, "alpha"))
+        object.__setattr__(self, "beta", check_real(self.beta, "beta"))
+        object.__setattr__(self, "tau", check_real(self.tau, "tau", 0.0, open_low=True))
+        object.__setattr__(self, "low_water", check_real(self.low_water, "low_water", 0.0, 1.0, open_low=True))
         if self.ranking not in RANKINGS:
             raise ValueError(f"ranking must be one of {RANKINGS}, got {self.ranking!r}")
         if self.mode not in MODES:
@@ -254,7 +255,7 @@ class MemVerseConfig:
             raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
         if self.motion_threshold is not None:
             object.__setattr__(self, "motion_threshold",
-                               _check_real(self.motion_threshold, "motion_threshold", 0.0, 1.0))
+                               check_real(self.motion_threshold, "motion_threshold", 0.0, 1.0))
         if isinstance(self.segmenter, dict):
             object.__setattr__(self, "segmenter", SegmenterConfig(**self.segmenter))
         if not isinstance(self.segmenter, SegmenterConfig):
@@ -364,10 +365,10 @@ class CooccurrenceExtractor:
     name = "co-occurrence (deterministic default, not a model)"
 
     def __init__(self, *, gap: float = 10.0, max_pairs: int = 16, match_known: bool = True, max_words: int = 4):
-        self.gap = _check_real(gap, "gap", 0.0)
-        self.max_pairs = _check_int(max_pairs, "max_pairs", 0)
+        self.gap = check_real(gap, "gap", 0.0)
+        self.max_pairs = check_int(max_pairs, "max_pairs", 0)
         self.match_known = bool(match_known)
-        self.max_words = _check_int(max_words, "max_words", 1)
+        self.max_words = check_int(max_words, "max_words", 1)
 
     def extract(self, chunk: MemoryChunk, context: ExtractionContext) -> Extraction:
         names: dict[str, str] = {}
@@ -571,7 +572,7 @@ class LongTermGraph:
     """
 
     def __init__(self, dim: int, *, backend: str = "auto"):
-        self.dim = _check_int(dim, "dim", 1)
+        self.dim = check_int(dim, "dim", 1)
         self.backend = backend
         self.texts: list[str] = []  # entity name, or "head predicate tail"
         self.predicates: list[str] = []  # "" for entities

@@ -72,9 +72,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .config import BoundedConfig, MemoryConfig, SegmenterConfig, ShortTermConfig, _check_int, _is_real
+from .checks import check_int, is_real
+from .config import PRESETS, BoundedConfig, MemoryConfig, Preset, SegmenterConfig, ShortTermConfig
 from .core import Context, StreamMemory
-from .gate import PRESETS, Preset
+
 
 __all__ = ["StreamPipeline", "QueryResult", "PipelineStopped", "GateBatch", "config_from_keywords"]
 
@@ -184,8 +185,8 @@ class StreamPipeline:
         unknown = sorted(set(keywords) - set(_KEYWORDS))
         if unknown:
             raise TypeError(f"StreamPipeline got unexpected keyword arguments {unknown}")
-        gate_batch = _check_int(gate_batch, "gate_batch", 1, MAX_GATE_BATCH)
-        queue_size = _check_int(queue_size, "queue_size", 1)
+        gate_batch = check_int(gate_batch, "gate_batch", 1, MAX_GATE_BATCH)
+        queue_size = check_int(queue_size, "queue_size", 1)
         if frame_hook is not None and not callable(frame_hook):
             raise ValueError(f"frame_hook must be callable or None, got {frame_hook!r}")
         if gate_hook is not None and not callable(gate_hook):
@@ -675,7 +676,7 @@ def _check_at(at, name: str = "at") -> float | None:
         return None
     # +inf is "after the last frame" (released once the stream ends); NaN compares false with every time
     # and would never be released, -inf precedes every frame: both are errors.
-    if not _is_real(at) or math.isnan(at) or at == -math.inf:
+    if not is_real(at) or math.isnan(at) or at == -math.inf:
         raise ValueError(f"{name} must be a stream time in seconds (finite, or +inf for after the end of the "
                          f"stream; None for now), got {at!r}")
     return float(at)
@@ -684,7 +685,7 @@ def _check_at(at, name: str = "at") -> float | None:
 def _check_timeout(timeout) -> float | None:
     if timeout is None:
         return None
-    if not _is_real(timeout) or math.isnan(timeout) or timeout < 0:
+    if not is_real(timeout) or math.isnan(timeout) or timeout < 0:
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
     return None if math.isinf(timeout) else float(timeout)
 
@@ -694,7 +695,7 @@ def _check_source_item(item, index: int, previous: float, shape: tuple | None) -
     if not isinstance(item, (tuple, list)) or len(item) != 2:
         raise ValueError(f"source must yield (timestamp, frame) pairs; item {index} is {type(item).__name__}")
     ts, frame = item
-    if not _is_real(ts) or not math.isfinite(ts):
+    if not is_real(ts) or not math.isfinite(ts):
         raise ValueError(f"source yielded timestamp {ts!r} for frame {index}; timestamps must be finite seconds")
     ts = float(ts)
     if ts < previous:

@@ -25,7 +25,7 @@ import numpy as np
 
 from streammem_kernels._optional import require
 
-from .config import _check_int, _check_real
+from .checks import check_int, check_real
 
 __all__ = ["VideoSource", "VideoTruncatedWarning", "DecodeReport", "sample_video_path", "resize_long_side"]
 
@@ -125,11 +125,11 @@ class VideoSource:
     def __init__(self, source, *, fps: float | None = None, size: int | None = None, max_frames: int | None = None,
                  on_truncation: str = "warn"):
         if fps is not None:
-            fps = _check_real(fps, "fps", 0.0, open_low=True)
+            fps = check_real(fps, "fps", 0.0, open_low=True)
         if size is not None:
-            size = _check_int(size, "size", 8, MAX_SIZE)
+            size = check_int(size, "size", 8, MAX_SIZE)
         if max_frames is not None:
-            max_frames = _check_int(max_frames, "max_frames", 1)
+            max_frames = check_int(max_frames, "max_frames", 1)
         if on_truncation not in ("warn", "raise", "ignore"):
             raise ValueError(f"on_truncation must be 'warn', 'raise' or 'ignore', got {on_truncation!r}")
         self.is_camera = isinstance(source, int) and not isinstance(source, bool)
