@@ -38,10 +38,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import threading
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from .bounded import BoundedMemory
+from .checkpoint import atomic_write
 from .checks import is_real
 from .config import MemoryConfig, Preset
 from .encoders import EncodedFrames, encoder_spec, encoders_from_specs
@@ -664,8 +663,8 @@ class StreamMemory:
             summary = self.summary()
         info = {"format": _FORMAT, "version": _VERSION, "config": state["config"], "encoders": state["encoders"],
                 "summary": summary}
-        _atomic_write(directory / _INFO_FILE, lambda fh: fh.write(json.dumps(info, indent=1).encode()))
-        _atomic_write(directory / _STATE_FILE, lambda fh: torch.save(state, fh))
+        atomic_write(directory / _INFO_FILE, lambda fh: fh.write(json.dumps(info, indent=1).encode()))
+        atomic_write(directory / _STATE_FILE, lambda fh: torch.save(state, fh))
         return directory
 
     @classmethod
@@ -702,16 +701,3 @@ class StreamMemory:
         self.__init__(MemoryConfig.from_dict(state["config"]), data.pop("frame_encoder"), data.pop("text_encoder"),
                       **data)
         self.load_state_dict(state)
-
-
-def _atomic_write(path: Path, write: Callable) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()

@@ -101,6 +101,7 @@ import torch
 import torch.nn.functional as F
 
 from .bounded import utility
+from .checkpoint import atomic_write
 from .checks import check_real
 from .config import PRESETS, SegmenterConfig
 from .encoders import encoder_spec, encoders_from_specs
@@ -1479,15 +1480,13 @@ class MemVerse:
 
     def save(self, directory) -> Path:
         """``state.pt`` (``torch.load(weights_only=True)``) and a readable ``memverse.json`` in ``directory``."""
-        from .core import _atomic_write
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = self.state_dict()
         info = {"format": _FORMAT, "version": _VERSION, "config": state["config"], "encoders": state["encoders"],
                 "summary": self.summary()}
-        _atomic_write(directory / "memverse.json", lambda fh: fh.write(json.dumps(info, indent=1).encode()))
-        _atomic_write(directory / "state.pt", lambda fh: torch.save(state, fh))
+        atomic_write(directory / "memverse.json", lambda fh: fh.write(json.dumps(info, indent=1).encode()))
+        atomic_write(directory / "state.pt", lambda fh: torch.save(state, fh))
         return directory
 
     @classmethod

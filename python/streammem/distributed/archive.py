@@ -40,7 +40,8 @@ from typing import Iterable
 import numpy as np
 
 from ..config import MemoryConfig
-from ..core import Context, StreamMemory, _atomic_write
+from ..checkpoint import atomic_write
+from ..core import Context, StreamMemory
 from ..encoders import encoder_spec
 from ._threads import configure_threads
 
@@ -112,7 +113,7 @@ def index_video(path, out_dir, config: MemoryConfig, frame_encoder, text_encoder
     result["seconds"]["save"] = round(time.perf_counter() - t2, 4)
     result["seconds"]["total"] = round(time.perf_counter() - t0, 4)
     result["seconds"]["cpu"] = round(time.process_time() - cpu0, 4)  # every thread of this process
-    _atomic_write(tmp / _RESULT, lambda fh: fh.write(json.dumps(result, indent=1).encode()))
+    atomic_write(tmp / _RESULT, lambda fh: fh.write(json.dumps(result, indent=1).encode()))
     _replace_dir(tmp, out_dir)
     return result
 
@@ -347,7 +348,7 @@ def _manifest_entry(result: dict) -> dict:
 
 
 def _write_manifest(path: Path, manifest: dict) -> None:
-    _atomic_write(path, lambda fh: fh.write(json.dumps(manifest, indent=1).encode()))
+    atomic_write(path, lambda fh: fh.write(json.dumps(manifest, indent=1).encode()))
 
 
 def _record(result: ArchiveResult, manifest: dict, manifest_path: Path, out: dict) -> None:

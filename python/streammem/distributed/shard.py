@@ -45,7 +45,8 @@ import torch
 
 from .._segmenter import push_many
 from ..config import MemoryConfig
-from ..core import Context, StreamMemory, _atomic_write
+from ..checkpoint import atomic_write
+from ..core import Context, StreamMemory
 from ..encoders import EncodedFrames, encoder_from_spec
 from ..knowledge import InstantaneityScorer
 from ._threads import ensure_thread, thread_settings
@@ -433,7 +434,7 @@ class ShardMemory:
         index = {"format": "streammem.ShardMemory", "version": 1, "config": self.config.to_dict(),
                  "streams": {sid: _stream_dir(sid) for sid in self.streams()}, "time": time.time()}
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.checkpoint_dir / _INDEX, lambda fh: fh.write(json.dumps(index, indent=1).encode()))
+        atomic_write(self.checkpoint_dir / _INDEX, lambda fh: fh.write(json.dumps(index, indent=1).encode()))
 
     def _restore(self) -> None:
         path = self.checkpoint_dir / _INDEX
