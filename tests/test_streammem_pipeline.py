@@ -13,7 +13,6 @@ from streammem import (
     BoundedConfig, HashingTextEncoder, MemoryConfig, PipelineStopped, PixelEncoder, Preset, SegmenterConfig,
     ShortTermConfig, StreamMemory, StreamPipeline, SyntheticVideo,
 )
-from streammem.pipeline import config_from_keywords
 from streammem_kernels import select_frames
 
 COLOURS = ["red", "green", "blue", "yellow", "purple", "cyan"]
@@ -230,20 +229,17 @@ def test_soak_20000_frames_memory_bounded():
     assert rss[-1] - rss[len(rss) // 2] < 25, rss
 
 
-def test_pipeline_keywords_from_before_memory_config():
-    """The old keywords still build the same memory; mixing them with config= or memory= is an error."""
-    legacy = dict(preset="fast", budget=300, bounded_kwargs={"tau": 5.0}, segmenter_kwargs={"drift": 0.5},
-                  motion_size=None, short_term=(10, 3, 2.0), dialogue_k=2, seed=7, backend="torch")
-    pipe = StreamPipeline([], PixelEncoder(), HashingTextEncoder(), **legacy)
+def test_pipeline_takes_a_config_or_a_memory_not_both():
+    """``config=`` builds the memory; ``memory=`` drives one already built and takes no config, encoders or hooks."""
     want = MemoryConfig.from_preset("fast", bounded=BoundedConfig(300, tau=5.0), segmenter=SegmenterConfig(drift=0.5),
                                     motion_size=None, short_term=ShortTermConfig(10, 3, 2.0), dialogue_k=2, seed=7,
                                     backend="torch")
-    assert pipe.config == want == config_from_keywords(**legacy)
+    pipe = StreamPipeline([], PixelEncoder(), HashingTextEncoder(), config=want)
+    assert pipe.config == want
     assert pipe.bounded.tau == 5.0 and pipe.events.segmenter.params.drift == 0.5 and pipe.short_term.keep == 3
-    with pytest.raises(ValueError, match="not both"):
-        StreamPipeline([], PixelEncoder(), HashingTextEncoder(), config=want, preset="base")
-    with pytest.raises(TypeError, match="budgt"):
-        StreamPipeline([], PixelEncoder(), HashingTextEncoder(), budgt=10)
+    assert StreamPipeline([], PixelEncoder(), HashingTextEncoder()).config == MemoryConfig()
+    with pytest.raises(TypeError, match="budget"):
+        StreamPipeline([], PixelEncoder(), HashingTextEncoder(), budget=10)
     memory = StreamMemory(want, PixelEncoder(), HashingTextEncoder())
     with pytest.raises(ValueError, match="config"):
         StreamPipeline([], memory=memory, config=want)

@@ -45,7 +45,7 @@ from .config import PRESETS, Preset
 from .gate import MotionGate
 from .knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeInjector
 from .memory import Captioner, FrameRecord, LabelCaptioner, LongTermMemory, MemoryNode, ShortTermMemory
-from .pipeline import PipelineStopped, QueryResult, StreamPipeline
+from .pipeline import PipelineStopped, StreamPipeline
 from .synthetic import SyntheticVideo
 from .video import VideoSource, sample_video_path
 
@@ -78,7 +78,6 @@ __all__ = [
     "PixelEncoder",
     "Preset",
     "PushResult",
-    "QueryResult",
     "SegmenterConfig",
     "ShortTermConfig",
     "ShortTermMemory",

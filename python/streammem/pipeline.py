@@ -73,13 +73,11 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .checks import check_int, is_real
-from .config import PRESETS, BoundedConfig, MemoryConfig, Preset, SegmenterConfig, ShortTermConfig
+from .config import MemoryConfig
 from .core import Context, StreamMemory
 
 
-__all__ = ["StreamPipeline", "QueryResult", "PipelineStopped", "GateBatch", "config_from_keywords"]
-
-QueryResult = Context  # the name before StreamMemory existed
+__all__ = ["StreamPipeline", "PipelineStopped", "GateBatch"]
 
 _END = object()
 _POLL_S = 0.05
@@ -114,27 +112,6 @@ class _Dropped:
     timestamps: list[float]
 
 
-def config_from_keywords(*, preset: str | Preset = "base", budget: int | None = None,
-                         bounded_kwargs: dict | None = None, segmenter_kwargs: dict | None = None,
-                         motion_size: int | None = 224, short_term: tuple = (20, 5, 5.0), dialogue_k: int = 3,
-                         seed: int = 0, backend: str = "auto") -> MemoryConfig:
-    """The ``MemoryConfig`` of ``StreamPipeline``'s keyword arguments from before ``MemoryConfig`` existed."""
-    if isinstance(preset, str):
-        if preset not in PRESETS:
-            raise ValueError(f"preset must be one of {sorted(PRESETS)} or a Preset, got {preset!r}")
-        preset = PRESETS[preset]
-    if bounded_kwargs and budget is None:
-        raise ValueError("bounded_kwargs needs a budget")
-    bounded = None if budget is None else BoundedConfig(budget, **(bounded_kwargs or {}))
-    return MemoryConfig(preset=preset, motion_size=motion_size, short_term=ShortTermConfig(*short_term),
-                        segmenter=SegmenterConfig(**(segmenter_kwargs or {})), bounded=bounded,
-                        dialogue_k=dialogue_k, seed=seed, backend=backend)
-
-
-_KEYWORDS = ("preset", "budget", "bounded_kwargs", "segmenter_kwargs", "motion_size", "short_term", "dialogue_k",
-             "seed", "backend")
-
-
 class StreamPipeline:
     """Streaming memory over a source of ``(timestamp, frame)`` pairs, in three threads.
 
@@ -163,9 +140,6 @@ class StreamPipeline:
         Frames per motion-gate / encoder call.
     queue_size : int >= 1
         Capacity of the vision and question queues.
-    preset, budget, bounded_kwargs, segmenter_kwargs, motion_size, short_term, dialogue_k, seed, backend
-        The keywords of the pipeline before ``MemoryConfig``; still accepted
-        instead of ``config`` (``config_from_keywords``).
 
     Thread safety: ``submit``, ``ask``, ``wait``, ``summary``, ``close``,
     ``running`` and ``error`` may be called from any thread, concurrently
@@ -181,10 +155,7 @@ class StreamPipeline:
                  memory: StreamMemory | None = None, captioner=None, event_captioner=None,
                  answer_fn: Callable | None = None, instantaneity: Callable | None = None,
                  frame_hook: Callable | None = None, gate_hook: Callable | None = None, gate_batch: int = 8,
-                 queue_size: int = 32, **keywords):
-        unknown = sorted(set(keywords) - set(_KEYWORDS))
-        if unknown:
-            raise TypeError(f"StreamPipeline got unexpected keyword arguments {unknown}")
+                 queue_size: int = 32):
         gate_batch = check_int(gate_batch, "gate_batch", 1, MAX_GATE_BATCH)
         queue_size = check_int(queue_size, "queue_size", 1)
         if frame_hook is not None and not callable(frame_hook):
@@ -199,16 +170,14 @@ class StreamPipeline:
             given = [n for n, v in (("frame_encoder", frame_encoder), ("text_encoder", text_encoder),
                                     ("config", config), ("captioner", captioner),
                                     ("event_captioner", event_captioner), ("instantaneity", instantaneity))
-                     if v is not None] + sorted(keywords)
+                     if v is not None]
             if given:
                 raise ValueError(f"memory= already holds its encoders, config and hooks; do not also pass {given}")
             if memory.frame_encoder is None:
                 raise ValueError("memory has no frame_encoder; the pipeline encodes frames")
         else:
-            if config is not None and keywords:
-                raise ValueError(f"give either config or the keywords {sorted(keywords)}, not both")
             if config is None:
-                config = config_from_keywords(**keywords)
+                config = MemoryConfig()
             if frame_encoder is None:
                 raise ValueError("frame_encoder is required (e.g. streammem.load_frame_encoder())")
             memory = StreamMemory(config, frame_encoder, text_encoder, captioner=captioner,
