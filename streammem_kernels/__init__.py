@@ -14,6 +14,7 @@ from .graph import (CSRGraph, GraphRetrieval, Neighbourhood, SourceChunks, graph
 from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
 from .logprobs import divergence_point, linear_token_logprobs, token_logprobs
 from .motion import MotionResult, motion_magnitude, select_frames, select_frames_mask
+from .motion_gate import StreamingMotionGate
 from .cosine_tree import CosineTree
 from .topk import TopKResult, cosine_topk
 from .traversal import TreePathResult, tree_search
@@ -37,6 +38,7 @@ __all__ = [
     "motion_magnitude",
     "select_frames",
     "select_frames_mask",
+    "StreamingMotionGate",
     "CosineTree",
     "TopKResult",
     "TreePathResult",

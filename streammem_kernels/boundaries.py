@@ -532,6 +532,107 @@ class StreamingSegmenter:
         self.frames_seen += 1
         return [Event(*row) for row in rows.tolist()]
 
+    # ------------------------------------------------------------------
+    # State: checkpoints and cross-stream batching
+    # ------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything the segmenter needs to continue exactly: tensors (cloned), numbers and strings
+        only, so ``torch.load(weights_only=True)`` reads it back.
+
+        Keys: ``frames_seen``, ``batched`` (None before the first push), ``backend_name``, and the
+        state tensors ``last_frame`` (B, D), ``window_sims`` (B, window) float32,
+        ``frames_in_window`` (B,) int64, ``last_end`` (B,) int64 and ``last_norm`` (B,) float64
+        (the C++ backend's; None elsewhere), each None before the first push.
+        """
+        return {
+            "frames_seen": int(self.frames_seen),
+            "batched": self._batched,
+            "backend_name": self._backend_name,
+            "last_frame": _cloned(self._last_frame),
+            "window_sims": _cloned(self._window_sims),
+            "frames_in_window": _cloned(self._frames_in_window),
+            "last_end": _cloned(self._last_end),
+            "last_norm": _cloned(self._last_norm),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` output into a segmenter built with the same parameters."""
+        self.frames_seen = int(state["frames_seen"])
+        self._batched = state["batched"]
+        self._backend_name = state["backend_name"]
+        for name in ("last_frame", "window_sims", "frames_in_window", "last_end", "last_norm"):
+            setattr(self, "_" + name, _cloned(state[name]))
+
+    @staticmethod
+    def push_many(segmenters, features) -> list[list[Event]]:
+        """Push row b of ``features`` (B, D) into single-stream segmenter b, in one kernel call.
+
+        Returns, per segmenter, the events its push closed (frame numbers in that segmenter's
+        own stream).  Segmenters must share their parameters and backend; otherwise (or for
+        B = 1) they are pushed one by one.  The result equals pushing each on its own.
+
+        The batched step needs a common frame counter, while independent streams have seen
+        different numbers of frames.  Every decision of the step is invariant under shifting a
+        stream's frame numbers (``t - last_end``, ``t - window + choice``, ``frames_in_window``),
+        so each stream's ``last_end`` is shifted to the common counter (the largest one) for the
+        call and shifted back afterwards.  A stream that has not seen a frame yet gets a zero
+        last frame with ``frames_in_window = 0``, so its (meaningless) first similarity is
+        ignored exactly as in its own first push.
+        """
+        segs = list(segmenters)
+        if not all(isinstance(seg, StreamingSegmenter) for seg in segs):
+            raise ValueError("segmenters must all be StreamingSegmenter instances")
+        if not isinstance(features, torch.Tensor) or features.dim() != 2 or features.shape[0] != len(segs):
+            shape = tuple(features.shape) if hasattr(features, "shape") else type(features).__name__
+            raise ValueError(f"features must be (B, D) with B = {len(segs)} segmenters, got {shape}")
+        for seg in segs:
+            if seg._batched:
+                raise ValueError("push_many takes single-stream segmenters; got one already used with (B, D) pushes")
+        x = _to_kernel_dtype(features).contiguous()
+        first = segs[0]
+        names = {seg._backend_name for seg in segs if seg._backend_name is not None}
+        name = names.pop() if len(names) == 1 else (_select(first.backend, x) if not names else None)
+        same = name is not None and all(seg.params == first.params and seg.backend == first.backend for seg in segs)
+        if len(segs) == 1 or not same:
+            return [seg.push(x[b]) for b, seg in enumerate(segs)]
+
+        B, D = x.shape
+        p = first.params
+        common = max(seg.frames_seen for seg in segs)
+        shift = torch.tensor([common - seg.frames_seen for seg in segs], dtype=torch.int64)
+        batch = StreamingSegmenter(p.window, p.tau, p.min_depth, p.peak, p.max_event, p.drift, backend=first.backend)
+        batch._batched = True
+        batch._backend_name = name
+        batch.frames_seen = common
+        if common > 0:  # else the batch segmenter's own first push sets everything up
+            fresh = [seg._last_frame is None for seg in segs]
+
+            def rows(field, empty):
+                return torch.cat([empty() if f else getattr(seg, field) for seg, f in zip(segs, fresh)])
+
+            batch._last_frame = rows("_last_frame", lambda: torch.zeros(1, D)).contiguous()
+            batch._window_sims = rows("_window_sims", lambda: torch.zeros(1, p.window)).contiguous()
+            batch._frames_in_window = rows("_frames_in_window", lambda: torch.zeros(1, dtype=torch.int64))
+            batch._last_end = rows("_last_end", lambda: torch.full((1,), -1, dtype=torch.int64)) + shift
+            if name == "cpp":
+                batch._last_norm = rows("_last_norm", lambda: torch.zeros(1, dtype=torch.float64)).contiguous()
+        events = batch.push(x)
+        out: list[list[Event]] = [[] for _ in segs]
+        for e in events:
+            s = int(shift[e.stream])
+            out[e.stream].append(Event(0, e.start - s, e.end - s))
+        last_end = batch._last_end - shift
+        for b, seg in enumerate(segs):
+            seg._batched = False
+            seg._backend_name = name
+            seg.frames_seen += 1
+            seg._last_frame = batch._last_frame[b:b + 1].clone()
+            seg._window_sims = batch._window_sims[b:b + 1].clone()
+            seg._frames_in_window = batch._frames_in_window[b:b + 1].clone()
+            seg._last_end = last_end[b:b + 1].clone()
+            seg._last_norm = batch._last_norm[b:b + 1].clone() if batch._last_norm is not None else None
+        return out
+
     def flush(self) -> list[Event]:
         """Close every open event; returns them sorted by stream."""
         if self._last_end is None:
@@ -563,6 +664,10 @@ class _Params(NamedTuple):
     peak_code: int
     max_event: int | None
     drift: float | None
+
+
+def _cloned(t):
+    return None if t is None else t.detach().clone()
 
 
 def _check_peak(peak) -> str:

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from ._optional import require
+from .extras import require
 
 __all__ = ["sample_video_path", "read_video"]
 

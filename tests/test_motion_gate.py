@@ -138,12 +138,12 @@ def _reloaded(state):
 
 @pytest.mark.parametrize("reference", ["previous", "last_kept"])
 @pytest.mark.parametrize("as_tensor", [False, True], ids=["numpy", "tensor"])
-def test_gate_state_holds_the_reference_gray_and_still_loads_the_raw_frame_format(reference, as_tensor):
+def test_gate_state_holds_the_reference_gray_and_refuses_the_raw_frame_layout(reference, as_tensor):
     """The gate keeps (and checkpoints) its reference frame's working-size gray, not the full-size
-    frame: no copy of the frame per push, nothing of a batch's other grays held.  A state of the
-    earlier format (the raw reference frame under "anchor") still loads, and both continue the
-    stream exactly as the gate that never stopped; the stream's frame shape and dtype survive the
-    round trip, and a gate of another size refuses the state."""
+    frame: no copy of the frame per push, nothing of a batch's other grays held.  The state
+    continues the stream exactly as the gate that never stopped; the stream's frame shape and dtype
+    survive the round trip, and a gate of another size refuses the state.  A state of the earlier
+    layout (the raw reference frame under "anchor") is refused with the layout version named."""
     rng = np.random.default_rng(5)
     frames = rng.integers(0, 256, (9, 48, 64, 3), dtype=np.uint8)
     frames[4] = frames[3]  # a still frame: dropped in both modes
@@ -159,7 +159,9 @@ def test_gate_state_holds_the_reference_gray_and_still_loads_the_raw_frame_forma
     anchor = 3 if reference == "previous" else max(t for t in range(4) if first[1][t])
     legacy = {"anchor": torch.as_tensor(frames[anchor]).clone(), "anchor_is_numpy": not as_tensor,
               "frames_seen": 4, "frames_kept": sum(first[1])}
-    for saved in (state, legacy):
+    with pytest.raises(ValueError, match="layout version 1"):
+        MotionGate(0.3, size=32, reference=reference).load_state_dict(_reloaded(legacy))
+    for saved in (state,):
         restored = MotionGate(0.3, size=32, reference=reference)
         restored.load_state_dict(_reloaded(saved))
         rest = restored.push(frames[4:])
@@ -172,9 +174,8 @@ def test_gate_state_holds_the_reference_gray_and_still_loads_the_raw_frame_forma
             restored.push(other)
     with pytest.raises(ValueError, match="anchor_gray"):
         MotionGate(0.3, size=48, reference=reference).load_state_dict(_reloaded(state))
-    # A gate that has seen nothing, in both formats: the next frame starts the stream.
-    for empty in (MotionGate(0.3).state_dict(), {"anchor": None, "anchor_is_numpy": False, "frames_seen": 0,
-                                                  "frames_kept": 0}):
+    # A gate that has seen nothing: the next frame starts the stream.
+    for empty in (MotionGate(0.3).state_dict(),):
         fresh = MotionGate(0.3, size=32, reference=reference)
         fresh.load_state_dict(_reloaded(empty))
         assert fresh.push(frames[:2])[1][0] is True
@@ -223,3 +224,20 @@ def test_native_gate_step_equals_the_general_path(monkeypatch, reference):
             else:
                 assert got == want, (batch, type(source))
                 assert torch.equal(gate._anchor_gray, want_gray)
+
+
+@pytest.mark.parametrize("reference", ["previous", "last_kept"])
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_streaming_gate_keeps_what_select_frames_mask_keeps(reference, backend):
+    """The kernel-level streaming gate, fed a clip in uneven batches, keeps exactly the frames that
+    select_frames_mask keeps on the whole clip (the same keep rule on the same float32 scores)."""
+    from streammem_kernels import StreamingMotionGate, select_frames_mask
+
+    clip = moving_object_clip(14, [MovingObject(size=16, speed=3.0, stop=5), MovingObject(size=12, speed=1.5, start=9)],
+                              height=60, width=84, seed=2).frames
+    want = select_frames_mask(clip, 0.35, reference=reference, size=32, backend=backend).tolist()
+    gate = StreamingMotionGate(0.35, size=32, reference=reference, backend=backend)
+    kept = []
+    for a, b in ((0, 1), (1, 4), (4, 9), (9, 14)):
+        kept += gate.push(clip[a:b])[1]
+    assert kept == want and 0 < sum(kept) < len(kept)

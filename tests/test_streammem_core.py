@@ -209,22 +209,21 @@ def test_state_dict_restores_exactly_in_process(tmp_path):
     assert _run_second_half(copied, times, frames, half) == want
 
 
-def test_checkpoint_with_the_earlier_gate_format_restores_exactly():
+def test_checkpoint_with_the_earlier_gate_layout_is_refused_naming_the_version():
     """Checkpoints written before the gate kept its reference frame's gray held the raw frame
-    (``{"anchor", "anchor_is_numpy", ...}``); a memory restored from one answers every later
-    question exactly as the memory that never stopped (the frame is converted on load)."""
+    (``{"anchor", "anchor_is_numpy", ...}``, gate state layout 1); loading one raises one ValueError
+    that names the layout version instead of converting it."""
     times, frames = _frames()
     half = 57
     memory = _memory(_with_budget())
     _push_range(memory, times, frames, 0, half)
     state = memory.state_dict()
     gate = state["gate"]
-    assert "anchor" not in gate and gate["anchor_gray"].shape == (16, 16)
-    # "previous" reference: the last frame pushed, as the earlier format stored it.
+    assert "anchor" not in gate and gate["anchor_gray"].shape == (16, 16) and gate["version"] == 2
     state["gate"] = {"anchor": torch.from_numpy(frames[half - 1].copy()), "anchor_is_numpy": gate["anchor_is_numpy"],
                      "frames_seen": gate["frames_seen"], "frames_kept": gate["frames_kept"]}
-    restored = StreamMemory.from_state_dict(state, answer_fn=_answer)
-    assert _run_second_half(restored, times, frames, half) == _run_second_half(memory, times, frames, half)
+    with pytest.raises(ValueError, match="layout version 1"):
+        StreamMemory.from_state_dict(state, answer_fn=_answer)
 
 
 def test_checkpoint_restored_in_a_fresh_process(tmp_path):

@@ -11,14 +11,12 @@ import pytest
 import torch
 
 from streammem import HashingTextEncoder, MemoryConfig, PixelEncoder, Preset, StreamMemory, SyntheticVideo
-from streammem._segmenter import push_many
 from streammem.distributed import (
     HashRing, ShardMemory, ShardOverloaded, StreamRouter, VideoMemory, configure_threads, index_archive,
     thread_settings,
 )
 from streammem.distributed.archive import video_id
 from streammem.distributed.hashing import stable_hash
-from streammem_kernels import StreamingSegmenter
 from test_streammem_pipeline import _assert_same_state
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
@@ -37,38 +35,6 @@ def stream_items(i, size=(16, 16), n=None):
 
 def _batch(items):
     return [t for t, _ in items], np.stack([f for _, f in items])
-
-
-# --------------------------------------------------------------------------
-# Cross-stream batching
-# --------------------------------------------------------------------------
-# The triton path runs the same Python code as the torch one (only the ops differ) and costs ~0.4 s a
-# push under the interpreter, so it is left out here; the kernels' own tests cover its ops.
-@pytest.mark.parametrize("backend", ["torch", "cpp"])
-@pytest.mark.parametrize("params", [dict(window=4, tau=0.5, min_depth=0.05, max_event=7),
-                                    dict(window=3, drift=0.3, max_event=None)])
-def test_push_many_equals_separate_segmenters(backend, params):
-    """One kernel call for a changing subset of streams at different frame counts gives every
-    stream the events of its own segmenter (frame numbers, first frames, max_event, drift)."""
-    rng = np.random.default_rng(0)
-    S, D = 5, 6
-    centres = torch.randn(S, 12, D, generator=torch.Generator().manual_seed(1))
-    solo = [StreamingSegmenter(backend=backend, **params) for _ in range(S)]
-    many = [StreamingSegmenter(backend=backend, **params) for _ in range(S)]
-    got, want, count = [[] for _ in range(S)], [[] for _ in range(S)], [0] * S
-    for _ in range(90):
-        subset = sorted(rng.choice(S, size=int(rng.integers(1, S + 1)), replace=False).tolist())
-        feats = torch.stack([centres[s, (count[s] // int(rng.integers(3, 8))) % 12] + 0.05 * torch.randn(D)
-                             for s in subset])
-        for row, s in enumerate(subset):
-            want[s] += [(e.start, e.end) for e in solo[s].push(feats[row])]
-            count[s] += 1
-        for row, events in enumerate(push_many([many[s] for s in subset], feats)):
-            got[subset[row]] += [(e.start, e.end) for e in events]
-    for s in range(S):
-        want[s] += [(e.start, e.end) for e in solo[s].flush()]
-        got[s] += [(e.start, e.end) for e in many[s].flush()]
-    assert got == want and sum(map(len, want)) > 20
 
 
 def _shard_and_solo(streams, schedule_seed=0, **shard_kwargs):

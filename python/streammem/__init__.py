@@ -22,7 +22,7 @@ not pull in transformers.  ``import streammem`` needs only torch and numpy;
 components that need an extra (OpenCV, faiss, the offline models) raise
 ``MissingExtraError`` naming it when used without it.
 """
-from streammem_kernels._optional import MissingExtraError
+from streammem_kernels.extras import MissingExtraError
 
 from .bounded import BoundedMemory
 from .captioners import LanguageModelCaptioner

@@ -34,7 +34,7 @@ import sys
 import time
 from collections import Counter
 
-from streammem_kernels._optional import MissingExtraError
+from streammem_kernels.extras import MissingExtraError
 
 from .report import caption_text
 

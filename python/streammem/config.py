@@ -241,7 +241,7 @@ class MemoryConfig:
                                                                           MAX_KMEANS_ITERS))
         object.__setattr__(self, "dialogue_k", check_int(self.dialogue_k, "dialogue_k", 1))
         object.__setattr__(self, "seed", check_int(self.seed, "seed", 0, MAX_SEED))
-        from streammem_kernels._dispatch import BACKENDS
+        from streammem_kernels import BACKENDS
 
         if not isinstance(self.backend, str) or self.backend not in ("auto",) + BACKENDS:
             raise ValueError(f"backend must be one of {('auto',) + BACKENDS}, got {self.backend!r}")

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from streammem_kernels._optional import MissingExtraError, require
+from streammem_kernels.extras import MissingExtraError, require
 
 __all__ = [
     "EncodedFrames",

@@ -1,115 +1,27 @@
-"""Selective frame stacking (StreamChat sec. 3.1.1): the streaming motion gate.
+"""Selective frame stacking (StreamChat sec. 3.1.1): the kernels' streaming motion gate with the presets.
 
 A frame enters the vision buffer only when its Lucas-Kanade motion score
 against the previous frame exceeds the threshold t; ``score = flow_px / (1 + flow_px)``
 in [0, 1).  The first frame of a stream is always kept (there is nothing to compare
-it with, and memory must start somewhere).
-
-The gate measures with the kernel's defaults: a pyramid (large motion is
-measured, not saturated) and the "moving" statistic (the mean flow over the
-pixels that move, so one small object on a static camera moves the gate);
-``statistic="textured", levels=1`` is StreamChat's literal single-scale mean
-over all textured pixels, on which its presets were t = 0.13 / 0.35 / 0.58.
+it with, and memory must start somewhere).  The thresholds of the Slow / Base /
+Fast presets, and how they were derived, are in ``config.PRESETS``.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from streammem_kernels import StreamingMotionGate
 
-import numpy as np
-import torch
-
-from streammem_kernels.motion import STATISTICS, _cpp_lk_args, _motion_of_gray, _prepare, _select, _uint8_cpp_plan
-
-from .checks import check_int, check_real
-from .config import MAX_MOTION_SIZE, PRESETS, Preset
+from .config import PRESETS, Preset
 
 __all__ = ["MotionGate"]
 
 
-def _dtype_name(dtype) -> str:
-    """A frame dtype as a string a ``weights_only`` checkpoint can hold ("uint8", "torch.uint8")."""
-    return str(dtype)
+class MotionGate(StreamingMotionGate):
+    """The kernels' :class:`~streammem_kernels.StreamingMotionGate` with StreamChat's speed presets.
 
-
-def _dtype_of(name: str, is_numpy: bool):
-    """The frame dtype ``_dtype_name`` wrote (numpy's for numpy streams, torch's for tensor streams)."""
-    if is_numpy:
-        return np.dtype(name)
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"state's frame_dtype must name a torch dtype, got {name!r}")
-    return dtype
-
-
-class MotionGate:
-    """Streaming motion gate over RGB/gray frames.
-
-    Parameters
-    ----------
-    threshold : float in [0, 1]
-        Keep frame t when ``score(reference, t) > threshold``.
-    size : int, optional
-        Working resolution (long side) of the flow computation; 224 by default.
-    reference : {"previous", "last_kept"}
-        Compare with the previous frame (StreamChat) or with the last kept frame
-        (slow drift accumulates until it crosses the threshold).
-    window : int or None
-        Lucas-Kanade window (odd >= 3) or None for the paper's global solve.
-    statistic : {"moving", "textured"}
-        How per-pixel flow becomes the score (``motion_magnitude``): "moving"
-        (default) sees a small object move on a static camera; "textured" is
-        StreamChat's mean over all textured pixels.
-    levels : int or "auto"
-        Pyramid levels (``motion_magnitude``); 1 is single-scale LK.
-    backend : str
-        Passed to ``motion_magnitude``.
-
-    ``push(frames)`` takes a batch ``(n, H, W[, 3])`` of consecutive frames and
-    returns ``(scores, kept)`` as two length-n lists; the score of the very first
-    frame of the stream is reported as 1.0 (kept by definition).  Every frame of
-    a stream has one shape and dtype.  The caller may reuse its frame buffer
-    (the gate keeps nothing of it).  Not thread-safe: one caller at a time.
-
-    Each frame is converted to the working-size gray once: the gate keeps its
-    reference frame's gray (not the frame: a full-size copy cost ~60 us a push
-    at 480 x 640), and scores a push from the gray of the reference and of the
-    new frames (``motion_magnitude`` converts each frame on its own, so the
-    scores are the same as on the stacked full-size frames).  Contiguous uint8
-    CPU frames on the C++ backend take one native call per push ("previous") or
-    per frame ("last_kept"), the same numbers without Python between the steps.
-    ``state_dict`` holds that gray too; a state of the earlier format (the raw
-    reference frame) still loads, its frame converted on load.
+    Same parameters, ``push``, ``state_dict`` and ``load_state_dict``; :meth:`from_preset` builds
+    the gate of a preset ("slow", "base", "fast" or a :class:`Preset`).  Not thread-safe: one
+    caller at a time (a gate is a sequential state machine over its stream).
     """
-
-    def __init__(self, threshold: float = 0.4, *, size: int | None = 224, reference: str = "previous",
-                 window: int | None = 5, statistic: str = "moving", levels: int | str = "auto",
-                 backend: str = "auto"):
-        threshold = check_real(threshold, "threshold", 0.0, 1.0)
-        if size is not None:
-            size = check_int(size, "size", 8, MAX_MOTION_SIZE)
-        if window is not None:
-            window = check_int(window, "window", 3)
-            if window % 2 == 0:
-                raise ValueError(f"window must be odd, got {window}")
-        if not isinstance(reference, str) or reference not in ("previous", "last_kept"):
-            raise ValueError(f"reference must be 'previous' or 'last_kept', got {reference!r}")
-        if not isinstance(statistic, str) or statistic not in STATISTICS:
-            raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
-        if levels != "auto":
-            levels = check_int(levels, "levels", 1)
-        self.threshold = threshold
-        self.statistic = statistic
-        self.levels = levels
-        self.size = size
-        self.reference = reference
-        self.window = window
-        self.backend = backend
-        # Working-size gray (motion._prepare) of the previous frame ("previous") or of the last kept
-        # frame ("last_kept"); None before a stream's first frame.
-        self._anchor_gray = None
-        self._frame_spec = None  # (shape, dtype) of the stream's frames, which every push must keep
-        self.frames_seen = 0
-        self.frames_kept = 0
 
     @classmethod
     def from_preset(cls, preset: str | Preset, **kwargs) -> "MotionGate":
@@ -117,168 +29,3 @@ class MotionGate:
             raise ValueError(f"preset must be one of {sorted(PRESETS)} or a Preset, got {preset!r}")
         p = PRESETS[preset] if isinstance(preset, str) else preset
         return cls(p.threshold, **kwargs)
-
-    def _gray(self, frames):
-        """Working-size gray of (n, H, W[, C]) frames, validated (n >= 1), and the resolved arguments."""
-        gray, window, min_eig, levels, statistic = _prepare(frames, self.size, self.window, 1e-5, self.levels,
-                                                            self.statistic, self.backend, min_frames=1)
-        if isinstance(frames, torch.Tensor):
-            shared = gray.untyped_storage().data_ptr() == frames.untyped_storage().data_ptr()
-        else:
-            shared = gray.device.type == "cpu" and np.may_share_memory(gray.numpy(), frames)
-        if shared:
-            gray = gray.clone()  # gray frames at the working size come back as views of the caller's buffer
-        return gray, (window, min_eig, levels, statistic, _select(self.backend, gray))
-
-    def _scores(self, gray, args) -> list[float]:
-        """Scores of the reference gray (H', W') followed by ``gray`` (m, H', W')."""
-        res = _motion_of_gray(torch.cat((self._anchor_gray[None], gray)), *args)
-        return res.score.tolist()
-
-    def push(self, frames: Sequence[np.ndarray] | np.ndarray) -> tuple[list[float], list[bool]]:
-        batch = np.asarray(frames) if not isinstance(frames, torch.Tensor) else frames
-        if batch.ndim not in (3, 4):
-            raise ValueError(f"frames must have shape (n, H, W) or (n, H, W, C), got {tuple(batch.shape)}")
-        n = batch.shape[0]
-        if n == 0:
-            return [], []
-        spec = self._frame_spec
-        if spec is not None and (spec[0] != tuple(batch.shape[1:]) or spec[1] != batch.dtype):
-            raise ValueError(f"frames must keep the stream's frame shape {spec[0]} and dtype {spec[1]}, got "
-                             f"{tuple(batch.shape[1:])} {batch.dtype} (reset() starts a new stream)")
-        native = self._native_plan(batch)
-        scores, kept = self._push_native(batch, *native) if native is not None else self._push_general(batch)
-        if self._frame_spec is None:
-            self._frame_spec = (tuple(batch.shape[1:]), batch.dtype)
-        self.frames_seen += n
-        self.frames_kept += sum(kept)
-        return scores, kept
-
-    def _push_general(self, batch) -> tuple[list[float], list[bool]]:
-        gray, args = self._gray(batch)  # validates every frame, the first of a stream included
-        scores: list[float] = []
-        kept: list[bool] = []
-        start = 0
-        if self._anchor_gray is None:
-            scores.append(1.0)
-            kept.append(True)
-            self._anchor_gray = gray[0]
-            start = 1
-        elif self._anchor_gray.device != gray.device:  # restored from a CPU checkpoint into a GPU stream
-            self._anchor_gray = self._anchor_gray.to(gray.device)
-        if self.reference == "previous" and start < len(gray):
-            s = self._scores(gray[start:], args)
-            scores.extend(s)
-            kept.extend(v > self.threshold for v in s)
-            self._anchor_gray = gray[-1]
-        else:
-            for t in range(start, len(gray)):
-                s = self._scores(gray[t:t + 1], args)[0]
-                scores.append(s)
-                keep = s > self.threshold
-                kept.append(keep)
-                if keep:
-                    self._anchor_gray = gray[t]
-        anchor = self._anchor_gray
-        if anchor.untyped_storage().nbytes() != anchor.numel() * anchor.element_size():
-            self._anchor_gray = anchor.clone()  # one frame of the batch's gray: do not hold on to the rest
-        return scores, kept
-
-    def _native_plan(self, batch):
-        """(module, plan) when the push runs on the C++ gate step: uint8 CPU frames that the C++
-        backend shrinks or converts to float32 gray (motion._uint8_cpp_plan; gray uint8 frames kept at
-        their size stay on the general path, whose gray is uint8), and a float32 CPU reference gray of
-        that size, or none yet; else None."""
-        planned = _uint8_cpp_plan(batch, self.size, self.window, 1e-5, self.levels, self.statistic, self.backend,
-                                  min_frames=1)
-        if planned is None:
-            return None
-        out_hw = planned[1][4]
-        if batch.ndim == 3 and out_hw == tuple(batch.shape[1:]):
-            return None
-        anchor = self._anchor_gray
-        if anchor is not None and (anchor.dtype != torch.float32 or anchor.device.type != "cpu"
-                                   or tuple(anchor.shape) != out_hw or not anchor.is_contiguous()):
-            return None
-        return planned
-
-    def _push_native(self, batch, mod, plan) -> tuple[list[float], list[bool]]:
-        """``push`` in one C++ call per batch ("previous") or per frame ("last_kept"): gray of the new
-        frames written after the reference's, LK and score (motion_magnitude's numbers bit for bit:
-        the general path's native steps without the Python between them)."""
-        window, min_eig, levels, statistic, (oh, ow) = plan
-        lk = _cpp_lk_args(window, min_eig, levels, statistic)
-        frames = batch.numpy() if isinstance(batch, torch.Tensor) else batch
-        steps = (frames,) if self.reference == "previous" else (frames[t:t + 1] for t in range(len(frames)))
-        scores: list[float] = []
-        kept: list[bool] = []
-        for step in steps:
-            anchor = self._anchor_gray
-            stack, score = mod.gate_u8(step, None if anchor is None else anchor.numpy(), oh, ow, *lk)
-            s = score.tolist()
-            keep = [v > self.threshold for v in s]
-            if anchor is None:  # a stream's first frame is kept
-                s, keep = [1.0] + s, [True] + keep
-            scores.extend(s)
-            kept.extend(keep)
-            if self.reference == "previous" or keep[-1]:
-                # The stack's last gray; a copy when the stack holds more than the pair (a batch).
-                self._anchor_gray = torch.from_numpy(stack[-1] if len(stack) <= 2 else stack[-1].copy())
-        return scores, kept
-
-    def state_dict(self) -> dict:
-        """The reference frame's working-size gray, the stream's frame shape and dtype, and the counters
-        (tensors, strings and numbers only, so ``weights_only`` loading works).
-
-        ``anchor_gray`` is ``(H', W')`` (uint8 for gray uint8 frames kept at their size, else
-        float32 in [0, 1]), ``None`` before the first frame.  Earlier states held the full-size
-        reference frame (``anchor``) instead; :meth:`load_state_dict` reads both.
-        """
-        gray, spec = self._anchor_gray, self._frame_spec
-        return {"anchor_gray": None if gray is None else gray.detach().clone(),
-                "frame_shape": None if spec is None else list(spec[0]),
-                "frame_dtype": None if spec is None else _dtype_name(spec[1]),
-                "anchor_is_numpy": spec is not None and not isinstance(spec[1], torch.dtype),
-                "frames_seen": self.frames_seen, "frames_kept": self.frames_kept}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore ``state_dict()`` output; a state of the earlier format (the full-size reference frame
-        under ``anchor``) has its frame converted to this gate's working-size gray.  A state whose gray
-        is not what this gate makes of the stream's frames (another ``size``) raises ``ValueError``."""
-        is_numpy = bool(state["anchor_is_numpy"])
-        if "anchor_gray" not in state:  # the earlier format: the raw reference frame
-            frame = state["anchor"]
-            if frame is None:
-                gray, spec = None, None
-            else:
-                frame = frame.numpy() if is_numpy else frame
-                gray = self._gray(frame[None])[0][0]
-                spec = (tuple(frame.shape), frame.dtype)
-        else:
-            gray = state["anchor_gray"]
-            spec = None
-            if gray is not None:
-                spec = (tuple(int(d) for d in state["frame_shape"]), _dtype_of(state["frame_dtype"], is_numpy))
-                self._check_anchor_gray(gray, spec)
-        self._anchor_gray, self._frame_spec = gray, spec
-        self.frames_seen = int(state["frames_seen"])
-        self.frames_kept = int(state["frames_kept"])
-
-    def _check_anchor_gray(self, gray, spec) -> None:
-        """``gray`` must be what this gate makes of a frame of ``spec``: the working size and dtype of one
-        frame converted here (a state saved by a gate with another ``size`` would be compared at the
-        wrong scale)."""
-        shape, dtype = spec
-        probe = np.zeros((1, *shape), dtype) if isinstance(dtype, np.dtype) else torch.zeros((1, *shape), dtype=dtype)
-        # The reference preparation (any device, any backend) makes grays of the same shape and dtype.
-        want = _prepare(probe, self.size, self.window, 1e-5, self.levels, self.statistic, "torch", min_frames=1)[0][0]
-        if not isinstance(gray, torch.Tensor) or tuple(gray.shape) != tuple(want.shape) or gray.dtype != want.dtype:
-            got = f"{tuple(gray.shape)} {gray.dtype}" if isinstance(gray, torch.Tensor) else type(gray).__name__
-            raise ValueError(f"state's anchor_gray must be this gate's working-size gray of a {shape} frame, "
-                             f"{tuple(want.shape)} {want.dtype}, got {got} (saved by a gate with another size?)")
-
-    def reset(self) -> None:
-        self._anchor_gray = None
-        self._frame_spec = None
-        self.frames_seen = 0
-        self.frames_kept = 0

@@ -21,9 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from streammem_kernels._optional import require
+from streammem_kernels.extras import require
 
-from ._segmenter import load_segmenter_state, segmenter_state
 from .checks import check_int, check_real
 from .config import MAX_SEGMENTER_WINDOW
 from .memory import FrameRecord, LabelCaptioner, check_query_embedding, records_from_state, records_state
@@ -172,7 +171,7 @@ class EventSegmenter:
         """Add a kept frame; returns the knowledge entries of the events it closed.
 
         ``closed``: the events this frame closes, when the caller already pushed
-        the frame's feature into ``self.segmenter`` (``streammem._segmenter.push_many``
+        the frame's feature into ``self.segmenter`` (``StreamingSegmenter.push_many``
         batches that over many streams); None pushes it here.
         """
         self._open.append(record)
@@ -191,12 +190,12 @@ class EventSegmenter:
 
     def state_dict(self) -> dict:
         """Segmenter state, the open event's frames and the knowledge base."""
-        return {"segmenter": segmenter_state(self.segmenter), "open": records_state(self._open),
+        return {"segmenter": self.segmenter.state_dict(), "open": records_state(self._open),
                 "first": self._first, "knowledge_base": self.knowledge_base.state_dict(),
                 "timings": dict(self.timings)}
 
     def load_state_dict(self, state: dict) -> None:
-        load_segmenter_state(self.segmenter, state["segmenter"])
+        self.segmenter.load_state_dict(state["segmenter"])
         self._open = records_from_state(state["open"])
         self._first = int(state["first"])
         self.knowledge_base.load_state_dict(state["knowledge_base"])

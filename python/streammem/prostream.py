@@ -74,7 +74,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._segmenter import load_segmenter_state, segmenter_state
 from .bounded import BoundedMemory
 from .knowledge import _EmbeddingMatrix
 from .memory import FrameRecord, LongTermMemory, MemoryNode
@@ -1038,7 +1037,7 @@ class ProStream:
             "format": _FORMAT, "version": _VERSION, "config": self.config.to_dict(),
             "text_dim": int(self.text_encoder.dim),
             "tree": self.tree.state_dict(), "bounded": self.bounded.state_dict(),
-            "segmenter": segmenter_state(self.segmenter),
+            "segmenter": self.segmenter.state_dict(),
             "stats": asdict(self.stats), "stream_time": self.stream_time, "timings": dict(self.timings),
             "session": self._session, "open_turns": [[p, -1 if n is None else n] for p, n in self._open_turns],
             "open_segments": list(self._open_segments), "cited": sorted(self._cited),
@@ -1057,7 +1056,7 @@ class ProStream:
                              f"{self.text_encoder.dim}-d")
         self.tree.load_state_dict(state["tree"])
         self.bounded.load_state_dict(state["bounded"])
-        load_segmenter_state(self.segmenter, state["segmenter"])
+        self.segmenter.load_state_dict(state["segmenter"])
         self.stats = ProStreamStats(**state["stats"])
         self.stream_time = state["stream_time"]
         self.timings = dict(state["timings"])

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
-from streammem_kernels._optional import require
+from streammem_kernels.extras import require
 
 from .checks import check_int, check_real
 

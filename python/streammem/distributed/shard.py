@@ -4,7 +4,7 @@ A push carries frames of several streams; the shard runs each stream's motion
 gate, then **one** frame-encoder call over every kept frame of the push (per
 frame size), then forms the frames round by round, each round pushing one
 frame of every stream that still has one through **one** segmenter kernel call
-(``streammem._segmenter.push_many``), and finally the rest of each stream's
+(``StreamingSegmenter.push_many``), and finally the rest of each stream's
 memory.  The result equals pushing every stream into its own ``StreamMemory``
 (tested), so batching changes the cost, never the memory.
 
@@ -43,9 +43,10 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .._segmenter import push_many
-from ..config import MemoryConfig
+from streammem_kernels import StreamingSegmenter
+
 from ..checkpoint import atomic_write
+from ..config import MemoryConfig
 from ..core import Context, StreamMemory
 from ..encoders import EncodedFrames, encoder_from_spec
 from ..knowledge import InstantaneityScorer
@@ -316,7 +317,7 @@ class ShardMemory:
             active = [(sid, mem, recs[j]) for (sid, mem), recs in zip(streams, records) if j < len(recs)]
             features = torch.stack([rec.feature.float() for _, _, rec in active])
             t0 = time.perf_counter()
-            closed = push_many([mem.events.segmenter for _, mem, _ in active], features)
+            closed = StreamingSegmenter.push_many([mem.events.segmenter for _, mem, _ in active], features)
             self.timings["segment"] += time.perf_counter() - t0
             self.counters["segmenter_calls"] += 1
             for (sid, mem, rec), events in zip(active, closed):

@@ -1,4 +1,4 @@
-"""Optional dependencies, imported at the point of use with a message naming the extra.
+"""Optional dependencies (the extras of pyproject.toml), imported at the point of use with a message naming the extra.
 
 The kernels need only torch and numpy.  Video decoding, the pipeline's models
 and its dialogue index come from the extras declared in pyproject.toml; a
