@@ -225,7 +225,7 @@ def _rates_rows(label, r, ks):
 
 
 def test_planted_fact_hit_rates():
-    from streammem.encoders import load_text_encoder
+    from streammem.models.encoders import load_text_encoder
 
     ks = (4, 8, 16)
     raw = load_text_encoder("minilm")

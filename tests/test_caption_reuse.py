@@ -10,7 +10,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from streammem.caption_reuse import PromptPrefixCache, update_caption  # noqa: E402
+from streammem.models.caption_reuse import PromptPrefixCache, update_caption  # noqa: E402
 from streammem_kernels.logprobs import divergence_point_reference  # noqa: E402
 
 EOS = 3

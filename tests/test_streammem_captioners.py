@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from streammem import HashingTextEncoder, MemoryConfig, PixelEncoder, Preset, StreamPipeline, SyntheticVideo
-from streammem.captioners import LanguageModelCaptioner
-from streammem.caption_reuse import update_caption
+from streammem.models.captioners import LanguageModelCaptioner
+from streammem.models.caption_reuse import update_caption
 from streammem.memory import Captioner, FrameRecord
 
 transformers = pytest.importorskip("transformers")

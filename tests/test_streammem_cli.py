@@ -16,7 +16,7 @@ from streammem.cli import (
     extractive_answer, extractive_choice, format_ranges, main, parse_query, print_text_report, run_video,
     speed_advice,
 )
-from streammem.video import sample_video_path
+from streammem.io.video import sample_video_path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 COLOURS = [c for c, _, _ in SCENES]
@@ -214,7 +214,7 @@ def test_json_fields_are_exactly_the_documented_ones(capsys, clip):
 
 def test_truncated_video_reported_in_json_and_text(capsys, clip, tmp_path):
     # Issue 17: a damaged file used to be indexed silently from the frames that decoded.
-    from streammem.video import VideoTruncatedWarning
+    from streammem.io.video import VideoTruncatedWarning
 
     cut = tmp_path / "cut.avi"
     cut.write_bytes(clip.read_bytes()[: clip.stat().st_size // 2])

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from streammem.bounded import BoundedMemory
-from streammem.encoders import (
+from streammem.models.encoders import (
     COLOUR_NAMES, HashingTextEncoder, PixelEncoder,
     load_frame_encoder, load_text_encoder,
 )
@@ -18,8 +18,8 @@ from streammem.knowledge import (
     DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeEntry, KnowledgeInjector,
 )
 from streammem.memory import FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory
-from streammem.synthetic import SyntheticVideo
-from streammem.video import VideoSource, sample_video_path
+from streammem.io.synthetic import SyntheticVideo
+from streammem.io.video import VideoSource, sample_video_path
 from streammem_kernels import select_frames, tree_search
 
 

@@ -308,7 +308,7 @@ def test_index_archive_local_manifest_resume_and_failures(tmp_path):
     assert vm.source == str(clips[1].resolve()) and vm.summary()["frames_seen"] == 36
     assert vm.ask("what colour was it?").tree_best is not None
     # The loop's memory is the memory of pushing the decoded clip directly.
-    from streammem.video import VideoSource
+    from streammem.io.video import VideoSource
 
     direct = StreamMemory(CONFIG, PixelEncoder(), HashingTextEncoder())
     decoded = list(VideoSource(clips[1]))

@@ -23,7 +23,7 @@ from streammem.cli import main, parse_query
 from streammem import MotionGate
 from streammem.knowledge import DialogueMemory, KnowledgeBase
 from streammem.memory import LongTermMemory
-from streammem.video import VideoSource, VideoTruncatedWarning
+from streammem.io.video import VideoSource, VideoTruncatedWarning
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -483,18 +483,13 @@ def test_encoders_are_safe_to_call_from_many_threads(minilm):
 
 
 @pytest.mark.parametrize("cls", [
-    "streammem.core.StreamMemory", "streammem.pipeline.StreamPipeline", "streammem.gate.MotionGate",
-    "streammem.memory.ShortTermMemory", "streammem.memory.LongTermMemory", "streammem.bounded.BoundedMemory",
-    "streammem.knowledge.KnowledgeBase", "streammem.knowledge.EventSegmenter", "streammem.knowledge.DialogueMemory",
-    "streammem.knowledge.KnowledgeInjector", "streammem.video.VideoSource", "streammem.knowledge.InstantaneityScorer",
-    "streammem.captioners.LanguageModelCaptioner", "streammem.memory.LabelCaptioner", "streammem.encoders.PixelEncoder",
-    "streammem.encoders.HashingTextEncoder", "streammem.encoders.MiniLMTextEncoder",
-    "streammem.encoders.EfficientNetLiteEncoder", "streammem.encoders.FrameEncoder", "streammem.encoders.TextEncoder",
-    "streammem.synthetic.SyntheticVideo",
+    "StreamMemory", "StreamPipeline", "MotionGate", "ShortTermMemory", "LongTermMemory", "BoundedMemory",
+    "KnowledgeBase", "EventSegmenter", "DialogueMemory", "KnowledgeInjector", "VideoSource", "InstantaneityScorer",
+    "LanguageModelCaptioner", "LabelCaptioner", "PixelEncoder", "HashingTextEncoder", "MiniLMTextEncoder",
+    "EfficientNetLiteEncoder", "FrameEncoder", "TextEncoder", "SyntheticVideo",
 ])
 def test_every_stateful_class_states_its_thread_safety(cls):
-    import importlib
+    import streammem
 
-    module, name = cls.rsplit(".", 1)
-    doc = " ".join(getattr(importlib.import_module(module), name).__doc__.split())
+    doc = " ".join(getattr(streammem, cls).__doc__.split())
     assert "thread" in doc.lower(), f"{cls} has no thread-safety contract in its docstring"

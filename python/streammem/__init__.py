@@ -25,10 +25,10 @@ components that need an extra (OpenCV, faiss, the offline models) raise
 from streammem_kernels.extras import MissingExtraError
 
 from .bounded import BoundedMemory
-from .captioners import LanguageModelCaptioner
+from .models.captioners import LanguageModelCaptioner
 from .config import BoundedConfig, InjectorConfig, MemoryConfig, SegmenterConfig, ShortTermConfig
 from .core import Context, PushResult, StreamMemory
-from .encoders import (
+from .models.encoders import (
     EfficientNetLiteEncoder,
     EncodedFrames,
     FrameEncoder,
@@ -46,8 +46,8 @@ from .gate import MotionGate
 from .knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeInjector
 from .memory import Captioner, FrameRecord, LabelCaptioner, LongTermMemory, MemoryNode, ShortTermMemory
 from .pipeline import PipelineStopped, StreamPipeline
-from .synthetic import SyntheticVideo
-from .video import VideoSource, sample_video_path
+from .io.synthetic import SyntheticVideo
+from .io.video import VideoSource, sample_video_path
 
 __all__ = [
     "BoundedConfig",
@@ -98,7 +98,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     if name == "update_caption":
-        from .caption_reuse import update_caption
+        from .models.caption_reuse import update_caption
 
         return update_caption
     if name == "distributed":

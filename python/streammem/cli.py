@@ -518,7 +518,7 @@ class RunRecorder:
         if self.thumbnails:
             import cv2
 
-            from .video import resize_long_side
+            from .io.video import resize_long_side
 
             for row, (index, keep) in enumerate(zip(batch.indices, batch.kept)):
                 if keep:
@@ -573,9 +573,9 @@ def run_video(args) -> tuple[dict, dict]:
 
 def _run_video(args) -> tuple[dict, dict]:
     from .config import MemoryConfig
-    from .encoders import load_frame_encoder, load_text_encoder
+    from .models.encoders import load_frame_encoder, load_text_encoder
     from .pipeline import StreamPipeline
-    from .video import VideoSource, sample_video_path
+    from .io.video import VideoSource, sample_video_path
 
     sample = args.video is None
     path = sample_video_path() if sample else args.video

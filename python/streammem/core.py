@@ -53,7 +53,7 @@ from .bounded import BoundedMemory
 from .checkpoint import atomic_write
 from .checks import is_real
 from .config import MemoryConfig, Preset
-from .encoders import EncodedFrames, encoder_spec, encoders_from_specs
+from .models.encoders import EncodedFrames, encoder_spec, encoders_from_specs
 from .gate import MotionGate
 from .knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeInjector
 from .memory import FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory, check_query_embedding

@@ -104,7 +104,7 @@ from .bounded import utility
 from .checkpoint import atomic_write
 from .checks import check_real
 from .config import PRESETS, SegmenterConfig
-from .encoders import encoder_spec, encoders_from_specs
+from .models.encoders import encoder_spec, encoders_from_specs
 from .gate import MotionGate
 from .knowledge import EventSegmenter
 from .memory import FrameRecord, LabelCaptioner, records_from_state, records_state
@@ -1599,7 +1599,7 @@ def run(args) -> int:
 
 
 def _run(args) -> dict:
-    from .encoders import load_frame_encoder, load_text_encoder
+    from .models.encoders import load_frame_encoder, load_text_encoder
 
     turns = sorted((_parse_turn(t) for t in (args.turn if args.turn is not None else DEFAULT_TURNS)),
                    key=lambda x: x[0])
@@ -1621,7 +1621,7 @@ def _run(args) -> dict:
     offset = 0.0 if memory.stream_time is None else memory.stream_time + 1.0
     video = None
     if not args.no_video:
-        from .video import VideoSource, sample_video_path
+        from .io.video import VideoSource, sample_video_path
 
         video = str(args.video) if args.video is not None else str(sample_video_path())
         batch_t, batch_f = [], []

@@ -1533,7 +1533,7 @@ def run(args) -> int:
     Bad input raises ValueError / FileNotFoundError (``streammem.cli.main``
     turns them into one line and exit code 2).
     """
-    from .encoders import load_text_encoder
+    from .models.encoders import load_text_encoder
 
     for flag, value, low in (("--generate", args.generate, 1), ("--show", args.show, 0)):
         if value < low:

@@ -74,7 +74,7 @@ import torch.nn.functional as F
 
 from streammem_kernels import TopKResult, cosine_topk
 
-from .encoders import EncodedFrames
+from .models.encoders import EncodedFrames
 from .memory import FrameRecord, LabelCaptioner
 from .report import caption_text
 
@@ -650,7 +650,7 @@ class VideoAgent:
     def from_video(cls, source, frame_encoder, text_encoder, *, fps: float | None = None, size: int | None = 320,
                    keep_frames: bool = False, **kwargs) -> "VideoAgent":
         """Decode ``source`` (a path; ``VideoSource``), index every frame (labels through ``text_encoder``)."""
-        from .video import VideoSource
+        from .io.video import VideoSource
 
         video = VideoSource(source, fps=fps, size=size)
         index = VideoIndex.from_frames(None, video, frame_encoder, LabelTextEmbedder(text_encoder),
@@ -1171,8 +1171,8 @@ def _agent_kwargs(args) -> dict:
 
 
 def _video_report(args) -> dict:
-    from .encoders import load_frame_encoder, load_text_encoder
-    from .video import sample_video_path
+    from .models.encoders import load_frame_encoder, load_text_encoder
+    from .io.video import sample_video_path
 
     if args.video is not None and args.synthetic:
         raise ValueError("give either a VIDEO or --synthetic, not both")
@@ -1206,7 +1206,7 @@ def _policy_text(policy) -> str:
 
 
 def _synthetic_report(args) -> dict:
-    from .encoders import load_text_encoder
+    from .models.encoders import load_text_encoder
 
     if args.video is not None:
         raise ValueError("give either a VIDEO or --synthetic, not both")

@@ -42,7 +42,7 @@ import numpy as np
 from ..config import MemoryConfig
 from ..checkpoint import atomic_write
 from ..core import Context, StreamMemory
-from ..encoders import encoder_spec
+from ..models.encoders import encoder_spec
 from ._threads import configure_threads
 
 __all__ = ["index_archive", "index_video", "ArchiveResult", "VideoMemory", "video_id"]
@@ -79,7 +79,7 @@ def index_video(path, out_dir, config: MemoryConfig, frame_encoder, text_encoder
 
     Seconds are reported per stage (decode, gate + encode + form = memory, save).
     """
-    from ..video import VideoSource
+    from ..io.video import VideoSource
 
     path = Path(path).resolve()
     out_dir = Path(out_dir)

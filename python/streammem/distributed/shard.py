@@ -48,7 +48,7 @@ from streammem_kernels import StreamingSegmenter
 from ..checkpoint import atomic_write
 from ..config import MemoryConfig
 from ..core import Context, StreamMemory
-from ..encoders import EncodedFrames, encoder_from_spec
+from ..models.encoders import EncodedFrames, encoder_from_spec
 from ..knowledge import InstantaneityScorer
 from ._threads import ensure_thread, thread_settings
 
@@ -87,7 +87,7 @@ def _build_encoder(encoder, kind: str):
         encoder = {"name": encoder}
     if isinstance(encoder, dict):
         if encoder.get("name") == "auto":
-            from ..encoders import load_frame_encoder, load_text_encoder
+            from ..models.encoders import load_frame_encoder, load_text_encoder
 
             return (load_frame_encoder if kind == "frame" else load_text_encoder)("auto")
         return encoder_from_spec(encoder)

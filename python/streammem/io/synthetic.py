@@ -11,7 +11,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .encoders import COLOUR_NAMES
+from ..models.encoders import COLOUR_NAMES
 
 __all__ = ["SyntheticVideo"]
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from streammem_kernels.extras import require
 
-from .checks import check_int, check_real
+from ..checks import check_int, check_real
 
 __all__ = ["VideoSource", "VideoTruncatedWarning", "DecodeReport", "sample_video_path", "resize_long_side"]
 
