@@ -6,7 +6,7 @@ import torch
 from streammem import HashingTextEncoder, MemoryConfig, PixelEncoder, Preset, StreamPipeline, SyntheticVideo
 from streammem.models.captioners import LanguageModelCaptioner
 from streammem.models.caption_reuse import update_caption
-from streammem.memory import Captioner, FrameRecord
+from streammem.components.memory import Captioner, FrameRecord
 
 transformers = pytest.importorskip("transformers")
 

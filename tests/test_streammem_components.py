@@ -8,16 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from streammem.bounded import BoundedMemory
+from streammem.components.bounded import BoundedMemory
 from streammem.models.encoders import (
     COLOUR_NAMES, HashingTextEncoder, PixelEncoder,
     load_frame_encoder, load_text_encoder,
 )
 from streammem import PRESETS, MotionGate
-from streammem.knowledge import (
+from streammem.components.knowledge import (
     DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeEntry, KnowledgeInjector,
 )
-from streammem.memory import FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory
+from streammem.components.memory import FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory
 from streammem.io.synthetic import SyntheticVideo
 from streammem.io.video import VideoSource, sample_video_path
 from streammem_kernels import select_frames, tree_search

@@ -23,11 +23,11 @@ from streammem import (
     BoundedConfig, HashingTextEncoder, InjectorConfig, MemoryConfig, PipelineStopped, PixelEncoder, Preset,
     SegmenterConfig, ShortTermConfig, StreamMemory, StreamPipeline,
 )
-from streammem.bounded import BoundedMemory
+from streammem.components.bounded import BoundedMemory
 from streammem.cli import parse_query
 from streammem import MotionGate
-from streammem.knowledge import DialogueMemory, KnowledgeBase, KnowledgeEntry
-from streammem.memory import LongTermMemory, ShortTermMemory
+from streammem.components.knowledge import DialogueMemory, KnowledgeBase, KnowledgeEntry
+from streammem.components.memory import LongTermMemory, ShortTermMemory
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

@@ -18,11 +18,11 @@ from streammem import (
     BoundedConfig, HashingTextEncoder, MemoryConfig, PipelineStopped, PixelEncoder, Preset, StreamMemory,
     StreamPipeline, SyntheticVideo,
 )
-from streammem.bounded import BoundedMemory
+from streammem.components.bounded import BoundedMemory
 from streammem.cli import main, parse_query
 from streammem import MotionGate
-from streammem.knowledge import DialogueMemory, KnowledgeBase
-from streammem.memory import LongTermMemory
+from streammem.components.knowledge import DialogueMemory, KnowledgeBase
+from streammem.components.memory import LongTermMemory
 from streammem.io.video import VideoSource, VideoTruncatedWarning
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")

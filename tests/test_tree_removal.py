@@ -366,9 +366,9 @@ def test_bounded_memory_index_equals_rebuild():
     import copy
 
     import numpy as np
-    from streammem.bounded import BoundedMemory
+    from streammem.components.bounded import BoundedMemory
     from streammem.models.encoders import COLOUR_NAMES, HashingTextEncoder, PixelEncoder
-    from streammem.memory import FrameRecord, LongTermMemory
+    from streammem.components.memory import FrameRecord, LongTermMemory
     from streammem.io.synthetic import SyntheticVideo
 
     colours = list(COLOUR_NAMES)

@@ -24,7 +24,8 @@ components that need an extra (OpenCV, faiss, the offline models) raise
 """
 from streammem_kernels.extras import MissingExtraError
 
-from .bounded import BoundedMemory
+from .components.answers import extractive_answer
+from .components.bounded import BoundedMemory
 from .models.captioners import LanguageModelCaptioner
 from .config import BoundedConfig, InjectorConfig, MemoryConfig, SegmenterConfig, ShortTermConfig
 from .core import Context, PushResult, StreamMemory
@@ -42,9 +43,9 @@ from .models.encoders import (
     load_text_encoder,
 )
 from .config import PRESETS, Preset
-from .gate import MotionGate
-from .knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeInjector
-from .memory import Captioner, FrameRecord, LabelCaptioner, LongTermMemory, MemoryNode, ShortTermMemory
+from .components.gate import MotionGate
+from .components.knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeInjector
+from .components.memory import Captioner, FrameRecord, LabelCaptioner, LongTermMemory, MemoryNode, ShortTermMemory
 from .pipeline import PipelineStopped, StreamPipeline
 from .io.synthetic import SyntheticVideo
 from .io.video import VideoSource, sample_video_path
@@ -87,6 +88,7 @@ __all__ = [
     "TextEncoder",
     "VideoSource",
     "encoder_from_spec",
+    "extractive_answer",
     "encoder_spec",
     "load_frame_encoder",
     "load_text_encoder",

@@ -32,11 +32,11 @@ import math
 import re
 import sys
 import time
-from collections import Counter
 
 from streammem_kernels.extras import MissingExtraError
 
-from .report import caption_text
+from .components.answers import extractive_answer, extractive_choice
+from .components.memory import caption_text
 
 __all__ = [
     "main", "build_parser", "parse_query", "extractive_answer", "extractive_choice", "speed_advice",
@@ -168,49 +168,6 @@ def format_ranges(indices: list[int]) -> str:
         parts.append(str(indices[i]) if i == j else f"{indices[i]}-{indices[j]}")
         i = j + 1
     return ", ".join(parts)
-
-
-def _field(context, name, default=None):
-    return context.get(name, default) if isinstance(context, dict) else getattr(context, name, default)
-
-
-def _top_labels(frames: list[dict], top: int = 3) -> str:
-    counts = Counter(label for f in frames for label in f.get("labels", ()))
-    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
-    return ", ".join(name for name, _ in ranked) if ranked else "scene"
-
-
-def extractive_choice(context) -> tuple[str, str]:
-    """(source, answer) of the model-free answer; source is short_term, tree, knowledge or none.
-
-    A question about the present (instantaneity S_t > 0.5, or no tree and no
-    event yet) is answered from the short-term frames, the newest the memory
-    holds; any other from the best-matching tree node or knowledge-base event
-    (highest cosine).  Works on a ``Context`` or its dict.
-    """
-    short = _field(context, "short_term") or []
-    best = _field(context, "tree_best")
-    knowledge = _field(context, "knowledge") or []
-    s_t = float((_field(context, "injection") or {}).get("s_t", 0.0))
-    if short and (s_t > 0.5 or (best is None and not knowledge)):
-        return "short_term", f"Now ({short[0]['t']:.1f}-{short[-1]['t']:.1f} s) I see: {_top_labels(short)}"
-    candidates = []
-    if best is not None:
-        candidates.append((best.get("score", 0.0), "tree", best))
-    candidates.extend((k.get("score", 0.0), "knowledge", k) for k in knowledge)
-    if not candidates:
-        return "none", "I have not seen anything yet."
-    _, source, item = max(candidates, key=lambda c: c[0])
-    return source, f"At {item['t_start']:.1f}-{item['t_end']:.1f} s I saw: {caption_text(item['caption'])}"
-
-
-def extractive_answer(context) -> str:
-    """A model-free answer (``extractive_choice``); stands in for a language model.
-
-    Pass any callable(Context) -> str as ``answer_fn`` instead; answers fill
-    the dialogue memory.
-    """
-    return extractive_choice(context)[1]
 
 
 def _round_down_fps(fps: float) -> float:

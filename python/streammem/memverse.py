@@ -100,14 +100,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .bounded import utility
+from .components.answers import extractive_answer
+from .components.bounded import EvictionReport, utility
 from .checkpoint import atomic_write
 from .checks import check_real
 from .config import PRESETS, SegmenterConfig
 from .models.encoders import encoder_spec, encoders_from_specs
-from .gate import MotionGate
-from .knowledge import EventSegmenter
-from .memory import FrameRecord, LabelCaptioner, records_from_state, records_state
+from .components.gate import MotionGate
+from .components.knowledge import EventSegmenter
+from .components.memory import FrameRecord, LabelCaptioner, records_from_state, records_state
 
 __all__ = [
     "MemVerse",
@@ -120,7 +121,7 @@ __all__ = [
     "CooccurrenceExtractor",
     "LongTermGraph",
     "GraphHits",
-    "EvictionReport",
+    "GraphEvictionReport",
     "extend_csr",
     "compact_csr",
     "name_key",
@@ -545,14 +546,12 @@ class GraphHits(NamedTuple):
 
 
 @dataclass
-class EvictionReport:
-    """One budget round: what went and the cost (words) before and after."""
+class GraphEvictionReport(EvictionReport):
+    """One budget round of the graph (costs in words): chunks, relations and orphaned entities removed."""
 
     chunks: int = 0
     relations: int = 0
     entities: int = 0
-    cost_before: int = 0
-    cost_after: int = 0
 
 
 class LongTermGraph:
@@ -872,7 +871,7 @@ class LongTermGraph:
 
     # ---- bounded growth ------------------------------------------------------
     def evict(self, budget: int, now: float, *, alpha: float = 0.6, beta: float = 0.4, tau: float = 600.0,
-              low_water: float = 0.8) -> EvictionReport | None:
+              low_water: float = 0.8) -> GraphEvictionReport | None:
         """Bring the cost within ``budget`` if it is over (see the module docstring); None: nothing to do."""
         total = self.cost()
         if total <= budget:
@@ -898,7 +897,7 @@ class LongTermGraph:
         chunk_keep[doomed[doomed < rows.numel()]] = False
         node_keep = torch.ones(self.num_nodes, dtype=torch.bool)
         node_keep[relations[doomed[doomed >= rows.numel()] - rows.numel()]] = False
-        report = EvictionReport(cost_before=total)
+        report = GraphEvictionReport(cost_before=total)
         report.chunks = int((~chunk_keep).sum())
         report.relations = int((~node_keep).sum())
         report.entities = self._remove(node_keep, chunk_keep)
@@ -1095,6 +1094,16 @@ class MemVerseContext:
                 "timings_ms": {k: round(1e3 * v, 3) for k, v in self.timings.items()}, "answer": self.answer}
 
 
+@extractive_answer.register(MemVerseContext)
+def _extractive_memverse(context: MemVerseContext) -> str:
+    """MemVerse's model-free answer: the best long-term chunk's text (and its best fact)."""
+    if not context.chunks:
+        return "Nothing in long-term memory matches."
+    best = context.chunks[0]
+    fact = f" [fact: {context.facts[0]['fact']}]" if context.facts else ""
+    return f"{best['text']} (session {best['session']}, {best['t_start']:.1f}-{best['t_end']:.1f}s){fact}"
+
+
 class MemVerse:
     """MemVerse's short-term window and long-term knowledge graph, fed by video, dialogue and text.
 
@@ -1138,7 +1147,7 @@ class MemVerse:
         self.stream_time: float | None = None
         self._next_chunk = 0
         self._last_consolidated: tuple[MemoryChunk, tuple[str, ...]] | None = None
-        self.evictions: list[EvictionReport] = []
+        self.evictions: list[GraphEvictionReport] = []
         self.questions = 0
         self.timings: Counter = Counter()
         self.frames_seen = 0  # video frames pushed, every session
@@ -1303,7 +1312,7 @@ class MemVerse:
             self.enforce_budget()
         return added
 
-    def enforce_budget(self) -> EvictionReport | None:
+    def enforce_budget(self) -> GraphEvictionReport | None:
         cfg = self.config
         if cfg.budget is None or self.stream_time is None:
             return None
@@ -1475,7 +1484,7 @@ class MemVerse:
         self.events.load_state_dict(state["events"])
         self._open, self._open_first = records_from_state(state["open"]), int(state["open_first"])
         self.frames_seen = int(state["frames_seen"])
-        self.evictions = [EvictionReport(**r) for r in state["evictions"]]
+        self.evictions = [GraphEvictionReport(**r) for r in state["evictions"]]
         self.timings = Counter(state["timings"])
 
     def save(self, directory) -> Path:
@@ -1577,15 +1586,6 @@ def _parse_turn(text: str) -> tuple[float, str, str]:
     if not sep or not sep2 or not speaker.strip() or not said.strip():
         raise ValueError(f"--turn must look like 'T: SPEAKER: TEXT', got {text!r}")
     return at, speaker.strip(), said.strip()
-
-
-def extractive_answer(context: MemVerseContext) -> str:
-    """A model-free stand-in for an answering model: the best long-term chunk's text (and its best fact)."""
-    if not context.chunks:
-        return "Nothing in long-term memory matches."
-    best = context.chunks[0]
-    fact = f" [fact: {context.facts[0]['fact']}]" if context.facts else ""
-    return f"{best['text']} (session {best['session']}, {best['t_start']:.1f}-{best['t_end']:.1f}s){fact}"
 
 
 def run(args) -> int:

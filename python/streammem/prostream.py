@@ -74,9 +74,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .bounded import BoundedMemory
-from .knowledge import _EmbeddingMatrix
-from .memory import FrameRecord, LongTermMemory, MemoryNode
+from .components.answers import extractive_answer
+from .components.bounded import BoundedMemory
+from .components.knowledge import EmbeddingMatrix
+from .components.memory import FrameRecord, LongTermMemory, MemoryNode
 
 __all__ = [
     "Turn",
@@ -93,7 +94,6 @@ __all__ = [
     "Recall",
     "ProStream",
     "FlatTurnMemory",
-    "extractive_answer",
     "SyntheticDialogue",
     "synthetic_dialogue",
     "evaluate",
@@ -648,8 +648,10 @@ class Recall:
         }
 
 
-def extractive_answer(recall: Recall) -> str | None:
-    """The default answer: the best recalled turn's text, verbatim (extractive; no model)."""
+@extractive_answer.register(Recall)
+def _extractive_recall(recall: Recall) -> str | None:
+    """ProStream's default answer: the best recalled turn's text, verbatim (extractive; no model); None
+    when nothing was recalled."""
     return recall.best.text if recall.best is not None else None
 
 
@@ -1109,7 +1111,7 @@ class FlatTurnMemory:
         self.k = k
         self.min_similarity = float(min_similarity)
         self.backend = backend
-        self._rows = _EmbeddingMatrix()
+        self._rows = EmbeddingMatrix()
         self._turns: list[Turn] = []
         self._costs: list[int] = []
         self._start = 0  # first turn in the window

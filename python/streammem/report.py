@@ -34,11 +34,11 @@ import bisect
 import html
 import json
 import math
-import re
 from pathlib import Path
 
-__all__ = ["render_report", "write_report", "check_report_path", "caption_text", "MAX_POINTS", "MAX_MARKS",
-           "MAX_GALLERY"]
+from .components.memory import caption_text
+
+__all__ = ["render_report", "write_report", "check_report_path", "MAX_POINTS", "MAX_MARKS", "MAX_GALLERY"]
 
 MAX_POINTS = 1500  # score samples drawn one by one; beyond, a min/max envelope per column
 MAX_MARKS = 1000  # kept frames drawn as one element each; beyond, one path
@@ -145,15 +145,6 @@ _SCRIPT = r"""
   document.body.dataset.ready = "1";
 })();
 """
-
-
-_SPAN_PREFIX = re.compile(r"^\s*\d+(?:\.\d+)?-\d+(?:\.\d+)?\s*s:\s*")
-
-
-def caption_text(caption: str) -> str:
-    """A caption without the leading time span that ``LabelCaptioner`` writes (``"3.0-4.0s: "``),
-    for places that show the span already."""
-    return _SPAN_PREFIX.sub("", caption, count=1)
 
 
 def _e(value) -> str:

@@ -75,8 +75,7 @@ import torch.nn.functional as F
 from streammem_kernels import TopKResult, cosine_topk
 
 from .models.encoders import EncodedFrames
-from .memory import FrameRecord, LabelCaptioner
-from .report import caption_text
+from .components.memory import FrameRecord, LabelCaptioner, caption_text
 
 __all__ = [
     "VideoIndex",

@@ -49,7 +49,7 @@ from ..checkpoint import atomic_write
 from ..config import MemoryConfig
 from ..core import Context, StreamMemory
 from ..models.encoders import EncodedFrames, encoder_from_spec
-from ..knowledge import InstantaneityScorer
+from ..components.knowledge import InstantaneityScorer
 from ._threads import ensure_thread, thread_settings
 
 __all__ = ["ShardMemory", "SearchHit", "stream_shard_class"]

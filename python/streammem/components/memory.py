@@ -15,6 +15,7 @@ embedding), exactly the chronological grouping of StreamChat.
 """
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,8 +24,8 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from .checks import check_int, check_real
-from .config import MAX_KMEANS_ITERS, MAX_SEED
+from ..checks import check_int, check_real
+from ..config import MAX_KMEANS_ITERS, MAX_SEED
 
 __all__ = [
     "check_query_embedding",
@@ -34,6 +35,7 @@ __all__ = [
     "ShortTermMemory",
     "Captioner",
     "LabelCaptioner",
+    "caption_text",
     "MemoryNode",
     "LongTermMemory",
 ]
@@ -169,6 +171,15 @@ class Captioner(Protocol):
 
 def _span(t0: float, t1: float) -> str:
     return f"{t0:.1f}-{t1:.1f}s"
+
+
+_SPAN_PREFIX = re.compile(r"^\s*\d+(?:\.\d+)?-\d+(?:\.\d+)?\s*s:\s*")
+
+
+def caption_text(caption: str) -> str:
+    """A caption without the leading time span that ``LabelCaptioner`` writes (``"3.0-4.0s: "``),
+    for places that show the span already."""
+    return _SPAN_PREFIX.sub("", caption, count=1)
 
 
 class LabelCaptioner:

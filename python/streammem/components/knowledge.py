@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from streammem_kernels.extras import require
 
-from .checks import check_int, check_real
-from .config import MAX_SEGMENTER_WINDOW
+from ..checks import check_int, check_real
+from ..config import MAX_SEGMENTER_WINDOW
 from .memory import FrameRecord, LabelCaptioner, check_query_embedding, records_from_state, records_state
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "KnowledgeInjector",
     "DialogueEntry",
     "DialogueMemory",
+    "EmbeddingMatrix",
 ]
 
 
@@ -52,8 +53,12 @@ class KnowledgeEntry:
     frames: int
 
 
-class _EmbeddingMatrix:
-    """Append-only (n, E) float32 rows with amortised doubling (no copy per append)."""
+class EmbeddingMatrix:
+    """Append-only (n, E) float32 rows with amortised doubling (no copy per append).
+
+    ``append(v)`` adds one (E,) row; ``rows`` is the (n, E) view of the rows so far.  Not
+    thread-safe: one writer at a time, and a reader's ``rows`` may be replaced by a later append.
+    """
 
     def __init__(self):
         self._rows = torch.zeros(0, 0)
@@ -83,7 +88,7 @@ class KnowledgeBase:
 
     def __init__(self):
         self.entries: list[KnowledgeEntry] = []
-        self._matrix = _EmbeddingMatrix()
+        self._matrix = EmbeddingMatrix()
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -115,7 +120,7 @@ class KnowledgeBase:
 
     def load_state_dict(self, state: dict) -> None:
         self.entries = []
-        self._matrix = _EmbeddingMatrix()
+        self._matrix = EmbeddingMatrix()
         for i in range(len(state["event_id"])):
             self.add(KnowledgeEntry(**{name: state[name][i] for name in _ENTRY_SCALARS},
                                     embedding=state["embedding"][i].clone()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from streammem_kernels import StreamingMotionGate
 
-from .config import PRESETS, Preset
+from ..config import PRESETS, Preset
 
 __all__ = ["MotionGate"]
 

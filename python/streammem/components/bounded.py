@@ -32,10 +32,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import check_int, check_real
+from ..checks import check_int, check_real
 from .memory import LongTermMemory, MemoryNode
 
-__all__ = ["BoundedMemory", "EvictionReport", "utility"]
+__all__ = ["BoundedMemory", "EvictionReport", "TreeEvictionReport", "utility"]
 
 
 def utility(access_count, last_access, now, *, alpha: float = 0.6, beta: float = 0.4, tau: float = 60.0):
@@ -55,11 +55,21 @@ def utility(access_count, last_access, now, *, alpha: float = 0.6, beta: float =
 
 @dataclass
 class EvictionReport:
+    """One budget round of a bounded memory: its cost before and after the round, in the memory's own
+    unit (tokens for ``BoundedMemory``, words for MemVerse's graph).  Each memory reports what the
+    round removed in a subclass named for what it holds."""
+
+    cost_before: int = 0
+    cost_after: int = 0
+
+
+@dataclass
+class TreeEvictionReport(EvictionReport):
+    """A ``BoundedMemory`` round: sibling leaves merged, leaves removed, parents emptied and removed."""
+
     merged: int = 0
     removed_leaves: int = 0
     removed_parents: int = 0
-    cost_before: int = 0
-    cost_after: int = 0
 
 
 @dataclass
@@ -138,14 +148,14 @@ class BoundedMemory:
         return True
 
     # ---- enforcement ---------------------------------------------------
-    def enforce(self, now: float) -> EvictionReport | None:
+    def enforce(self, now: float) -> TreeEvictionReport | None:
         """Bring the memory within budget if it is over; returns what was done (None: nothing)."""
         self.now = check_real(now, "now")
         total = self.total_cost()
         self.stats.peak_cost = max(self.stats.peak_cost, total)
         if total <= self.budget:
             return None
-        report = EvictionReport(cost_before=total)
+        report = TreeEvictionReport(cost_before=total)
         target = self.low_water * self.budget
         report.merged = self._merge_similar_leaves()
         total = self.total_cost()
