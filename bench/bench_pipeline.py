@@ -44,7 +44,8 @@ from streammem import (
     PRESETS, EncodedFrames, LabelCaptioner, MemoryConfig, StreamPipeline, VideoSource, load_frame_encoder,
     load_text_encoder, sample_video_path,
 )
-from streammem.cli import DEFAULT_QUERIES, _parse_query, extractive_answer
+from streammem import extractive_answer
+from streammem.stream.questions import SAMPLE_QUERIES as DEFAULT_QUERIES, parse_query as _parse_query
 from streammem.components.memory import FrameRecord
 
 QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"

@@ -78,7 +78,7 @@ def test_scene_cuts_are_kept(tmp_path):
 
 
 def test_memory_config_passes_the_statistic_to_the_gate():
-    from streammem.core import StreamMemory  # noqa: F401  (the gate is built there)
+    from streammem.stream.memory import StreamMemory  # noqa: F401  (the gate is built there)
 
     cfg = MemoryConfig(motion_statistic="textured", motion_levels=1)
     assert MemoryConfig.from_dict(cfg.to_dict()) == cfg

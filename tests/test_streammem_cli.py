@@ -12,10 +12,12 @@ import pytest
 
 from clips import SCENES, scene_at, write_clip
 from streammem.cli import (
-    GENERIC_QUESTIONS, QUERY_FIELDS, SAMPLE_QUERIES, SUMMARY_FIELDS, _parse_query, build_parser, caption_text,
-    extractive_answer, extractive_choice, format_ranges, main, parse_query, print_text_report, run_video,
+    GENERIC_QUESTIONS, QUERY_FIELDS, SUMMARY_FIELDS, build_parser, format_ranges, main, print_text_report, run_video,
     speed_advice,
 )
+from streammem.components.answers import extractive_answer, extractive_choice
+from streammem.components.memory import caption_text
+from streammem.stream.questions import SAMPLE_QUERIES, parse_query
 from streammem.io.video import sample_video_path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -43,7 +45,7 @@ def test_parse_query():
     assert parse_query(".5:q") == (0.5, "q")
     assert parse_query("what: is this") == (None, "what: is this")
     assert parse_query("plain question") == (None, "plain question")
-    assert _parse_query is parse_query and all(parse_query(q)[0] is not None for q in SAMPLE_QUERIES)
+    assert all(parse_query(q)[0] is not None for q in SAMPLE_QUERIES)
     with pytest.raises(ValueError, match=">= 0"):
         parse_query("-3: before the start?")
     with pytest.raises(ValueError, match="no question"):

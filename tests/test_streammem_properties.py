@@ -24,7 +24,7 @@ from streammem import (
     SegmenterConfig, ShortTermConfig, StreamMemory, StreamPipeline,
 )
 from streammem.components.bounded import BoundedMemory
-from streammem.cli import parse_query
+from streammem.stream.questions import parse_query
 from streammem import MotionGate
 from streammem.components.knowledge import DialogueMemory, KnowledgeBase, KnowledgeEntry
 from streammem.components.memory import LongTermMemory, ShortTermMemory

@@ -19,7 +19,8 @@ from streammem import (
     StreamPipeline, SyntheticVideo,
 )
 from streammem.components.bounded import BoundedMemory
-from streammem.cli import main, parse_query
+from streammem.cli import main
+from streammem.stream.questions import parse_query
 from streammem import MotionGate
 from streammem.components.knowledge import DialogueMemory, KnowledgeBase
 from streammem.components.memory import LongTermMemory

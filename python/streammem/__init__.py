@@ -28,7 +28,7 @@ from .components.answers import extractive_answer
 from .components.bounded import BoundedMemory
 from .models.captioners import LanguageModelCaptioner
 from .config import BoundedConfig, InjectorConfig, MemoryConfig, SegmenterConfig, ShortTermConfig
-from .core import Context, PushResult, StreamMemory
+from .stream.memory import Context, PushResult, StreamMemory
 from .models.encoders import (
     EfficientNetLiteEncoder,
     EncodedFrames,
@@ -46,7 +46,7 @@ from .config import PRESETS, Preset
 from .components.gate import MotionGate
 from .components.knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeInjector
 from .components.memory import Captioner, FrameRecord, LabelCaptioner, LongTermMemory, MemoryNode, ShortTermMemory
-from .pipeline import PipelineStopped, StreamPipeline
+from .stream.pipeline import PipelineStopped, StreamPipeline
 from .io.synthetic import SyntheticVideo
 from .io.video import VideoSource, sample_video_path
 

@@ -29,7 +29,6 @@ import argparse
 import importlib.util
 import json
 import math
-import re
 import sys
 import time
 
@@ -37,25 +36,16 @@ from streammem_kernels.extras import MissingExtraError
 
 from .components.answers import extractive_answer, extractive_choice
 from .components.memory import caption_text
+from .stream.questions import SAMPLE_QUERIES, parse_query
 
 __all__ = [
     "main", "build_parser", "parse_query", "extractive_answer", "extractive_choice", "speed_advice",
-    "format_ranges", "SAMPLE_QUERIES", "DEFAULT_QUERIES", "GENERIC_QUESTIONS", "SUMMARY_FIELDS", "QUERY_FIELDS",
+    "format_ranges", "SAMPLE_QUERIES", "GENERIC_QUESTIONS", "SUMMARY_FIELDS", "QUERY_FIELDS",
 ]
 
 # What `streammem run` imports beyond the kernels (import name -> PyPI package), all in the
 # [pipeline] extra; checked up front so a user learns every missing package at once.
 RUN_REQUIRES = {"cv2": "opencv-python-headless", "faiss": "faiss-cpu", "tqdm": "tqdm"}
-
-# Stream time (s) and question, written for bikes.mp4 (10 s): a taxi fills the
-# frame around 3 s, a cyclist passes about 4-5 s, bicycles are parked at the end.
-# Asked only on the sample clip.
-SAMPLE_QUERIES = (
-    "3.5: What vehicle is in front of the camera right now?",
-    "9.0: What did we see at the beginning of the video?",
-    "10.0: Where are the bicycles?",
-)
-DEFAULT_QUERIES = SAMPLE_QUERIES  # the name before GENERIC_QUESTIONS existed (bench/bench_pipeline.py)
 
 # Asked on a user's clip when no --query is given: (fraction of the clip, question); None = after the end.
 GENERIC_QUESTIONS = (
@@ -118,45 +108,9 @@ INJECTION_LEGEND = (
     "S_c > {t2} -> the best 3, else the best 5"
 )
 
-_TIME = re.compile(r"^\s*((?:\d+:){0,2}\d+(?:\.\d*)?|\.\d+)\s*s?\s*:(.*)$", re.S)
-
-
 # --------------------------------------------------------------------------
 # Small pure helpers (tested directly)
 # --------------------------------------------------------------------------
-def parse_query(text: str) -> tuple[float | None, str]:
-    """``"12.5: what is the rider doing?"`` -> (12.5, question); no time prefix -> (None, question).
-
-    The time is stream seconds: ``SS``, ``M:SS`` or ``H:MM:SS``, fractions
-    allowed, an optional ``s`` (``"1:30: ..."`` is 90 s, ``"20s: ..."`` 20 s).
-    Text before the first colon that is not a time stays in the question
-    (``"what: is this"``).  Raises ValueError for a negative time or an empty
-    question, and for a time that is not finite (``"nan: ..."``, ``"inf: ..."``,
-    overflowing digits).
-    """
-    if not isinstance(text, str):
-        raise ValueError(f"query must be a string, got {type(text).__name__}")
-    if re.match(r"^\s*-\s*\d", text):
-        raise ValueError(f"query time must be >= 0 seconds, got {text!r}")
-    if re.match(r"^\s*[+-]?\s*(nan|inf|infinity)\s*s?\s*:", text, re.I):
-        raise ValueError(f"query time must be a finite number of seconds, got {text!r:.80}")
-    match = _TIME.match(text)
-    at, question = None, text.strip()
-    if match:
-        seconds = 0.0
-        for part in match.group(1).split(":"):
-            seconds = 60.0 * seconds + float(part)
-        if not math.isfinite(seconds):
-            raise ValueError(f"query time must be a finite number of seconds, got {text!r:.80}")
-        at, question = seconds, match.group(2).strip()
-    if not question:
-        raise ValueError(f"query has no question: {text!r} (write \"T: QUESTION\" or just QUESTION)")
-    return at, question
-
-
-_parse_query = parse_query  # the name before it was public (bench/bench_pipeline.py)
-
-
 def format_ranges(indices: list[int]) -> str:
     """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
     parts: list[str] = []
@@ -531,7 +485,7 @@ def run_video(args) -> tuple[dict, dict]:
 def _run_video(args) -> tuple[dict, dict]:
     from .config import MemoryConfig
     from .models.encoders import load_frame_encoder, load_text_encoder
-    from .pipeline import StreamPipeline
+    from .stream.pipeline import StreamPipeline
     from .io.video import VideoSource, sample_video_path
 
     sample = args.video is None

@@ -1174,7 +1174,7 @@ class MemVerse:
             Seconds, non-decreasing.
         frames : (n, H, W, 3) or (H, W, 3) uint8 RGB
         """
-        from .core import StreamMemory
+        from .stream.memory import StreamMemory
 
         if self.frame_encoder is None:
             raise ValueError("this MemVerse has no frame_encoder; pass one to push video frames")

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..config import MemoryConfig
 from ..checkpoint import atomic_write
-from ..core import Context, StreamMemory
+from ..stream.memory import Context, StreamMemory
 from ..models.encoders import encoder_spec
 from ._threads import configure_threads
 

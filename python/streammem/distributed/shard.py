@@ -47,7 +47,7 @@ from streammem_kernels import StreamingSegmenter
 
 from ..checkpoint import atomic_write
 from ..config import MemoryConfig
-from ..core import Context, StreamMemory
+from ..stream.memory import Context, StreamMemory
 from ..models.encoders import EncodedFrames, encoder_from_spec
 from ..components.knowledge import InstantaneityScorer
 from ._threads import ensure_thread, thread_settings

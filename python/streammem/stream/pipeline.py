@@ -72,9 +72,9 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .checks import check_int, is_real
-from .config import MemoryConfig
-from .core import Context, StreamMemory
+from ..checks import check_int, is_real
+from ..config import MemoryConfig
+from .memory import Context, StreamMemory
 
 
 __all__ = ["StreamPipeline", "PipelineStopped", "GateBatch"]
