@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from clips import SCENES, scene_at, write_clip
-from streammem.cli import (
-    GENERIC_QUESTIONS, QUERY_FIELDS, SUMMARY_FIELDS, build_parser, format_ranges, main, print_text_report, run_video,
-    speed_advice,
+from streammem.cli import build_parser, main
+from streammem.cli.run import (
+    GENERIC_QUESTIONS, QUERY_FIELDS, SUMMARY_FIELDS, format_ranges, print_text_report, run_video, speed_advice,
 )
 from streammem.components.answers import extractive_answer, extractive_choice
 from streammem.components.memory import caption_text

@@ -22,9 +22,10 @@ import pytest
 
 from clips import write_clip
 from headless_browser import Browser, find_chromium
-from streammem.cli import build_parser, main, run_video
+from streammem.cli import build_parser, main
+from streammem.cli.run import run_video
 from streammem.config import InjectorConfig, ShortTermConfig
-from streammem.report import MAX_GALLERY, MAX_MARKS, MAX_POINTS, check_report_path, render_report, write_report
+from streammem.cli.report import MAX_GALLERY, MAX_MARKS, MAX_POINTS, check_report_path, render_report, write_report
 
 SVG = "{http://www.w3.org/2000/svg}"
 QUESTIONS = ["15: What is on screen right now?", "25: What happened before?", "What colours did we see?"]

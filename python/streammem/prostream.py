@@ -97,7 +97,7 @@ __all__ = [
     "SyntheticDialogue",
     "synthetic_dialogue",
     "evaluate",
-    "run",
+    "recalls_answer",
 ]
 
 _FORMAT = "streammem.ProStream"
@@ -1364,7 +1364,9 @@ def synthetic_dialogue(turns: int, *, seed: int = 0, subjects: int = 200, fact_e
 # --------------------------------------------------------------------------
 # Evaluation: accuracy and latency against the baselines
 # --------------------------------------------------------------------------
-def _correct(unit: RecalledUnit | None, q: Question) -> bool:
+def recalls_answer(unit: RecalledUnit | None, q: Question) -> bool:
+    """Whether a recalled unit answers ``q``: it covers the question's ground-truth turn, or (without one)
+    its text holds the ground-truth answer."""
     if unit is None:
         return False
     if q.turn is not None:
@@ -1449,8 +1451,8 @@ def evaluate(items: Sequence[Turn | Question], text_encoder, *, config: ProStrea
             rec = memory.recall(question_embeddings[qi], question=item.question)
             qi += 1
             best = rec.best
-            rows.append({"kind": item.kind or "all", "correct": _correct(best, item),
-                         "hit": any(_correct(u, item) for u in rec.units),
+            rows.append({"kind": item.kind or "all", "correct": recalls_answer(best, item),
+                         "hit": any(recalls_answer(u, item) for u in rec.units),
                          "stale": best is not None and any(best.covers(i) for i in item.superseded),
                          "answered": best is not None, "latency": rec.latency_s, "recall": rec})
         flush_pending()
@@ -1473,105 +1475,3 @@ def evaluate(items: Sequence[Turn | Question], text_encoder, *, config: ProStrea
             out["memory"] = memory
         report["methods"][name] = out
     return report
-
-
-# --------------------------------------------------------------------------
-# CLI: streammem prostream
-# --------------------------------------------------------------------------
-def _parse_beam(text: str) -> tuple[int, int]:
-    try:
-        a, b = (int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"--beam must be SESSIONS,SEGMENTS (two ints), got {text!r}") from None
-    return a, b
-
-
-def _config_from_args(args, encoder_name: str) -> ProStreamConfig:
-    changes = {}
-    if args.budget is not None:
-        changes["budget"] = args.budget
-    if args.drift is not None:
-        changes["drift"] = args.drift
-    if args.beam is not None:
-        changes["beam"] = _parse_beam(args.beam)
-    if args.k is not None:
-        changes["k"] = args.k
-    name = "hashing" if encoder_name == "hashing" else "minilm"
-    return ProStreamConfig.for_encoder(name, **changes)
-
-
-def _print_report(report: dict, show: int) -> None:
-    print(f"stream: {report['source']} ({report['turns']} turns, {report['questions']} questions)")
-    print(f"text encoder: {report['text_encoder']}; distiller: extractive (no model); answers: extractive (no model)")
-    s = report["methods"]["prostream"]["summary"]
-    st = s["stored"]
-    print(f"segments closed: {s['segments']} (drift), sessions: {s['sessions']}; cited turns: {s['cited']}, "
-          f"superseded: {s['superseded']}")
-    print(f"memory: {s['memory_tokens']} / {s['budget']} tokens (peak {s['peak_tokens']}); stored: {st['turns']} "
-          f"turns, {st['segments']} segments, {st['sessions']} sessions; evicted {s['evicted_turns']} turns")
-    if report["questions"] and any(m["by_kind"]["all"]["n"] for m in report["methods"].values()):
-        print()
-        print(f"{'method':22s} {'kind':8s} {'n':>4s} {'top-1':>6s} {'hit@k':>6s} {'stale':>6s} "
-              f"{'p50 ms':>8s} {'stored turns':>12s}")
-        for name, m in report["methods"].items():
-            label = {"prostream": "ProStream", "everything": "retrieve-everything", "recent": "recent-window"}[name]
-            for kind, row in m["by_kind"].items():
-                print(f"{label:22s} {kind:8s} {row['n']:4d} {row['correct']:6.2f} {row['hit']:6.2f} "
-                      f"{row['stale']:6.2f} {m['latency_ms']['p50']:8.3f} {m['stored_turns']:12d}")
-    for rec in report["shown"][:show]:
-        print()
-        at = "" if rec["stream_time"] is None else f" (at {rec['stream_time']:.0f} s)"
-        print(f"Q: {rec['question']}{at}")
-        for u in rec["units"][:3]:
-            print(f"   turn {u['first_turn']} [{u['t']:.0f} s] {u['text']}  (cos {u['cosine']}, u {u['utility']})")
-        truth = rec.get("truth")
-        verdict = "" if truth is None else ("  [correct]" if rec["correct"] else f"  [expected: {truth}]")
-        print(f"A: {rec['answer']}  [extractive]{verdict}")
-
-
-def run(args) -> int:
-    """``streammem prostream`` (parser: ``streammem.cli.add_prostream_command``): stream, answer, print a report.
-
-    Bad input raises ValueError / FileNotFoundError (``streammem.cli.main``
-    turns them into one line and exit code 2).
-    """
-    from .models.encoders import load_text_encoder
-
-    for flag, value, low in (("--generate", args.generate, 1), ("--show", args.show, 0)):
-        if value < low:
-            raise ValueError(f"{flag} must be >= {low}, got {value}")
-    if args.dialogue is not None:
-        items, source = read_dialogue(args.dialogue), args.dialogue
-    else:
-        items = synthetic_dialogue(args.generate, seed=args.seed).items
-        source = f"synthetic_dialogue({args.generate}, seed={args.seed})"
-    if args.write is not None:
-        write_dialogue(args.write, items)
-        print(f"wrote {len(items)} lines to {args.write}")
-        return 0
-    if not any(isinstance(x, Turn) for x in items):
-        raise ValueError(f"{source} holds no turns")
-    if args.ask:
-        end = max(x.t for x in items)
-        items = list(items) + [Question(end, q) for q in args.ask]
-    encoder = load_text_encoder(args.text_encoder)
-    config = _config_from_args(args, getattr(encoder, "name", ""))
-    methods = ("prostream", "everything", "recent") if args.compare else ("prostream",)
-    report = evaluate(items, encoder, config=config, methods=methods, keep_recalls=True)
-    questions = [x for x in items if isinstance(x, Question)]
-    shown = []
-    for q, rec in zip(questions, report["methods"]["prostream"].pop("recalls")):
-        d = rec.to_dict()
-        d["answer"] = extractive_answer(rec)
-        d["truth"] = q.answer
-        d["correct"] = _correct(rec.best, q)
-        shown.append(d)
-    for m in report["methods"].values():
-        m.pop("recalls", None)
-    report.update(source=source, text_encoder=getattr(encoder, "name", type(encoder).__name__),
-                  config=config.to_dict(), shown=shown)
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        _print_report(report, args.show)
-    return 0

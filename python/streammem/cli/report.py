@@ -36,7 +36,7 @@ import json
 import math
 from pathlib import Path
 
-from .components.memory import caption_text
+from ..components.memory import caption_text
 
 __all__ = ["render_report", "write_report", "check_report_path", "MAX_POINTS", "MAX_MARKS", "MAX_GALLERY"]
 
