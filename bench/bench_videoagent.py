@@ -35,7 +35,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from streammem.models.encoders import HashingTextEncoder  # noqa: E402
-from streammem.videoagent import PlantedEventVideo, VideoAgent, evaluate  # noqa: E402
+from streammem.recipes.videoagent import PlantedEventVideo, VideoAgent, evaluate  # noqa: E402
 
 QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
 FRAMES, QUESTIONS, SEED = 3600, 20, 0

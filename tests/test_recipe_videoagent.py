@@ -1,4 +1,4 @@
-"""VideoAgent recipe (streammem.videoagent): the loop against brute force and against the ground truth of a
+"""VideoAgent recipe (streammem.recipes.videoagent): the loop against brute force and against the ground truth of a
 synthetic long video with planted events (which frames hold each answer), the hooks, validation and the CLI.
 
 Model-free throughout (hashing text encoder, label captions, pixel frame encoder) so it stays fast; the real
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from streammem.cli import main
 from streammem.models.encoders import HashingTextEncoder
-from streammem.videoagent import (
+from streammem.recipes.videoagent import (
     Answer,
     Assessment,
     CaptionVoteAnswerer,

@@ -15,7 +15,7 @@ import torch
 from ..checks import check_int
 from ..io.video import sample_video_path
 from ..models.encoders import load_frame_encoder, load_text_encoder
-from ..videoagent import PlantedEventVideo, RetrievalConfidencePolicy, VideoAgent, evaluate
+from ..recipes.videoagent import PlantedEventVideo, RetrievalConfidencePolicy, VideoAgent, evaluate
 from .command import Subcommand
 
 __all__ = ["COMMAND", "DEFAULT_QUESTIONS"]
@@ -27,7 +27,7 @@ retrieve the best frames inside the segments between them that need more
 information (cosine_topk with ranges), up to a frame budget; prints the frames
 used per question.  Captions and answers are deterministic defaults (the frame
 labels, a caption vote), not a language model; plug in your own models from
-Python (streammem.videoagent).  --synthetic scores it on a synthetic long video
+Python (streammem.recipes.videoagent).  --synthetic scores it on a synthetic long video
 with planted events (known answers) against uniform sampling at the same budget."""
 
 

@@ -74,8 +74,8 @@ import torch.nn.functional as F
 
 from streammem_kernels import TopKResult, cosine_topk
 
-from .models.encoders import EncodedFrames
-from .components.memory import FrameRecord, LabelCaptioner, caption_text
+from ...models.encoders import EncodedFrames
+from ...components.memory import FrameRecord, LabelCaptioner, caption_text
 
 __all__ = [
     "VideoIndex",
@@ -647,7 +647,7 @@ class VideoAgent:
     def from_video(cls, source, frame_encoder, text_encoder, *, fps: float | None = None, size: int | None = 320,
                    keep_frames: bool = False, **kwargs) -> "VideoAgent":
         """Decode ``source`` (a path; ``VideoSource``), index every frame (labels through ``text_encoder``)."""
-        from .io.video import VideoSource
+        from ...io.video import VideoSource
 
         video = VideoSource(source, fps=fps, size=size)
         index = VideoIndex.from_frames(None, video, frame_encoder, LabelTextEmbedder(text_encoder),
