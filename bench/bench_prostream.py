@@ -44,7 +44,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from streammem.models.encoders import HashingTextEncoder  # noqa: E402
-from streammem.prostream import ProStreamConfig, evaluate, synthetic_dialogue  # noqa: E402
+from streammem.recipes.prostream import ProStreamConfig, evaluate, synthetic_dialogue  # noqa: E402
 
 QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
 SIZES = (1_000, 10_000) if QUICK else (1_000, 10_000, 100_000)

@@ -1,4 +1,4 @@
-"""ProStream recipe (streammem.prostream) against the ground truth of the synthetic dialogue.
+"""ProStream recipe (streammem.recipes.prostream) against the ground truth of the synthetic dialogue.
 
 The synthetic stream plants facts (which turn states which value), later updates
 of some of them, topic segments and sessions; every question carries the turn
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from streammem.cli import main
 from streammem.models.encoders import HashingTextEncoder
-from streammem.prostream import (
+from streammem.recipes.prostream import (
     Distillate,
     ExtractiveDistiller,
     FlatTurnMemory,

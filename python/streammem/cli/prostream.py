@@ -10,7 +10,7 @@ import json
 
 from ..components.answers import extractive_answer
 from ..models.encoders import load_text_encoder
-from ..prostream import (
+from ..recipes.prostream import (
     ProStreamConfig, Question, Turn, evaluate, read_dialogue, recalls_answer, synthetic_dialogue, write_dialogue,
 )
 from .command import Subcommand

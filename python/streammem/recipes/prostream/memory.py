@@ -74,10 +74,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .components.answers import extractive_answer
-from .components.bounded import BoundedMemory
-from .components.knowledge import EmbeddingMatrix
-from .components.memory import FrameRecord, LongTermMemory, MemoryNode
+from ...components.answers import extractive_answer
+from ...components.bounded import BoundedMemory
+from ...components.knowledge import EmbeddingMatrix
+from ...components.memory import FrameRecord, LongTermMemory, MemoryNode
 
 __all__ = [
     "Turn",
