@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from streammem import HashingTextEncoder, PixelEncoder, SyntheticVideo
 from streammem.cli import main
 from streammem.config import SegmenterConfig
-from streammem.memverse import (
+from streammem.recipes.memverse import (
     CooccurrenceExtractor, Extraction, ExtractionContext, LongTermGraph, MemoryChunk, MemVerse, MemVerseConfig,
     compact_csr, extend_csr, interleave, name_key,
 )
-from streammem.memverse_synthetic import GroundTruthExtractor, PlantedFactMemory, hit_rates
+from streammem.recipes.memverse import GroundTruthExtractor, PlantedFactMemory, hit_rates
 from streammem_kernels import CSRGraph, khop_neighbourhood
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")

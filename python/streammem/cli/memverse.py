@@ -13,7 +13,7 @@ import numpy as np
 
 from ..components.answers import extractive_answer
 from ..io.video import VideoSource, sample_video_path
-from ..memverse import MemVerse, MemVerseConfig
+from ..recipes.memverse import MemVerse, MemVerseConfig
 from ..models.encoders import load_frame_encoder, load_text_encoder
 from .command import Subcommand
 

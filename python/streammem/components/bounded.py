@@ -43,7 +43,7 @@ def utility(access_count, last_access, now, *, alpha: float = 0.6, beta: float =
 
     ``access_count`` (f) and ``last_access`` are numbers or tensors of one
     shape (then ``u`` is a float64 tensor); ``BoundedMemory`` scores tree nodes
-    with it, and ``streammem.memverse`` the chunks and relations of its graph.
+    with it, and ``streammem.recipes.memverse`` the chunks and relations of its graph.
     """
     if isinstance(access_count, torch.Tensor) or isinstance(last_access, torch.Tensor):
         f = torch.as_tensor(access_count, dtype=torch.float64)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from .memverse import Extraction, ExtractionContext, MemoryChunk, MemVerse, interleave
+from .memory import Extraction, ExtractionContext, MemoryChunk, MemVerse, interleave
 
 __all__ = ["PlantedItem", "PlantedQuestion", "PlantedFactMemory", "GroundTruthExtractor", "hit_rates"]
 

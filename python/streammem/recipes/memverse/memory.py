@@ -100,15 +100,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .components.answers import extractive_answer
-from .components.bounded import EvictionReport, utility
-from .checkpoint import atomic_write
-from .checks import check_real
-from .config import PRESETS, SegmenterConfig
-from .models.encoders import encoder_spec, encoders_from_specs
-from .components.gate import MotionGate
-from .components.knowledge import EventSegmenter
-from .components.memory import FrameRecord, LabelCaptioner, records_from_state, records_state
+from ...components.answers import extractive_answer
+from ...components.bounded import EvictionReport, utility
+from ...checkpoint import atomic_write
+from ...checks import check_real
+from ...config import PRESETS, SegmenterConfig
+from ...models.encoders import encoder_spec, encoders_from_specs
+from ...components.gate import MotionGate
+from ...components.knowledge import EventSegmenter
+from ...components.memory import FrameRecord, LabelCaptioner, records_from_state, records_state
 
 __all__ = [
     "MemVerse",
@@ -1172,7 +1172,7 @@ class MemVerse:
             Seconds, non-decreasing.
         frames : (n, H, W, 3) or (H, W, 3) uint8 RGB
         """
-        from .stream.memory import StreamMemory
+        from ...stream.memory import StreamMemory
 
         if self.frame_encoder is None:
             raise ValueError("this MemVerse has no frame_encoder; pass one to push video frames")
