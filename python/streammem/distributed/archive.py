@@ -39,10 +39,10 @@ from typing import Iterable
 
 import numpy as np
 
-from ..config import MemoryConfig
 from ..checkpoint import atomic_write
+from ..config import MemoryConfig
+from ..models.encoders import encoder_spec, resolve_encoder
 from ..stream.memory import Context, StreamMemory
-from ..models.encoders import encoder_spec
 from ._threads import configure_threads
 
 __all__ = ["index_archive", "index_video", "ArchiveResult", "VideoMemory", "video_id"]
@@ -133,13 +133,11 @@ class _Indexer:
 
     def __init__(self, config_dict: dict, frame_encoder, text_encoder, fps, size, gate_batch, settings,
                  num_threads: int = 1):
-        from .shard import _build_encoder
-
         configure_threads(num_threads)
         t0 = time.perf_counter()
         self.config = MemoryConfig.from_dict(config_dict)
-        self.frame_encoder = _build_encoder(frame_encoder, "frame")
-        self.text_encoder = _build_encoder(text_encoder, "text")
+        self.frame_encoder = resolve_encoder(frame_encoder, "frame")
+        self.text_encoder = resolve_encoder(text_encoder, "text")
         self.model_load_s = time.perf_counter() - t0
         self.fps, self.size, self.gate_batch, self.settings = fps, size, gate_batch, settings
 

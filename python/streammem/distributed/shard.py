@@ -46,10 +46,10 @@ import torch
 from streammem_kernels import StreamingSegmenter
 
 from ..checkpoint import atomic_write
-from ..config import MemoryConfig
-from ..stream.memory import Context, StreamMemory
-from ..models.encoders import EncodedFrames, encoder_from_spec
 from ..components.knowledge import InstantaneityScorer
+from ..config import MemoryConfig
+from ..models.encoders import EncodedFrames, resolve_encoder
+from ..stream.memory import Context, StreamMemory
 from ._threads import ensure_thread, thread_settings
 
 __all__ = ["ShardMemory", "SearchHit", "stream_shard_class"]
@@ -80,20 +80,6 @@ def _check_stream_id(stream_id) -> str:
     if not isinstance(stream_id, str) or not stream_id:
         raise ValueError(f"stream_id must be a non-empty string, got {stream_id!r}")
     return stream_id
-
-
-def _build_encoder(encoder, kind: str):
-    if isinstance(encoder, str):
-        encoder = {"name": encoder}
-    if isinstance(encoder, dict):
-        if encoder.get("name") == "auto":
-            from ..models.encoders import load_frame_encoder, load_text_encoder
-
-            return (load_frame_encoder if kind == "frame" else load_text_encoder)("auto")
-        return encoder_from_spec(encoder)
-    if encoder is None or hasattr(encoder, "encode"):
-        return encoder
-    raise ValueError(f"{kind}_encoder must be an encoder, a name or a spec dict, got {encoder!r}")
 
 
 class ShardMemory:
@@ -128,8 +114,8 @@ class ShardMemory:
         if checkpoint_every_s is not None and not float(checkpoint_every_s) > 0:
             raise ValueError(f"checkpoint_every_s must be > 0 or None, got {checkpoint_every_s!r}")
         t0 = time.perf_counter()
-        self.frame_encoder = _build_encoder(frame_encoder, "frame")
-        self.text_encoder = _build_encoder(text_encoder, "text")
+        self.frame_encoder = resolve_encoder(frame_encoder, "frame")
+        self.text_encoder = resolve_encoder(text_encoder, "text")
         self.model_load_s = time.perf_counter() - t0
         self.answer_fn = answer_fn
         self.captioner = captioner

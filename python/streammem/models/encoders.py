@@ -45,6 +45,7 @@ __all__ = [
     "imagenet_class_names",
     "encoder_spec",
     "encoder_from_spec",
+    "resolve_encoder",
     "encoders_from_specs",
 ]
 
@@ -485,3 +486,19 @@ def encoder_from_spec(spec: dict):
     if name in _TEXT_NAMES:
         return load_text_encoder(name, **kwargs)
     raise ValueError(f"spec names an unknown encoder {name!r}; known: {_FRAME_NAMES + _TEXT_NAMES}")
+
+
+def resolve_encoder(encoder, kind: str):
+    """The encoder that ``encoder`` names: an encoder object (or None) as it is; a name ("pixel",
+    "minilm", ..., or "auto": the best available ``kind`` encoder, "frame" or "text") or a spec dict
+    (``encoder_spec`` output) built with ``encoder_from_spec``.  ValueError naming ``{kind}_encoder``
+    for anything else."""
+    if isinstance(encoder, str):
+        encoder = {"name": encoder}
+    if isinstance(encoder, dict):
+        if encoder.get("name") == "auto":
+            return (load_frame_encoder if kind == "frame" else load_text_encoder)("auto")
+        return encoder_from_spec(encoder)
+    if encoder is None or hasattr(encoder, "encode"):
+        return encoder
+    raise ValueError(f"{kind}_encoder must be an encoder, a name or a spec dict, got {encoder!r}")

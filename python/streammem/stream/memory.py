@@ -49,14 +49,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..components.bounded import BoundedMemory
 from ..checkpoint import atomic_write
 from ..checks import is_real
-from ..config import MemoryConfig, Preset
-from ..models.encoders import EncodedFrames, encoder_spec, encoders_from_specs
+from ..components.bounded import BoundedMemory
 from ..components.gate import MotionGate
 from ..components.knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeInjector
 from ..components.memory import FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory, check_query_embedding
+from ..config import MemoryConfig, Preset
+from ..models.encoders import EncodedFrames, encoder_spec, encoders_from_specs
 
 __all__ = ["StreamMemory", "Context", "PushResult"]
 
