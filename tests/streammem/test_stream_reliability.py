@@ -93,7 +93,7 @@ def test_text_encoder_raising_and_wrong_answer_type_resolve_the_future():
 
 
 def test_a_failing_question_at_a_stream_time_does_not_stall_memory_formation():
-    # i14b: formation waits until a due question's context is retrieved; a question whose encoding
+    # Formation waits until a due question's context is retrieved; a question whose encoding
     # raises must release it too.
     with _pipeline(_video(200), _FailingText()) as pipe:
         futures = [pipe.submit(f"boom {i}", at=i / 10.0) for i in range(0, 200, 7)]
@@ -447,7 +447,7 @@ def test_pipeline_methods_are_safe_from_many_threads():
         results = [f.result(WAIT_S) for f in futures]
         pipe.wait(WAIT_S)
     assert len(results) == 40 and len(pipe.dialogue) == 40
-    # questions at a time are answered from exactly the frames up to that time (i14b)
+    # questions at a time are answered from exactly the frames up to that time
     for ctx in results:
         asked = ctx.question.split("q")[1].split(".")
         k, i = int(asked[0]), int(asked[1])

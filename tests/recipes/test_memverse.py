@@ -477,10 +477,22 @@ def test_cli_on_the_sample_clip_with_small_encoders(capsys):
 
 
 def test_readme_snippet_runs(tmp_path, monkeypatch, capsys):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("<!-- MemVerse recipe (i16) -->", 1)[1].split("<!-- end MemVerse recipe -->", 1)[0]
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("<!-- MemVerse recipe -->", 1)[1].split("<!-- end MemVerse recipe -->", 1)[0]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md (MemVerse)", "exec"), {})
     assert "Ana: I am waiting for the taxi" in capsys.readouterr().out
     assert MemVerse.load(tmp_path / "memverse_ckpt").ask("Who is waiting for a taxi?").facts
+
+
+def test_extractive_answer_of_a_memverse_context_quotes_the_best_chunk():
+    """The package's one extractive_answer answers a MemVerseContext with its best long-term chunk, its
+    session and span, and its best fact; an empty graph answer says so."""
+    from streammem import extractive_answer
+    from streammem.recipes.memverse import MemVerseContext
+
+    chunk = {"text": "Ana: I locked my bike.", "session": 1, "t_start": 9.5, "t_end": 9.5}
+    ctx = MemVerseContext("Where is the bike?", 10.0, [], [chunk], [{"fact": "Ana appears with bike"}], [], {})
+    assert extractive_answer(ctx) == "Ana: I locked my bike. (session 1, 9.5-9.5s) [fact: Ana appears with bike]"
+    assert extractive_answer(MemVerseContext("?", None, [], [], [], [], {})) == "Nothing in long-term memory matches."

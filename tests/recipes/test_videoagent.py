@@ -403,7 +403,7 @@ def test_cli_errors_exit_2(extra, match, capsys):
 def test_readme_snippet_runs_and_prints_what_it_says(capsys):
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme[readme.index("## VideoAgent"):]
     code = section[section.index("```python\n") + len("```python\n"):section.index("\n```\n")]
     exec(compile(code, "README.md (VideoAgent)", "exec"), {})

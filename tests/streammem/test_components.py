@@ -90,7 +90,7 @@ def test_sample_clip_is_found():
 # MotionGate
 # --------------------------------------------------------------------------
 def test_presets_streamchat_structure_and_rederived_thresholds():
-    """StreamChat's (L, g, C); thresholds re-derived for the "moving" statistic (gate.py, issue 14)."""
+    """StreamChat's (L, g, C); thresholds re-derived for the "moving" statistic (config.PRESETS)."""
     assert {k: (p.threshold, p.chunk, p.group, p.centres) for k, p in PRESETS.items()} == {
         "slow": (0.25, 35, 15, 5), "base": (0.40, 25, 10, 5), "fast": (0.65, 30, 15, 5)}
 

@@ -1,6 +1,6 @@
 """The motion gate on labelled synthetic clips (tests/motion_clips.py): a static camera with
 known moving objects.  Ground truth is which frames contain motion; the presets must keep those
-(issue 14: one small object moving on a static camera) and drop a static scene."""
+(one small object moving on a static camera) and drop a static scene."""
 import io
 
 import numpy as np
@@ -36,7 +36,8 @@ def test_base_preset_keeps_a_small_moving_object_and_drops_it_when_still(surveil
 
 
 def test_streamchat_literal_statistic_misses_the_small_object(surveillance):
-    """What issue 14 reported: the mean over all textured pixels barely moves (0.04 px here)."""
+    """Why the default statistic is "moving": StreamChat's mean over all textured pixels barely moves
+    for one small object (0.04 px here)."""
     kept = _kept(MotionGate.from_preset("base", statistic="textured", levels=1), surveillance.frames)
     assert kept[0] and not kept[1:].any(), kept.astype(int)
     literal = motion_magnitude(surveillance.frames, size=224, statistic="textured", levels=1).flow_px

@@ -227,7 +227,7 @@ def test_checkpoint_with_the_earlier_gate_layout_is_refused_naming_the_version()
 
 
 def test_checkpoint_restored_in_a_fresh_process(tmp_path):
-    """The acceptance test of issue 13: save mid-stream, load in another interpreter, and every later
+    """Save mid-stream, load in another interpreter, and every later
     question is answered exactly as by the memory that never stopped."""
     times, frames = _frames()
     half = 61
@@ -240,7 +240,7 @@ def test_checkpoint_restored_in_a_fresh_process(tmp_path):
         import json, sys, torch
         torch.set_num_threads(1)
         sys.path.insert(0, {os.path.dirname(__file__)!r})
-        import test_streammem_core as t
+        import test_stream_memory as t
         from streammem import StreamMemory
         times, frames = t._frames()
         memory = StreamMemory.load({str(tmp_path / "ckpt")!r}, answer_fn=t._answer)

@@ -1,4 +1,4 @@
-"""Property-based tests (Hypothesis) of the streammem public API (issue 17).
+"""Property-based tests (Hypothesis) of the streammem public API.
 
 Generated configurations, parameters, frames, timestamps, features, query embeddings, question
 schedules and hostile sources.  Every call either succeeds and keeps the documented invariants,

@@ -359,3 +359,15 @@ def test_novelty_filter_skips_restated_turns(encoder):
     s = memory.summary()
     assert s["skipped_redundant"] == 4 and s["stored"] == {"turns": 1, "segments": 1, "sessions": 1}
     assert memory.ask("What is Marlow's car?").best.first_turn == 0
+
+
+def test_extractive_answer_of_a_recall_is_its_best_turn_verbatim():
+    """The package's one extractive_answer answers a ProStream Recall with its best turn's text (None when
+    nothing was recalled), as ProStream.ask labels "extractive"."""
+    from streammem import extractive_answer
+    from streammem.recipes.prostream import Recall, RecalledUnit
+
+    best = RecalledUnit(3, 10, 10, 12.5, "user", "Marlow's car is a Fiat.", 0.8, 1.0, 0.8)
+    other = RecalledUnit(4, 11, 11, 13.0, "user", "Lovely weather.", 0.1, 1.0, 0.1)
+    assert extractive_answer(Recall("What is Marlow's car?", 20.0, [best, other], 0.001)) == best.text
+    assert extractive_answer(Recall("What is Marlow's car?", 20.0, [], 0.001)) is None

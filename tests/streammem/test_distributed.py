@@ -17,7 +17,7 @@ from streammem.distributed import (
 )
 from streammem.distributed.archive import video_id
 from streammem.distributed.hashing import stable_hash
-from test_streammem_pipeline import _assert_same_state
+from test_stream_pipeline import _assert_same_state
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
