@@ -13,8 +13,8 @@ import numpy as np
 
 from ..components.answers import extractive_answer
 from ..io.video import VideoSource, sample_video_path
-from ..recipes.memverse import MemVerse, MemVerseConfig
 from ..models.encoders import load_frame_encoder, load_text_encoder
+from ..recipes.memverse import MemVerse, MemVerseConfig
 from .command import Subcommand
 
 __all__ = ["COMMAND", "DEFAULT_TURNS", "DEFAULT_QUESTIONS"]
@@ -58,10 +58,11 @@ def add_arguments(parser) -> None:
                         help="frame features and labels: EfficientNet-lite0 (ImageNet labels) or pixel (no model); "
                              "default: auto, or the saved memory's with --load")
     parser.add_argument("--text-encoder", default=None, choices=("auto", "minilm", "hashing"),
-                        help="embeds chunks, entities, relations and questions: all-MiniLM-L6-v2 or hashing (no model); "
-                             "default: auto, or the saved memory's with --load")
+                        help="embeds chunks, entities, relations and questions: all-MiniLM-L6-v2 or hashing "
+                             "(no model); default: auto, or the saved memory's with --load")
     parser.add_argument("--fps", type=float, default=None, help="decode at this frame rate (default: every frame)")
-    parser.add_argument("--size", type=int, default=320, help="long side, in pixels, of the decoded frames (default: 320)")
+    parser.add_argument("--size", type=int, default=320,
+                        help="long side, in pixels, of the decoded frames (default: 320)")
     parser.add_argument("--budget", type=int, default=None,
                         help="word budget of the long-term graph (evicts least utility per word); default: unbounded")
     parser.add_argument("--hops", type=int, default=2,

@@ -60,7 +60,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="with --synthetic: seed of the video (default 0)")
     parser.add_argument("--fps", type=float, default=5.0,
                         help="decode the video at this frame rate (default 5; 0: every frame)")
-    parser.add_argument("--size", type=int, default=320, help="long side, in pixels, of the decoded frames (default 320)")
+    parser.add_argument("--size", type=int, default=320,
+                        help="long side, in pixels, of the decoded frames (default 320)")
     parser.add_argument("--frame-encoder", default="auto", choices=("auto", "efficientnet-lite0", "pixel"),
                         help="labels the frames: EfficientNet-lite0 (ImageNet labels) or pixel (colour names, no "
                              "model); auto (default): EfficientNet, else pixel with a notice")
