@@ -210,10 +210,8 @@ class _SlowEncoder(PixelEncoder):
 
 
 def _slow_router(policy):
-    shard = ShardMemory(CONFIG, _SlowEncoder(), HashingTextEncoder())
-    from streammem.distributed.router import _LocalShard
-
-    router = StreamRouter([_LocalShard(shard)], max_in_flight=1, overflow=policy)
+    router = StreamRouter.local(1, CONFIG, frame_encoder=_SlowEncoder(), text_encoder=HashingTextEncoder(),
+                                max_in_flight=1, overflow=policy)
     router.add_stream("cam")
     return router
 

@@ -171,7 +171,7 @@ class RetrievalConfidencePolicy:
     name = "retrieval-confidence"
 
     def __init__(self, margin: float = 0.05, max_segments: int = 4):
-        # The CLI's defaults (cli.py add_videoagent_command) read these two values from here.
+        # The CLI's defaults (cli/videoagent.py add_arguments) read these two values from here.
         if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 0):
             raise ValueError(f"margin must be a finite float >= 0, got {margin!r}")
         self.margin = float(margin)
