@@ -1,11 +1,11 @@
 """Build the native kernels of streammem-kernels.
 
-* Every ``csrc/cpu/<op>.cpp`` becomes its own pybind11 + OpenMP module
+* Every ``csrc/cpu/<op>.cpp`` (or folder ``csrc/cpu/<op>/`` of ``.cpp`` files) becomes its own pybind11 + OpenMP module
   ``streammem_kernels._cpu_<op>`` (one module per op, so ops build and load
   independently and a broken op never hides the others).
 * Every ``csrc/cuda/<op>.cu`` becomes the shared library
   ``streammem_kernels/_cuda_<op>.so`` with a C ABI, loaded with ctypes
-  (streammem_kernels/_cuda.py), built by nvcc alone whenever nvcc is found
+  (streammem_kernels/runtime/cuda.py), built by nvcc alone whenever nvcc is found
   (PATH or CUDA_HOME): no CUDA torch is needed at build time, so the CUDA
   kernels build and link on machines without a GPU.  Without nvcc a one-line
   notice is printed and the CPU and Triton paths keep working.
@@ -43,6 +43,16 @@ except ImportError:  # pragma: no cover - pybind11 is a build requirement
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def cpu_sources() -> dict[str, list[str]]:
+    """op -> its C++ sources: ``csrc/cpu/<op>.cpp``, or every ``.cpp`` of a folder ``csrc/cpu/<op>/``."""
+    ops = {os.path.splitext(os.path.basename(src))[0]: [src] for src in glob.glob(os.path.join("csrc", "cpu", "*.cpp"))}
+    for folder in glob.glob(os.path.join("csrc", "cpu", "*", "")):
+        sources = sorted(glob.glob(os.path.join(folder, "*.cpp")))
+        if sources:
+            ops[os.path.basename(os.path.dirname(folder))] = sources
+    return ops
+
+
 def cpu_extensions():
     # -Wno-psabi: GCC notes on every build that the ABI of 32-byte vector arguments changed in
     # GCC 4.6; such vectors are passed only to functions with internal linkage (anonymous
@@ -51,14 +61,13 @@ def cpu_extensions():
     if os.environ.get("STREAMMEM_MARCH_NATIVE") == "1":
         cflags.append("-march=native")
     exts = []
-    for src in sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp"))):
-        op = os.path.splitext(os.path.basename(src))[0]
+    for op, sources in sorted(cpu_sources().items()):
         exts.append(
             Pybind11Extension(
                 f"streammem_kernels._cpu_{op}",
-                [src],
+                sources,
                 include_dirs=[os.path.join("csrc", "cpu")],
-                depends=glob.glob(os.path.join("csrc", "cpu", "*.h")),
+                depends=glob.glob(os.path.join("csrc", "cpu", "*.h")) + glob.glob(os.path.join("csrc", "cpu", "*", "*.h")),
                 extra_compile_args=list(cflags),  # Pybind11Extension appends to it
                 extra_link_args=["-fopenmp"],
                 cxx_std=17,
@@ -71,7 +80,7 @@ def _cuda_build_helpers():
     # Loaded by path: importing the package would import torch, which a build must not need.
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_cuda_build", os.path.join(HERE, "streammem_kernels", "_cuda_build.py"))
+    spec = importlib.util.spec_from_file_location("_cuda_build", os.path.join(HERE, "streammem_kernels", "runtime", "cuda_build.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -48,8 +48,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 import streammem_kernels as sk  # noqa: E402
-from streammem_kernels._dispatch import load_native  # noqa: E402
-from streammem_kernels.traversal import _beam_widths  # noqa: E402
+from streammem_kernels.runtime.dispatch import load_native  # noqa: E402
+from streammem_kernels.tree.search import _beam_widths  # noqa: E402
 
 DIM, TOPK, RECALL_QUERIES = 384, 10, 200
 

@@ -29,7 +29,7 @@ from _device import gpu_params, require_gpu, synced  # noqa: E402
 from motion_baselines import seed_style_flow  # noqa: E402
 from streammem import MotionGate  # noqa: E402
 from streammem_kernels import motion_magnitude  # noqa: E402
-from streammem_kernels._dispatch import load_native  # noqa: E402
+from streammem_kernels.runtime.dispatch import load_native  # noqa: E402
 from streammem_kernels.samples import read_video, sample_video_path  # noqa: E402
 
 cv2 = pytest.importorskip("cv2")

@@ -95,14 +95,14 @@ def real_clip_table():
 def sweep(frames_per_clip, seeds):
     """Noise floors and minimum areas for "moving": worst static score at noise 4 and the fraction of
     (side >= 24, speed >= 2) object pairs each preset keeps."""
-    saved = motion.MOVING_FLOOR_PX, motion.MOVING_MIN_AREA
+    saved = motion.reference.MOVING_FLOOR_PX, motion.reference.MOVING_MIN_AREA
     print("\n| floor (px) | min area | static max, noise 2 | static max, noise 4 | "
           "objects >= 24 px at >= 2 px/frame kept: slow / base / fast |")
     print("|---|---|---|---|---|")
     try:
         for floor, area in itertools.product(((0.15, 0.3), (0.2, 0.4), (0.25, 0.5), (0.3, 0.6)),
                                              (0.001, 0.002, 0.005)):
-            motion.MOVING_FLOOR_PX, motion.MOVING_MIN_AREA = floor, area
+            motion.reference.MOVING_FLOOR_PX, motion.reference.MOVING_MIN_AREA = floor, area
             worst = {}
             for noise in (2.0, 4.0):
                 worst[noise] = max(float(flow(moving_object_clip(frames_per_clip, [], noise=noise, seed=s).frames,
@@ -115,7 +115,7 @@ def sweep(frames_per_clip, seeds):
             kept = " / ".join(f"{(scores > PRESETS[p].threshold).mean():.2f}" for p in PRESETS)
             print(f"| {floor} | {area} | {worst[2.0]:.3f} | {worst[4.0]:.3f} | {kept} |")
     finally:
-        motion.MOVING_FLOOR_PX, motion.MOVING_MIN_AREA = saved
+        motion.reference.MOVING_FLOOR_PX, motion.reference.MOVING_MIN_AREA = saved
 
 
 def main():

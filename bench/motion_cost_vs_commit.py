@@ -47,7 +47,7 @@ def child(tree: str) -> dict:
     import torch
 
     from streammem_kernels import motion, motion_magnitude
-    from streammem_kernels._dispatch import load_native
+    from streammem_kernels.runtime.dispatch import load_native
     from streammem_kernels.samples import read_video, sample_video_path
 
     torch.set_num_threads(1)

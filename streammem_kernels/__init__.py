@@ -6,7 +6,7 @@ says which can run here and why not.  See each op module's docstring for its
 shape contract.  Importing the package is cheap: native
 modules and Triton load lazily on first use.
 """
-from ._dispatch import BACKENDS, BackendFallbackWarning, BackendReport, backend_report
+from .runtime.dispatch import BACKENDS, BackendFallbackWarning, BackendReport, backend_report
 from .boundaries import (Event, SegmentStep, StreamingSegmenter, adjacent_cosine, depth_scores, detect_boundaries,
                          event_ends)
 from .graph import (CSRGraph, GraphRetrieval, Neighbourhood, SourceChunks, graph_retrieve, khop_neighbourhood,
@@ -14,10 +14,8 @@ from .graph import (CSRGraph, GraphRetrieval, Neighbourhood, SourceChunks, graph
 from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
 from .logprobs import divergence_point, linear_token_logprobs, token_logprobs
 from .motion import MotionResult, motion_magnitude, select_frames, select_frames_mask
-from .motion_gate import StreamingMotionGate
-from .cosine_tree import CosineTree
-from .topk import TopKResult, cosine_topk
-from .traversal import TreePathResult, tree_search
+from .motion.streaming import StreamingMotionGate
+from .tree import CosineTree, TopKResult, TreePathResult, cosine_topk, tree_search
 
 __all__ = [
     "BACKENDS",

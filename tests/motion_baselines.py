@@ -9,7 +9,7 @@ left out) as an independent oracle for the closed-form solve and as the
 import torch
 import torch.nn.functional as F
 
-from streammem_kernels.motion import structure_products
+from streammem_kernels.motion.reference import structure_products
 
 
 def seed_style_flow(gray: torch.Tensor, window: int = 5, min_eig: float = 1e-5) -> torch.Tensor:

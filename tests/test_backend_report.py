@@ -10,8 +10,8 @@ import torch
 
 import streammem_kernels as sk
 from conftest import cpu_backends
-from streammem_kernels import _dispatch
-from streammem_kernels._dispatch import BackendFallbackWarning, Op, load_native
+from streammem_kernels.runtime import dispatch as _dispatch
+from streammem_kernels.runtime.dispatch import BackendFallbackWarning, Op, load_native
 from streammem_kernels.motion import LK_FLOW
 
 CPU = torch.device("cpu")
@@ -75,9 +75,9 @@ def test_no_warning_when_the_reference_is_chosen_on_purpose(no_cpp_motion, monke
 
 def test_report_agrees_with_dispatch():
     report = sk.backend_report()
-    assert list(report.functions) == list(_dispatch.OP_MODULES)
+    assert list(report.functions) == list(_dispatch.op_families())
     assert "motion_magnitude" in report.functions["motion"] and "tree_search" in report.functions["tree"]
-    for op in _dispatch.OP_MODULES:
+    for op in _dispatch.op_families():
         assert "torch" in report.available(op, "cpu")
         for table in _dispatch._op_tables(op):
             assert report.auto(op, "cpu") == table.select("auto", CPU)
@@ -113,7 +113,7 @@ def test_report_shows_a_missing_module_and_the_override(no_cpp_motion, monkeypat
     overridden = sk.backend_report()
     assert overridden.auto("motion", "cpu") is None and overridden.environment["STREAMMEM_BACKEND"] == "cpp"
     monkeypatch.setenv("STREAMMEM_BACKEND", "torch")
-    assert all(sk.backend_report().auto(op, "cpu") == "torch" for op in _dispatch.OP_MODULES)
+    assert all(sk.backend_report().auto(op, "cpu") == "torch" for op in _dispatch.op_families())
 
 
 def test_report_to_dict_is_json_and_complete():

@@ -477,7 +477,8 @@ def test_gpu_paths_never_synchronise_with_the_host(monkeypatch, backend):
     """The code a CUDA tensor runs (torch and Triton backends, the streaming step
     around them), run here on CPU tensors inside a mode that raises on every
     tensor-to-host conversion; value checks behave as on CUDA (device-side)."""
-    from streammem_kernels import _utils, boundaries
+    from streammem_kernels import boundaries
+    from streammem_kernels.runtime import validate as _utils
 
     for op in OPS:
         guard_backend(monkeypatch, op, backend)

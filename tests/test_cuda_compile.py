@@ -5,7 +5,7 @@ call, C ABI, no torch headers: streammem_kernels/_cuda_build.py) for sm_80 and
 sm_90 with ``-Xptxas -v``, and:
 
 * no kernel spills, and none uses more than 255 registers;
-* the library exports exactly the functions ``streammem_kernels._cuda.PROTOTYPES``
+* the library exports exactly the functions of ``streammem_kernels.runtime.cuda.prototypes(op)``
   declares for the op (plus the two common ones), so Python and C agree;
 * the library loads with ctypes here (the CUDA runtime is linked statically and
   finds no driver: a clean error code, not a crash);
@@ -19,7 +19,8 @@ import subprocess
 
 import pytest
 
-from streammem_kernels import _cuda, _cuda_build
+from streammem_kernels.runtime import cuda as _cuda
+from streammem_kernels.runtime import cuda_build as _cuda_build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
@@ -76,7 +77,7 @@ def test_exports_match_the_python_prototypes(built):
     source, out, _ = built
     symbols = subprocess.run(["nm", "-D", "--defined-only", out], capture_output=True, text=True, check=True).stdout
     exported = {line.split()[-1] for line in symbols.splitlines() if " T " in line}
-    expected = set(_cuda.PROTOTYPES[_op(source)]) | {"streammem_cuda_error_string", "streammem_cuda_device_count"}
+    expected = set(_cuda.prototypes(_op(source)))
     assert exported == expected
 
 

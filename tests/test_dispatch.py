@@ -5,7 +5,7 @@ import torch
 
 from conftest import cpu_backends
 from streammem_kernels import motion_magnitude
-from streammem_kernels._dispatch import BackendFallbackWarning, Op, common_reasons
+from streammem_kernels.runtime.dispatch import BackendFallbackWarning, Op, common_reasons
 from streammem_kernels.motion import LK_FLOW
 
 FRAMES = torch.rand(3, 12, 12)

@@ -317,7 +317,7 @@ def test_triton_centre_update_rounds_like_the_reference(device):
         pytest.skip("Triton cannot run here")
     import triton
 
-    from streammem_kernels import _kmeans_triton as kt
+    from streammem_kernels.kmeans import _triton as kt
 
     g = torch.Generator().manual_seed(90)
     B, K, D = 2, 40, 50
@@ -347,7 +347,7 @@ def test_triton_assignment_ties_go_to_the_lowest_centre_index(cosine):
     # Centres 2, 5 and 18 coincide (18 in the second tile of 16 centres): the points nearest to them
     # take label 2, as the reference's argmin does.  (A Lloyd step re-seeds the tied, now empty,
     # centres, so the public function is checked against the reference in the duplicate tests.)
-    from streammem_kernels import _kmeans_triton as kt
+    from streammem_kernels.kmeans import _triton as kt
     from streammem_kernels.kmeans import assign_torch
 
     g = torch.Generator().manual_seed(80)
@@ -439,7 +439,7 @@ _cpp_kmeans = pytest.mark.skipif("cpp" not in BACKENDS, reason="the C++ backend 
 def test_fast_path_noise_is_torchs_exponential_stream(seed):
     # torch.multinomial(p, 1, generator) is argmax(p / q), q = exponential_(1) of the generator: the C++
     # seeding draws the same q bit for bit, so its picks follow the reference's generator.
-    from streammem_kernels._dispatch import load_native
+    from streammem_kernels.runtime.dispatch import load_native
 
     mod, _ = load_native("cpu", "kmeans")
     g = torch.Generator().manual_seed(seed)
@@ -675,7 +675,7 @@ def test_triton_assignment_compensates_long_dot_products():
     # at a distance 1e-3..1e-2 (in score) from the bisector of two centres, on features ~1 (so the
     # D = 8192 dots are ~8192): the float64 argmin is the ground truth.  Plain float32 sums of the
     # same 64-feature tiles flip some of them (checked below: the case can fail); the kernel's do not.
-    from streammem_kernels import _kmeans_triton as kt
+    from streammem_kernels.kmeans import _triton as kt
 
     D, N = 8192, 64
     g = torch.Generator().manual_seed(2)
@@ -770,7 +770,7 @@ def test_triton_offsets_are_64_bit():
     # elements apart; every kernel that reads points (assign, sums, distances, re-seeding) runs on
     # them.  An int32 offset reads 8 GB before the allocation: the run dies of a segmentation
     # fault, whose faulthandler traceback names this test.
-    from streammem_kernels._kmeans_triton import lloyd_triton
+    from streammem_kernels.kmeans._triton import lloyd_triton
 
     try:
         base = torch.empty(2**31 + 64, dtype=torch.float32)

@@ -226,9 +226,9 @@ def test_linear_token_logprobs_validation():
 
 def test_linear_token_logprobs_chunking_crosses_tiles(monkeypatch):
     # Force many vocabulary chunks in the torch path (and its online rescaling).
-    import streammem_kernels.logprobs as lp
+    import streammem_kernels.logprobs.reference as lp
 
-    monkeypatch.setattr(lp, "_TORCH_CHUNK_ELEMS", 64)
+    monkeypatch.setattr(lp, "TORCH_CHUNK_ELEMS", 64)
     hidden, weight = torch.randn(5, 16), torch.randn(1500, 16) * 2
     targets = torch.tensor([0, 255, 256, 1023, 1499])
     torch.testing.assert_close(linear_token_logprobs(hidden, weight, targets, backend="torch"),
@@ -277,8 +277,8 @@ def _linear_case(dtype, rows=5, vocab=300, width=64, seed=0):
 @pytest.mark.parametrize("width", [64, 33])  # H % 16 == 0 or not: the two tile configurations per dtype
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES)
 def test_linear_triton_runs_the_gpu_tiles_under_the_interpreter(interpreted_launches, dtype, width):
-    from streammem_kernels import _aot
-    from streammem_kernels._logprobs_triton import linear_config
+    from streammem_kernels.runtime import aot as _aot
+    from streammem_kernels.logprobs._triton import linear_config
 
     hidden, weight, targets, bias = _linear_case(dtype, width=width)
     linear_token_logprobs(hidden, weight, targets, bias, backend="triton")

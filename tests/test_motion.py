@@ -136,8 +136,8 @@ def _triton_on(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", BIT_CASES, ids=lambda c: f"T{c[0]}_{c[1]}x{c[2]}_{str(c[3])[6:]}_w{c[4]}")
 def test_triton_is_bit_for_bit_with_reference(device, case):
-    from streammem_kernels import motion
-    from streammem_kernels._motion_triton import flow_fields_triton, structure_products_triton
+    from streammem_kernels.motion import reference as motion
+    from streammem_kernels.motion._triton import flow_fields_triton, structure_products_triton
 
     _triton_on(device)
     t, h, w, dtype, window = case
@@ -158,8 +158,8 @@ def test_triton_pyramid_stages_are_bit_for_bit_with_reference(device, dtype):
     """Every pyramid stage (reduce, the coarsest level's shift search, guess, whole-pixel warp at
     factors 2 and 1, fields composed with a guess) equals the reference's bit for bit, on odd
     sizes with a moving texture so that the offsets are non-zero, and so does the whole pyramid."""
-    from streammem_kernels import motion
-    from streammem_kernels._motion_triton import TRITON_STAGES as tri
+    from streammem_kernels.motion import reference as motion
+    from streammem_kernels.motion._triton import TRITON_STAGES as tri
 
     _triton_on(device)
     ref = motion.TORCH_STAGES
@@ -321,7 +321,7 @@ def test_coarsest_search_finds_whole_pixel_shifts_and_prefers_none(backend):
     (dx, dy) within its radius, and no shift on flat frames (every sum equal: ties go to none);
     through the public function a shift of 4 coarsest pixels (32 px at level 0 of a 4-level
     pyramid) is measured."""
-    from streammem_kernels import motion
+    from streammem_kernels.motion import reference as motion
 
     tex = smooth_texture(20, 30, sigma=1.0, seed=2).float()
     for dx, dy in ((0, 0), (3, -2), (-4, 4), (1, 0)):
@@ -331,7 +331,7 @@ def test_coarsest_search_finds_whole_pixel_shifts_and_prefers_none(backend):
         assert radius == (4, 4)
         assert motion.search_shift(pair[:1], pair[1:], radius).flatten().tolist() == [dx, dy]
         if backend == "triton":
-            from streammem_kernels._motion_triton import search_shift_triton
+            from streammem_kernels.motion._triton import search_shift_triton
             assert_bitwise_equal(search_shift_triton(pair[:1], pair[1:], radius),
                                  motion.search_shift(pair[:1], pair[1:], radius), "search")
     flat = torch.full((2, 20, 30), 0.5)
@@ -359,7 +359,8 @@ def test_cpp_reads_a_pair_the_same_in_any_batch():
 
 
 def test_pyramid_levels_resolve_and_validate():
-    from streammem_kernels.motion import _resolve_levels, solved_levels
+    from streammem_kernels.motion import _resolve_levels
+    from streammem_kernels.motion.reference import solved_levels
 
     assert _resolve_levels("auto", (224, 224), 5) == 5  # 14 x 14 coarsest, at most 5
     assert _resolve_levels("auto", (126, 224), 5) == 4  # 16 x 28; the next, 8 x 14, is below window + 4
@@ -636,8 +637,8 @@ def test_native_gray_area_equals_torch_preparation(shape, out_hw):
     """The fused C++ uint8 -> gray -> area resize against F.interpolate(mode="area") on the
     same gray image: overlapping bins (H not a multiple of out_h), one band and many bands
     of output rows, a 1x1 output and an unchanged height."""
-    from streammem_kernels._dispatch import load_native
-    from streammem_kernels.motion import _gray_resize_torch
+    from streammem_kernels.runtime.dispatch import load_native
+    from streammem_kernels.motion.reference import gray_resize as _gray_resize_torch
 
     mod, why = load_native("cpu", "motion")
     if mod is None:
@@ -666,7 +667,7 @@ def test_fused_uint8_path_is_bit_for_bit_the_general_path(monkeypatch, shape, si
     leave the frames untouched.  A spy checks that the fused call ran, so the test cannot pass
     through the general path alone."""
     from streammem_kernels import motion
-    from streammem_kernels._dispatch import load_native
+    from streammem_kernels.runtime.dispatch import load_native
 
     mod, why = load_native("cpu", "motion")
     if mod is None:

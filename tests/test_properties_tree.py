@@ -17,7 +17,9 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from conftest import cpu_backends  # noqa: E402
-from streammem_kernels.tree import COSINE_TOPK, TREE_SEARCH, CosineTree, cosine_topk, tree_search  # noqa: E402
+from streammem_kernels import CosineTree, cosine_topk, tree_search
+from streammem_kernels.tree.search import TREE_SEARCH
+from streammem_kernels.tree.topk import COSINE_TOPK  # noqa: E402
 
 PROPERTY = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

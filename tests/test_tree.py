@@ -15,10 +15,10 @@ import torch
 from conftest import cpu_backends
 from device_checks import DEVICES, HAS_CUDA, capture_in_cuda_graph, device_backends, guard_backend
 from streammem_kernels import CosineTree, cosine_topk, tree_search
-from streammem_kernels._launch import recording_gpu_launches
-from streammem_kernels._cosine import unit_rows as _unit_rows
-from streammem_kernels.topk import COSINE_TOPK, _cosine_topk_cpp_blas, _cosine_topk_cpp_fused, cosine_topk_uses_blas
-from streammem_kernels.traversal import TREE_SEARCH
+from streammem_kernels.runtime.launch import recording_gpu_launches
+from streammem_kernels.tree.scoring import unit_rows as _unit_rows
+from streammem_kernels.tree.topk import COSINE_TOPK, _cosine_topk_cpp_blas, _cosine_topk_cpp_fused, cosine_topk_uses_blas
+from streammem_kernels.tree.search import TREE_SEARCH
 
 TREE_BACKENDS = cpu_backends(TREE_SEARCH)
 TOPK_BACKENDS = cpu_backends(COSINE_TOPK)
@@ -758,8 +758,8 @@ def test_searches_capture_in_cuda_graph(backend):
 # --------------------------------------------------------------------------
 def _require_fast_path(monkeypatch):
     """Make the general path of both public functions fail, so a passing call proves the fast path ran."""
-    import streammem_kernels.topk as topk_mod
-    import streammem_kernels.traversal as traversal_mod
+    import streammem_kernels.tree.topk as topk_mod
+    import streammem_kernels.tree.search as traversal_mod
 
     if "cpp" not in TREE_BACKENDS:
         pytest.skip("the C++ backend is not built")
@@ -883,7 +883,7 @@ def test_topk_fast_path_declines_what_it_does_not_read_in_place():
 
 def _tree_fast_path(tree):
     """The C++ module and the tree's current TreeView (the fast path's inputs), or skip."""
-    import streammem_kernels.traversal as traversal_mod
+    import streammem_kernels.tree.search as traversal_mod
 
     if "cpp" not in TREE_BACKENDS:
         pytest.skip("the C++ backend is not built")
@@ -895,7 +895,7 @@ def test_tree_fast_path_equals_the_general_path_bit_for_bit():
     """tree_search's native fast path (search_tensors on the snapshot's TreeView) takes every
     argument form the general path accepts unchanged and returns the general C++ path's tensors
     bit for bit, as fresh memory."""
-    import streammem_kernels.traversal as traversal_mod
+    import streammem_kernels.tree.search as traversal_mod
 
     tree = build_tree(300, 5, 24, seed=7, leftover=4)
     tree.set_utility(torch.arange(0, tree.num_nodes, 3), torch.full((len(range(0, tree.num_nodes, 3)),), 0.5))
@@ -928,7 +928,7 @@ def test_tree_fast_path_equals_the_general_path_bit_for_bit():
 def test_tree_fast_path_declines_what_the_general_path_must_explain():
     """search_tensors returns None for every input it does not take as is (the general path then
     converts it or raises the ValueError naming the argument); the public answer is unchanged."""
-    import streammem_kernels.traversal as traversal_mod
+    import streammem_kernels.tree.search as traversal_mod
 
     tree = build_tree(60, 4, 12, seed=4)
     mod, view = _tree_fast_path(tree)

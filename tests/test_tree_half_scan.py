@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-import streammem_kernels._dispatch as dispatch
+import streammem_kernels.runtime.dispatch as dispatch
 from streammem_kernels import CosineTree, tree_search
 
 _tree_module = dispatch.load_native("cpu", "tree")[0]

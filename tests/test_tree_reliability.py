@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from conftest import cpu_backends
-from streammem_kernels.tree import COSINE_TOPK, TREE_SEARCH, CosineTree, cosine_topk, tree_search
+from streammem_kernels import CosineTree, cosine_topk, tree_search
+from streammem_kernels.tree.search import TREE_SEARCH
+from streammem_kernels.tree.topk import COSINE_TOPK
 
 
 def _tree(seed: int = 0, leaves: int = 12, dim: int = 6) -> CosineTree:

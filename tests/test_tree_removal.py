@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from conftest import cpu_backends
-from streammem_kernels.tree import TREE_SEARCH, CosineTree, tree_search
+from streammem_kernels import CosineTree, tree_search
+from streammem_kernels.tree.search import TREE_SEARCH
 
 BACKENDS = cpu_backends(TREE_SEARCH)
 

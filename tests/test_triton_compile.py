@@ -27,7 +27,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from streammem_kernels import _aot  # noqa: E402
+from streammem_kernels.runtime import aot as _aot  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARCHS = (80, 90)
@@ -43,7 +43,7 @@ def _env_without_interpreter():
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = os.environ.get("STREAMMEM_AOT_REPORT") or str(tmp_path_factory.mktemp("aot") / "report.json")
-    cmd = [sys.executable, "-m", "streammem_kernels._aot", "check", os.path.join(HERE, "triton_scenarios.py"),
+    cmd = [sys.executable, "-m", "streammem_kernels.runtime.aot", "check", os.path.join(HERE, "triton_scenarios.py"),
            "--arch", *map(str, ARCHS), "--jobs", str(min(4, os.cpu_count() or 1)), "--out", out]
     proc = subprocess.run(cmd, env=_env_without_interpreter(), capture_output=True, text=True, timeout=900)
     if not os.path.exists(out):
@@ -100,7 +100,7 @@ def test_size_one_cases_are_compiled(report):
 # --------------------------------------------------------------------------
 def _compile_canary(kernel, args, kwargs):
     code = (
-        "import json, sys; from streammem_kernels import _aot;"
+        "import json, sys; from streammem_kernels.runtime import aot as _aot;"
         f"print(json.dumps(_aot._compile_one({{'kernel': 'aot_canaries.{kernel}', 'arch': 80, 'scenarios': ['canary'],"
         f" 'args': {args!r}, 'kwargs': {kwargs!r}}})))"
     )

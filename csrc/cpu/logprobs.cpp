@@ -1,14 +1,15 @@
 // Gathered token log-probabilities and the caption divergence point, CPU kernels.
 //
-// Contract (see streammem_kernels/logprobs.py, which is the spec):
-//   token_logprobs(logits (N,V) float32|raw fp16/bf16 bits, unit column stride,
-//                  dtype code, targets (N,) int64) -> (N,) float32
-//   linear_token_logprobs(hidden (N,H), weight (V,H), bias (V,) or None,
-//                         dtype code, targets (N,) int64) -> (N,) float32
-//   divergence_point(logprobs (B,L) float64, lengths (B,) int64,
-//                    delta, alpha, beta) -> (B,) int64
-//   token_logprobs_ptr / divergence_point_ptr: the same on raw pointers of C-contiguous CPU
-//                    tensors, with the public functions' value checks (the per-call fast paths)
+// Entries (the border of csrc/cpu/tensor_view.h; the spec is streammem_kernels/logprobs/reference.py):
+//   token_logprobs(logits (N, V) float32|float16|bfloat16 with unit vocabulary stride (or a C-contiguous
+//                  (B, T, V) block), targets (N,) int64, out (N,) float32) -> Status
+//       1: a target outside [0, V); 2: a row produced NaN (a NaN or +inf logit, or all -inf).
+//   linear_token_logprobs(hidden (N, H), weight (V, H), bias (V,) or None, all of one 16/32-bit float
+//                         dtype and C-contiguous, targets (N,) int64 in [0, V), out (N,) float32) -> Status
+//       1: some logit was NaN (every output is then NaN).
+//   divergence_point(logprobs (B, L) or (L,) float32|float64 C-contiguous, lengths (B,) int64 or None (all L),
+//                    delta in [1, L], alpha, beta, out (B,) int64) -> Status
+//       1: a length outside [0, L]; 2: a non-finite value within a caption's length.
 //
 // token_logprobs: OpenMP over rows; per row a max pass and a sum-of-exp pass
 // (two passes over a row that sits in L2 beat an online rescale per element),
@@ -23,18 +24,37 @@
 // are merged once at the end.  Nothing of size (N, V) exists.
 #include "common.h"
 #include "simd.h"
+#include "tensor_view.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
+
+#include <pybind11/stl.h>
 
 namespace streammem {
 namespace {
 
 enum DtypeCode : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// The element format of a logits/hidden view (the caller passes only these three).
+int code_of(const TensorView& v, const char* entry, const char* name) {
+  switch (v.dtype) {
+    case DType::kFloat32:
+      return kFloat32;
+    case DType::kFloat16:
+      return kFloat16;
+    case DType::kBFloat16:
+      return kBFloat16;
+    default:
+      expect(false, entry, std::string(name) + " must be float32, float16 or bfloat16");
+      return kFloat32;
+  }
+}
 
 inline float bf16_to_float(uint16_t bits) {
   uint32_t u = static_cast<uint32_t>(bits) << 16;
@@ -152,52 +172,30 @@ void token_logprobs_rows(const char* base, int64_t row_stride, int code, int64_t
   }
 }
 
-py::array_t<float> token_logprobs(py::array logits, int code, carray<int64_t> targets) {
-  require(logits.ndim() == 2, "logits must be 2-d (N, V)");
-  require(code == kFloat32 || code == kFloat16 || code == kBFloat16, "unknown dtype code");
+Status token_logprobs(TensorView logits, TensorView targets, TensorView out) {
+  constexpr const char* entry = "token_logprobs";
+  const int code = code_of(logits, entry, "logits");
+  expect(logits.on_cpu && logits.ndim >= 2, entry, "logits must be a CPU tensor of rank >= 2");
+  const int64_t V = logits.size(logits.ndim - 1), N = V ? logits.numel() / V : 0;
   const int64_t elem = code == kFloat32 ? 4 : 2;
-  require(logits.itemsize() == elem, "logits itemsize does not match its dtype code");
-  const int64_t N = logits.shape(0), V = logits.shape(1);
-  require(V >= 1, "logits must have V >= 1");
-  require(logits.strides(1) == elem, "logits must have a unit vocabulary stride");
-  require(targets.ndim() == 1 && targets.shape(0) == N, "targets must have shape (N,)");
-  py::array_t<float> out(N);
-  token_logprobs_rows(static_cast<const char*>(logits.data()), logits.strides(0), code, N, V, targets.data(),
-                      out.mutable_data());
-  return out;
-}
-
-// token_logprobs with the public function's value checks (logprobs.py's fast path on C-contiguous CPU
-// tensors): targets in [0, V) before any work, and NaN rows after it, each a ValueError with the
-// message of the general path (the offending range; the first five NaN rows).
-py::array_t<float> token_logprobs_ptr(std::uintptr_t logits, int64_t N, int64_t V, int code,
-                                      std::uintptr_t targets) {
-  require(code == kFloat32 || code == kFloat16 || code == kBFloat16, "unknown dtype code");
-  require(N >= 1 && V >= 1, "logits must be a non-empty (N, V) block");
-  const int64_t* tgt = in_ptr<int64_t>(targets);
-  int64_t low = tgt[0], high = tgt[0];
-  for (int64_t r = 1; r < N; ++r) {
-    low = std::min(low, tgt[r]);
-    high = std::max(high, tgt[r]);
+  expect(V >= 1 && N >= 1 && logits.stride(logits.ndim - 1) == 1, entry, "logits must have V >= 1 and unit stride");
+  // The rows: one stride apart, which holds for (N, V) and for C-contiguous blocks of any rank.
+  expect(logits.ndim == 2 || logits.contiguous(), entry, "logits of rank > 2 must be C-contiguous");
+  const int64_t row_stride = logits.stride(logits.ndim - 2) * elem;
+  expect(targets.on_cpu && targets.dtype == DType::kInt64 && targets.contiguous() && targets.numel() == N, entry,
+         "targets must hold N contiguous int64 ids");
+  expect(out.on_cpu && out.dtype == DType::kFloat32 && out.contiguous() && out.numel() == N, entry,
+         "out must hold N contiguous float32");
+  const int64_t* tgt = targets.ptr<int64_t>();
+  for (int64_t r = 0; r < N; ++r) {
+    if (tgt[r] < 0 || tgt[r] >= V) return 1;
   }
-  if (low < 0 || high >= V) {
-    throw std::invalid_argument("targets must be token ids in [0, V) = [0, " + std::to_string(V) +
-                                "), got values in [" + std::to_string(low) + ", " + std::to_string(high) + "]");
+  float* o = out.ptr<float>();
+  token_logprobs_rows(logits.ptr<const char>(), row_stride, code, N, V, tgt, o);
+  for (int64_t r = 0; r < N; ++r) {
+    if (o[r] != o[r]) return 2;
   }
-  const int64_t elem = code == kFloat32 ? 4 : 2;
-  py::array_t<float> out(N);
-  float* o = out.mutable_data();
-  token_logprobs_rows(in_ptr<char>(logits), V * elem, code, N, V, tgt, o);
-  std::string rows;
-  int found = 0;
-  for (int64_t r = 0; r < N && found < 5; ++r) {
-    if (o[r] != o[r]) rows += (found++ ? ", " : "") + std::to_string(r);
-  }
-  if (found) {
-    throw std::invalid_argument("logits must be finite: rows [" + rows +
-                                "] produced NaN (a NaN or +inf logit, or a row that is all -inf)");
-  }
-  return out;
+  return kOk;
 }
 
 // ---------------------------------------------------------------------------
@@ -247,30 +245,32 @@ STREAMMEM_HOT void fold_block(const float* __restrict logits, int64_t stride, in
   }
 }
 
-py::array_t<float> linear_token_logprobs(py::array hidden, py::array weight, py::object bias, int code,
-                                         carray<int64_t> targets) {
-  require(code == kFloat32 || code == kFloat16 || code == kBFloat16, "unknown dtype code");
+Status linear_token_logprobs(TensorView hidden, TensorView weight, std::optional<TensorView> bias, TensorView targets,
+                             TensorView out) {
+  constexpr const char* entry = "linear_token_logprobs";
+  const int code = code_of(hidden, entry, "hidden");
   const int64_t elem = code == kFloat32 ? 4 : 2;
-  require(hidden.ndim() == 2 && weight.ndim() == 2, "hidden must be (N, H) and weight (V, H)");
-  require(hidden.itemsize() == elem && weight.itemsize() == elem, "itemsize does not match the dtype code");
-  require((hidden.flags() & py::array::c_style) && (weight.flags() & py::array::c_style),
-          "hidden and weight must be C-contiguous");
-  const int64_t N = hidden.shape(0), H = hidden.shape(1), V = weight.shape(0);
-  require(weight.shape(1) == H, "weight must have shape (V, H)");
-  require(targets.ndim() == 1 && targets.shape(0) == N, "targets must have shape (N,)");
+  expect(hidden.on_cpu && weight.on_cpu && hidden.ndim == 2 && weight.ndim == 2 && hidden.contiguous() &&
+             weight.contiguous() && weight.dtype == hidden.dtype,
+         entry, "hidden (N, H) and weight (V, H) must be C-contiguous CPU tensors of one dtype");
+  const int64_t N = hidden.size(0), H = hidden.size(1), V = weight.size(0);
+  expect(weight.size(1) == H, entry, "weight must have shape (V, H)");
+  expect(targets.on_cpu && targets.dtype == DType::kInt64 && targets.contiguous() && targets.numel() == N, entry,
+         "targets must hold N contiguous int64 ids");
+  expect(out.on_cpu && out.dtype == DType::kFloat32 && out.contiguous() && out.numel() == N, entry,
+         "out must hold N contiguous float32");
   std::vector<float> bias_f;
-  if (!bias.is_none()) {
-    py::array b = py::reinterpret_borrow<py::array>(bias);
-    require(b.ndim() == 1 && b.shape(0) == V && b.itemsize() == elem && (b.flags() & py::array::c_style),
-            "bias must be a contiguous (V,) array of the hidden dtype");
+  if (bias) {
+    expect(bias->on_cpu && bias->ndim == 1 && bias->size(0) == V && bias->dtype == hidden.dtype && bias->contiguous(),
+           entry, "bias must be a contiguous (V,) tensor of the hidden dtype");
     bias_f.resize(V);
-    load_row(b.data(), code, V, bias_f.data());
+    load_row(bias->data, code, V, bias_f.data());
   }
-  const char* hid = static_cast<const char*>(hidden.data());
-  const char* wgt = static_cast<const char*>(weight.data());
-  const int64_t* tgt = targets.data();
-  py::array_t<float> out(N);
-  float* o = out.mutable_data();
+  const char* hid = hidden.ptr<const char>();
+  const char* wgt = weight.ptr<const char>();
+  const int64_t* tgt = targets.ptr<int64_t>();
+  float* o = out.ptr<float>();
+  int saw_nan = 0;
   {
     py::gil_scoped_release release;
     // Hidden rows packed once into 6-row panels (H x 6, zero-padded rows).
@@ -291,7 +291,6 @@ py::array_t<float> linear_token_logprobs(py::array hidden, py::array weight, py:
     states.reserve(n_threads);
     for (int t = 0; t < n_threads; ++t) states.emplace_back(N);
     const int64_t n_tiles = (V + kVocabTile - 1) / kVocabTile;
-    int saw_nan = 0;
 #pragma omp parallel num_threads(n_threads) reduction(| : saw_nan)
     {
 #ifdef _OPENMP
@@ -345,7 +344,7 @@ py::array_t<float> linear_token_logprobs(py::array hidden, py::array weight, py:
     if (saw_nan)
       for (int64_t r = 0; r < N; ++r) o[r] = std::numeric_limits<float>::quiet_NaN();
   }
-  return out;
+  return saw_nan ? 1 : kOk;
 }
 
 // ---------------------------------------------------------------------------
@@ -364,53 +363,37 @@ int64_t divergence_row(Get at, int64_t n, int64_t delta, double alpha, double be
   return n;
 }
 
-py::array_t<int64_t> divergence_point(carray<double> logprobs, carray<int64_t> lengths, int64_t delta, double alpha,
-                                      double beta) {
-  require(logprobs.ndim() == 2, "logprobs must be (B, L)");
-  const int64_t B = logprobs.shape(0), L = logprobs.shape(1);
-  require(lengths.ndim() == 1 && lengths.shape(0) == B, "lengths must be (B,)");
-  require(delta >= 1, "delta must be >= 1");
-  const double* lp = logprobs.data();
-  const int64_t* len = lengths.data();
-  py::array_t<int64_t> out(B);
-  int64_t* o = out.mutable_data();
-  for (int64_t b = 0; b < B; ++b) {
-    const double* x = lp + b * L;
-    o[b] = divergence_row([x](int64_t k) { return x[k]; }, len[b], delta, alpha, beta);
-  }
-  return out;
-}
-
-// divergence_point with the public function's value checks (logprobs.py's fast path): (B, L)
-// C-contiguous float32 (is_double false; widened exactly, as .to(float64) does) or float64 log-probs,
-// lengths (B,) int64 or 0 for "every caption has length L", delta clamped to L as the public function
-// does.  Lengths in [0, L] and finite values within each length, else ValueError with the general
-// path's message.  `scalar`: a 0-d result (one caption given as (L,)).
-py::array_t<int64_t> divergence_point_ptr(std::uintptr_t logprobs, int64_t B, int64_t L, bool is_double,
-                                          std::uintptr_t lengths, int64_t delta, double alpha, double beta,
-                                          bool scalar) {
-  require(B >= 1 && L >= 1 && delta >= 1 && (!scalar || B == 1), "logprobs must be a non-empty (B, L) block");
-  delta = std::min(delta, L);
-  const int64_t* len = lengths ? in_ptr<int64_t>(lengths) : nullptr;
-  if (len) {
+Status divergence_point(TensorView logprobs, std::optional<TensorView> lengths, int64_t delta, double alpha,
+                        double beta, TensorView out) {
+  constexpr const char* entry = "divergence_point";
+  const bool is_double = logprobs.dtype == DType::kFloat64;
+  expect(logprobs.on_cpu && (logprobs.ndim == 1 || logprobs.ndim == 2) && logprobs.contiguous() &&
+             (is_double || logprobs.dtype == DType::kFloat32),
+         entry, "logprobs must be a C-contiguous (L,) or (B, L) float32 or float64 CPU tensor");
+  const int64_t B = logprobs.ndim == 2 ? logprobs.size(0) : 1, L = logprobs.size(logprobs.ndim - 1);
+  expect(delta >= 1 && delta <= std::max<int64_t>(L, 1), entry, "delta must lie in [1, L]");
+  expect(out.on_cpu && out.dtype == DType::kInt64 && out.contiguous() && out.numel() == B, entry,
+         "out must hold B contiguous int64");
+  const int64_t* len = nullptr;
+  if (lengths) {
+    expect(lengths->on_cpu && lengths->dtype == DType::kInt64 && lengths->contiguous() && lengths->numel() == B, entry,
+           "lengths must hold B contiguous int64");
+    len = lengths->ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
-      if (len[b] < 0 || len[b] > L) {
-        throw std::invalid_argument("lengths must lie in [0, L] = [0, " + std::to_string(L) + "]");
-      }
+      if (len[b] < 0 || len[b] > L) return 1;
     }
   }
-  const double* f64 = in_ptr<double>(logprobs);
-  const float* f32 = in_ptr<float>(logprobs);
+  const double* f64 = logprobs.ptr<double>();
+  const float* f32 = logprobs.ptr<float>();
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = len ? len[b] : L;
     bool finite = true;
     for (int64_t k = 0; k < n; ++k) {
       finite &= std::isfinite(is_double ? f64[b * L + k] : static_cast<double>(f32[b * L + k]));
     }
-    require(finite, "logprobs (within lengths) must be finite, found NaN or Inf");
+    if (!finite) return 2;
   }
-  py::array_t<int64_t> out = scalar ? py::array_t<int64_t>(std::vector<py::ssize_t>{}) : py::array_t<int64_t>(B);
-  int64_t* o = out.mutable_data();
+  int64_t* o = out.ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = len ? len[b] : L;
     if (is_double) {
@@ -421,7 +404,7 @@ py::array_t<int64_t> divergence_point_ptr(std::uintptr_t logprobs, int64_t B, in
       o[b] = divergence_row([x](int64_t k) { return static_cast<double>(x[k]); }, n, delta, alpha, beta);
     }
   }
-  return out;
+  return kOk;
 }
 
 }  // namespace
@@ -429,19 +412,14 @@ py::array_t<int64_t> divergence_point_ptr(std::uintptr_t logprobs, int64_t B, in
 
 PYBIND11_MODULE(_cpu_logprobs, m) {
   namespace py = pybind11;
-  m.doc() = "Gathered token log-probs and the caption divergence point (CPU); see streammem_kernels/logprobs.py";
-  m.def("token_logprobs", &streammem::token_logprobs, py::arg("logits"), py::arg("dtype_code"), py::arg("targets"),
-        "(N,V) logits -> (N,) log p(target), online log-sum-exp per row");
+  m.doc() = "Gathered token log-probs and the caption divergence point (CPU); see streammem_kernels/logprobs";
+  m.def("token_logprobs", &streammem::token_logprobs, py::arg("logits"), py::arg("targets"), py::arg("out"),
+        "(N, V) logits -> out (N,) log p(target), online log-sum-exp per row; status 1: target out of range, "
+        "2: a NaN row");
   m.def("linear_token_logprobs", &streammem::linear_token_logprobs, py::arg("hidden"), py::arg("weight"),
-        py::arg("bias"), py::arg("dtype_code"), py::arg("targets"),
-        "(N,H) hidden, (V,H) LM head -> (N,) log p(target) without materialising the logits");
+        py::arg("bias"), py::arg("targets"), py::arg("out"),
+        "(N, H) hidden, (V, H) LM head -> out (N,) log p(target) without materialising the logits; status 1: NaN");
   m.def("divergence_point", &streammem::divergence_point, py::arg("logprobs"), py::arg("lengths"), py::arg("delta"),
-        py::arg("alpha"), py::arg("beta"), "(B,L) float64 log-probs -> (B,) divergence points");
-  m.def("token_logprobs_ptr", &streammem::token_logprobs_ptr, py::arg("logits"), py::arg("num_rows"),
-        py::arg("vocab"), py::arg("dtype_code"), py::arg("targets"),
-        "token_logprobs on raw pointers of C-contiguous tensors, targets and NaN rows checked (ValueError)");
-  m.def("divergence_point_ptr", &streammem::divergence_point_ptr, py::arg("logprobs"), py::arg("batch"),
-        py::arg("length"), py::arg("is_double"), py::arg("lengths"), py::arg("delta"), py::arg("alpha"),
-        py::arg("beta"), py::arg("scalar"),
-        "divergence_point on raw pointers (float32/float64 (B,L), lengths or 0), values checked (ValueError)");
+        py::arg("alpha"), py::arg("beta"), py::arg("out"),
+        "(B, L) log-probs -> out (B,) divergence points; status 1: a length out of [0, L], 2: non-finite values");
 }

@@ -191,7 +191,7 @@ def test_native_gate_step_equals_the_general_path(monkeypatch, reference):
     spy checks which path ran, and the reference gray of a batch holds one frame, not the batch.
     (Batches of different sizes may differ in the last bit: the C++ LK splits a pair into row
     strips by the number of pairs, and sums the strips in that order.)"""
-    from streammem_kernels._dispatch import load_native
+    from streammem_kernels.runtime.dispatch import load_native
 
     mod, why = load_native("cpu", "motion")
     if mod is None:

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import torch
 
-from . import _cuda
-from ._dispatch import load_native
+from ..runtime import cuda as native_cuda
+from ..runtime.cuda import I32, I64, P
+from ..runtime.dispatch import load_native
+
+# The launchers of csrc/cuda/tree.cu: {function: (restype, argtypes)} (tests/test_cuda_compile.py checks that
+# a build exports exactly these).
+PROTOTYPES = {
+    "streammem_tree_greedy": (I32, (P, I64, P, P, P, I64, P, I64, I64, I32, P, P, P, P, P)),
+}
 
 
 def greedy_cuda(embeddings, child_ptr, child_idx, roots, queries, height: int, from_every_root: bool):
@@ -32,7 +39,7 @@ def greedy_cuda(embeddings, child_ptr, child_idx, roots, queries, height: int, f
     with torch.cuda.device(dev):
         mod.call("streammem_tree_greedy", embeddings.data_ptr(), dim, child_ptr.data_ptr(), child_idx.data_ptr(),
                  roots.data_ptr(), num_r, queries.data_ptr(), num_q, height, int(from_every_root), path.data_ptr(),
-                 path_scores.data_ptr(), best_node.data_ptr(), best_score.data_ptr(), _cuda.stream_handle(dev))
+                 path_scores.data_ptr(), best_node.data_ptr(), best_score.data_ptr(), native_cuda.stream_handle(dev))
     if from_every_root:
         shape = (num_q, num_r)
         return path.view(*shape, -1), path_scores.view(*shape, -1), best_node.view(shape), best_score.view(shape)

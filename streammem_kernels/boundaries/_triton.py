@@ -29,7 +29,7 @@ approximate forms exist for float32 only; ``tl.sqrt_rn`` / ``tl.div_rn`` are
 the float32 spellings of the same guarantee).  ``tau``, ``min_depth`` and
 ``drift`` are float64 parameters (a Python float argument would be a float32
 one) and every comparison is in float64, like the reference.
-``streammem_kernels._aot`` checks the PTX of every launched specialisation.
+``streammem_kernels.runtime.aot`` checks the PTX of every launched specialisation.
 """
 from __future__ import annotations
 

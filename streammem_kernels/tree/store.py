@@ -68,11 +68,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ._cosine import FLOAT_INPUTS as _FLOAT_INPUTS
-from ._cosine import INT_INPUTS as _INT_INPUTS
-from ._cosine import MAX_DIM, MAX_NODES, MAX_TABLE, check_size
-from ._cosine import unit_rows as _unit_rows
-from ._utils import as_tensor, check_dtype, check_finite, check_int, check_nonempty, check_rank
+from .scoring import FLOAT_INPUTS as _FLOAT_INPUTS
+from .scoring import INT_INPUTS as _INT_INPUTS
+from .scoring import MAX_DIM, MAX_NODES, MAX_TABLE, check_size
+from .scoring import unit_rows as _unit_rows
+from ..runtime.validate import as_tensor, check_dtype, check_finite, check_int, check_nonempty, check_rank
 
 __all__ = ["CosineTree"]
 
@@ -940,7 +940,7 @@ def _storage(shape: tuple, dtype: torch.dtype, fill, device: torch.device) -> to
 def _half_copy_fn():
     """The C++ ``half_copy(src, dst, rows, dim) -> (norm bound, error bound)`` that writes the scan
     copy; ValueError when the C++ module is not built (only its search reads the copy)."""
-    from ._dispatch import load_native
+    from ..runtime.dispatch import load_native
 
     module, reason = load_native("cpu", "tree")
     if module is None:

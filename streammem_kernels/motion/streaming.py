@@ -11,8 +11,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ._utils import check_float, check_int
-from .motion import STATISTICS, _cpp_lk_args, _float32_below, _motion_of_gray, _prepare, _select, _uint8_cpp_plan
+from ..runtime.validate import check_float, check_int
+from . import _cpp_lk_args, _float32_below, _motion_of_gray, _prepare, _select, _uint8_cpp_plan
+from .reference import STATISTICS
 
 __all__ = ["StreamingMotionGate", "MAX_GATE_SIZE", "GATE_STATE_VERSION"]
 

@@ -20,10 +20,10 @@ float16/bfloat16 tiles go to the tensor cores as they are (products exact in
 the float32 accumulator).  float32 inputs use IEEE-precision dots (not TF32) to
 stay within 1e-5 of the reference; those are FMA loops, not tensor-core
 instructions, whose operands are held in registers, so float32 takes smaller
-tiles (zero spills, <= 128 registers, checked by ``streammem_kernels._aot``).
+tiles (zero spills, <= 128 registers, checked by ``streammem_kernels.runtime.aot``).
 The one difference left to the interpreter: it computes bfloat16 dots wrongly,
 so there (and only there) bfloat16 tiles are upcast to float32 before the dot
-(:func:`streammem_kernels._launch.interpreted_bf16`).
+(:func:`streammem_kernels.runtime.launch.interpreted_bf16`).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import interpreted_bf16, multiprocessors
+from ..runtime.launch import interpreted_bf16, multiprocessors
 
 # -FLT_MAX: a global read inside @triton.jit must be a constexpr.
 _NEG_BIG: tl.constexpr = tl.constexpr(-3.4028234663852886e38)
@@ -59,7 +59,7 @@ class LinearConfig(NamedTuple):
 # cannot be pipelined through shared memory, so those launches take one stage
 # and a smaller 16-bit tile.  Every entry compiles for sm_80 and sm_90 with zero
 # spills, <= 128 registers and <= 48 KB of shared memory (sm_86/sm_89 cards
-# included): `python -m streammem_kernels._aot check tests/triton_scenarios.py
+# included): `python -m streammem_kernels.runtime.aot check tests/triton_scenarios.py
 # --only logprobs` prints the figures.
 LINEAR_CONFIGS = {
     (torch.float16, True): LinearConfig(block_t=64, block_v=128, block_h=32, num_warps=8, num_stages=3),

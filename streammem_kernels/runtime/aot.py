@@ -11,7 +11,7 @@ gap in two phases:
    tensors as (dtype, 16-byte alignment), integers and floats by value,
    constexprs and launch options (``num_warps``, ``enable_fp_fusion``...).
    The ops pick their GPU launch configuration while recording
-   (:func:`streammem_kernels._launch.recording_gpu_launches`).
+   (:func:`streammem_kernels.runtime.launch.recording_gpu_launches`).
 2. **compile** (in a process *without* ``TRITON_INTERPRET``, where
    ``@triton.jit`` gives real ``JITFunction`` objects): each launch goes
    through Triton's own binder (``create_function_from_signature`` and
@@ -28,13 +28,13 @@ bit-identical decisions with the reference (launched with
 ``enable_fp_fusion=False``; no approximate sqrt/division/reciprocal in its
 PTX).  :func:`check_report` turns a report into a list of violations.
 
-Command line (``python -m streammem_kernels._aot --help``)::
+Command line (``python -m streammem_kernels.runtime.aot --help``)::
 
     # both phases: record the scenarios (interpreted subprocess), compile, check
-    python -m streammem_kernels._aot check tests/triton_scenarios.py --arch 80 90 --out report.json
-    python -m streammem_kernels._aot record tests/triton_scenarios.py --out launches.json   # phase 1 only
-    python -m streammem_kernels._aot compile launches.json --arch 80 90 --out report.json   # phase 2 only
-    python -m streammem_kernels._aot table report.json
+    python -m streammem_kernels.runtime.aot check tests/triton_scenarios.py --arch 80 90 --out report.json
+    python -m streammem_kernels.runtime.aot record tests/triton_scenarios.py --out launches.json   # phase 1 only
+    python -m streammem_kernels.runtime.aot compile launches.json --arch 80 90 --out report.json   # phase 2 only
+    python -m streammem_kernels.runtime.aot table report.json
 
 A scenarios file defines ``SCENARIOS = {"op": make}`` where ``make()``
 returns a list of no-argument callables that call public ops with
@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import inspect
 import io
 import json
@@ -64,18 +65,14 @@ HOT_MAX_REGISTERS = 128
 _INEXACT_PTX = re.compile(r"\b(sqrt\.approx|div\.approx|div\.full|rcp\.approx|rsqrt\.approx|ex2\.approx)(?:\.ftz)?\.f32")
 _FMA_PTX = re.compile(r"\bfma\.rn(?:\.ftz)?\.f32")
 
-TRITON_MODULES_PREFIX = "streammem_kernels._"
-TRITON_MODULES_SUFFIX = "_triton"
-
-
 def triton_modules() -> list[str]:
-    """Names of the package's Triton kernel modules (``streammem_kernels._<op>_triton``)."""
+    """Names of the package's Triton kernel modules (``streammem_kernels.<op>._triton``)."""
     import streammem_kernels
 
     names = []
     for info in pkgutil.iter_modules(streammem_kernels.__path__):
-        if info.name.startswith("_") and info.name.endswith(TRITON_MODULES_SUFFIX):
-            names.append(f"streammem_kernels.{info.name}")
+        if info.ispkg and importlib.util.find_spec(f"streammem_kernels.{info.name}._triton") is not None:
+            names.append(f"streammem_kernels.{info.name}._triton")
     return sorted(names)
 
 
@@ -103,7 +100,7 @@ def kernel_inventory(only: list[str] | None = None) -> dict[str, dict]:
     """
     out = {}
     for mod_name in triton_modules():
-        if only and not any(mod_name.endswith(f"._{op}_triton") for op in only):
+        if only and not any(mod_name == f"streammem_kernels.{op}._triton" for op in only):
             continue
         module = importlib.import_module(mod_name)
         contracts = getattr(module, "KERNEL_CONTRACTS", {})
@@ -163,7 +160,7 @@ def recording():
     """
     from triton.runtime.interpreter import InterpretedFunction
 
-    from ._launch import recording_gpu_launches
+    from .launch import recording_gpu_launches
 
     rec = Recorder()
     original = InterpretedFunction.run
@@ -424,14 +421,14 @@ def _record_in_subprocess(path: str, out: str, only: list[str] | None) -> None:
     import subprocess
 
     env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, "-m", "streammem_kernels._aot", "record", path, "--out", out]
+    cmd = [sys.executable, "-m", "streammem_kernels.runtime.aot", "record", path, "--out", out]
     if only:
         cmd += ["--only", *only]
     subprocess.run(cmd, env=env, check=True)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m streammem_kernels._aot", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m streammem_kernels.runtime.aot", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="compile recorded launches for GPU targets and check them")
     c.add_argument("launches", help="JSON file written by the record phase (tests/test_triton_compile.py)")

@@ -42,8 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._cosine import pow2_row_scale
-from ._launch import gpu_launch, multiprocessors
+from .scoring import pow2_row_scale
+from ..runtime.launch import gpu_launch, multiprocessors
 
 KERNEL_CONTRACTS = {
     "_greedy_kernel": {"hot": True, "exact": False},
@@ -59,7 +59,7 @@ _ROW_BLOCK = 16
 _ROW_BLOCK_MAX_K_PAD = 64
 # (candidates, D) tile shapes by rows per program.  On a GPU the (rows x candidates x D)
 # product tiles hold 2048 to 4096 elements over 8 warps, 8 to 16 per thread: at most 110
-# registers and no spills on sm_80/sm_90 (python -m streammem_kernels._aot check
+# registers and no spills on sm_80/sm_90 (python -m streammem_kernels.runtime.aot check
 # tests/triton_scenarios.py --only tree); gathered rows cost a 64-bit address per element,
 # and the blocks of 16 rows with 4096 elements took 170 registers.  The interpreter pays
 # per operation, not per element (a reduction costs milliseconds): there the tiles are 16

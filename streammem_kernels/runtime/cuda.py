@@ -6,7 +6,8 @@ CUDA torch is needed at build time, so the whole module compiles and links on
 machines without a GPU (and is checked there by tests/test_cuda_compile.py).
 It is loaded here with ctypes, once, on first use.
 
-Each op declares its exported functions in ``PROTOTYPES`` below; a call passes
+Each op declares its exported functions in a ``PROTOTYPES`` table beside its CUDA
+backend (``streammem_kernels/<op>/_cuda.py``); a call passes
 device pointers (``tensor.data_ptr()``), sizes, and torch's current stream, and
 a non-zero return code becomes a ``RuntimeError`` naming the op, the function
 and CUDA's message.  Launchers never synchronise, so the ops stay capturable in
@@ -16,44 +17,34 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import importlib
 import os
 
 import torch
 
-_P = ctypes.c_void_p
-_I64 = ctypes.c_int64
-_I32 = ctypes.c_int
-_F32 = ctypes.c_float
-_F64 = ctypes.c_double
+# The C types of the launchers' arguments, for the ops' PROTOTYPES tables.
+P = ctypes.c_void_p
+I64 = ctypes.c_int64
+I32 = ctypes.c_int
+F32 = ctypes.c_float
+F64 = ctypes.c_double
 
-# op -> {function: (restype, argtypes)}; every symbol here must exist in the
-# module (tests/test_cuda_compile.py checks both the built and a fresh build).
-PROTOTYPES: dict[str, dict[str, tuple]] = {
-    "motion": {
-        "streammem_motion_products": (_I32, (_P, _P, _I32, _P, _I64, _I64, _I64, _F32, _P)),
-        "streammem_motion_fields": (_I32, (_P, _P, _P, _I64, _I64, _I64, _I64, _F32, _I64, _I64, _I64, _P)),
-        "streammem_motion_guess": (_I32, (_P, _P, _I64, _I64, _I64, _I64, _P)),
-        "streammem_motion_warp": (_I32, (_P, _I32, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _P)),
-        "streammem_motion_reduce": (_I32, (_P, _I32, _P, _I64, _I64, _I64, _F32, _P)),
-        "streammem_motion_search": (_I32, (_P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _P)),
-    },
-    "boundaries": {
-        "streammem_boundaries_stream_step": (_I32, (_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _F64,
-                                                    _F64, _I32, _I64, _F64, _I32, _I32, _P)),
-    },
-    "tree": {
-        "streammem_tree_greedy": (_I32, (_P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I32, _P, _P, _P, _P, _P)),
-    },
+# Exported by every module (csrc/cuda/common.cuh).
+COMMON = {
+    "streammem_cuda_error_string": (ctypes.c_char_p, (I32,)),
+    "streammem_cuda_device_count": (I32, (ctypes.POINTER(ctypes.c_int),)),
 }
-_COMMON = {
-    "streammem_cuda_error_string": (ctypes.c_char_p, (_I32,)),
-    "streammem_cuda_device_count": (_I32, (ctypes.POINTER(ctypes.c_int),)),
-}
+
+
+def prototypes(op: str) -> dict[str, tuple]:
+    """``{function: (restype, argtypes)}`` of ``_cuda_<op>``: the ``PROTOTYPES`` its op declares beside its
+    CUDA backend (``streammem_kernels/<op>/_cuda.py``), and the functions every module exports."""
+    return {**COMMON, **importlib.import_module(f"streammem_kernels.{op}._cuda").PROTOTYPES}
 
 
 def library_path(op: str) -> str | None:
     """Path of the built module of ``op``, or None."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package folder
     found = sorted(glob.glob(os.path.join(here, f"_cuda_{op}.so")) + glob.glob(os.path.join(here, f"_cuda_{op}.*.so")))
     return found[0] if found else None
 
@@ -65,7 +56,7 @@ class CudaModule:
         self.op = op
         self.path = path
         self._lib = ctypes.CDLL(path)
-        for name, (restype, argtypes) in {**_COMMON, **PROTOTYPES.get(op, {})}.items():
+        for name, (restype, argtypes) in prototypes(op).items():
             fn = getattr(self._lib, name)  # AttributeError: a stale build lacks a symbol
             fn.restype = restype
             fn.argtypes = argtypes

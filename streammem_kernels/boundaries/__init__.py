@@ -64,7 +64,7 @@ overflow for any finite float32 feature), rounded once to float32.  Every
 decision is then float64 arithmetic in the reference's operation order:
 depth scores, mu and sigma summed left to right, correctly rounded division
 and square root, no fused multiply-add (the Triton kernels are launched with
-floating-point fusion off, and ``streammem_kernels._aot`` checks their PTX),
+floating-point fusion off, and ``streammem_kernels.runtime.aot`` checks their PTX),
 and ``tau``, ``min_depth`` and ``drift`` compared as the float64 values given.
 Given the same similarities, the backends therefore make the same decisions
 bit for bit; the similarities themselves are equal unless a float64 sum lies
@@ -94,9 +94,9 @@ from typing import NamedTuple
 
 import torch
 
-from ._cosine import cpu_fast_path
-from ._dispatch import Op, call_op, load_native
-from ._utils import (as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank,
+from ..runtime.validate import cpu_fast_path
+from ..runtime.dispatch import Op, call_op, load_native
+from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank,
                      check_values)
 
 __all__ = ["Event", "SegmentStep", "adjacent_cosine", "depth_scores", "StreamingSegmenter", "detect_boundaries",
@@ -482,7 +482,7 @@ class StreamingSegmenter:
         return self._step_from_events(self._push_cpp(x), x.shape[0], self.frames_seen - 1)
 
     def _step_cuda(self, x: torch.Tensor) -> SegmentStep:
-        from ._boundaries_cuda import stream_step_cuda
+        from ._cuda import stream_step_cuda
 
         p = self.params
         start, end = stream_step_cuda(x, self._last_frame, self._window_sims, self._depth_scratch,
@@ -949,25 +949,25 @@ def _scan_events_cpp(sims, choices, window, max_event, drift):
 # Backend: Triton (streammem_kernels/_boundaries_triton.py)
 # --------------------------------------------------------------------------
 def _adjacent_cosine_triton(x):
-    from ._boundaries_triton import adjacent_cosine_triton
+    from ._triton import adjacent_cosine_triton
 
     return adjacent_cosine_triton(x)
 
 
 def _window_depth_triton(sim, peak_code):
-    from ._boundaries_triton import window_depth_triton
+    from ._triton import window_depth_triton
 
     return window_depth_triton(sim, peak_code)
 
 
 def _window_choices_triton(sim, window, tau, min_depth, peak_code):
-    from ._boundaries_triton import window_choices_triton
+    from ._triton import window_choices_triton
 
     return window_choices_triton(sim, window, tau, min_depth, peak_code)
 
 
 def _scan_events_triton(sims, choices, window, max_event, drift):
-    from ._boundaries_triton import scan_events_triton
+    from ._triton import scan_events_triton
 
     return scan_events_triton(sims, choices, window, max_event, drift)
 

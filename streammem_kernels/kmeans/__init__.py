@@ -75,9 +75,9 @@ from typing import NamedTuple
 
 import torch
 
-from ._cosine import cpu_fast_path
-from ._dispatch import Op, call_op, load_native
-from ._utils import (as_tensor, check_dtype, check_finite, check_float, check_int,
+from ..runtime.validate import cpu_fast_path
+from ..runtime.dispatch import Op, call_op, load_native
+from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_float, check_int,
                      check_rank, check_values)
 
 __all__ = ["KMeansResult", "batched_kmeans", "kmeans_frames", "lloyd"]
@@ -645,7 +645,7 @@ def _lloyd_cpp(points, weights, lengths, centres, tol, iters, cosine):
 # Backend: Triton
 # --------------------------------------------------------------------------
 def _lloyd_triton(points, weights, lengths, centres, tol, iters, cosine):
-    from ._kmeans_triton import lloyd_triton
+    from ._triton import lloyd_triton
 
     return lloyd_triton(points, weights, lengths, centres, shift_thresholds(points, lengths, tol), iters, cosine)
 

@@ -126,3 +126,13 @@ def check_finite_by_extremes(t: torch.Tensor, name: str) -> None:
     if t.is_floating_point() and t.numel():
         low, high = torch.aminmax(t)
         check_values(torch.isfinite(low) & torch.isfinite(high), f"{name} must be finite, found NaN or Inf")
+
+
+_TENSOR, _F32, _STRIDED = torch.Tensor, torch.float32, torch.strided
+
+
+def cpu_fast_path(t) -> bool:
+    """A plain float32 C-contiguous CPU tensor that needs no autograd: the input the native kernels
+    read in place through ``data_ptr()`` (every other input goes through the general path)."""
+    return (type(t) is _TENSOR and t.dtype is _F32 and t.is_cpu and not t.requires_grad and t.layout is _STRIDED
+            and t.is_contiguous())

@@ -15,9 +15,21 @@ from types import SimpleNamespace
 
 import torch
 
-from . import _cuda
-from ._dispatch import load_native
-from .motion import GUESS_BOX, SEARCH_QUANT, _to_unit_float, shift_of_sads
+from ..runtime import cuda as native_cuda
+from ..runtime.cuda import F32, I32, I64, P
+from ..runtime.dispatch import load_native
+from .reference import GUESS_BOX, SEARCH_QUANT, shift_of_sads, to_unit_float
+
+# The launchers of csrc/cuda/motion.cu: {function: (restype, argtypes)} (tests/test_cuda_compile.py checks that
+# a build exports exactly these).
+PROTOTYPES = {
+    "streammem_motion_products": (I32, (P, P, I32, P, I64, I64, I64, F32, P)),
+    "streammem_motion_fields": (I32, (P, P, P, I64, I64, I64, I64, F32, I64, I64, I64, P)),
+    "streammem_motion_guess": (I32, (P, P, I64, I64, I64, I64, P)),
+    "streammem_motion_warp": (I32, (P, I32, P, P, I64, I64, I64, I64, I64, I64, I64, P)),
+    "streammem_motion_reduce": (I32, (P, I32, P, I64, I64, I64, F32, P)),
+    "streammem_motion_search": (I32, (P, P, P, I64, I64, I64, I64, I64, F32, P)),
+}
 
 
 def _module():
@@ -44,7 +56,7 @@ def products_cuda(prev: torch.Tensor, cur: torch.Tensor) -> torch.Tensor:
     prods = torch.empty((pairs, 5, H - 2, W - 2), dtype=torch.float32, device=prev.device)
     with torch.cuda.device(prev.device):
         mod.call("streammem_motion_products", prev.data_ptr(), cur.data_ptr(), int(is_uint8), prods.data_ptr(), pairs,
-                 H, W, 1.0 / 255.0 if is_uint8 else 1.0, _cuda.stream_handle(prev.device))
+                 H, W, 1.0 / 255.0 if is_uint8 else 1.0, native_cuda.stream_handle(prev.device))
     return prods
 
 
@@ -64,7 +76,7 @@ def flow_fields_cuda(prods: torch.Tensor, window: int, min_eig: float, guess: to
     with torch.cuda.device(prods.device):
         mod.call("streammem_motion_fields", prods.data_ptr(), fields.data_ptr(),
                  None if guess is None else guess.data_ptr(), pairs, Hg, Wg, window, float(min_eig), Hc, Wc,
-                 factor if guess is not None else 2, _cuda.stream_handle(prods.device))
+                 factor if guess is not None else 2, native_cuda.stream_handle(prods.device))
     return fields
 
 
@@ -75,7 +87,7 @@ def guess_field_cuda(fields: torch.Tensor) -> torch.Tensor:
     guess = torch.empty((pairs, 2, Ho, Wo), dtype=torch.float32, device=fields.device)
     with torch.cuda.device(fields.device):
         mod.call("streammem_motion_guess", fields.data_ptr(), guess.data_ptr(), pairs, Ho, Wo, GUESS_BOX,
-                 _cuda.stream_handle(fields.device))
+                 native_cuda.stream_handle(fields.device))
     return guess
 
 
@@ -87,7 +99,7 @@ def warp_frames_cuda(cur: torch.Tensor, guess: torch.Tensor, border: int, factor
     out = torch.empty_like(cur)
     with torch.cuda.device(cur.device):
         mod.call("streammem_motion_warp", cur.data_ptr(), int(is_uint8), guess.data_ptr(), out.data_ptr(), pairs, H,
-                 W, guess.shape[2], guess.shape[3], border, factor, _cuda.stream_handle(cur.device))
+                 W, guess.shape[2], guess.shape[3], border, factor, native_cuda.stream_handle(cur.device))
     return out
 
 
@@ -99,7 +111,7 @@ def reduce_level_cuda(frames: torch.Tensor) -> torch.Tensor:
     out = torch.empty((T, (H + 1) // 2, (W + 1) // 2), dtype=torch.float32, device=frames.device)
     with torch.cuda.device(frames.device):
         mod.call("streammem_motion_reduce", frames.data_ptr(), int(is_uint8), out.data_ptr(), T, H, W,
-                 1.0 / 255.0 if is_uint8 else 1.0, _cuda.stream_handle(frames.device))
+                 1.0 / 255.0 if is_uint8 else 1.0, native_cuda.stream_handle(frames.device))
     return out
 
 
@@ -107,13 +119,13 @@ def search_shift_cuda(prev: torch.Tensor, cur: torch.Tensor, radius) -> torch.Te
     """(P, 2, 1, 1) float32: ``motion.search_shift(prev, cur, radius)`` (integer sums of absolute
     differences on the device, the reference's choice of the shift)."""
     mod = _module()
-    prev, cur = _to_unit_float(prev).contiguous(), _to_unit_float(cur).contiguous()
+    prev, cur = to_unit_float(prev).contiguous(), to_unit_float(cur).contiguous()
     pairs, H, W = prev.shape
     ry, rx = radius
     sads = torch.empty((pairs, (2 * ry + 1) * (2 * rx + 1)), dtype=torch.int64, device=prev.device)
     with torch.cuda.device(prev.device):
         mod.call("streammem_motion_search", prev.data_ptr(), cur.data_ptr(), sads.data_ptr(), pairs, H, W, ry, rx,
-                 SEARCH_QUANT, _cuda.stream_handle(prev.device))
+                 SEARCH_QUANT, native_cuda.stream_handle(prev.device))
     return shift_of_sads(sads, radius)
 
 

@@ -6,7 +6,7 @@ graph retrieval seeds its expansion with the nodes closest to a question.
 every key in a query's range is scored ``dot(q / |q|, v / |v|)`` in float32
 (a zero vector scores 0; rows of any finite magnitude, 1e-30 or 1e30, get
 their true cosine: norms are taken after an exact power-of-two scaling,
-:mod:`streammem_kernels._cosine`) and the ``k`` best
+:mod:`streammem_kernels.tree.scoring`) and the ``k`` best
 come back, ties toward the lower key index.
 
 Backends: ``torch`` (the reference below), ``cpp`` and ``triton``.  The
@@ -26,7 +26,7 @@ microseconds of arithmetic, so the public function keeps a fast path for the
 common input (float32 C-contiguous CPU tensors, no autograd, ``Q < 8``, no
 ranges, the C++ backend): one native call (``cosine_topk_tensors``) that reads
 the tensors' metadata itself (the same acceptance rule as
-:func:`~streammem_kernels._cosine.cpu_fast_path`, checked through the CPython
+:func:`~streammem_kernels.tree.scoring.cpu_fast_path`, checked through the CPython
 API rather than in bytecode), checks their values (the same ``ValueError``
 messages), normalises the queries and returns the result tensors, with no
 torch op on the way.  It returns None for anything else, which goes through
@@ -39,9 +39,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ._cosine import FLOAT_INPUTS, INT_INPUTS, MAX_RESULTS, dot_rows, topk_low_id, unit_rows
-from ._dispatch import Op, call_op
-from ._utils import as_tensor, check_dtype, check_finite, check_int, check_rank, check_values
+from .scoring import FLOAT_INPUTS, INT_INPUTS, MAX_RESULTS, dot_rows, topk_low_id, unit_rows
+from ..runtime.dispatch import Op, call_op
+from ..runtime.validate import as_tensor, check_dtype, check_finite, check_int, check_rank, check_values
 
 __all__ = ["TopKResult", "cosine_topk", "cosine_topk_uses_blas"]
 
@@ -258,7 +258,7 @@ def _cosine_topk_cpp(queries, keys, k, ranges):
 # Backend: Triton (streammem_kernels/_tree_triton.py)
 # --------------------------------------------------------------------------
 def _cosine_topk_triton(queries, keys, k, ranges):
-    from ._tree_triton import cosine_topk_triton
+    from ._triton import cosine_topk_triton
 
     return cosine_topk_triton(unit_rows(queries), keys, k, ranges)
 

@@ -7,7 +7,7 @@ events and ranking units by cos(q, v) * utility with a minimum similarity.
 
 Scores are ``dot(q / |q|, v / |v|)`` in float32 (tree embeddings are unit rows
 already; a zero query scores 0 everywhere), and every ranking breaks ties
-toward the lower node id (:mod:`streammem_kernels._cosine`).
+toward the lower node id (:mod:`streammem_kernels.tree.scoring`).
 
 * ``beam=1`` -- greedy, Algorithm 1: score all roots, take the best, then score
   only that node's children and take the best, down to a leaf.  Returns the
@@ -67,10 +67,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ._cosine import MAX_RESULTS, MAX_WIDTH, check_size, dot_rows, topk_low_id, unit_rows
-from ._dispatch import Op, call_op
-from ._utils import check_finite, check_float, check_int
-from .cosine_tree import CosineTree
+from .scoring import MAX_RESULTS, MAX_WIDTH, check_size, dot_rows, topk_low_id, unit_rows
+from ..runtime.dispatch import Op, call_op
+from ..runtime.validate import check_finite, check_float, check_int
+from .store import CosineTree
 from .topk import TOLERANCES, TopKResult, _new_tuple, prepare_queries
 
 __all__ = ["TreePathResult", "tree_search"]
@@ -448,7 +448,7 @@ def _search_cpp(embeddings, child_ptr, child_idx, roots, level, utility, queries
 # Backend: Triton (streammem_kernels/_tree_triton.py): greedy in one launch, beam by levels
 # --------------------------------------------------------------------------
 def _score_candidates_triton(queries, embeddings, cand):
-    from ._tree_triton import gather_dot_triton
+    from ._triton import gather_dot_triton
 
     return gather_dot_triton(queries, embeddings, cand.contiguous())
 
@@ -458,7 +458,7 @@ def _search_triton(embeddings, child_ptr, child_idx, roots, level, utility, quer
     if not plan.greedy:
         return _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, unit, plan.widths, plan.fanout,
                             plan.k, plan.min_score, plan.use_utility, _score_candidates_triton)
-    from ._tree_triton import greedy_triton
+    from ._triton import greedy_triton
 
     out = greedy_triton(embeddings, child_ptr, child_idx, roots, unit, plan.height, plan.from_every_root)
     if plan.from_every_root:
@@ -473,7 +473,7 @@ def _search_triton(embeddings, child_ptr, child_idx, roots, level, utility, quer
 def _search_cuda(embeddings, child_ptr, child_idx, roots, level, utility, queries, plan: SearchPlan):
     if not plan.greedy:
         raise RuntimeError("tree_search: the CUDA backend runs greedy search only (dispatch never sends beam here)")
-    from ._tree_cuda import greedy_cuda
+    from ._cuda import greedy_cuda
 
     return greedy_cuda(embeddings, child_ptr, child_idx, roots, unit_rows(queries), plan.height, plan.from_every_root)
 

@@ -46,6 +46,7 @@ from typing import Callable, Mapping
 import torch
 
 BACKENDS = ("torch", "cpp", "triton", "cuda")
+_is_compiling = torch.compiler.is_compiling
 _AUTO_ORDER = {"cuda": ("cuda", "triton", "torch"), "cpu": ("cpp", "torch")}
 
 
@@ -99,7 +100,7 @@ def load_native(kind: str, op: str):
     """Load ``streammem_kernels._<kind>_<op>`` once; return (module, reason).
 
     ``kind="cpu"``: the pybind11 module; ``kind="cuda"``: the C-ABI shared
-    library through ctypes (streammem_kernels/_cuda.py).
+    library through ctypes (streammem_kernels/runtime/cuda.py).
     """
     key = (kind, op)
     if key not in _IMPORTS:
@@ -122,9 +123,9 @@ load_native.cache_clear = _forget_imports  # forget every import outcome (tests 
 
 def _import_native(kind: str, op: str):
     if kind == "cuda":
-        from . import _cuda
+        from . import cuda as native_cuda
 
-        return _cuda.load(op)
+        return native_cuda.load(op)
     name = f"streammem_kernels._{kind}_{op}"
     try:
         return importlib.import_module(name), None
@@ -270,6 +271,7 @@ class Op:
     extra_reasons: Mapping[str, Callable[..., list[str]]] = field(default_factory=dict)
     tolerances: Mapping[str, Mapping[torch.dtype, tuple[float, float]]] = field(default_factory=dict)
     native: str | None = None
+    fast: Callable | None = None
 
     def __post_init__(self):
         if self.native is None:
@@ -314,6 +316,16 @@ class Op:
                 return None
             module = self._cpp = load_native("cpu", self.native)[0]  # an import outcome never changes
         return module
+
+    def run_fast(self, backend: str, *args):
+        """The op's declared latency path on ``args``, or None (not declared, not the C++ backend, traced
+        by torch.compile, or an input it does not take)."""
+        if self.fast is None or _is_compiling():
+            return None
+        module = self.cpp_module(backend)
+        if module is None:
+            return None
+        return self.fast(module, *args)
 
     def select(self, backend: str, device: torch.device, *, inputs: Mapping[str, object] | None = None,
                **info) -> str:
@@ -380,17 +392,18 @@ class Op:
 # --------------------------------------------------------------------------
 # What can run here: backend_report()
 # --------------------------------------------------------------------------
-# Op families, named after their native modules (``_cpu_<family>``, ``_cuda_<family>``), and the
-# package modules holding their public functions and Op tables.
-OP_FAMILIES: dict[str, tuple[str, ...]] = {
-    "motion": ("motion",),
-    "kmeans": ("kmeans",),
-    "tree": ("cosine_tree", "traversal", "topk"),
-    "boundaries": ("boundaries",),
-    "logprobs": ("logprobs",),
-    "graph": ("graph",),
-}
-OP_MODULES = tuple(OP_FAMILIES)
+def op_families() -> tuple[str, ...]:
+    """The op folders of the package (``streammem_kernels/<family>/``), each named after its native
+    modules (``_cpu_<family>``, ``_cuda_<family>``) and holding its public functions and Op tables.
+    Found by listing the package, so a new op folder needs no entry anywhere else."""
+    import pkgutil
+
+    import streammem_kernels
+
+    return tuple(sorted(info.name for info in pkgutil.iter_modules(streammem_kernels.__path__)
+                        if info.ispkg and info.name != "runtime"))
+
+
 # Backends that can apply to tensors of each device type (cpp never takes CUDA tensors, cuda never CPU ones).
 DEVICE_BACKENDS = {"cpu": ("torch", "cpp", "triton"), "cuda": ("torch", "triton", "cuda")}
 
@@ -457,11 +470,19 @@ class BackendReport:
         return "\n".join(lines)
 
 
+def _family_modules(family: str) -> list:
+    """The op folder's package and its public modules (``tree``: the package, store, search, topk)."""
+    import pkgutil
+
+    package = importlib.import_module(f"streammem_kernels.{family}")
+    return [package] + [importlib.import_module(f"{package.__name__}.{info.name}")
+                        for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_")]
+
+
 def _op_tables(family: str) -> list[Op]:
     """The Op tables of one family (every op whose backends live in ``_cpu_<family>`` / ``_cuda_<family>``)."""
     tables: list[Op] = []
-    for name in OP_FAMILIES[family]:
-        module = importlib.import_module(f"streammem_kernels.{name}")
+    for module in _family_modules(family):
         tables += [v for v in vars(module).values() if isinstance(v, Op) and v.native == family and v not in tables]
     return tables
 
@@ -492,11 +513,11 @@ def backend_report() -> BackendReport:
     override = os.environ.get("STREAMMEM_BACKEND", "auto").strip().lower()
     statuses: list[BackendStatus] = []
     functions: dict[str, tuple[str, ...]] = {}
-    for op in OP_MODULES:
+    for op in op_families():
         tables = _op_tables(op)
-        homes = {f"streammem_kernels.{name}" for name in OP_FAMILIES[op]}
+        home = f"streammem_kernels.{op}"
         functions[op] = tuple(name for name in package.__all__
-                              if getattr(getattr(package, name), "__module__", None) in homes)
+                              if (getattr(getattr(package, name), "__module__", None) or "").startswith(home))
         for device_type, candidates in DEVICE_BACKENDS.items():
             device = torch.device(device_type)
             rows = {}

@@ -7,7 +7,7 @@ What legitimately differs is asked here, in one place:
 
 * :func:`gpu_launch` -- whether a launch should be configured for a GPU: on
   CUDA tensors, and under the interpreter while the ahead-of-time compile check
-  (``streammem_kernels._aot``) records launches to replay them for sm_80/sm_90;
+  (``streammem_kernels.runtime.aot``) records launches to replay them for sm_80/sm_90;
 * :func:`multiprocessors` -- streaming multiprocessors to fill (work splitting);
 * :func:`interpreted_bf16` -- the interpreter computes bfloat16 arithmetic
   wrongly, so bfloat16 tiles are upcast to float32 there (and only there).
@@ -20,7 +20,7 @@ import functools
 
 import torch
 
-from ._dispatch import triton_interpreting
+from .dispatch import triton_interpreting
 
 # Streaming multiprocessors of an H100 SXM: the work split a launch recorded for
 # the compile check (or an interpreted launch in GPU configuration) assumes.

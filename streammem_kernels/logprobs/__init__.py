@@ -26,7 +26,7 @@ NaN inside the kernels, and the public functions turn that into a
 
 On CUDA tensors nothing here synchronises with the host: the value checks
 (targets in range, finite inputs, NaN results, lengths) are device-side
-assertions (``streammem_kernels._utils.check_values``) that surface at the next
+assertions (``streammem_kernels.runtime.validate.check_values``) that surface at the next
 synchronisation as a "device-side assert triggered" error with the same
 message, so every function can be captured in a CUDA graph.  On CPU tensors
 they raise ``ValueError`` at once.
@@ -60,11 +60,16 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 
-from ._dispatch import Op, call_op, load_native
-from ._utils import (as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty, check_rank,
-                     check_values)
+from ..runtime.dispatch import Op, call_op, load_native
+from ..runtime.native import NativeChecks, view
+from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty,
+                                check_rank, check_values)
+from .reference import (compute_dtype, divergence_point_reference, divergence_point_torch,
+                        linear_token_logprobs_reference, linear_token_logprobs_torch, token_logprobs_reference,
+                        token_logprobs_torch)
 
 __all__ = [
     "token_logprobs",
@@ -77,11 +82,8 @@ __all__ = [
 
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_KERNEL_DTYPE_SET = frozenset(_KERNEL_DTYPES)
 _TARGET_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
-
-# Working-set budget of the chunked torch paths (float32 elements per chunk):
-# 2**22 floats = 16 MiB, a few such temporaries at once.
-_TORCH_CHUNK_ELEMS = 1 << 22
 
 
 # --------------------------------------------------------------------------
@@ -105,18 +107,9 @@ def token_logprobs(logits, targets, *, backend: str = "auto") -> torch.Tensor:
     ``log_softmax(logits.float(), -1).gather(-1, targets)``, computed with an
     online log-sum-exp, with O(T) extra memory on the cpp/triton backends.
     """
-    if type(logits) is _TENSOR and type(targets) is _TENSOR and targets.dtype is _I64:
-        code = _DTYPE_CODE.get(logits.dtype)
-        if code is not None and _plain_cpu(logits) and _plain_cpu(targets):
-            shape = logits.shape
-            if 2 <= len(shape) <= 3 and targets.shape == shape[:-1] and logits.numel():
-                mod = None if _is_compiling() else TOKEN_LOGPROBS.cpp_module(backend)  # no import while tracing
-                if mod is not None:
-                    # One native call checks the targets and the NaN rows with the messages below.
-                    vocab = shape[-1]
-                    out = _from_numpy(mod.token_logprobs_ptr(logits.data_ptr(), logits.numel() // vocab, vocab,
-                                                             code, targets.data_ptr()))
-                    return out if len(shape) == 2 else out.reshape(shape[:-1])
+    fast = TOKEN_LOGPROBS.run_fast(backend, logits, targets)
+    if fast is not None:
+        return fast
     logits = as_tensor(logits, "logits")
     targets = as_tensor(targets, "targets")
     check_rank(logits, "logits", (2, 3), "(T, V) or (B, T, V)")
@@ -212,20 +205,9 @@ def divergence_point(logprobs, *, delta: int = 20, alpha: float = 0.85, beta: fl
     (the number of caption tokens to keep), ``o = length`` when no position
     qualifies.  See the module docstring for the exact convention.
     """
-    if (type(logprobs) is _TENSOR and type(delta) is int and delta >= 1 and type(alpha) is float
-            and 0.0 < alpha < 1.0 and type(beta) is float and 0.0 < beta < _INF):
-        dtype, shape = logprobs.dtype, logprobs.shape
-        nd = len(shape)
-        if (dtype is _F64 or dtype is _F32) and (nd == 1 or nd == 2) and logprobs.numel() and _plain_cpu(logprobs):
-            batch, max_len = (1, shape[0]) if nd == 1 else shape
-            if lengths is None or (nd == 2 and type(lengths) is _TENSOR and lengths.dtype is _I64
-                                   and lengths.shape == (batch,) and _plain_cpu(lengths)):
-                mod = None if _is_compiling() else DIVERGENCE_POINT.cpp_module(backend)  # no import while tracing
-                if mod is not None:
-                    # One native call checks lengths and finiteness with the messages below.
-                    lens_ptr = 0 if lengths is None else lengths.data_ptr()
-                    return _from_numpy(mod.divergence_point_ptr(logprobs.data_ptr(), batch, max_len, dtype is _F64,
-                                                                lens_ptr, min(delta, max_len), alpha, beta, nd == 1))
+    fast = DIVERGENCE_POINT.run_fast(backend, logprobs, delta, alpha, beta, lengths)
+    if fast is not None:
+        return fast
     logprobs = as_tensor(logprobs, "logprobs")
     check_rank(logprobs, "logprobs", (1, 2), "(L,) or (B, L)")
     check_dtype(logprobs, "logprobs", _LOGIT_DTYPES)
@@ -250,11 +232,11 @@ def divergence_point(logprobs, *, delta: int = 20, alpha: float = 0.85, beta: fl
         lens = lens.to(device=lp2d.device, dtype=torch.int64)
         if lens.numel():
             low, high = torch.aminmax(lens)
-            check_values((low >= 0) & (high <= max_len), f"lengths must lie in [0, L] = [0, {max_len}]")
+            check_values((low >= 0) & (high <= max_len), _LENGTHS_RANGE.format(L=max_len))
     if lp2d.numel():
         # Padding past a caption's length may hold anything; no boolean-mask indexing (a host sync).
         valid = torch.arange(max_len, device=lp2d.device)[None, :] < lens[:, None]
-        check_values((torch.isfinite(lp2d) | ~valid).all(), "logprobs (within lengths) must be finite, found NaN or Inf")
+        check_values((torch.isfinite(lp2d) | ~valid).all(), _LOGPROBS_FINITE)
     lp64 = lp2d.to(torch.float64).contiguous()
     name = DIVERGENCE_POINT.select(backend, lp64.device)
     out = call_op(torch.ops.streammem.divergence_point, DIVERGENCE_POINT.impls, name, lp64, lens.contiguous(), delta,
@@ -264,13 +246,14 @@ def divergence_point(logprobs, *, delta: int = 20, alpha: float = 0.85, beta: fl
 
 _TENSOR, _STRIDED, _F32, _F64, _I64 = torch.Tensor, torch.strided, torch.float32, torch.float64, torch.int64
 _INF = float("inf")
-_from_numpy = torch.from_numpy
-_is_compiling = torch.compiler.is_compiling
+# The latency paths allocate their results through numpy (about 0.7 us against 1.4 for torch.empty
+# with a shape tuple and a dtype); the tensors own that memory like any other.
+_from_numpy, _np_empty, _NP_F32, _NP_I64 = torch.from_numpy, np.empty, np.float32, np.int64
 
 
 def _plain_cpu(t: torch.Tensor) -> bool:
-    """A C-contiguous CPU tensor without autograd: what the fast paths hand to the C++ kernels by
-    ``data_ptr()`` (anything else takes the general path)."""
+    """A C-contiguous CPU tensor without autograd: what the latency paths hand to the C++ entries as
+    it is (anything else takes the general path)."""
     return t.is_cpu and not t.requires_grad and t.layout is _STRIDED and t.is_contiguous()
 
 
@@ -289,14 +272,31 @@ def _check_targets(targets: torch.Tensor, expected_shape, vocab: int, device, sh
     flat = targets.reshape(-1).to(device=device, dtype=torch.int64).contiguous()
     if flat.numel():
         low, high = torch.aminmax(flat)
-        message = f"targets must be token ids in [0, V) = [0, {vocab})"
         if flat.device.type == "cpu":  # a host check, with the offending range
             low, high = int(low), int(high)
             if low < 0 or high >= vocab:
-                raise ValueError(f"{message}, got values in [{low}, {high}]")
+                raise ValueError(_targets_message(vocab, flat))
         else:  # a device-side assertion: no synchronisation
-            check_values((low >= 0) & (high < vocab), message)
+            check_values((low >= 0) & (high < vocab), _TARGETS_RANGE.format(vocab=vocab))
     return flat
+
+
+# The value checks, each message written once: the general path raises them from Python, the C++
+# entries report them by number (their NativeChecks below).
+_TARGETS_RANGE = "targets must be token ids in [0, V) = [0, {vocab})"
+_NAN_WHY = "(a NaN or +inf logit, or a row that is all -inf)"
+_LENGTHS_RANGE = "lengths must lie in [0, L] = [0, {L}]"
+_LOGPROBS_FINITE = "logprobs (within lengths) must be finite, found NaN or Inf"
+
+
+def _targets_message(vocab: int, targets: torch.Tensor) -> str:
+    low, high = torch.aminmax(targets)
+    return f"{_TARGETS_RANGE.format(vocab=vocab)}, got values in [{int(low)}, {int(high)}]"
+
+
+def _nan_rows_message(source: str, out: torch.Tensor) -> str:
+    rows = torch.nonzero(torch.isnan(out.reshape(-1))).flatten()[:5].tolist()
+    return f"{source} must be finite: rows {rows} produced NaN {_NAN_WHY}"
 
 
 def _raise_on_nan(out: torch.Tensor, source: str) -> None:
@@ -304,59 +304,11 @@ def _raise_on_nan(out: torch.Tensor, source: str) -> None:
     # the O(T) output replaces an O(T*V) scan (and its (T, V) boolean mask).
     if not out.numel():
         return
-    why = "(a NaN or +inf logit, or a row that is all -inf)"
     if out.device.type == "cpu":
         if bool(torch.isnan(out).any()):
-            rows = torch.nonzero(torch.isnan(out.reshape(-1))).flatten()[:5].tolist()
-            raise ValueError(f"{source} must be finite: rows {rows} produced NaN {why}")
+            raise ValueError(_nan_rows_message(source, out))
     else:  # a device-side assertion: no synchronisation
-        check_values(~torch.isnan(out).any(), f"{source} must be finite: some row produced NaN {why}")
-
-
-# --------------------------------------------------------------------------
-# References (the spec; materialise everything, used by the tests)
-# --------------------------------------------------------------------------
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def token_logprobs_reference(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``log_softmax(logits.float(), -1).gather(-1, targets)`` (materialises (T, V))."""
-    x = logits.to(_compute_dtype(logits.dtype))
-    return torch.log_softmax(x, dim=-1).gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
-
-
-def linear_token_logprobs_reference(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Plain logits -> log_softmax -> gather in float32 (float64 for float64 input)."""
-    cdt = _compute_dtype(hidden.dtype)
-    logits = hidden.to(cdt) @ weight.to(cdt).T
-    if bias is not None:
-        logits = logits + bias.to(cdt)
-    return token_logprobs_reference(logits, targets)
-
-
-def divergence_point_reference(logprobs: torch.Tensor, delta: int = 20, alpha: float = 0.85, beta: float = 1.0,
-                               lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Vectorised Eq. 9-10 over (B, L) float64 log-probs; see the module docstring."""
-    lp = logprobs.to(torch.float64)
-    batch, max_len = lp.shape
-    if lengths is None:
-        lengths = torch.full((batch,), max_len, dtype=torch.int64, device=lp.device)
-    lengths = lengths.to(torch.int64)
-    out = lengths.clone()
-    if max_len <= delta + 1:
-        return out
-    # windows[:, s] = lp[s .. s+delta-1], so mu_j is the mean of windows[:, j-delta].
-    windows = lp.unfold(1, delta, 1)
-    j = torch.arange(delta + 1, max_len, device=lp.device)
-    mu = windows[:, j - delta].sum(-1) / delta
-    drop = mu - lp[:, j]
-    threshold = torch.clamp(alpha * mu.abs(), min=beta)
-    hit = (drop > threshold) & (j[None, :] < lengths[:, None])
-    any_hit = hit.any(dim=1)
-    first = j[hit.to(torch.int8).argmax(dim=1)]
-    return torch.where(any_hit, first, out)
+        check_values(~torch.isnan(out).any(), f"{source} must be finite: some row produced NaN {_NAN_WHY}")
 
 
 # --------------------------------------------------------------------------
@@ -370,7 +322,7 @@ def _token_logprobs_op(logits: torch.Tensor, targets: torch.Tensor, backend: str
 
 @_token_logprobs_op.register_fake
 def _(logits, targets, backend):
-    return logits.new_empty((logits.shape[0],), dtype=_compute_dtype(logits.dtype))
+    return logits.new_empty((logits.shape[0],), dtype=compute_dtype(logits.dtype))
 
 
 @torch.library.custom_op("streammem::linear_token_logprobs", mutates_args=())
@@ -382,7 +334,7 @@ def _linear_token_logprobs_op(hidden: torch.Tensor, weight: torch.Tensor, bias: 
 
 @_linear_token_logprobs_op.register_fake
 def _(hidden, weight, bias, targets, backend):
-    return hidden.new_empty((hidden.shape[0],), dtype=_compute_dtype(hidden.dtype))
+    return hidden.new_empty((hidden.shape[0],), dtype=compute_dtype(hidden.dtype))
 
 
 @torch.library.custom_op("streammem::divergence_point", mutates_args=())
@@ -398,99 +350,87 @@ def _(logprobs, lengths, delta, alpha, beta, backend):
 
 
 # --------------------------------------------------------------------------
-# Backend: torch (chunked so memory stays bounded; same math as the reference)
+# Backend: C++ (csrc/cpu/logprobs.cpp), and the latency paths the Op tables declare
 # --------------------------------------------------------------------------
-def _token_logprobs_torch(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    cdt = _compute_dtype(logits.dtype)
-    n_rows, vocab = logits.shape
-    out = torch.empty(n_rows, dtype=cdt, device=logits.device)
-    step = max(1, _TORCH_CHUNK_ELEMS // vocab)
-    for r0 in range(0, n_rows, step):
-        x = logits[r0:r0 + step].to(cdt)
-        row_max = x.max(dim=1, keepdim=True).values
-        target_logit = x.gather(1, targets[r0:r0 + step, None])
-        # (target - max) first: exact for |logits| ~ 1e4, where logsumexp would round.
-        lse_shifted = torch.log(torch.exp(x - row_max).sum(dim=1, keepdim=True))
-        out[r0:r0 + step] = ((target_logit - row_max) - lse_shifted).squeeze(1)
-    return out
-
-
-def _linear_token_logprobs_torch(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                                 targets: torch.Tensor) -> torch.Tensor:
-    cdt = _compute_dtype(hidden.dtype)
-    n_rows = hidden.shape[0]
-    vocab = weight.shape[0]
-    h = hidden.to(cdt)
-    # Online log-sum-exp over vocabulary chunks: only (N, chunk) logits live at a time.
-    running_max = torch.full((n_rows,), float("-inf"), dtype=cdt, device=hidden.device)
-    running_sum = torch.zeros(n_rows, dtype=cdt, device=hidden.device)
-    target_logit = torch.zeros(n_rows, dtype=cdt, device=hidden.device)
-    step = max(256, _TORCH_CHUNK_ELEMS // max(n_rows, 1))
-    for v0 in range(0, vocab, step):
-        chunk_bias = None if bias is None else bias[v0:v0 + step].to(cdt)
-        logits = torch.nn.functional.linear(h, weight[v0:v0 + step].to(cdt), chunk_bias)
-        tile_max = logits.max(dim=1).values
-        new_max = torch.maximum(running_max, tile_max)
-        # exp(-inf - finite) = 0 on the first chunk; an all -inf row yields NaN -> ValueError.
-        running_sum = running_sum * torch.exp(running_max - new_max) + torch.exp(logits - new_max[:, None]).sum(1)
-        running_max = new_max
-        local = targets - v0
-        in_tile = (local >= 0) & (local < logits.shape[1])
-        picked = logits.gather(1, local.clamp(0, logits.shape[1] - 1)[:, None]).squeeze(1)
-        target_logit = torch.where(in_tile, picked, target_logit)
-    return target_logit - running_max - torch.log(running_sum)
-
-
-def _divergence_point_torch(logprobs, lengths, delta, alpha, beta):
-    return divergence_point_reference(logprobs, delta, alpha, beta, lengths)
-
-
-# --------------------------------------------------------------------------
-# Backend: C++ (csrc/cpu/logprobs.cpp)
-# --------------------------------------------------------------------------
-def _raw_numpy(t: torch.Tensor):
-    """numpy view for the C++ module: 16-bit floats travel as raw uint16 bits."""
-    if t.dtype in (torch.float16, torch.bfloat16):
-        return t.view(torch.int16).numpy()
-    return t.numpy()
-
-
-_DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_TOKEN_CHECKS = NativeChecks(lambda vocab, targets, out, source: _targets_message(vocab, targets),
+                             lambda vocab, targets, out, source: _nan_rows_message(source, out))
+_LINEAR_CHECKS = NativeChecks(lambda out: _nan_rows_message("weight", out))
+_DIVERGENCE_CHECKS = NativeChecks(_LENGTHS_RANGE, _LOGPROBS_FINITE)
 
 
 def _token_logprobs_cpp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     mod, _ = load_native("cpu", "logprobs")
-    out = mod.token_logprobs(_raw_numpy(logits), _DTYPE_CODE[logits.dtype], targets.numpy())
-    return torch.from_numpy(out)
+    out = torch.empty(logits.shape[0], dtype=torch.float32)
+    _TOKEN_CHECKS.raise_for(mod.token_logprobs(view(logits), view(targets), view(out)), vocab=logits.shape[1],
+                            targets=targets, out=out, source="logits")
+    return out
+
+
+def _token_logprobs_fast(mod, logits, targets):
+    """token_logprobs on C-contiguous CPU tensors of the kernel dtypes with int64 targets: one native call,
+    which also makes the value checks."""
+    if not (type(logits) is _TENSOR and type(targets) is _TENSOR and targets.dtype is _I64
+            and logits.dtype in _KERNEL_DTYPE_SET and _plain_cpu(logits) and _plain_cpu(targets)):
+        return None
+    shape = logits.shape
+    if not (2 <= len(shape) <= 3 and targets.shape == shape[:-1] and logits.numel()):
+        return None
+    out = _from_numpy(_np_empty(shape[:-1], _NP_F32))
+    _TOKEN_CHECKS.raise_for(mod.token_logprobs(view(logits), view(targets), view(out)), vocab=shape[-1],
+                            targets=targets, out=out, source="logits")
+    return out
 
 
 def _linear_token_logprobs_cpp(hidden, weight, bias, targets):
     mod, _ = load_native("cpu", "logprobs")
-    hidden = hidden.contiguous()
-    weight = weight.contiguous()
-    bias_np = None if bias is None else _raw_numpy(bias.contiguous())
-    out = mod.linear_token_logprobs(_raw_numpy(hidden), _raw_numpy(weight), bias_np, _DTYPE_CODE[hidden.dtype],
-                                    targets.numpy())
-    return torch.from_numpy(out)
+    out = torch.empty(hidden.shape[0], dtype=torch.float32)
+    bias_view = None if bias is None else view(bias.contiguous())
+    status = mod.linear_token_logprobs(view(hidden.contiguous()), view(weight.contiguous()), bias_view, view(targets),
+                                       view(out))
+    _LINEAR_CHECKS.raise_for(status, out=out)
+    return out
 
 
 def _divergence_point_cpp(logprobs, lengths, delta, alpha, beta):
     mod, _ = load_native("cpu", "logprobs")
-    return torch.from_numpy(mod.divergence_point(logprobs.numpy(), lengths.numpy(), int(delta), float(alpha),
-                                                 float(beta)))
+    out = torch.empty(logprobs.shape[0], dtype=torch.int64)
+    _DIVERGENCE_CHECKS.raise_for(mod.divergence_point(view(logprobs), view(lengths), int(delta), float(alpha),
+                                                      float(beta), view(out)), L=logprobs.shape[1])
+    return out
+
+
+def _divergence_point_fast(mod, logprobs, delta, alpha, beta, lengths):
+    """divergence_point on a C-contiguous float32/float64 CPU tensor, plain Python parameters within their
+    ranges and int64 lengths (or none): one native call, which also makes the value checks."""
+    if not (type(logprobs) is _TENSOR and type(delta) is int and delta >= 1 and type(alpha) is float
+            and 0.0 < alpha < 1.0 and type(beta) is float and 0.0 < beta < _INF):
+        return None
+    dtype, shape = logprobs.dtype, logprobs.shape
+    nd = len(shape)
+    if not ((dtype is _F64 or dtype is _F32) and (nd == 1 or nd == 2) and logprobs.numel() and _plain_cpu(logprobs)):
+        return None
+    batch, max_len = (1, shape[0]) if nd == 1 else shape
+    if not (lengths is None or (nd == 2 and type(lengths) is _TENSOR and lengths.dtype is _I64
+                                and lengths.shape == (batch,) and _plain_cpu(lengths))):
+        return None
+    out = _from_numpy(_np_empty(() if nd == 1 else batch, _NP_I64))
+    status = mod.divergence_point(view(logprobs), None if lengths is None else view(lengths), min(delta, max_len),
+                                  alpha, beta, view(out))
+    _DIVERGENCE_CHECKS.raise_for(status, L=max_len)
+    return out
 
 
 # --------------------------------------------------------------------------
-# Backend: Triton (streammem_kernels/_logprobs_triton.py)
+# Backend: Triton (streammem_kernels/logprobs/_triton.py)
 # --------------------------------------------------------------------------
 def _token_logprobs_triton(logits, targets):
-    from ._logprobs_triton import token_logprobs_triton
+    from ._triton import token_logprobs_triton
 
     return token_logprobs_triton(logits, targets)
 
 
 def _linear_token_logprobs_triton(hidden, weight, bias, targets):
-    from ._logprobs_triton import linear_token_logprobs_triton
+    from ._triton import linear_token_logprobs_triton
 
     return linear_token_logprobs_triton(hidden, weight, bias, targets)
 
@@ -512,17 +452,19 @@ _FLOAT64_TOL = {torch.float64: (1e-12, 1e-12)}
 
 TOKEN_LOGPROBS = Op(
     "logprobs",
-    {"torch": _token_logprobs_torch, "cpp": _token_logprobs_cpp, "triton": _token_logprobs_triton},
+    {"torch": token_logprobs_torch, "cpp": _token_logprobs_cpp, "triton": _token_logprobs_triton},
     extra_reasons={"cpp": _kernel_dtype_reasons, "triton": _kernel_dtype_reasons},
     tolerances={"torch": {**_TOKEN_TOL, **_FLOAT64_TOL}, "cpp": _TOKEN_TOL, "triton": _TOKEN_TOL},
+    fast=_token_logprobs_fast,
 )
 LINEAR_TOKEN_LOGPROBS = Op(
     "logprobs",
-    {"torch": _linear_token_logprobs_torch, "cpp": _linear_token_logprobs_cpp,
+    {"torch": linear_token_logprobs_torch, "cpp": _linear_token_logprobs_cpp,
      "triton": _linear_token_logprobs_triton},
     extra_reasons={"cpp": _kernel_dtype_reasons, "triton": _kernel_dtype_reasons},
     tolerances={"torch": {**_LINEAR_TOL, **_FLOAT64_TOL}, "cpp": _LINEAR_TOL, "triton": _LINEAR_TOL},
 )
 # Integer results: every backend must match exactly.
-DIVERGENCE_POINT = Op("logprobs", {"torch": _divergence_point_torch, "cpp": _divergence_point_cpp},
-                      tolerances={b: {dt: (0, 0) for dt in _LOGIT_DTYPES} for b in ("torch", "cpp")})
+DIVERGENCE_POINT = Op("logprobs", {"torch": divergence_point_torch, "cpp": _divergence_point_cpp},
+                      tolerances={b: {dt: (0, 0) for dt in _LOGIT_DTYPES} for b in ("torch", "cpp")},
+                      fast=_divergence_point_fast)

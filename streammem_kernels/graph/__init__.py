@@ -91,9 +91,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ._dispatch import Op, call_op, load_native
-from ._utils import as_tensor, check_dtype, check_finite, check_float, check_int, check_rank, check_values
-from .topk import _FAST_MAX_K, BLAS_MIN_QUERIES, COSINE_TOPK, TopKResult, _new_tuple, cosine_topk
+from ..runtime.dispatch import Op, call_op, load_native
+from ..runtime.validate import as_tensor, check_dtype, check_finite, check_float, check_int, check_rank, check_values
+from ..tree.topk import _FAST_MAX_K, BLAS_MIN_QUERIES, COSINE_TOPK, TopKResult, _new_tuple, cosine_topk
 
 __all__ = [
     "CSRGraph",
@@ -766,7 +766,7 @@ def _expand_cpp(row_ptr, col_idx, sources, num_cols, hops, capacity, max_fanout,
 # --------------------------------------------------------------------------
 def _expand_triton(row_ptr, col_idx, sources, num_cols, hops, capacity, max_fanout, max_frontier, keep_sources,
                    width):
-    from ._graph_triton import expand_triton
+    from ._triton import expand_triton
 
     return expand_triton(row_ptr, col_idx, sources, num_cols, hops, capacity, max_fanout, max_frontier, keep_sources)
 

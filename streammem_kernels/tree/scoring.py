@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ._utils import check_int
+from ..runtime.validate import check_int
 
 # Size bounds checked before anything is allocated (a ValueError naming the argument instead of
 # a MemoryError, a pybind type error for ints >= 2^63 or an int32 overflow in a kernel).
@@ -96,13 +96,3 @@ def topk_low_id(ids: torch.Tensor, scores: torch.Tensor, k: int):
         top_ids = torch.cat([top_ids, top_ids.new_full((s_rows, pad), -1)], 1)
         top_scores = torch.cat([top_scores, top_scores.new_full((s_rows, pad), float("-inf"))], 1)
     return top_ids, top_scores
-
-
-_TENSOR, _F32, _STRIDED = torch.Tensor, torch.float32, torch.strided
-
-
-def cpu_fast_path(t) -> bool:
-    """A plain float32 C-contiguous CPU tensor that needs no autograd: the input the native kernels
-    read in place through ``data_ptr()`` (every other input goes through the general path)."""
-    return (type(t) is _TENSOR and t.dtype is _F32 and t.is_cpu and not t.requires_grad and t.layout is _STRIDED
-            and t.is_contiguous())

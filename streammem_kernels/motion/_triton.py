@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .motion import GUESS_BOX, SEARCH_QUANT, _to_unit_float, shift_of_sads
+from .reference import GUESS_BOX, SEARCH_QUANT, shift_of_sads, to_unit_float
 
 # One tile shape for every kernel and both targets: 512 pixels, 4 per thread
 # at 4 warps; 64 float32 columns are two 128-byte lines per row.
@@ -406,7 +406,7 @@ def reduce_level_triton(frames: torch.Tensor) -> torch.Tensor:
 
 def search_shift_triton(prev: torch.Tensor, cur: torch.Tensor, radius) -> torch.Tensor:
     """(P, 2, 1, 1) float32; equals ``motion.search_shift(prev, cur, radius)`` bit for bit."""
-    prev, cur = _to_unit_float(prev).contiguous(), _to_unit_float(cur).contiguous()
+    prev, cur = to_unit_float(prev).contiguous(), to_unit_float(cur).contiguous()
     pairs, H, W = prev.shape
     ry, rx = radius
     sads = torch.empty((pairs, (2 * ry + 1) * (2 * rx + 1)), dtype=torch.int64, device=prev.device)
