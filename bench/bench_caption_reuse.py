@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from streammem.caption_reuse import PromptPrefixCache, update_caption  # noqa: E402
+from streammem.models.caption_reuse import PromptPrefixCache, update_caption  # noqa: E402
 
 QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
 MODEL_NAME = "SmolLM2-135M-Instruct"

@@ -266,7 +266,7 @@ def _lk_args(h: int, w: int) -> tuple:
 
 
 def motion_gate_row() -> tuple:
-    from streammem.gate import MotionGate
+    from streammem import MotionGate
 
     motion_mod, _ = load_native("cpu", "motion")
     g = torch.Generator().manual_seed(3)

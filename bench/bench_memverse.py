@@ -53,8 +53,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from streammem.memverse import Extraction, LongTermGraph, MemoryChunk, MemVerse, MemVerseConfig
-from streammem.memverse_synthetic import PlantedFactMemory, hit_rates
+from streammem.recipes.memverse import Extraction, LongTermGraph, MemoryChunk, MemVerse, MemVerseConfig
+from streammem.recipes.memverse import PlantedFactMemory, hit_rates
 from streammem_kernels import CSRGraph
 
 # One intra-op thread by default (STREAMMEM_BENCH_THREADS to change; run with OMP_NUM_THREADS=1 too): on the
@@ -225,7 +225,7 @@ def _rates_rows(label, r, ks):
 
 
 def test_planted_fact_hit_rates():
-    from streammem.encoders import load_text_encoder
+    from streammem.models.encoders import load_text_encoder
 
     ks = (4, 8, 16)
     raw = load_text_encoder("minilm")

@@ -44,8 +44,9 @@ from streammem import (
     PRESETS, EncodedFrames, LabelCaptioner, MemoryConfig, StreamPipeline, VideoSource, load_frame_encoder,
     load_text_encoder, sample_video_path,
 )
-from streammem.cli import DEFAULT_QUERIES, _parse_query, extractive_answer
-from streammem.memory import FrameRecord
+from streammem import extractive_answer
+from streammem.stream.questions import SAMPLE_QUERIES as DEFAULT_QUERIES, parse_query as _parse_query
+from streammem.components.memory import FrameRecord
 
 QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
 THREADS = int(os.environ.get("STREAMMEM_BENCH_THREADS", "1"))
@@ -232,7 +233,7 @@ class SeedStylePipeline:
 
 
 def _as_memory_node(seed_node):
-    from streammem.memory import MemoryNode
+    from streammem.components.memory import MemoryNode
 
     return MemoryNode(0, seed_node.level, seed_node.t_start, seed_node.t_end, 0, 0, seed_node.caption,
                       torch.zeros(1), seed_node.centres, seed_node.counts)

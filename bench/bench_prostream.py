@@ -43,8 +43,8 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from streammem.encoders import HashingTextEncoder  # noqa: E402
-from streammem.prostream import ProStreamConfig, evaluate, synthetic_dialogue  # noqa: E402
+from streammem.models.encoders import HashingTextEncoder  # noqa: E402
+from streammem.recipes.prostream import ProStreamConfig, evaluate, synthetic_dialogue  # noqa: E402
 
 QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
 SIZES = (1_000, 10_000) if QUICK else (1_000, 10_000, 100_000)
@@ -112,7 +112,7 @@ def test_recall_latency(benchmark, streamed, method):
 def test_minilm_accuracy(benchmark, n):
     """Accuracy with the real text encoder (the defaults are calibrated for it) on 10^3 and 10^4 turns."""
     try:
-        from streammem.encoders import MiniLMTextEncoder
+        from streammem.models.encoders import MiniLMTextEncoder
 
         encoder = MiniLMTextEncoder()
     except (ImportError, OSError) as exc:

@@ -34,8 +34,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from streammem.encoders import HashingTextEncoder  # noqa: E402
-from streammem.videoagent import PlantedEventVideo, VideoAgent, evaluate  # noqa: E402
+from streammem.models.encoders import HashingTextEncoder  # noqa: E402
+from streammem.recipes.videoagent import PlantedEventVideo, VideoAgent, evaluate  # noqa: E402
 
 QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
 FRAMES, QUESTIONS, SEED = 3600, 20, 0
@@ -53,7 +53,7 @@ def agent_for(encoder: str):
         if encoder == "hashing":
             text = HashingTextEncoder()
         else:
-            from streammem.encoders import MiniLMTextEncoder
+            from streammem.models.encoders import MiniLMTextEncoder
 
             try:
                 text = MiniLMTextEncoder()

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 
 from motion_clips import MovingObject, moving_object_clip  # noqa: E402
-from streammem.gate import PRESETS  # noqa: E402
+from streammem import PRESETS  # noqa: E402
 from streammem_kernels import motion, motion_magnitude  # noqa: E402
 
 SIZE = 224

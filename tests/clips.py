@@ -17,7 +17,7 @@ def write_clip(path, scenes=SCENES, *, fps: float = 25.0, size=(96, 64), seed: i
     """Write the scenes to ``path`` (.avi) at ``fps``; returns ``path``."""
     import cv2
 
-    from streammem.encoders import COLOUR_NAMES
+    from streammem.models.encoders import COLOUR_NAMES
 
     w, h = size
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (w, h))

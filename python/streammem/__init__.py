@@ -13,10 +13,18 @@ ProStream; each is usable alone:
   synchronous, picklable and checkpointable (``state_dict``, ``save`` / ``load``),
   configured by one ``MemoryConfig`` (presets);
 * ``StreamPipeline``: the three-thread scheduler over one ``StreamMemory``;
+* ``extractive_answer``: the model-free answer to a context (stands in for a
+  language model);
+* ``streammem.recipes``: the seed systems VideoAgent, ProStream and MemVerse;
 * ``streammem.distributed`` (optional extra ``[ray]``): archive indexing,
   sharded live streams with checkpoints, a router.
 
-``update_caption`` (KV-cache prefix reuse) lives in ``streammem.caption_reuse``
+The package is in layers, each importing only the ones below it: ``checks``,
+``config`` and ``checkpoint`` at the bottom; ``models`` and ``io``;
+``components``; ``stream``; ``recipes`` and ``distributed``; the command line
+``cli`` on top (see ``README.md`` in this folder).
+
+``update_caption`` (KV-cache prefix reuse) lives in ``streammem.models.caption_reuse``
 and is imported on first access, so ``import streammem`` stays cheap and does
 not pull in transformers.  ``import streammem`` needs only torch and numpy;
 components that need an extra (OpenCV, faiss, the offline models) raise
@@ -24,29 +32,21 @@ components that need an extra (OpenCV, faiss, the offline models) raise
 """
 from streammem_kernels.extras import MissingExtraError
 
-from .bounded import BoundedMemory
-from .captioners import LanguageModelCaptioner
-from .config import BoundedConfig, InjectorConfig, MemoryConfig, SegmenterConfig, ShortTermConfig
-from .core import Context, PushResult, StreamMemory
-from .encoders import (
-    EfficientNetLiteEncoder,
-    EncodedFrames,
-    FrameEncoder,
-    HashingTextEncoder,
-    MiniLMTextEncoder,
-    PixelEncoder,
-    TextEncoder,
-    encoder_from_spec,
-    encoder_spec,
-    load_frame_encoder,
-    load_text_encoder,
+from .config import PRESETS, BoundedConfig, InjectorConfig, MemoryConfig, Preset, SegmenterConfig, ShortTermConfig
+from .models.captioners import LanguageModelCaptioner
+from .models.encoders import (
+    EfficientNetLiteEncoder, EncodedFrames, FrameEncoder, HashingTextEncoder, MiniLMTextEncoder, PixelEncoder,
+    TextEncoder, encoder_from_spec, encoder_spec, load_frame_encoder, load_text_encoder,
 )
-from .gate import PRESETS, MotionGate, Preset
-from .knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeInjector
-from .memory import Captioner, FrameRecord, LabelCaptioner, LongTermMemory, MemoryNode, ShortTermMemory
-from .pipeline import PipelineStopped, QueryResult, StreamPipeline
-from .synthetic import SyntheticVideo
-from .video import VideoSource, sample_video_path
+from .io.synthetic import SyntheticVideo
+from .io.video import VideoSource, sample_video_path
+from .components.answers import extractive_answer
+from .components.bounded import BoundedMemory
+from .components.gate import MotionGate
+from .components.knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeInjector
+from .components.memory import Captioner, FrameRecord, LabelCaptioner, LongTermMemory, MemoryNode, ShortTermMemory
+from .stream.memory import Context, PushResult, StreamMemory
+from .stream.pipeline import PipelineStopped, StreamPipeline
 
 __all__ = [
     "BoundedConfig",
@@ -77,7 +77,6 @@ __all__ = [
     "PixelEncoder",
     "Preset",
     "PushResult",
-    "QueryResult",
     "SegmenterConfig",
     "ShortTermConfig",
     "ShortTermMemory",
@@ -87,6 +86,7 @@ __all__ = [
     "TextEncoder",
     "VideoSource",
     "encoder_from_spec",
+    "extractive_answer",
     "encoder_spec",
     "load_frame_encoder",
     "load_text_encoder",
@@ -98,7 +98,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     if name == "update_caption":
-        from .caption_reuse import update_caption
+        from .models.caption_reuse import update_caption
 
         return update_caption
     if name == "distributed":

@@ -10,22 +10,48 @@ to take, so a memory can be described, compared, saved next to a checkpoint
 True
 
 The presets are StreamChat's Slow / Base / Fast (motion threshold t, chunk L,
-group g, centres C: ``gate.PRESETS``) with every other parameter at its default.
+group g, centres C: ``PRESETS``) with every other parameter at its default.
 Scheduling parameters (queue sizes, frames per gate call, threads) are not
 memory parameters and stay with ``StreamPipeline``.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass, field
 
-import numpy as np
+from .checks import check_int, check_real
 
-from .gate import PRESETS, Preset
+__all__ = ["MemoryConfig", "SegmenterConfig", "BoundedConfig", "ShortTermConfig", "InjectorConfig", "Preset",
+           "PRESETS"]
 
-__all__ = ["MemoryConfig", "SegmenterConfig", "BoundedConfig", "ShortTermConfig", "InjectorConfig"]
+
+@dataclass(frozen=True)
+class Preset:
+    """StreamChat's speed presets: motion threshold t, chunk length L, group size g, centres C."""
+
+    name: str
+    threshold: float
+    chunk: int
+    group: int
+    centres: int
+
+
+# StreamChat's thresholds t (0.13 / 0.35 / 0.58) were set on its single-scale mean over all textured
+# pixels; these are re-derived for the gate's default pyramid and "moving" statistic
+# (bench/calibrate_motion_gate.py, tables in bench/RESULTS.md, "Motion gate calibration"):
+# t = 0.25 / 0.40 / 0.65, i.e. 0.33 / 0.67 / 1.86 px per frame at the 224 px working size.  Base
+# keeps, with a 15 % margin, an 8 px object (at 224) moving 1.4 px/frame on a static camera (scores
+# 0.47-0.54; the literal statistic reads 0.04 px and kept nothing); slow keeps objects from about a
+# third of that speed; fast keeps StreamChat's fast budget on the three sample clips (0.25 of their
+# frames; StreamChat 0.17).  A static camera (sensor noise up to 4 grey levels reads at most 0.06 px,
+# score 0.06) keeps nothing at any preset.  On the sample clips, which move almost everywhere, slow
+# and base keep more than StreamChat's (0.98 and 0.74 of the frames against 0.83 and 0.46): seeing
+# small motion costs frames there.
+PRESETS = {
+    "slow": Preset("slow", 0.25, 35, 15, 5),
+    "base": Preset("base", 0.40, 25, 10, 5),
+    "fast": Preset("fast", 0.65, 30, 15, 5),
+}
 
 
 # Upper bounds that stop a typo from allocating (or looping) without end; each is far
@@ -34,34 +60,6 @@ MAX_MOTION_SIZE = 8192
 MAX_SEGMENTER_WINDOW = 4096
 MAX_KMEANS_ITERS = 10_000
 MAX_SEED = 2**63 - 1
-
-
-def _is_real(value) -> bool:
-    # numbers.Real covers numpy scalars; bool (and numpy.bool_) is a flag, not a number.
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-
-
-def _check_int(value, name: str, minimum: int, maximum: int | None = None) -> int:
-    """``value`` as an int in [minimum, maximum]; ValueError naming ``name`` otherwise."""
-    expected = f"an int >= {minimum}" if maximum is None else f"an int in [{minimum}, {maximum}]"
-    if not _is_real(value) or not math.isfinite(value) or int(value) != value:
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
-    if value < minimum or (maximum is not None and value > maximum):
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
-    return int(value)
-
-
-def _check_real(value, name: str, low: float | None = None, high: float | None = None, *,
-                open_low: bool = False) -> float:
-    """``value`` as a finite float within the bounds; ValueError naming ``name`` otherwise."""
-    if not _is_real(value) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    value = float(value)
-    if low is not None and (value <= low if open_low else value < low):
-        raise ValueError(f"{name} must be {'>' if open_low else '>='} {low}, got {value!r}")
-    if high is not None and value > high:
-        raise ValueError(f"{name} must be <= {high}, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -73,9 +71,9 @@ class ShortTermConfig:
     tau: float = 5.0
 
     def __post_init__(self):
-        object.__setattr__(self, "candidates", _check_int(self.candidates, "short_term.candidates", 1))
-        object.__setattr__(self, "keep", _check_int(self.keep, "short_term.keep", 1))
-        object.__setattr__(self, "tau", _check_real(self.tau, "short_term.tau", 0.0, open_low=True))
+        object.__setattr__(self, "candidates", check_int(self.candidates, "short_term.candidates", 1))
+        object.__setattr__(self, "keep", check_int(self.keep, "short_term.keep", 1))
+        object.__setattr__(self, "tau", check_real(self.tau, "short_term.tau", 0.0, open_low=True))
 
 
 @dataclass(frozen=True)
@@ -92,14 +90,14 @@ class SegmenterConfig:
     drift: float | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "window", _check_int(self.window, "segmenter.window", 2,
+        object.__setattr__(self, "window", check_int(self.window, "segmenter.window", 2,
                                                                  MAX_SEGMENTER_WINDOW))
-        object.__setattr__(self, "tau", _check_real(self.tau, "segmenter.tau", 0.0))
-        object.__setattr__(self, "min_depth", _check_real(self.min_depth, "segmenter.min_depth", 0.0))
+        object.__setattr__(self, "tau", check_real(self.tau, "segmenter.tau", 0.0))
+        object.__setattr__(self, "min_depth", check_real(self.min_depth, "segmenter.min_depth", 0.0))
         if self.max_event is not None:
-            object.__setattr__(self, "max_event", _check_int(self.max_event, "segmenter.max_event", 1))
+            object.__setattr__(self, "max_event", check_int(self.max_event, "segmenter.max_event", 1))
         if self.drift is not None:
-            object.__setattr__(self, "drift", _check_real(self.drift, "segmenter.drift", -1.0, 1.0))
+            object.__setattr__(self, "drift", check_real(self.drift, "segmenter.drift", -1.0, 1.0))
 
 
 @dataclass(frozen=True)
@@ -119,16 +117,16 @@ class BoundedConfig:
     low_water: float = 0.8
 
     def __post_init__(self):
-        object.__setattr__(self, "budget", _check_int(self.budget, "bounded.budget", 1))
-        object.__setattr__(self, "alpha", _check_real(self.alpha, "bounded.alpha", 0.0))
-        object.__setattr__(self, "beta", _check_real(self.beta, "bounded.beta", 0.0))
-        object.__setattr__(self, "tau", _check_real(self.tau, "bounded.tau", 0.0, open_low=True))
-        object.__setattr__(self, "theta_sim", _check_real(self.theta_sim, "bounded.theta_sim", -1.0, 1.0))
+        object.__setattr__(self, "budget", check_int(self.budget, "bounded.budget", 1))
+        object.__setattr__(self, "alpha", check_real(self.alpha, "bounded.alpha", 0.0))
+        object.__setattr__(self, "beta", check_real(self.beta, "bounded.beta", 0.0))
+        object.__setattr__(self, "tau", check_real(self.tau, "bounded.tau", 0.0, open_low=True))
+        object.__setattr__(self, "theta_sim", check_real(self.theta_sim, "bounded.theta_sim", -1.0, 1.0))
         if self.theta_concept is not None:
             object.__setattr__(self, "theta_concept",
-                               _check_real(self.theta_concept, "bounded.theta_concept", -1.0, 1.0))
-        object.__setattr__(self, "tokens_per_centre", _check_int(self.tokens_per_centre, "bounded.tokens_per_centre", 1))
-        object.__setattr__(self, "low_water", _check_real(self.low_water, "bounded.low_water", 0.0, 1.0,
+                               check_real(self.theta_concept, "bounded.theta_concept", -1.0, 1.0))
+        object.__setattr__(self, "tokens_per_centre", check_int(self.tokens_per_centre, "bounded.tokens_per_centre", 1))
+        object.__setattr__(self, "low_water", check_real(self.low_water, "bounded.low_water", 0.0, 1.0,
                                                           open_low=True))
 
     def kwargs(self) -> dict:
@@ -147,9 +145,9 @@ class InjectorConfig:
     theta2: float = 0.4
 
     def __post_init__(self):
-        object.__setattr__(self, "gamma", _check_real(self.gamma, "injector.gamma", 0.0, 1.0))
-        object.__setattr__(self, "theta1", _check_real(self.theta1, "injector.theta1"))
-        object.__setattr__(self, "theta2", _check_real(self.theta2, "injector.theta2"))
+        object.__setattr__(self, "gamma", check_real(self.gamma, "injector.gamma", 0.0, 1.0))
+        object.__setattr__(self, "theta1", check_real(self.theta1, "injector.theta1"))
+        object.__setattr__(self, "theta2", check_real(self.theta2, "injector.theta2"))
         if self.theta2 > self.theta1:
             raise ValueError(f"injector.theta2 must be <= injector.theta1, got {self.theta2!r} > {self.theta1!r}")
 
@@ -216,14 +214,14 @@ class MemoryConfig:
         if not isinstance(self.preset, Preset):
             raise ValueError(f"preset must be one of {sorted(PRESETS)} or a Preset, got {self.preset!r}")
         p = self.preset
-        _check_real(p.threshold, "preset.threshold", 0.0, 1.0)
+        check_real(p.threshold, "preset.threshold", 0.0, 1.0)
         for name, value, low in (("chunk", p.chunk, 1), ("group", p.group, 2), ("centres", p.centres, 1)):
-            _check_int(value, f"preset.{name}", low)
+            check_int(value, f"preset.{name}", low)
         if self.motion_size is not None:
-            object.__setattr__(self, "motion_size", _check_int(self.motion_size, "motion_size", 8,
+            object.__setattr__(self, "motion_size", check_int(self.motion_size, "motion_size", 8,
                                                                             MAX_MOTION_SIZE))
         if self.motion_window is not None:
-            w = _check_int(self.motion_window, "motion_window", 3)
+            w = check_int(self.motion_window, "motion_window", 3)
             if w % 2 == 0:
                 raise ValueError(f"motion_window must be odd, got {w}")
             object.__setattr__(self, "motion_window", w)
@@ -232,18 +230,18 @@ class MemoryConfig:
         if self.motion_statistic not in ("moving", "textured"):
             raise ValueError(f"motion_statistic must be 'moving' or 'textured', got {self.motion_statistic!r}")
         if self.motion_levels != "auto":
-            object.__setattr__(self, "motion_levels", _check_int(self.motion_levels, "motion_levels", 1))
+            object.__setattr__(self, "motion_levels", check_int(self.motion_levels, "motion_levels", 1))
         for name, cls in (("short_term", ShortTermConfig), ("segmenter", SegmenterConfig),
                           ("injector", InjectorConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
         if self.bounded is not None and not isinstance(self.bounded, BoundedConfig):
             raise ValueError(f"bounded must be a BoundedConfig or None, got {self.bounded!r}")
-        object.__setattr__(self, "kmeans_iters", _check_int(self.kmeans_iters, "kmeans_iters", 1,
+        object.__setattr__(self, "kmeans_iters", check_int(self.kmeans_iters, "kmeans_iters", 1,
                                                                           MAX_KMEANS_ITERS))
-        object.__setattr__(self, "dialogue_k", _check_int(self.dialogue_k, "dialogue_k", 1))
-        object.__setattr__(self, "seed", _check_int(self.seed, "seed", 0, MAX_SEED))
-        from streammem_kernels.runtime.dispatch import BACKENDS
+        object.__setattr__(self, "dialogue_k", check_int(self.dialogue_k, "dialogue_k", 1))
+        object.__setattr__(self, "seed", check_int(self.seed, "seed", 0, MAX_SEED))
+        from streammem_kernels import BACKENDS
 
         if not isinstance(self.backend, str) or self.backend not in ("auto",) + BACKENDS:
             raise ValueError(f"backend must be one of {('auto',) + BACKENDS}, got {self.backend!r}")

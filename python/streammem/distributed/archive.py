@@ -39,9 +39,10 @@ from typing import Iterable
 
 import numpy as np
 
+from ..checkpoint import atomic_write
 from ..config import MemoryConfig
-from ..core import Context, StreamMemory, _atomic_write
-from ..encoders import encoder_spec
+from ..models.encoders import encoder_spec, resolve_encoder
+from ..stream.memory import Context, StreamMemory
 from ._threads import configure_threads
 
 __all__ = ["index_archive", "index_video", "ArchiveResult", "VideoMemory", "video_id"]
@@ -78,7 +79,7 @@ def index_video(path, out_dir, config: MemoryConfig, frame_encoder, text_encoder
 
     Seconds are reported per stage (decode, gate + encode + form = memory, save).
     """
-    from ..video import VideoSource
+    from ..io.video import VideoSource
 
     path = Path(path).resolve()
     out_dir = Path(out_dir)
@@ -112,7 +113,7 @@ def index_video(path, out_dir, config: MemoryConfig, frame_encoder, text_encoder
     result["seconds"]["save"] = round(time.perf_counter() - t2, 4)
     result["seconds"]["total"] = round(time.perf_counter() - t0, 4)
     result["seconds"]["cpu"] = round(time.process_time() - cpu0, 4)  # every thread of this process
-    _atomic_write(tmp / _RESULT, lambda fh: fh.write(json.dumps(result, indent=1).encode()))
+    atomic_write(tmp / _RESULT, lambda fh: fh.write(json.dumps(result, indent=1).encode()))
     _replace_dir(tmp, out_dir)
     return result
 
@@ -132,13 +133,11 @@ class _Indexer:
 
     def __init__(self, config_dict: dict, frame_encoder, text_encoder, fps, size, gate_batch, settings,
                  num_threads: int = 1):
-        from .shard import _build_encoder
-
         configure_threads(num_threads)
         t0 = time.perf_counter()
         self.config = MemoryConfig.from_dict(config_dict)
-        self.frame_encoder = _build_encoder(frame_encoder, "frame")
-        self.text_encoder = _build_encoder(text_encoder, "text")
+        self.frame_encoder = resolve_encoder(frame_encoder, "frame")
+        self.text_encoder = resolve_encoder(text_encoder, "text")
         self.model_load_s = time.perf_counter() - t0
         self.fps, self.size, self.gate_batch, self.settings = fps, size, gate_batch, settings
 
@@ -347,7 +346,7 @@ def _manifest_entry(result: dict) -> dict:
 
 
 def _write_manifest(path: Path, manifest: dict) -> None:
-    _atomic_write(path, lambda fh: fh.write(json.dumps(manifest, indent=1).encode()))
+    atomic_write(path, lambda fh: fh.write(json.dumps(manifest, indent=1).encode()))
 
 
 def _record(result: ArchiveResult, manifest: dict, manifest_path: Path, out: dict) -> None:

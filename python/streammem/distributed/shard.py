@@ -4,7 +4,7 @@ A push carries frames of several streams; the shard runs each stream's motion
 gate, then **one** frame-encoder call over every kept frame of the push (per
 frame size), then forms the frames round by round, each round pushing one
 frame of every stream that still has one through **one** segmenter kernel call
-(``streammem._segmenter.push_many``), and finally the rest of each stream's
+(``StreamingSegmenter.push_many``), and finally the rest of each stream's
 memory.  The result equals pushing every stream into its own ``StreamMemory``
 (tested), so batching changes the cost, never the memory.
 
@@ -43,11 +43,13 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .._segmenter import push_many
+from streammem_kernels import StreamingSegmenter
+
+from ..checkpoint import atomic_write
+from ..components.knowledge import InstantaneityScorer
 from ..config import MemoryConfig
-from ..core import Context, StreamMemory, _atomic_write
-from ..encoders import EncodedFrames, encoder_from_spec
-from ..knowledge import InstantaneityScorer
+from ..models.encoders import EncodedFrames, resolve_encoder
+from ..stream.memory import Context, StreamMemory
 from ._threads import ensure_thread, thread_settings
 
 __all__ = ["ShardMemory", "SearchHit", "stream_shard_class"]
@@ -78,20 +80,6 @@ def _check_stream_id(stream_id) -> str:
     if not isinstance(stream_id, str) or not stream_id:
         raise ValueError(f"stream_id must be a non-empty string, got {stream_id!r}")
     return stream_id
-
-
-def _build_encoder(encoder, kind: str):
-    if isinstance(encoder, str):
-        encoder = {"name": encoder}
-    if isinstance(encoder, dict):
-        if encoder.get("name") == "auto":
-            from ..encoders import load_frame_encoder, load_text_encoder
-
-            return (load_frame_encoder if kind == "frame" else load_text_encoder)("auto")
-        return encoder_from_spec(encoder)
-    if encoder is None or hasattr(encoder, "encode"):
-        return encoder
-    raise ValueError(f"{kind}_encoder must be an encoder, a name or a spec dict, got {encoder!r}")
 
 
 class ShardMemory:
@@ -126,8 +114,8 @@ class ShardMemory:
         if checkpoint_every_s is not None and not float(checkpoint_every_s) > 0:
             raise ValueError(f"checkpoint_every_s must be > 0 or None, got {checkpoint_every_s!r}")
         t0 = time.perf_counter()
-        self.frame_encoder = _build_encoder(frame_encoder, "frame")
-        self.text_encoder = _build_encoder(text_encoder, "text")
+        self.frame_encoder = resolve_encoder(frame_encoder, "frame")
+        self.text_encoder = resolve_encoder(text_encoder, "text")
         self.model_load_s = time.perf_counter() - t0
         self.answer_fn = answer_fn
         self.captioner = captioner
@@ -315,7 +303,7 @@ class ShardMemory:
             active = [(sid, mem, recs[j]) for (sid, mem), recs in zip(streams, records) if j < len(recs)]
             features = torch.stack([rec.feature.float() for _, _, rec in active])
             t0 = time.perf_counter()
-            closed = push_many([mem.events.segmenter for _, mem, _ in active], features)
+            closed = StreamingSegmenter.push_many([mem.events.segmenter for _, mem, _ in active], features)
             self.timings["segment"] += time.perf_counter() - t0
             self.counters["segmenter_calls"] += 1
             for (sid, mem, rec), events in zip(active, closed):
@@ -433,7 +421,7 @@ class ShardMemory:
         index = {"format": "streammem.ShardMemory", "version": 1, "config": self.config.to_dict(),
                  "streams": {sid: _stream_dir(sid) for sid in self.streams()}, "time": time.time()}
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.checkpoint_dir / _INDEX, lambda fh: fh.write(json.dumps(index, indent=1).encode()))
+        atomic_write(self.checkpoint_dir / _INDEX, lambda fh: fh.write(json.dumps(index, indent=1).encode()))
 
     def _restore(self) -> None:
         path = self.checkpoint_dir / _INDEX

@@ -1,0 +1,6 @@
+"""``python -m streammem.cli``: the ``streammem`` command."""
+import sys
+
+from . import main
+
+sys.exit(main())

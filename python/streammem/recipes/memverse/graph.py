@@ -1,0 +1,660 @@
+"""The long-term knowledge graph: entities, relations and chunks with embeddings, CSR adjacency and chunk
+links, retrieval by seeds and k-hop expansion, and eviction within a word budget."""
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ...checks import check_int
+from ...components.bounded import EvictionReport, utility
+from .config import RANKINGS
+from .extraction import Extraction, MemoryChunk, _chunks_from_state, _chunks_state, name_key
+
+__all__ = [
+    "LongTermGraph",
+    "GraphHits",
+    "GraphEvictionReport",
+    "extend_csr",
+    "compact_csr",
+    "interleave",
+    "ENTITY",
+    "RELATION",
+]
+
+
+ENTITY, RELATION = 0, 1
+
+
+def extend_csr(row_ptr: torch.Tensor, col_idx: torch.Tensor, num_rows: int, src: torch.Tensor,
+               dst: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Add entries ``src[i] -> dst[i]`` to a CSR, in front of each row's old entries, newest first.
+
+    Parameters
+    ----------
+    row_ptr : (R+1,) int64
+    col_idx : (E,) int64
+    num_rows : int >= R
+        Rows of the result (rows ``R..num_rows-1`` are new).
+    src, dst : (b,) int64
+        New entries; a later entry counts as newer.
+
+    Returns
+    -------
+    (row_ptr (num_rows+1,), col_idx (E+b,)): row ``u`` lists its new entries by
+    descending position in ``src``, then its old entries in their old order.
+    Equal to ``CSRGraph.from_edges`` over all entries with weight = insertion
+    order (tested), in O(E + b log b) instead of a sort of E + b entries.
+    """
+    old_rows = row_ptr.numel() - 1
+    if num_rows < old_rows:
+        raise ValueError(f"num_rows must be >= the CSR's {old_rows} rows, got {num_rows}")
+    device = row_ptr.device
+    degree_old = torch.zeros(num_rows, dtype=torch.int64, device=device)
+    degree_old[:old_rows] = row_ptr[1:] - row_ptr[:-1]
+    added = torch.bincount(src, minlength=num_rows)
+    new_ptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=device)
+    torch.cumsum(degree_old + added, 0, out=new_ptr[1:])
+    out = torch.empty(col_idx.numel() + src.numel(), dtype=torch.int64, device=device)
+    # Old entry i of row r lands at new_ptr[r] + added[r] + (i - row_ptr[r]) = i + (added up to and including r).
+    added_through = torch.cumsum(added, 0)
+    if col_idx.numel():
+        row_of = torch.repeat_interleave(torch.arange(old_rows, device=device), degree_old[:old_rows])
+        out[torch.arange(col_idx.numel(), device=device) + added_through[row_of]] = col_idx
+    if src.numel():
+        newest_first = torch.arange(src.numel() - 1, -1, -1, device=device)
+        order = newest_first[torch.argsort(src[newest_first], stable=True)]
+        rows = src[order]
+        rank = torch.arange(src.numel(), device=device) - (added_through - added)[rows]
+        out[new_ptr[rows] + rank] = dst[order]
+    return new_ptr, out
+
+
+def compact_csr(row_ptr: torch.Tensor, col_idx: torch.Tensor, row_map: torch.Tensor,
+                col_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop removed rows and entries, renumber the rest, keep every row's order.
+
+    ``row_map (R,)`` / ``col_map (num_cols,)`` give each row's / target's new id,
+    or -1 when removed; new row ids must be increasing.  Returns the new
+    ``(row_ptr, col_idx)``.
+    """
+    num_rows = int((row_map >= 0).sum())
+    degree = row_ptr[1:] - row_ptr[:-1]
+    row_of = torch.repeat_interleave(torch.arange(row_map.numel(), device=row_ptr.device), degree)
+    keep = (row_map[row_of] >= 0) & (col_map[col_idx] >= 0)
+    new_rows = row_map[row_of[keep]]
+    new_ptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=row_ptr.device)
+    torch.cumsum(torch.bincount(new_rows, minlength=num_rows), 0, out=new_ptr[1:])
+    return new_ptr, col_map[col_idx[keep]]
+
+
+class _Column:
+    """Append-only tensor rows with amortised doubling (and compaction by a mask)."""
+
+    def __init__(self, dtype: torch.dtype, width: int | None = None):
+        self._data = torch.zeros((16,) if width is None else (16, width), dtype=dtype)
+        self.n = 0
+
+    def extend(self, values: torch.Tensor) -> None:
+        need = self.n + values.shape[0]
+        if need > self._data.shape[0]:
+            grown = torch.zeros((max(need, 2 * self._data.shape[0]),) + tuple(self._data.shape[1:]),
+                                dtype=self._data.dtype)
+            grown[: self.n] = self._data[: self.n]
+            self._data = grown
+        self._data[self.n:need] = values
+        self.n = need
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self._data[: self.n]
+
+    def keep(self, mask: torch.Tensor) -> None:
+        self._data = self.values[mask]  # a new tensor of exactly the kept rows; the next extend regrows it
+        self.n = self._data.shape[0]
+
+    def load(self, values: torch.Tensor) -> None:
+        self.n = 0
+        self.extend(values)
+
+
+class GraphHits(NamedTuple):
+    """Result of :meth:`LongTermGraph.search` for Q questions (tensors, ``-1`` / ``-inf`` padded).
+
+    Attributes
+    ----------
+    seeds, seed_scores : (Q, k)
+        Seed nodes by cosine, best first.
+    nodes, node_scores, node_hops : (Q, C)
+        The neighbourhood's nodes in rank order (see the module docstring), their
+        scores and breadth-first distance from the seeds; C is the longest
+        list of the batch (at most ``capacity``).
+    chunks, chunk_scores, chunk_nodes : (Q, K)
+        Chunk rows (``LongTermGraph.chunks[row]``) in rank order, the score of
+        the node that brought each, and that node.
+    truncated : (Q,) bool
+        The expansion filled ``capacity`` (a larger one would list more nodes).
+    timings : dict
+        Seconds of the top-k + expansion, the ranking and the chunk gather.
+    """
+
+    seeds: torch.Tensor
+    seed_scores: torch.Tensor
+    nodes: torch.Tensor
+    node_scores: torch.Tensor
+    node_hops: torch.Tensor
+    chunks: torch.Tensor
+    chunk_scores: torch.Tensor
+    chunk_nodes: torch.Tensor
+    truncated: torch.Tensor
+    timings: dict
+
+
+@dataclass
+class GraphEvictionReport(EvictionReport):
+    """One budget round of the graph (costs in words): chunks, relations and orphaned entities removed."""
+
+    chunks: int = 0
+    relations: int = 0
+    entities: int = 0
+
+
+class LongTermGraph:
+    """Entities, relations and chunks with embeddings; adjacency and chunk links as CSR.
+
+    Parameters
+    ----------
+    dim : int
+        Embedding width (the text encoder's).
+    backend : str
+        Kernel backend of the searches.
+
+    Node ids are dense (``0..num_nodes-1``, entities and relations
+    interleaved in creation order) and change only when an eviction compacts
+    them; chunk rows likewise (``chunks[row].chunk_id`` is the stable id).
+    Change the graph through :meth:`consolidate` and :meth:`evict` only: each
+    keeps tables, embeddings and both CSRs equal in the same call.
+    """
+
+    def __init__(self, dim: int, *, backend: str = "auto"):
+        self.dim = check_int(dim, "dim", 1)
+        self.backend = backend
+        self.texts: list[str] = []  # entity name, or "head predicate tail"
+        self.predicates: list[str] = []  # "" for entities
+        self._emb = _Column(torch.float32, self.dim)
+        self._kind = _Column(torch.int8)
+        self._head = _Column(torch.int64)
+        self._tail = _Column(torch.int64)
+        self._access = _Column(torch.int64)
+        self._last = _Column(torch.float64)
+        self._created = _Column(torch.float64)
+        self._cost = _Column(torch.int64)
+        self._entity_ids: dict[str, int] = {}
+        self._relation_ids: dict[tuple[int, str, int], int] = {}
+        self.chunks: list[MemoryChunk] = []
+        self._chunk_emb = _Column(torch.float32, self.dim)
+        self._chunk_access = _Column(torch.int64)
+        self._chunk_last = _Column(torch.float64)
+        self._chunk_cost = _Column(torch.int64)
+        self._adj = (torch.zeros(1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+        self._map = (torch.zeros(1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+        self.graph = None  # CSRGraph over the nodes
+        self.chunk_map = None  # CSRGraph node -> chunk rows
+        self.timings: Counter = Counter()
+
+    # ---- sizes and lookups ---------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return len(self.texts)
+
+    @property
+    def num_entities(self) -> int:
+        return len(self._entity_ids)
+
+    @property
+    def num_relations(self) -> int:
+        return len(self._relation_ids)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self._adj[1].numel())
+
+    @property
+    def embeddings(self) -> torch.Tensor:
+        """(num_nodes, dim) normalised node embeddings (a view: do not modify)."""
+        return self._emb.values
+
+    @property
+    def chunk_embeddings(self) -> torch.Tensor:
+        """(num_chunks, dim) normalised chunk embeddings (a view: do not modify)."""
+        return self._chunk_emb.values
+
+    @property
+    def kinds(self) -> torch.Tensor:
+        """(num_nodes,) int8: 0 entity, 1 relation."""
+        return self._kind.values
+
+    def entity_id(self, name: str) -> int | None:
+        return self._entity_ids.get(name_key(name))
+
+    def has_entity(self, name: str) -> bool:
+        return name_key(name) in self._entity_ids
+
+    def relation_id(self, head: str, predicate: str, tail: str) -> int | None:
+        h, t = self.entity_id(head), self.entity_id(tail)
+        if h is None or t is None:
+            return None
+        return self._relation_ids.get((h, _predicate_key(predicate), t))
+
+    def node_chunks(self, node: int) -> list[int]:
+        """Chunk rows of a node, newest first."""
+        ptr, col = self._map
+        return col[ptr[node]:ptr[node + 1]].tolist()
+
+    def neighbours(self, node: int) -> list[int]:
+        """Adjacent nodes, newest first (a relation: head, then tail)."""
+        ptr, col = self._adj
+        return col[ptr[node]:ptr[node + 1]].tolist()
+
+    def cost(self) -> int:
+        """Words of every node text and chunk text (what the budget counts)."""
+        return int(self._cost.values.sum()) + int(self._chunk_cost.values.sum())
+
+    # ---- growth --------------------------------------------------------------
+    def consolidate(self, chunks: Sequence[MemoryChunk], extractions: Sequence[Extraction],
+                    embed: Callable[[list[str]], torch.Tensor], now: float) -> dict:
+        """Write chunks and their extractions into the graph (one CSR extension for the batch).
+
+        New entities and relations are embedded with one ``embed(texts)`` call
+        ((n, dim) float); nodes mentioned again get their recency refreshed.
+        Returns counts of what was added.
+        """
+        if len(chunks) != len(extractions):
+            raise ValueError(f"chunks and extractions must have the same length, got {len(chunks)} and "
+                             f"{len(extractions)}")
+        for c in chunks:
+            if not isinstance(c, MemoryChunk) or c.embedding is None or tuple(c.embedding.shape) != (self.dim,):
+                raise ValueError(f"chunks must be MemoryChunks carrying a ({self.dim},) embedding, got {c!r:.80}")
+        t0 = time.perf_counter()
+        embed_before = self.timings["embed"]
+        first_node, first_row = self.num_nodes, self.num_chunks
+        new_texts, new_kind, new_head, new_tail, new_pred = [], [], [], [], []
+        new_entities: dict[str, int] = {}
+        new_relations: dict[tuple[int, str, int], int] = {}
+        edges: list[tuple[int, int]] = []
+        links: list[tuple[int, int]] = []
+        touched: list[int] = []
+
+        def entity(name: str) -> int:
+            key = name_key(name)
+            node = self._entity_ids.get(key, new_entities.get(key))
+            if node is None:
+                node = new_entities[key] = first_node + len(new_texts)
+                new_texts.append(" ".join(name.split()))
+                new_kind.append(ENTITY)
+                new_head.append(-1)
+                new_tail.append(-1)
+                new_pred.append("")
+            return node
+
+        for offset, (chunk, ext) in enumerate(zip(chunks, extractions)):
+            row = first_row + offset
+            nodes = [entity(e) for e in ext.entities]
+            for head, predicate, tail in ext.relations:
+                h, t = entity(head), entity(tail)
+                key = (h, _predicate_key(predicate), t)
+                rel = self._relation_ids.get(key, new_relations.get(key))
+                if rel is None:
+                    rel = new_relations[key] = first_node + len(new_texts)
+                    new_texts.append(f"{self._text(h, new_texts, first_node)} {key[1]} "
+                                     f"{self._text(t, new_texts, first_node)}")
+                    new_kind.append(RELATION)
+                    new_head.append(h)
+                    new_tail.append(t)
+                    new_pred.append(key[1])
+                    # extend_csr lists each row newest first, so a relation's row reads head, then tail.
+                    edges += [(h, rel), (t, rel), (rel, t), (rel, h)] if t != h else [(h, rel), (rel, h)]
+                nodes.append(rel)
+                touched += [h, t]
+            for node in dict.fromkeys(nodes):  # what the chunk mentions: its entities and its relations
+                links.append((node, row))
+            touched += nodes
+        # Embeddings first: a failing encoder leaves the graph as it was.
+        self._append_nodes(new_texts, new_kind, new_head, new_tail, new_pred, embed, now)
+        self._entity_ids.update(new_entities)
+        self._relation_ids.update(new_relations)
+        self._append_chunks(chunks)
+        t1 = time.perf_counter()
+        self._extend(edges, links)
+        t2 = time.perf_counter()
+        if touched:
+            ids = torch.tensor(sorted(set(touched)), dtype=torch.int64)
+            last = self._last.values
+            last[ids] = torch.clamp(last[ids], min=float(now))
+        self.timings["consolidate_tables"] += t1 - t0 - (self.timings["embed"] - embed_before)
+        self.timings["consolidate_csr"] += t2 - t1
+        return {"chunks": len(chunks), "entities": new_kind.count(ENTITY), "relations": new_kind.count(RELATION),
+                "edges": len(edges), "links": len(links)}
+
+    def _text(self, node: int, new_texts: list[str], first_node: int) -> str:
+        return self.texts[node] if node < first_node else new_texts[node - first_node]
+
+    def _append_nodes(self, texts, kinds, heads, tails, predicates, embed, now: float) -> None:
+        if not texts:
+            return
+        t0 = time.perf_counter()
+        emb = torch.as_tensor(embed(list(texts)))
+        self.timings["embed"] += time.perf_counter() - t0
+        if emb.shape != (len(texts), self.dim) or not emb.is_floating_point():
+            raise ValueError(f"embed must return a float ({len(texts)}, {self.dim}) tensor, got "
+                             f"{tuple(emb.shape)} {emb.dtype}")
+        if not bool(torch.isfinite(emb).all()):
+            raise ValueError("embed returned non-finite values")
+        self.texts += texts
+        self.predicates += predicates
+        n = len(texts)
+        self._emb.extend(F.normalize(emb.float(), dim=1))
+        self._kind.extend(torch.tensor(kinds, dtype=torch.int8))
+        self._head.extend(torch.tensor(heads, dtype=torch.int64))
+        self._tail.extend(torch.tensor(tails, dtype=torch.int64))
+        self._access.extend(torch.zeros(n, dtype=torch.int64))
+        self._last.extend(torch.full((n,), float(now), dtype=torch.float64))
+        self._created.extend(torch.full((n,), float(now), dtype=torch.float64))
+        self._cost.extend(torch.tensor([max(1, len(t.split())) for t in texts], dtype=torch.int64))
+
+    def _append_chunks(self, chunks: Sequence[MemoryChunk]) -> None:
+        if not chunks:
+            return
+        self.chunks += list(chunks)
+        self._chunk_emb.extend(F.normalize(torch.stack([c.embedding.float() for c in chunks]), dim=1))
+        self._chunk_access.extend(torch.zeros(len(chunks), dtype=torch.int64))
+        self._chunk_last.extend(torch.tensor([c.t_end for c in chunks], dtype=torch.float64))
+        self._chunk_cost.extend(torch.tensor([max(1, len(c.text.split())) for c in chunks], dtype=torch.int64))
+
+    def _extend(self, edges: list[tuple[int, int]], links: list[tuple[int, int]]) -> None:
+        def pairs(items):
+            t = torch.tensor(items, dtype=torch.int64).reshape(-1, 2)
+            return t[:, 0].contiguous(), t[:, 1].contiguous()
+
+        self._adj = extend_csr(*self._adj, self.num_nodes, *pairs(edges))
+        self._map = extend_csr(*self._map, self.num_nodes, *pairs(links))
+        self._commit()
+
+    def _commit(self) -> None:
+        from streammem_kernels import CSRGraph
+
+        self.graph = CSRGraph(*self._adj)
+        self.chunk_map = CSRGraph(*self._map, num_cols=self.num_chunks)
+
+    # ---- retrieval -------------------------------------------------------------
+    def search(self, queries: torch.Tensor, *, seeds: int = 4, hops: int = 2, capacity: int = 512,
+               max_fanout: int | None = 16, max_frontier: int | None = None, min_score: float | None = None,
+               chunks: int = 8, chunks_per_node: int | None = 2, ranking: str = "round-robin") -> GraphHits:
+        """Seeds, neighbourhood, ranking and chunks for Q questions (see the module docstring).
+
+        Parameters
+        ----------
+        queries : (Q, dim) float tensor
+            Question embeddings (normalised here).
+        seeds, hops, capacity, max_fanout, max_frontier, min_score, chunks, chunks_per_node, ranking
+            As in :class:`MemVerseConfig`.
+
+        Returns
+        -------
+        GraphHits
+        """
+        from streammem_kernels import graph_retrieve, neighbourhood_chunks
+
+        q = _check_queries(queries, self.dim)
+        if ranking not in RANKINGS:
+            raise ValueError(f"ranking must be one of {RANKINGS}, got {ranking!r}")
+        num_q = q.shape[0]
+        if self.num_nodes == 0:
+            return _empty_hits(num_q, seeds, capacity, chunks)
+        t0 = time.perf_counter()
+        emb = self.embeddings
+        res = graph_retrieve(q, emb, self.graph, k=min(seeds, self.num_nodes), hops=hops, capacity=capacity,
+                             max_fanout=max_fanout, max_frontier=max_frontier, min_score=min_score,
+                             backend=self.backend)
+        t1 = time.perf_counter()
+        near = res.neighbourhood
+        # Entries are packed at the front: work on the widest list, not the capacity (small tensors also
+        # stay under torch's parallel grain, so no thread pool waits on a loaded machine).
+        width = max(1, int(near.count.max()))
+        near = near._replace(nodes=near.nodes[:, :width], seed=near.seed[:, :width], hop=near.hop[:, :width])
+        valid = near.nodes >= 0
+        # Rank and score of the seed each entry was reached from (entries carry the seed's id).
+        from_seed = (near.seed[:, :, None] == res.seeds[:, None, :]) & valid[:, :, None]
+        seed_score = torch.where(from_seed, res.seed_scores[:, None, :], -math.inf).amax(-1)
+        match = _row_cosines(emb, near.nodes.clamp_min(0), q)
+        score = seed_score.clamp_min(0.0) * match.clamp_min(0.0)
+        score = torch.where(valid, score, -math.inf)
+        order = torch.argsort(score, dim=1, descending=True, stable=True)
+        if ranking == "round-robin":
+            order = _round_robin(order, from_seed.int().argmax(-1), valid, res.seeds.shape[1])
+        nodes = near.nodes.gather(1, order)
+        node_scores = score.gather(1, order)
+        node_hops = near.hop.gather(1, order)
+        t2 = time.perf_counter()
+        if self.num_chunks:
+            got = neighbourhood_chunks(nodes, self.chunk_map, capacity=chunks, max_per_node=chunks_per_node,
+                                       backend=self.backend)
+            chunk_rows, chunk_nodes = got.chunks, got.node
+            at = (chunk_nodes[:, :, None] == nodes[:, None, :]) & (chunk_nodes[:, :, None] >= 0)
+            chunk_scores = torch.where(at, node_scores[:, None, :], -math.inf).amax(-1)
+        else:
+            chunk_rows = chunk_nodes = torch.full((num_q, chunks), -1, dtype=torch.int64)
+            chunk_scores = torch.full((num_q, chunks), -math.inf)
+        t3 = time.perf_counter()
+        timings = {"seeds_and_expansion": t1 - t0, "rank": t2 - t1, "chunks": t3 - t2}
+        return GraphHits(res.seeds, res.seed_scores, nodes, node_scores.float(), node_hops, chunk_rows,
+                         chunk_scores.float(), chunk_nodes, near.truncated, timings)
+
+    def search_flat(self, queries: torch.Tensor, chunks: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+        """The baseline: cosine top-k over chunk embeddings; (rows, scores) (Q, chunks), -1 / -inf padded."""
+        from streammem_kernels import cosine_topk
+
+        q = _check_queries(queries, self.dim)
+        if self.num_chunks == 0:
+            return (torch.full((q.shape[0], chunks), -1, dtype=torch.int64),
+                    torch.full((q.shape[0], chunks), -math.inf))
+        res = cosine_topk(q, self.chunk_embeddings, chunks, backend=self.backend)
+        return res.ids, res.scores
+
+    def touch(self, nodes: torch.Tensor, chunk_rows: torch.Tensor, now: float) -> None:
+        """Count a retrieval of these nodes and chunks (ids, ``-1`` ignored): the utility's f and dt."""
+        for ids, access, last in ((nodes, self._access, self._last), (chunk_rows, self._chunk_access,
+                                                                      self._chunk_last)):
+            ids = torch.unique(ids[ids >= 0])
+            if ids.numel():
+                access.values[ids] += 1
+                last.values[ids] = torch.clamp(last.values[ids], min=float(now))
+
+    # ---- bounded growth ------------------------------------------------------
+    def evict(self, budget: int, now: float, *, alpha: float = 0.6, beta: float = 0.4, tau: float = 600.0,
+              low_water: float = 0.8) -> GraphEvictionReport | None:
+        """Bring the cost within ``budget`` if it is over (see the module docstring); None: nothing to do."""
+        total = self.cost()
+        if total <= budget:
+            return None
+        t0 = time.perf_counter()
+        relations = (self.kinds == RELATION).nonzero()[:, 0]
+        rows = torch.arange(self.num_chunks)
+        u_rel = utility(self._access.values[relations], self._last.values[relations], now, alpha=alpha, beta=beta,
+                        tau=tau)
+        u_chunk = utility(self._chunk_access.values, self._chunk_last.values, now, alpha=alpha, beta=beta, tau=tau)
+        cost = torch.cat([self._chunk_cost.values, self._cost.values[relations]])
+        ratio = torch.cat([u_chunk, u_rel]) / cost.to(torch.float64)
+        created = torch.cat([self._chunk_last.values.new_tensor([c.t_end for c in self.chunks]),
+                             self._created.values[relations]])
+        # Least utility per word first; older first among equals (stable sorts, least significant key first).
+        order = torch.argsort(created, stable=True)
+        order = order[torch.argsort(ratio[order], stable=True)]
+        freed = torch.cumsum(cost[order], 0)
+        target = low_water * budget
+        count = int(torch.searchsorted(freed.to(torch.float64), total - target))
+        doomed = order[: count + 1]
+        chunk_keep = torch.ones(self.num_chunks, dtype=torch.bool)
+        chunk_keep[doomed[doomed < rows.numel()]] = False
+        node_keep = torch.ones(self.num_nodes, dtype=torch.bool)
+        node_keep[relations[doomed[doomed >= rows.numel()] - rows.numel()]] = False
+        report = GraphEvictionReport(cost_before=total)
+        report.chunks = int((~chunk_keep).sum())
+        report.relations = int((~node_keep).sum())
+        report.entities = self._remove(node_keep, chunk_keep)
+        report.cost_after = self.cost()
+        self.timings["evict"] += time.perf_counter() - t0
+        return report
+
+    def _remove(self, node_keep: torch.Tensor, chunk_keep: torch.Tensor) -> int:
+        """Remove nodes and chunks (and the entities this orphans); returns the entities removed."""
+        adj_ptr, adj_col = self._adj
+        map_ptr, map_col = self._map
+        # An entity stays while a kept relation or a kept chunk links to it.
+        owner = torch.repeat_interleave(torch.arange(self.num_nodes), adj_ptr[1:] - adj_ptr[:-1])
+        live_edges = torch.bincount(owner[node_keep[adj_col]], minlength=self.num_nodes)
+        owner = torch.repeat_interleave(torch.arange(self.num_nodes), map_ptr[1:] - map_ptr[:-1])
+        live_links = torch.bincount(owner[chunk_keep[map_col]], minlength=self.num_nodes)
+        entities = self.kinds == ENTITY
+        orphaned = entities & node_keep & (live_edges == 0) & (live_links == 0)
+        node_keep = node_keep & ~orphaned
+        node_map = torch.where(node_keep, torch.cumsum(node_keep, 0) - 1, -1)
+        chunk_map = torch.where(chunk_keep, torch.cumsum(chunk_keep, 0) - 1, -1)
+        self._adj = compact_csr(adj_ptr, adj_col, node_map, node_map)
+        self._map = compact_csr(map_ptr, map_col, node_map, chunk_map)
+        for col in (self._emb, self._kind, self._access, self._last, self._created, self._cost):
+            col.keep(node_keep)
+        for col in (self._head, self._tail):
+            col.keep(node_keep)
+            ids = col.values
+            ids[ids >= 0] = node_map[ids[ids >= 0]]
+        keep = node_keep.tolist()
+        self.texts = [t for t, k in zip(self.texts, keep) if k]
+        self.predicates = [p for p, k in zip(self.predicates, keep) if k]
+        for col in (self._chunk_emb, self._chunk_access, self._chunk_last, self._chunk_cost):
+            col.keep(chunk_keep)
+        self.chunks = [c for c, k in zip(self.chunks, chunk_keep.tolist()) if k]
+        new_id = node_map.tolist()
+        self._entity_ids = {key: new_id[v] for key, v in self._entity_ids.items() if new_id[v] >= 0}
+        self._relation_ids = {(new_id[h], p, new_id[t]): new_id[v] for (h, p, t), v in self._relation_ids.items()
+                              if new_id[v] >= 0}
+        self._commit()
+        return int(orphaned.sum())
+
+    def _rebuild_keys(self) -> None:
+        kinds, heads, tails = self.kinds.tolist(), self._head.values.tolist(), self._tail.values.tolist()
+        self._entity_ids = {name_key(t): i for i, (t, k) in enumerate(zip(self.texts, kinds)) if k == ENTITY}
+        self._relation_ids = {(heads[i], self.predicates[i], tails[i]): i for i, k in enumerate(kinds)
+                              if k == RELATION}
+
+    # ---- checkpoints -----------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Tables, embeddings, statistics and both CSRs (``torch.load(weights_only=True)`` reads it)."""
+        return {
+            "dim": self.dim,
+            "texts": list(self.texts), "predicates": list(self.predicates),
+            "embedding": self._emb.values.clone(), "kind": self._kind.values.clone(),
+            "head": self._head.values.clone(), "tail": self._tail.values.clone(),
+            "access": self._access.values.clone(), "last": self._last.values.clone(),
+            "created": self._created.values.clone(), "cost": self._cost.values.clone(),
+            "chunks": _chunks_state(self.chunks),
+            "chunk_access": self._chunk_access.values.clone(), "chunk_last": self._chunk_last.values.clone(),
+            "adjacency": [t.clone() for t in self._adj], "chunk_links": [t.clone() for t in self._map],
+            "timings": dict(self.timings),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if int(state["dim"]) != self.dim:
+            raise ValueError(f"state holds a {state['dim']}-d graph, this graph is {self.dim}-d")
+        self.texts, self.predicates = list(state["texts"]), list(state["predicates"])
+        for col, key in ((self._emb, "embedding"), (self._kind, "kind"), (self._head, "head"), (self._tail, "tail"),
+                         (self._access, "access"), (self._last, "last"), (self._created, "created"),
+                         (self._cost, "cost"), (self._chunk_access, "chunk_access"),
+                         (self._chunk_last, "chunk_last")):
+            col.load(state[key])
+        self.chunks = _chunks_from_state(state["chunks"])
+        self._chunk_emb.load(torch.stack([c.embedding for c in self.chunks]) if self.chunks
+                             else torch.zeros(0, self.dim))
+        self._chunk_cost.load(torch.tensor([max(1, len(c.text.split())) for c in self.chunks], dtype=torch.int64))
+        self._adj = tuple(state["adjacency"])
+        self._map = tuple(state["chunk_links"])
+        self.timings = Counter(state.get("timings", {}))
+        self._rebuild_keys()
+        self._commit()
+
+
+def _predicate_key(predicate: str) -> str:
+    return " ".join(predicate.lower().split())
+
+
+def _check_queries(queries, dim: int) -> torch.Tensor:
+    q = torch.as_tensor(queries)
+    if q.dim() == 1:
+        q = q[None]
+    if q.dim() != 2 or q.shape[1] != dim or q.shape[0] < 1 or not q.is_floating_point():
+        raise ValueError(f"queries must be a float (Q, {dim}) tensor with Q >= 1, got {tuple(q.shape)} {q.dtype}")
+    if not bool(torch.isfinite(q).all()):
+        raise ValueError("queries must be finite")
+    return F.normalize(q.float(), dim=1).contiguous()
+
+
+def _row_cosines(emb: torch.Tensor, ids: torch.Tensor, q: torch.Tensor, block: int = 16) -> torch.Tensor:
+    """(Q, C) dot products of each query with the rows ``emb[ids[q]]`` (in blocks of queries, to bound memory)."""
+    out = torch.empty(ids.shape, dtype=torch.float32)
+    for start in range(0, ids.shape[0], block):
+        rows = emb[ids[start:start + block]]
+        out[start:start + block] = torch.bmm(rows, q[start:start + block, :, None])[..., 0]
+    return out
+
+
+def interleave(first: Sequence, second: Sequence, k: int) -> list:
+    """Alternate two ranked lists of ``(chunk row, ...)`` tuples (``first`` leads), skipping rows already
+    taken, up to ``k`` items: the ``hybrid`` mode (flat, then graph)."""
+    out, seen = [], set()
+    for pair in zip(first, second):
+        for item in pair:
+            if item[0] not in seen and len(out) < k:
+                seen.add(item[0])
+                out.append(item)
+    longer = first if len(first) > len(second) else second
+    for item in longer[min(len(first), len(second)):]:
+        if item[0] not in seen and len(out) < k:
+            seen.add(item[0])
+            out.append(item)
+    return out
+
+
+def _round_robin(order: torch.Tensor, seed_rank: torch.Tensor, valid: torch.Tensor, num_seeds: int) -> torch.Tensor:
+    """Reorder (Q, C) positions ``order`` (best first) so seeds take turns: every seed's best entry, then
+    every seed's second best, ..., seeds in rank order; invalid entries stay last."""
+    rank = seed_rank.gather(1, order)
+    by_seed = torch.argsort(rank, dim=1, stable=True)  # grouped by seed, best first inside a group
+    grouped = rank.gather(1, by_seed)
+    counts = torch.zeros(order.shape[0], num_seeds, dtype=torch.int64).scatter_add_(1, grouped,
+                                                                                    torch.ones_like(grouped))
+    start = torch.cumsum(counts, 1) - counts
+    turn = torch.empty_like(grouped)
+    turn.scatter_(1, by_seed, torch.arange(order.shape[1]).expand_as(grouped) - start.gather(1, grouped))
+    key = turn * (num_seeds + 1) + rank
+    key = torch.where(valid.gather(1, order), key, torch.iinfo(torch.int64).max)
+    return order.gather(1, torch.argsort(key, dim=1, stable=True))
+
+
+def _empty_hits(num_q: int, seeds: int, capacity: int, chunks: int) -> GraphHits:
+    def ids(w):
+        return torch.full((num_q, w), -1, dtype=torch.int64)
+
+    def scores(w):
+        return torch.full((num_q, w), -math.inf)
+
+    return GraphHits(ids(seeds), scores(seeds), ids(capacity), scores(capacity), ids(capacity), ids(chunks),
+                     scores(chunks), ids(chunks), torch.zeros(num_q, dtype=torch.bool), {})

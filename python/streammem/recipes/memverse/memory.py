@@ -1,0 +1,480 @@
+"""The MemVerse memory: a short-term window of chunks and the long-term graph they are consolidated into,
+asked in one batched retrieval."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter, deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ...checkpoint import atomic_write
+from ...components.answers import extractive_answer
+from ...components.gate import MotionGate
+from ...components.knowledge import EventSegmenter
+from ...components.memory import FrameRecord, LabelCaptioner, records_from_state, records_state
+from ...config import PRESETS
+from ...models.encoders import encoder_spec, encoders_from_specs
+from ...stream.memory import StreamMemory
+from .config import MemVerseConfig
+from .extraction import (
+    CooccurrenceExtractor, ExtractionContext, MemoryChunk, _call_extractor, _chunks_from_state, _chunks_state, name_key,
+)
+from .graph import RELATION, GraphEvictionReport, GraphHits, LongTermGraph, interleave
+
+__all__ = ["MemVerse", "MemVerseContext"]
+
+
+_FORMAT = "streammem.MemVerse"
+_VERSION = 1
+
+
+@dataclass
+class MemVerseContext:
+    """What one question retrieved.
+
+    ``short_term``: the window's chunks in time order (with their cosine);
+    ``chunks``: long-term chunks by rank, each with the node that brought it;
+    ``facts``: the best-ranked relations; ``seeds``: the nodes the search
+    started from.  ``timings`` in seconds.
+    """
+
+    question: str
+    stream_time: float | None
+    short_term: list[dict]
+    chunks: list[dict]
+    facts: list[dict]
+    seeds: list[dict]
+    timings: dict
+    answer: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"question": self.question, "stream_time": self.stream_time, "short_term": self.short_term,
+                "chunks": self.chunks, "facts": self.facts, "seeds": self.seeds,
+                "timings_ms": {k: round(1e3 * v, 3) for k, v in self.timings.items()}, "answer": self.answer}
+
+
+@extractive_answer.register(MemVerseContext)
+def _extractive_memverse(context: MemVerseContext) -> str:
+    """MemVerse's model-free answer: the best long-term chunk's text (and its best fact)."""
+    if not context.chunks:
+        return "Nothing in long-term memory matches."
+    best = context.chunks[0]
+    fact = f" [fact: {context.facts[0]['fact']}]" if context.facts else ""
+    return f"{best['text']} (session {best['session']}, {best['t_start']:.1f}-{best['t_end']:.1f}s){fact}"
+
+
+class MemVerse:
+    """MemVerse's short-term window and long-term knowledge graph, fed by video, dialogue and text.
+
+    Parameters
+    ----------
+    text_encoder : TextEncoder
+        Embeds chunk texts, node names and questions.
+    frame_encoder : FrameEncoder, optional
+        Needed by :meth:`push_frames` (labels feed the extractor).
+    config : MemVerseConfig, optional
+    extractor : Extractor or callable(chunk, context) -> Extraction, optional
+        Default :class:`CooccurrenceExtractor` (deterministic, not a model).
+    captioner : Captioner, optional
+        Captions video events (default ``LabelCaptioner``).
+    answer_fn : callable(MemVerseContext) -> str, optional
+        Turns a context into an answer (a user's model); none by default.
+
+    Single-threaded.  Timestamps are seconds on one clock for the whole
+    memory (non-decreasing across sessions: the budget's recency uses them).
+    """
+
+    def __init__(self, text_encoder, frame_encoder=None, *, config: MemVerseConfig | None = None, extractor=None,
+                 captioner=None, answer_fn: Callable | None = None):
+        if text_encoder is None:
+            raise ValueError("text_encoder is required (chunks, entities and questions are embedded with it)")
+        config = MemVerseConfig() if config is None else config
+        if not isinstance(config, MemVerseConfig):
+            raise ValueError(f"config must be a MemVerseConfig, got {config!r}")
+        if extractor is not None and not (hasattr(extractor, "extract") or callable(extractor)):
+            raise ValueError("extractor must have .extract(chunk, context) or be a callable(chunk, context)")
+        self.config = config
+        self.text_encoder = text_encoder
+        self.frame_encoder = frame_encoder
+        self.extractor = extractor if extractor is not None else CooccurrenceExtractor()
+        self.captioner = captioner if captioner is not None else LabelCaptioner()
+        self.answer_fn = answer_fn
+        self.graph = LongTermGraph(int(text_encoder.dim), backend=config.backend)
+        self.window: deque[MemoryChunk] = deque()
+        self.pending: list[MemoryChunk] = []
+        self.session = 0
+        self.stream_time: float | None = None
+        self._next_chunk = 0
+        self._last_consolidated: tuple[MemoryChunk, tuple[str, ...]] | None = None
+        self.evictions: list[GraphEvictionReport] = []
+        self.questions = 0
+        self.timings: Counter = Counter()
+        self.frames_seen = 0  # video frames pushed, every session
+        self._new_video_front()
+
+    # ---- video front end -------------------------------------------------------
+    def _new_video_front(self) -> None:
+        cfg = self.config
+        threshold = PRESETS[cfg.preset].threshold if cfg.motion_threshold is None else cfg.motion_threshold
+        self.gate = MotionGate(threshold, size=cfg.motion_size, backend=cfg.backend)
+        seg = cfg.segmenter
+        self.events = EventSegmenter(self.text_encoder, self.captioner, window=seg.window, tau=seg.tau,
+                                     min_depth=seg.min_depth, max_event=seg.max_event, drift=seg.drift,
+                                     backend=cfg.backend)
+        self._open: list[FrameRecord] = []  # frames pushed to the segmenter and not yet in a closed event
+        self._open_first = 0  # segmenter index of _open[0]
+
+    def push_frames(self, timestamps, frames) -> list[MemoryChunk]:
+        """Gate, encode and segment video frames; returns the chunks of the events they closed.
+
+        Parameters
+        ----------
+        timestamps : float or (n,) sequence of float
+            Seconds, non-decreasing.
+        frames : (n, H, W, 3) or (H, W, 3) uint8 RGB
+        """
+        if self.frame_encoder is None:
+            raise ValueError("this MemVerse has no frame_encoder; pass one to push video frames")
+        frames = np.asarray(frames) if not isinstance(frames, torch.Tensor) else frames
+        if frames.ndim == 3:
+            frames = frames[None]
+        if frames.ndim != 4 or frames.shape[0] < 1 or frames.shape[-1] != 3 or frames.dtype not in (np.uint8,
+                                                                                                      torch.uint8):
+            raise ValueError(f"frames must be uint8 of shape (n, H, W, 3) or (H, W, 3), got {frames.dtype} "
+                             f"{tuple(frames.shape)}")
+        times = self._check_times(timestamps, frames.shape[0])
+        t0 = time.perf_counter()
+        _, kept = self.gate.push(frames)
+        rows = [i for i, k in enumerate(kept) if k]
+        indices = list(range(self.frames_seen, self.frames_seen + frames.shape[0]))
+        self.frames_seen += frames.shape[0]
+        t1 = time.perf_counter()
+        out = []
+        if rows:
+            encoded = self.frame_encoder.encode(frames[rows])
+            t2 = time.perf_counter()
+            for record in StreamMemory.records([indices[i] for i in rows], [times[i] for i in rows], encoded):
+                self._open.append(record)
+                out += [self._video_chunk(e) for e in self.events.push(record)]
+            self.timings["frame_encode"] += t2 - t1
+            self.timings["segment"] += time.perf_counter() - t2
+        self.timings["motion_gate"] += t1 - t0
+        self._advance(times[-1])
+        return out
+
+    def end_video(self) -> list[MemoryChunk]:
+        """Close the open video event (end of a clip); returns its chunk(s)."""
+        return [self._video_chunk(e) for e in self.events.flush()]
+
+    def _video_chunk(self, entry) -> MemoryChunk:
+        n = entry.last_frame - entry.first_frame + 1
+        start = entry.first_frame - self._open_first
+        frames, self._open = self._open[start:start + n], self._open[start + n:]
+        self._open_first = entry.last_frame + 1
+        counts = Counter(label for f in frames for label in f.labels)
+        labels = tuple(name for name, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+                       [: self.config.labels_per_chunk])
+        chunk = MemoryChunk(self._new_chunk_id(), self.session, entry.t_start, entry.t_end, "video", entry.caption,
+                            labels, None, frames[0].index, frames[-1].index, entry.embedding.float())
+        self._push(chunk)
+        return chunk
+
+    # ---- dialogue and text --------------------------------------------------------
+    def add_turn(self, timestamp: float, speaker: str, text: str, labels: Sequence[str] = ()) -> MemoryChunk:
+        """One dialogue turn (embedded as ``"speaker: text"``)."""
+        return self.add_texts([timestamp], [text], speakers=[speaker], labels=[labels], modality="dialogue")[0]
+
+    def add_texts(self, timestamps, texts: Sequence[str], *, speakers: Sequence[str | None] | None = None,
+                  labels: Sequence[Sequence[str]] | None = None, modality: str = "text") -> list[MemoryChunk]:
+        """Several text chunks at once (one encoder call), in order.
+
+        ``speakers`` (dialogue turns) and ``labels`` (names attached to each
+        text, e.g. an upstream tagger's) are optional, one entry per text.
+        """
+        if isinstance(texts, str) or not all(isinstance(t, str) and t.strip() for t in texts):
+            raise ValueError("texts must be a sequence of non-empty strings")
+        texts = [str(t) for t in texts]
+        n = len(texts)
+        if n == 0:
+            return []
+        speakers = [None] * n if speakers is None else list(speakers)
+        labels = [()] * n if labels is None else [tuple(x) for x in labels]
+        if len(speakers) != n or len(labels) != n:
+            raise ValueError(f"speakers and labels must hold one entry per text ({n}), got {len(speakers)} and "
+                             f"{len(labels)}")
+        if not all(s is None or (isinstance(s, str) and s.strip()) for s in speakers):
+            raise ValueError("speakers must be non-empty strings or None")
+        if not all(isinstance(x, str) for ls in labels for x in ls):
+            raise ValueError("labels must be sequences of strings")
+        speakers = [None if x is None else str(x) for x in speakers]
+        labels = [tuple(str(x) for x in ls) for ls in labels]  # plain str (numpy's would not load weights_only)
+        if not isinstance(modality, str) or not modality:
+            raise ValueError(f"modality must be a non-empty string, got {modality!r}")
+        times = self._check_times(timestamps, n)
+        t0 = time.perf_counter()
+        shown = [t if s is None else f"{s}: {t}" for s, t in zip(speakers, texts)]
+        emb = F.normalize(self.text_encoder.encode(shown).float(), dim=1)
+        self.timings["text_encode"] += time.perf_counter() - t0
+        out = []
+        for i in range(n):
+            chunk = MemoryChunk(self._new_chunk_id(), self.session, times[i], times[i], modality, shown[i],
+                                labels[i], speakers[i], embedding=emb[i].clone())
+            self._push(chunk)
+            out.append(chunk)
+        self._advance(times[-1])
+        return out
+
+    # ---- short-term -> long-term ----------------------------------------------------
+    def _new_chunk_id(self) -> int:
+        self._next_chunk += 1
+        return self._next_chunk - 1
+
+    def _push(self, chunk: MemoryChunk) -> None:
+        self.window.append(chunk)
+        while len(self.window) > self.config.window:
+            self.pending.append(self.window.popleft())
+        if len(self.pending) >= self.config.consolidate_every:
+            self.consolidate()
+
+    def consolidate(self, *, everything: bool = False) -> dict | None:
+        """Write the chunks that left the window (``everything``: the window too) into the graph."""
+        batch = self.pending + (list(self.window) if everything else [])
+        self.pending = []
+        if everything:
+            self.window.clear()
+        if not batch:
+            return None
+        t0 = time.perf_counter()
+        batch_names: set[str] = set()
+        extractions = []
+        previous = self._last_consolidated
+        for chunk in batch:
+            if previous is not None and previous[0].session != chunk.session:
+                previous = None
+            context = ExtractionContext(previous[0] if previous else None, previous[1] if previous else (),
+                                        lambda name: name_key(name) in batch_names or self.graph.has_entity(name))
+            ext = _call_extractor(self.extractor, chunk, context)
+            extractions.append(ext)
+            names = ext.entities + tuple(x for h, _, t in ext.relations for x in (h, t))
+            batch_names.update(name_key(x) for x in names)
+            previous = (chunk, ext.entities)
+        self._last_consolidated = previous
+        t1 = time.perf_counter()
+        now = max(c.t_end for c in batch)
+        added = self.graph.consolidate(batch, extractions, self._embed, now)
+        t2 = time.perf_counter()
+        self.timings["extract"] += t1 - t0
+        self.timings["consolidate"] += t2 - t1
+        if self.config.budget is not None:
+            self.enforce_budget()
+        return added
+
+    def enforce_budget(self) -> GraphEvictionReport | None:
+        cfg = self.config
+        if cfg.budget is None or self.stream_time is None:
+            return None
+        t0 = time.perf_counter()
+        report = self.graph.evict(cfg.budget, self.stream_time, alpha=cfg.alpha, beta=cfg.beta, tau=cfg.tau,
+                                  low_water=cfg.low_water)
+        self.timings["budget"] += time.perf_counter() - t0
+        if report is not None:
+            self.evictions.append(report)
+        return report
+
+    def end_session(self) -> dict | None:
+        """Close the open video event, consolidate the window into the graph and start a new session."""
+        self.end_video()
+        added = self.consolidate(everything=True)
+        self.session += 1
+        self._last_consolidated = None
+        self._new_video_front()
+        return added
+
+    def _embed(self, texts: list[str]) -> torch.Tensor:
+        t0 = time.perf_counter()
+        out = self.text_encoder.encode(texts)
+        self.timings["text_encode"] += time.perf_counter() - t0
+        return out
+
+    def _check_times(self, timestamps, n: int) -> list[float]:
+        times = [timestamps] if np.ndim(timestamps) == 0 else list(np.asarray(timestamps, np.float64).reshape(-1))
+        if len(times) != n:
+            raise ValueError(f"timestamps must hold one time per item ({n}), got {len(times)}")
+        times = [float(t) for t in times]
+        if not all(math.isfinite(t) for t in times):
+            raise ValueError("timestamps must be finite")
+        previous = -math.inf if self.stream_time is None else self.stream_time
+        for t in times:
+            if t < previous:
+                raise ValueError(f"timestamps must not decrease, got {t} after {previous}")
+            previous = t
+        return times
+
+    def _advance(self, t: float) -> None:
+        self.stream_time = t if self.stream_time is None else max(self.stream_time, t)
+
+    # ---- questions --------------------------------------------------------------------
+    def encode_questions(self, questions: Sequence[str]) -> torch.Tensor:
+        """(Q, E) normalised question embeddings."""
+        if isinstance(questions, str) or not questions or not all(isinstance(q, str) and q.strip()
+                                                                  for q in questions):
+            raise ValueError("questions must be a non-empty sequence of non-empty strings")
+        return F.normalize(self.text_encoder.encode(list(questions)).float(), dim=1)
+
+    def search(self, query_embeddings: torch.Tensor, *, update_access: bool = False) -> GraphHits:
+        """Long-term graph search for Q embedded questions (consolidates pending chunks first)."""
+        if self.pending:
+            self.consolidate()
+        cfg = self.config
+        hits = self.graph.search(query_embeddings, seeds=cfg.seeds, hops=cfg.hops, capacity=cfg.capacity,
+                                 max_fanout=cfg.max_fanout, max_frontier=cfg.max_frontier, min_score=cfg.min_score,
+                                 chunks=cfg.chunks, chunks_per_node=cfg.chunks_per_node, ranking=cfg.ranking)
+        if update_access and self.stream_time is not None:
+            self.graph.touch(torch.cat([hits.chunk_nodes, hits.seeds], 1), hits.chunks, self.stream_time)
+        return hits
+
+    def search_flat(self, query_embeddings: torch.Tensor, chunks: int | None = None):
+        """The baseline over the same long-term chunks: (rows, scores) of a cosine top-k."""
+        if self.pending:
+            self.consolidate()
+        return self.graph.search_flat(query_embeddings, self.config.chunks if chunks is None else chunks)
+
+    def ask(self, question: str, *, answer: bool = True) -> MemVerseContext:
+        """The short-term window, the graph's chunks, facts and seeds for a question; answered by ``answer_fn``."""
+        t0 = time.perf_counter()
+        q = self.encode_questions([question])
+        t1 = time.perf_counter()
+        hits = self.search(q, update_access=True)
+        g = self.graph
+        short = [c.view(float(c.embedding @ q[0])) for c in self.window]
+        graph_chunks = [(row, score, g.texts[node]) for row, score, node in
+                        zip(hits.chunks[0].tolist(), hits.chunk_scores[0].tolist(), hits.chunk_nodes[0].tolist())
+                        if row >= 0]
+        ranked = graph_chunks
+        if self.config.mode != "graph":
+            t2 = time.perf_counter()
+            rows, scores = self.search_flat(q)
+            flat = [(row, score, "flat cosine") for row, score in zip(rows[0].tolist(), scores[0].tolist())
+                    if row >= 0]
+            ranked = flat if self.config.mode == "flat" else interleave(flat, graph_chunks, self.config.chunks)
+            hits.timings["flat"] = time.perf_counter() - t2
+        chunks = []
+        for row, score, via in ranked:
+            view = g.chunks[row].view(score)
+            view["via"] = via
+            chunks.append(view)
+        kinds = g.kinds
+        facts, seeds = [], []
+        for node, score, hop in zip(hits.nodes[0].tolist(), hits.node_scores[0].tolist(),
+                                    hits.node_hops[0].tolist()):
+            if node >= 0 and len(facts) < self.config.facts and int(kinds[node]) == RELATION:
+                facts.append({"fact": g.texts[node], "score": round(score, 4), "hop": hop})
+        for node, score in zip(hits.seeds[0].tolist(), hits.seed_scores[0].tolist()):
+            if node >= 0:
+                seeds.append({"node": g.texts[node], "kind": "relation" if int(kinds[node]) else "entity",
+                              "score": round(score, 4)})
+        timings = {"question_encode": t1 - t0, **hits.timings, "total": time.perf_counter() - t0}
+        self.questions += 1
+        ctx = MemVerseContext(question, self.stream_time, short, chunks, facts, seeds, timings)
+        if answer and self.answer_fn is not None:
+            ctx.answer = self.answer_fn(ctx)
+        return ctx
+
+    # ---- reporting and checkpoints --------------------------------------------------------
+    def summary(self) -> dict:
+        g = self.graph
+        out = {"session": self.session, "stream_time": self.stream_time, "frames_seen": self.frames_seen,
+               "short_term_chunks": len(self.window), "pending_chunks": len(self.pending),
+               "long_term_chunks": g.num_chunks, "entities": g.num_entities, "relations": g.num_relations,
+               "graph_entries": g.num_edges, "cost_words": g.cost(), "questions": self.questions,
+               "extractor": getattr(self.extractor, "name", type(self.extractor).__name__),
+               "component_seconds": {k: round(v, 4) for k, v in sorted((self.timings + g.timings).items())}}
+        if self.config.budget is not None:
+            out["budget"] = {"budget": self.config.budget, "rounds": len(self.evictions),
+                             "chunks_removed": sum(r.chunks for r in self.evictions),
+                             "relations_removed": sum(r.relations for r in self.evictions),
+                             "entities_removed": sum(r.entities for r in self.evictions)}
+        return out
+
+    def state_dict(self) -> dict:
+        """The whole memory (window, pending chunks, graph, video front end, counters); models are not state.
+
+        An open video event is kept (frames and segmenter state), so pushing
+        continues exactly where it stopped.
+        """
+        last = self._last_consolidated
+        return {
+            "format": _FORMAT, "version": _VERSION, "config": self.config.to_dict(),
+            "encoders": {"text": encoder_spec(self.text_encoder), "text_dim": int(self.text_encoder.dim),
+                         "frame": encoder_spec(self.frame_encoder)},
+            "session": self.session, "stream_time": self.stream_time, "next_chunk": self._next_chunk,
+            "questions": self.questions, "frames_seen": self.frames_seen,
+            "window": _chunks_state(list(self.window)), "pending": _chunks_state(self.pending),
+            "last_consolidated": None if last is None else {"chunk": _chunks_state([last[0]]),
+                                                            "entities": list(last[1])},
+            "graph": self.graph.state_dict(),
+            "gate": self.gate.state_dict(), "events": self.events.state_dict(),
+            "open": records_state(self._open), "open_first": self._open_first,
+            "evictions": [asdict(r) for r in self.evictions], "timings": dict(self.timings),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict) or state.get("format") != _FORMAT:
+            raise ValueError("state is not a MemVerse state_dict")
+        if state.get("version") != _VERSION:
+            raise ValueError(f"unsupported MemVerse state version {state.get('version')!r} (this is {_VERSION})")
+        if MemVerseConfig.from_dict(state["config"]) != self.config:
+            raise ValueError("state was saved with another MemVerseConfig")
+        if int(state["encoders"]["text_dim"]) != int(self.text_encoder.dim):
+            raise ValueError(f"state was saved with a {state['encoders']['text_dim']}-d text encoder, this memory "
+                             f"has {self.text_encoder.dim}-d")
+        self._new_video_front()
+        self.session, self.stream_time = int(state["session"]), state["stream_time"]
+        self._next_chunk, self.questions = int(state["next_chunk"]), int(state["questions"])
+        self.window = deque(_chunks_from_state(state["window"]))
+        self.pending = _chunks_from_state(state["pending"])
+        last = state["last_consolidated"]
+        self._last_consolidated = None if last is None else (_chunks_from_state(last["chunk"])[0],
+                                                             tuple(last["entities"]))
+        self.graph.load_state_dict(state["graph"])
+        self.gate.load_state_dict(state["gate"])
+        self.events.load_state_dict(state["events"])
+        self._open, self._open_first = records_from_state(state["open"]), int(state["open_first"])
+        self.frames_seen = int(state["frames_seen"])
+        self.evictions = [GraphEvictionReport(**r) for r in state["evictions"]]
+        self.timings = Counter(state["timings"])
+
+    def save(self, directory) -> Path:
+        """``state.pt`` (``torch.load(weights_only=True)``) and a readable ``memverse.json`` in ``directory``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = self.state_dict()
+        info = {"format": _FORMAT, "version": _VERSION, "config": state["config"], "encoders": state["encoders"],
+                "summary": self.summary()}
+        atomic_write(directory / "memverse.json", lambda fh: fh.write(json.dumps(info, indent=1).encode()))
+        atomic_write(directory / "state.pt", lambda fh: torch.save(state, fh))
+        return directory
+
+    @classmethod
+    def load(cls, directory, text_encoder=None, frame_encoder=None, **hooks) -> "MemVerse":
+        """A memory saved with :meth:`save`; encoders not passed are rebuilt from their saved spec.
+
+        ``hooks``: ``extractor``, ``captioner``, ``answer_fn`` (code, not state).
+        """
+        path = Path(directory) / "state.pt"
+        if not path.is_file():
+            raise FileNotFoundError(f"no saved MemVerse in {directory} (missing state.pt)")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or state.get("format") != _FORMAT:
+            raise ValueError(f"{path} is not a saved MemVerse")
+        frame_encoder, text_encoder = encoders_from_specs(state["encoders"], frame_encoder, text_encoder)
+        memory = cls(text_encoder, frame_encoder, config=MemVerseConfig.from_dict(state["config"]), **hooks)
+        memory.load_state_dict(state)
+        return memory

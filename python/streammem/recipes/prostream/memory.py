@@ -1,0 +1,585 @@
+"""The ProStream memory: the dialogue tree, what a recall returns, and the streaming memory that keeps
+turns and recalls them."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ...components.answers import extractive_answer
+from ...components.bounded import BoundedMemory
+from ...components.memory import FrameRecord, LongTermMemory, MemoryNode
+from .config import ProStreamConfig
+from .dialogue import Turn, _check_time
+from .distill import Distillate, Distiller, ExtractiveDistiller
+
+__all__ = ["ProStream", "DialogueTree", "RecalledUnit", "Recall", "ProStreamStats"]
+
+
+_FORMAT = "streammem.ProStream"
+_VERSION = 1
+
+
+# --------------------------------------------------------------------------
+# The memory tree: turns, segments, sessions
+# --------------------------------------------------------------------------
+class _KeepCaption:
+    """``LongTermMemory.merge_leaves`` re-captions a merged leaf; dialogue turns keep their own texts."""
+
+    @staticmethod
+    def summarize(nodes) -> str:
+        return " ".join(n.caption for n in nodes)
+
+
+class DialogueTree(LongTermMemory):
+    """``LongTermMemory`` whose leaves are turns and whose parents are segments and sessions.
+
+    Same node table, ``CosineTree`` index, eviction and checkpoint machinery
+    (so ``BoundedMemory`` manages it unchanged); only formation differs:
+    :meth:`add_turn` adds one leaf per turn (its caption the text, its
+    embedding the turn's, its one "centre" the same vector: nothing to
+    compress in text), and :meth:`add_summary` adds a parent over given
+    current roots (a closed segment's turns, a closed session's segments),
+    instead of StreamChat's every-g-nodes grouping.
+    """
+
+    def __init__(self, text_encoder, *, backend: str = "auto"):
+        super().__init__(text_encoder, _KeepCaption(), chunk=1, group=2, centres=1, backend=backend)
+
+    def _grow(self) -> list[MemoryNode]:
+        return []  # parents come from segment and session closes, not from counts
+
+    def add_turn(self, index: int, t: float, speaker: str, text: str, embedding: torch.Tensor) -> MemoryNode | None:
+        """Add turn ``index`` as a leaf; None when the novelty filter (if installed) skips it."""
+        emb = F.normalize(embedding.float().reshape(-1), dim=0)
+        if self.novelty_filter is not None and self.novelty_filter(emb, [FrameRecord(index, t, emb, (speaker,))]):
+            return None
+        node = MemoryNode(node_id=self._new_id(), level=0, t_start=t, t_end=t, first_frame=index, last_frame=index,
+                          caption=text, embedding=emb, centres=emb[None].clone(), created_at=t, last_access=t)
+        node.label_counts[speaker] += 1
+        t0 = time.perf_counter()
+        self._insert(node)
+        self.timings["tree_insert"] += time.perf_counter() - t0
+        return node
+
+    def add_summary(self, child_ids: Sequence[int], caption: str, embedding: torch.Tensor) -> MemoryNode:
+        """Add a parent (segment or session) over current roots ``child_ids`` of one level."""
+        children = [self.nodes[i] for i in child_ids]
+        levels = {c.level for c in children}
+        if not children or len(levels) != 1 or any(c.parent is not None for c in children):
+            raise ValueError(f"child_ids must be current roots of one level, got {list(child_ids)}")
+        emb = F.normalize(embedding.float().reshape(-1), dim=0)
+        label_counts = sum((c.label_counts for c in children), type(children[0].label_counts)())
+        node = MemoryNode(
+            node_id=self._new_id(), level=children[0].level + 1, t_start=children[0].t_start,
+            t_end=children[-1].t_end, first_frame=children[0].first_frame, last_frame=children[-1].last_frame,
+            caption=caption, embedding=emb, centres=emb[None].clone(), label_counts=label_counts,
+            children=[c.node_id for c in children], created_at=children[-1].t_end,
+            last_access=max(c.last_access for c in children), merged=sum(c.merged for c in children))
+        t0 = time.perf_counter()
+        self._insert(node)
+        self.timings["tree_insert"] += time.perf_counter() - t0
+        return node
+
+
+# --------------------------------------------------------------------------
+# Recall results
+# --------------------------------------------------------------------------
+@dataclass
+class RecalledUnit:
+    """One recalled turn (or merged run of turns): turn indices, time, speaker, text and its scores.
+
+    ``cosine``: with the question; ``utility``: the eviction utility u at the
+    recall's stream time; ``score``: what ranked it (cosine x rank weight, see
+    :meth:`ProStream.rank_weight`; the cosine for the flat baselines).
+    """
+
+    node: int
+    first_turn: int
+    last_turn: int
+    t: float
+    speaker: str
+    text: str
+    cosine: float
+    utility: float
+    score: float
+
+    def covers(self, turn: int) -> bool:
+        return self.first_turn <= turn <= self.last_turn
+
+
+@dataclass
+class Recall:
+    """What one question recalled: units best first, the answer, timings.
+
+    ``latency_s`` is the retrieval time (utility refresh + search + bookkeeping),
+    question encoding excluded (``timings["question_encode"]`` when ``ask``
+    encoded it).
+    """
+
+    question: str
+    stream_time: float | None
+    units: list[RecalledUnit]
+    latency_s: float
+    timings: dict = field(default_factory=dict)
+    answer: str | None = None
+    answer_kind: str | None = None
+
+    @property
+    def best(self) -> RecalledUnit | None:
+        return self.units[0] if self.units else None
+
+    def to_dict(self) -> dict:
+        return {
+            "question": self.question,
+            "stream_time": self.stream_time,
+            "units": [{**asdict(u), "t": round(u.t, 3), "cosine": round(u.cosine, 4), "utility": round(u.utility, 4),
+                       "score": round(u.score, 4)} for u in self.units],
+            "answer": self.answer,
+            "answer_kind": self.answer_kind,
+            "latency_ms": round(1e3 * self.latency_s, 3),
+            "timings_ms": {k: round(1e3 * v, 3) for k, v in self.timings.items()},
+        }
+
+
+@extractive_answer.register(Recall)
+def _extractive_recall(recall: Recall) -> str | None:
+    """ProStream's default answer: the best recalled turn's text, verbatim (extractive; no model); None
+    when nothing was recalled."""
+    return recall.best.text if recall.best is not None else None
+
+
+def _unit(node: MemoryNode, q: torch.Tensor, utility: float, score: float | None = None) -> RecalledUnit:
+    cos = float(node.embedding @ q)
+    speaker = next(iter(node.label_counts), "") if node.label_counts else ""
+    return RecalledUnit(node.node_id, node.first_frame, node.last_frame, node.t_start, speaker, node.caption, cos,
+                        utility, cos * utility if score is None else score)
+
+
+# --------------------------------------------------------------------------
+# ProStream
+# --------------------------------------------------------------------------
+@dataclass
+class ProStreamStats:
+    turns: int = 0
+    skipped: int = 0
+    segments: int = 0
+    sessions: int = 0
+    cited: int = 0
+    superseded: int = 0
+    recalls: int = 0
+
+
+class ProStream:
+    """ProStream's bounded hierarchical memory of one dialogue stream (see the module docstring).
+
+    Parameters
+    ----------
+    text_encoder : TextEncoder
+        Embeds turns (unless embeddings are passed to ``push``), summaries and questions.
+    config : ProStreamConfig, optional
+    distiller : Distiller, optional
+        Default :class:`ExtractiveDistiller` (model-free).
+    answer_fn : callable(Recall) -> str, optional
+        A language model's answer from the recalled turns; default
+        :func:`extractive_answer` (reported as ``answer_kind="extractive"``).
+
+    Single-threaded.  ``state_dict`` / ``save`` / ``load`` checkpoint
+    everything (the segmenter's state, the node table and tree row for row,
+    the open segment and session, statistics), so a restored memory continues
+    exactly; the encoder and hooks are not state.
+    """
+
+    def __init__(self, text_encoder, config: ProStreamConfig | None = None, *, distiller: Distiller | None = None,
+                 answer_fn: Callable[[Recall], str] | None = None):
+        from streammem_kernels import StreamingSegmenter
+
+        if text_encoder is None or not callable(getattr(text_encoder, "encode", None)):
+            raise ValueError("text_encoder must have encode(texts) -> (n, E) tensor (e.g. load_text_encoder())")
+        config = ProStreamConfig() if config is None else config
+        if not isinstance(config, ProStreamConfig):
+            raise ValueError(f"config must be a ProStreamConfig, got {type(config).__name__}")
+        distiller = ExtractiveDistiller() if distiller is None else distiller
+        if not (callable(getattr(distiller, "distill_segment", None))
+                and callable(getattr(distiller, "distill_session", None))):
+            raise ValueError("distiller must have distill_segment(texts, embeddings) and distill_session(summaries)")
+        if answer_fn is not None and not callable(answer_fn):
+            raise ValueError("answer_fn must be callable(Recall) -> str")
+        self.text_encoder = text_encoder
+        self.config = config
+        self.distiller = distiller
+        self.answer_fn = answer_fn
+        self.tree = DialogueTree(text_encoder, backend=config.backend)
+        # theta_sim = 1: BoundedMemory never merges two different turns (a merge would blend an
+        # update with what it replaces); only exact duplicates can exceed it through rounding.
+        self.bounded = BoundedMemory(self.tree, config.budget, alpha=config.alpha, beta=config.beta, tau=config.tau,
+                                     theta_sim=1.0, theta_concept=config.theta_concept, tokens_per_centre=1,
+                                     low_water=config.low_water)
+        self.segmenter = StreamingSegmenter(window=8, max_event=config.max_event, drift=config.drift,
+                                            backend=config.backend)
+        self.stats = ProStreamStats()
+        self.stream_time: float | None = None
+        self.timings: dict[str, float] = {}
+        self._session: int | None = None  # Turn.session of the last turn
+        self._open_turns: list[tuple[int, int | None]] = []  # (segmenter position, node id or None if skipped)
+        self._open_segments: list[int] = []  # segment node ids of the open session
+        self._cited: set[int] = set()  # cited, not superseded turn node ids
+        self._superseded: set[int] = set()  # turn node ids replaced by a newer statement
+        self._cost = 0  # == self.bounded.total_cost(), kept incrementally
+
+    # ---- reading the memory ----------------------------------------------------
+    @property
+    def memory_tokens(self) -> int:
+        """Token cost of everything stored (what ``budget`` bounds)."""
+        return self._cost
+
+    @property
+    def stored_turns(self) -> int:
+        return sum(1 for n in self.tree.nodes.values() if n.level == 0)
+
+    def summary(self) -> dict:
+        levels = self.tree.levels()
+        s = self.bounded.stats
+        return {
+            "turns": self.stats.turns, "skipped_redundant": self.stats.skipped, "segments": self.stats.segments,
+            "sessions": self.stats.sessions, "cited": self.stats.cited, "superseded": self.stats.superseded,
+            "recalls": self.stats.recalls, "stream_time": self.stream_time,
+            "stored": {"turns": levels.get(0, 0), "segments": levels.get(1, 0), "sessions": levels.get(2, 0)},
+            "memory_tokens": self.memory_tokens, "budget": self.bounded.budget, "peak_tokens": s.peak_cost,
+            "evicted_turns": s.removed_leaves, "evicted_summaries": s.removed_parents, "eviction_rounds": s.rounds,
+            "distiller": getattr(self.distiller, "name", type(self.distiller).__name__),
+            "seconds": {k: round(v, 4) for k, v in sorted(self.timings.items())},
+        }
+
+    def _time(self, name: str, t0: float) -> None:
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
+
+    # ---- the stream --------------------------------------------------------------
+    def push(self, turns: Turn | Sequence[Turn], embeddings: torch.Tensor | None = None) -> int:
+        """Add turns in stream order; returns the number of segments closed.
+
+        Parameters
+        ----------
+        turns : Turn or sequence of Turn
+            Times must not decrease (across pushes too).
+        embeddings : (n, E) float tensor, optional
+            The turns' text embeddings, if already computed (else one encoder call).
+        """
+        if isinstance(turns, Turn):
+            turns = [turns]
+        turns = list(turns)
+        if not all(isinstance(x, Turn) for x in turns):
+            raise ValueError("turns must be Turn objects")
+        if not turns:
+            return 0
+        last = self.stream_time if self.stream_time is not None else -math.inf
+        for i, turn in enumerate(turns):
+            t = _check_time(turn.t, f"turns[{i}]")
+            if t < last:
+                raise ValueError(f"turns[{i}].t = {t} is before the stream time {last}; times must not decrease")
+            if not isinstance(turn.text, str) or not turn.text.strip():
+                raise ValueError(f"turns[{i}].text must be a non-empty string")
+            last = t
+        t0 = time.perf_counter()
+        if embeddings is None:
+            embeddings = self.text_encoder.encode([turn.text for turn in turns])
+            self._time("encode", t0)
+        embeddings = torch.as_tensor(embeddings)
+        if embeddings.dim() != 2 or embeddings.shape[0] != len(turns) or not embeddings.is_floating_point():
+            raise ValueError(f"embeddings must be a float ({len(turns)}, E) tensor, got {tuple(embeddings.shape)}")
+        if not bool(torch.isfinite(embeddings).all()):
+            raise ValueError("embeddings must be finite")
+        embeddings = F.normalize(embeddings.float(), dim=1)
+        closed = 0
+        for turn, emb in zip(turns, embeddings):
+            closed += self._push_one(turn, emb)
+        return closed
+
+    def _push_one(self, turn: Turn, emb: torch.Tensor) -> int:
+        closed = 0
+        gap = self.stream_time is not None and turn.t - self.stream_time >= self.config.session_gap
+        new_session = turn.session is not None and self._session is not None and turn.session != self._session
+        if gap or new_session:
+            closed += self.close_session()
+        self.stream_time = turn.t if self.stream_time is None else max(self.stream_time, turn.t)
+        self._session = turn.session
+        index = self.stats.turns
+        self.stats.turns += 1
+        t0 = time.perf_counter()
+        node = self.tree.add_turn(index, turn.t, turn.speaker, turn.text, emb)
+        self._time("insert", t0)
+        if node is None:
+            self.stats.skipped += 1
+        else:
+            self._cost += self.bounded.cost(node)
+        t0 = time.perf_counter()
+        events = self.segmenter.push(emb)
+        self._time("segment", t0)
+        self._open_turns.append((self.segmenter.frames_seen - 1, None if node is None else node.node_id))
+        for event in events:
+            self._close_segment(event.start, event.end)
+            closed += 1
+        return closed
+
+    def _close_segment(self, start: int, end: int) -> None:
+        members = [(pos, nid) for pos, nid in self._open_turns if start <= pos <= end]
+        self._open_turns = [(pos, nid) for pos, nid in self._open_turns if pos > end]
+        ids = [nid for _, nid in members if nid is not None and nid in self.tree.nodes]
+        if not ids:
+            return
+        t0 = time.perf_counter()
+        nodes = [self.tree.nodes[i] for i in ids]
+        embs = torch.stack([n.embedding for n in nodes])
+        out = self.distiller.distill_segment([n.caption for n in nodes], embs)
+        distillate = out if isinstance(out, Distillate) else Distillate(str(out), None)
+        if not isinstance(distillate.summary, str) or not distillate.summary.strip():
+            raise ValueError(f"distill_segment must return a non-empty summary, got {distillate.summary!r}")
+        self._time("distill", t0)
+        summary_emb = self._embed_summary(distillate.summary, nodes)
+        if distillate.cited is None:
+            cited = [i for i, c in enumerate((embs @ summary_emb).tolist()) if c >= self.config.cite_threshold]
+        else:
+            cited = sorted(set(int(i) for i in distillate.cited))
+            if any(not 0 <= i < len(nodes) for i in cited):
+                raise ValueError(f"Distillate.cited must index the segment's {len(nodes)} turns, got {cited}")
+        t0 = time.perf_counter()
+        segment = self.tree.add_summary(ids, distillate.summary, summary_emb)
+        self._cost += self.bounded.cost(segment)
+        self._time("insert", t0)
+        self._open_segments.append(segment.node_id)
+        self.stats.segments += 1
+        t0 = time.perf_counter()
+        for i in cited:
+            self._cite(nodes[i])
+        self._time("supersede", t0)
+        self._enforce()
+
+    def _embed_summary(self, summary: str, nodes: Sequence[MemoryNode]) -> torch.Tensor:
+        for n in nodes:  # an extractive summary of one turn is that turn: reuse its embedding
+            if n.caption == summary:
+                return n.embedding
+        t0 = time.perf_counter()
+        emb = self.text_encoder.encode([summary])[0]
+        self._time("encode", t0)
+        return F.normalize(emb.float(), dim=0)
+
+    def _cite(self, node: MemoryNode) -> None:
+        """Count the summary's use of a turn, then let it supersede the closest older cited turn."""
+        node.access_count += 1
+        self.stats.cited += 1
+        theta = self.config.theta_update
+        others = [i for i in self._cited if i in self.tree.nodes]
+        self._cited = set(others)
+        if theta is not None and others:
+            from streammem_kernels import cosine_topk
+
+            keys = torch.stack([self.tree.nodes[i].embedding for i in others])
+            res = cosine_topk(node.embedding[None], keys, 1, backend=self.config.backend)
+            if float(res.scores[0, 0]) >= theta:
+                old = self.tree.nodes[others[int(res.ids[0, 0])]]
+                # The newer statement takes over the older one's uses (not their sum: a subject
+                # restated ten times is not ten times as useful as one stated once).
+                node.access_count = max(node.access_count, old.access_count)
+                old.access_count = 0
+                self._cited.discard(old.node_id)
+                self._superseded.add(old.node_id)
+                self.stats.superseded += 1
+        self._cited.add(node.node_id)
+
+    def close_session(self) -> int:
+        """Close the open segment and the open session (a pause did); returns the segments closed."""
+        closed = 0
+        for event in self.segmenter.flush():
+            self._close_segment(event.start, event.end)
+            closed += 1
+        ids = [i for i in self._open_segments if i in self.tree.nodes]
+        self._open_segments = []
+        if ids:
+            t0 = time.perf_counter()
+            caption = self.distiller.distill_session([self.tree.nodes[i].caption for i in ids])
+            if not isinstance(caption, str) or not caption.strip():
+                raise ValueError(f"distill_session must return a non-empty summary, got {caption!r}")
+            self._time("distill", t0)
+            emb = self._embed_summary(caption, [self.tree.nodes[i] for i in ids])
+            t0 = time.perf_counter()
+            session = self.tree.add_summary(ids, caption, emb)
+            self._cost += self.bounded.cost(session)
+            self._time("insert", t0)
+            self.stats.sessions += 1
+            self._enforce()
+        return closed
+
+    def finish(self) -> int:
+        """End of stream: close the open segment and session."""
+        return self.close_session()
+
+    def _enforce(self) -> None:
+        if self.stream_time is None:
+            return
+        # Node costs are fixed at creation, so the running sum is exact and BoundedMemory's
+        # O(nodes) pass (total_cost, then eviction) runs only when the budget is exceeded.
+        stats = self.bounded.stats
+        stats.peak_cost = max(stats.peak_cost, self._cost)
+        if self._cost <= self.bounded.budget:
+            return
+        t0 = time.perf_counter()
+        self.bounded.enforce(self.stream_time)
+        self._cost = self.bounded.total_cost()
+        self._time("evict", t0)
+
+    # ---- questions ---------------------------------------------------------------
+    def encode_question(self, question: str) -> torch.Tensor:
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("question must be a non-empty string")
+        return F.normalize(self.text_encoder.encode([question])[0].float(), dim=0)
+
+    def ask(self, question: str, *, k: int | None = None, answer: bool = True) -> Recall:
+        """Encode the question, recall now, and answer (``answer_fn`` or extractive)."""
+        t0 = time.perf_counter()
+        q = self.encode_question(question)
+        encode_s = time.perf_counter() - t0
+        rec = self.recall(q, question=question, k=k)
+        rec.timings["question_encode"] = encode_s
+        if answer:
+            if self.answer_fn is not None:
+                t1 = time.perf_counter()
+                rec.answer, rec.answer_kind = self.answer_fn(rec), "model"
+                rec.timings["answer"] = time.perf_counter() - t1
+            else:
+                rec.answer, rec.answer_kind = extractive_answer(rec), "extractive"
+        return rec
+
+    def _beam(self) -> tuple[int, ...]:
+        sessions, segments = self.config.beam
+        return (sessions, segments) if self.tree.tree.height >= 2 else (segments,)
+
+    def rank_weight(self, node: MemoryNode, now: float | None = None) -> float:
+        """Recall's weight of a turn: (1 + rank_utility x u) x (superseded_weight if superseded)."""
+        now = (self.stream_time or 0.0) if now is None else now
+        w = 1.0 + self.config.rank_utility * self.bounded.utility(node, now)
+        return w * self.config.superseded_weight if node.node_id in self._superseded else w
+
+    def refresh_utility(self) -> None:
+        """Write every stored turn's rank weight at the current stream time into the tree's utility column."""
+        tree = self.tree.tree
+        if tree is None or tree.num_live == 0:
+            return
+        now = self.stream_time if self.stream_time is not None else 0.0
+        self._superseded &= self.tree.nodes.keys()
+        rows = ((tree.level == 0) & tree.alive).nonzero()[:, 0]
+        nodes = [self.tree.node_at(r) for r in rows.tolist()]
+        # rank_weight for every stored turn at once (one Python pass to read the nodes, then tensors).
+        uses = torch.tensor([n.access_count for n in nodes], dtype=torch.float64)
+        idle = (now - torch.tensor([n.last_access for n in nodes], dtype=torch.float64)).clamp_min(0.0)
+        b = self.bounded
+        utility = b.alpha * torch.log1p(uses) + b.beta * torch.exp(-idle / b.tau)
+        weight = 1.0 + self.config.rank_utility * utility
+        superseded = torch.tensor([n.node_id in self._superseded for n in nodes], dtype=torch.bool)
+        weight = torch.where(superseded, weight * self.config.superseded_weight, weight)
+        tree.set_utility(rows, weight.to(torch.float32))
+
+    def recall(self, query_embedding, *, question: str = "", k: int | None = None) -> Recall:
+        """Ad-hoc recall now: beam over sessions and segments, turns by cos x rank weight (cos >= min_similarity).
+
+        Parameters
+        ----------
+        query_embedding : (E,) float tensor
+            The question's embedding (normalised here).
+        k : int, optional
+            Turns returned (default ``config.k``).
+
+        The returned turns count a use (``config.access``) at the current stream time.
+        """
+        from streammem_kernels import tree_search
+
+        k = self.config.k if k is None else k
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be an int >= 1, got {k!r}")
+        q = torch.as_tensor(query_embedding, dtype=torch.float32).reshape(-1)
+        if q.shape[0] != self.text_encoder.dim or not bool(torch.isfinite(q).all()):
+            raise ValueError(f"query_embedding must be a finite ({self.text_encoder.dim},) vector, "
+                             f"got {tuple(q.shape)}")
+        q = F.normalize(q, dim=0)
+        t0 = time.perf_counter()
+        tree = self.tree.tree
+        units: list[RecalledUnit] = []
+        timings = {}
+        if tree is not None and tree.num_live > 0:
+            self.refresh_utility()
+            t1 = time.perf_counter()
+            res = tree_search(tree, q[None], beam=self._beam(), k=k, min_score=self.config.min_similarity,
+                              use_utility=True, backend=self.config.backend)
+            t2 = time.perf_counter()
+            timings.update(utility=t1 - t0, search=t2 - t1)
+            now = self.stream_time if self.stream_time is not None else 0.0
+            for row, score in zip(res.ids[0].tolist(), res.scores[0].tolist()):
+                if row >= 0:
+                    node = self.tree.node_at(row)
+                    units.append(_unit(node, q, self.bounded.utility(node, now), score))
+            used = units if self.config.access == "context" else units[:1] if self.config.access == "answer" else []
+            for u in used:
+                node = self.tree.nodes[u.node]
+                node.access_count += 1
+                node.last_access = max(node.last_access, now)
+        latency = time.perf_counter() - t0
+        timings["total"] = latency
+        self.stats.recalls += 1
+        return Recall(question, self.stream_time, units, latency, timings)
+
+    # ---- checkpoints ---------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly; ``torch.load(weights_only=True)`` reads it."""
+        return {
+            "format": _FORMAT, "version": _VERSION, "config": self.config.to_dict(),
+            "text_dim": int(self.text_encoder.dim),
+            "tree": self.tree.state_dict(), "bounded": self.bounded.state_dict(),
+            "segmenter": self.segmenter.state_dict(),
+            "stats": asdict(self.stats), "stream_time": self.stream_time, "timings": dict(self.timings),
+            "session": self._session, "open_turns": [[p, -1 if n is None else n] for p, n in self._open_turns],
+            "open_segments": list(self._open_segments), "cited": sorted(self._cited),
+            "superseded": sorted(self._superseded),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict) or state.get("format") != _FORMAT:
+            raise ValueError("state is not a ProStream state_dict")
+        if state.get("version") != _VERSION:
+            raise ValueError(f"unsupported ProStream state version {state.get('version')!r} (this is {_VERSION})")
+        if ProStreamConfig.from_dict(state["config"]) != self.config:
+            raise ValueError("state was saved with another ProStreamConfig")
+        if state["text_dim"] != int(self.text_encoder.dim):
+            raise ValueError(f"state was saved with a {state['text_dim']}-d text encoder, this memory has "
+                             f"{self.text_encoder.dim}-d")
+        self.tree.load_state_dict(state["tree"])
+        self.bounded.load_state_dict(state["bounded"])
+        self.segmenter.load_state_dict(state["segmenter"])
+        self.stats = ProStreamStats(**state["stats"])
+        self.stream_time = state["stream_time"]
+        self.timings = dict(state["timings"])
+        self._session = state["session"]
+        self._open_turns = [(int(p), None if n < 0 else int(n)) for p, n in state["open_turns"]]
+        self._open_segments = [int(i) for i in state["open_segments"]]
+        self._cited = set(int(i) for i in state["cited"])
+        self._superseded = set(int(i) for i in state["superseded"])
+        self._cost = self.bounded.total_cost()
+
+    def save(self, path) -> Path:
+        """Write ``state_dict()`` to ``path`` (a file)."""
+        path = Path(path)
+        torch.save(self.state_dict(), path)
+        return path
+
+    @classmethod
+    def load(cls, path, text_encoder, **hooks) -> "ProStream":
+        """A memory saved with ``save`` (pass the same encoder; ``distiller`` / ``answer_fn`` as hooks)."""
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or state.get("format") != _FORMAT:
+            raise ValueError(f"{path} does not hold a ProStream state")
+        memory = cls(text_encoder, ProStreamConfig.from_dict(state["config"]), **hooks)
+        memory.load_state_dict(state)
+        return memory

@@ -1,0 +1,373 @@
+"""ProStream recipe (streammem.recipes.prostream) against the ground truth of the synthetic dialogue.
+
+The synthetic stream plants facts (which turn states which value), later updates
+of some of them, topic segments and sessions; every question carries the turn
+that holds its current answer and the turns holding superseded versions.  The
+tests check segmentation against the planted boundaries, recall against the
+planted facts (ProStream versus retrieve-everything and a recent window on the
+same embeddings), the token budget at every step, supersession, exact
+checkpoints, the baselines against brute force, the hooks, and the CLI.  The
+model-free hashing text encoder keeps them fast and deterministic.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from streammem.cli import main
+from streammem.models.encoders import HashingTextEncoder
+from streammem.recipes.prostream import (
+    Distillate,
+    ExtractiveDistiller,
+    FlatTurnMemory,
+    ModelDistiller,
+    ProStream,
+    ProStreamConfig,
+    Question,
+    Turn,
+    evaluate,
+    informative_tokens,
+    read_dialogue,
+    synthetic_dialogue,
+    write_dialogue,
+)
+
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return HashingTextEncoder()
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return synthetic_dialogue(900, seed=3)
+
+
+@pytest.fixture(scope="module")
+def embedded(stream, encoder):
+    return (encoder.encode([t.text for t in stream.turns]), encoder.encode([q.question for q in stream.questions]))
+
+
+@pytest.fixture(scope="module")
+def report(stream, encoder, embedded):
+    # A budget of 3000 tokens holds about a third of the stream: eviction runs.
+    config = ProStreamConfig.for_encoder("hashing", budget=3000)
+    return evaluate(stream.items, encoder, config=config, turn_embeddings=embedded[0],
+                    question_embeddings=embedded[1])
+
+
+# ---- the synthetic stream's own ground truth --------------------------------------
+def test_synthetic_dialogue_ground_truth_is_consistent(stream):
+    turns, questions = stream.turns, stream.questions
+    assert synthetic_dialogue(900, seed=3).items == stream.items  # deterministic
+    assert synthetic_dialogue(900, seed=4).items != stream.items
+    assert len(turns) == 900 and len(questions) == 36
+    assert {q.kind for q in questions} == {"near", "far", "updated"}
+    facts = {i: (subject, value) for i, subject, value in stream.facts}
+    times = [x.t for x in stream.items]
+    assert times == sorted(times)
+    for q in questions:
+        subject, value = facts[q.turn]
+        assert value == q.answer and q.answer in turns[q.turn].text and subject in q.question
+        asked_after = sum(1 for t in turns if t.t < q.t)
+        assert q.turn < asked_after  # stated before it is asked
+        age = asked_after - 1 - q.turn
+        if q.kind == "near":
+            assert 1 <= age <= 100 and not q.superseded
+        elif q.kind == "far":
+            assert age >= 499 and not q.superseded
+        else:
+            # Every earlier statement of the subject, the last one with another value.
+            assert q.superseded and all(facts[i][0] == subject and i < q.turn for i in q.superseded)
+            assert facts[q.superseded[-1]][1] != value
+            assert [i for i, s, _ in stream.facts if s == subject and i <= q.turn] == [*q.superseded, q.turn]
+
+
+def test_jsonl_round_trip_and_bad_lines(tmp_path, stream):
+    path = write_dialogue(tmp_path / "d.jsonl", stream.items[:200])
+    back = read_dialogue(path)
+    assert len(back) == 200
+    for a, b in zip(back, stream.items[:200]):
+        assert type(a) is type(b)
+        assert a.t == pytest.approx(b.t, abs=1e-3)
+        assert (a.text == b.text) if isinstance(a, Turn) else (a.question, a.answer, a.turn) == (b.question, b.answer,
+                                                                                                     b.turn)
+    bad = tmp_path / "bad.jsonl"
+    for line, match in (('{"t": 1, "text": "a"}\n{"t": 0, "text": "b"}', "before the previous"),
+                        ('{"t": 1}', "non-empty 'text'"), ("not json", "not valid JSON"),
+                        ('{"t": "x", "text": "a"}', "finite number"), ('{"t": 1, "question": "q?", "turn": -1}',
+                                                                        "turn index")):
+        bad.write_text(line)
+        with pytest.raises(ValueError, match=match):
+            read_dialogue(bad)
+
+
+# ---- segmentation against the planted topic segments and sessions --------------------------------
+def test_drift_segments_and_sessions_match_the_planted_ones(encoder):
+    d = synthetic_dialogue(600, seed=1)
+    memory = ProStream(encoder, ProStreamConfig.for_encoder("hashing", budget=10**9))
+    memory.push(d.turns)
+    memory.finish()
+    nodes = memory.tree.nodes.values()
+    cuts = sorted(n.first_frame for n in nodes if n.level == 1)
+    sessions = sorted(n.first_frame for n in nodes if n.level == 2)
+    assert sessions == d.session_starts  # the 8-16 h pauses close sessions
+    planted = set(d.segment_starts)
+    found = sum(c in planted for c in cuts)
+    assert found / len(planted) >= 0.7  # recall of planted boundaries
+    chance = len(planted) / 600  # precision of cuts at random turns
+    assert found / len(cuts) >= 2 * chance
+    # Segments partition the turns and each segment stays inside its session.
+    children = sorted((memory.tree.nodes[c].first_frame for n in nodes if n.level == 1 for c in n.children))
+    assert children == list(range(600))
+    assert memory.summary()["evicted_turns"] == 0 and memory.stored_turns == 600
+
+
+# ---- recall against the planted facts -------------------------------------------------------------
+def test_recall_accuracy_on_planted_facts_beats_the_baselines(report):
+    ps, everything, recent = (report["methods"][m] for m in ("prostream", "everything", "recent"))
+    assert ps["by_kind"]["all"]["n"] == 36
+    # Updated facts: the flat baselines tie the old and new statement on cosine and often return
+    # the stale one; supersession ranks the newer above it.
+    assert ps["by_kind"]["updated"]["correct"] >= 0.75
+    assert ps["by_kind"]["updated"]["correct"] >= everything["by_kind"]["updated"]["correct"] + 0.3
+    assert ps["by_kind"]["updated"]["stale"] <= 0.2 < everything["by_kind"]["updated"]["stale"]
+    assert ps["by_kind"]["near"]["correct"] >= 0.9
+    # Same token budget: the recent window forgets far facts, ProStream keeps (most of) them.
+    assert recent["memory_tokens"] <= 3000 and ps["memory_tokens"] <= 3000
+    assert ps["by_kind"]["far"]["hit"] > recent["by_kind"]["far"]["hit"]
+    assert ps["by_kind"]["all"]["correct"] > max(everything["by_kind"]["all"]["correct"],
+                                                recent["by_kind"]["all"]["correct"])
+    assert everything["stored_turns"] == 900 > ps["stored_turns"]
+
+
+def test_memory_stays_within_budget_at_every_step(stream, encoder, embedded):
+    # The budget is enforced at every segment and session close (to low_water x budget); between
+    # closes only the open segment's turns (at most max_event) are added, and a close adds a segment
+    # summary (<= segment_turns = 2 quoted turns) and a session summary (<= 3 quoted sentences).
+    budget = 1200
+    config = ProStreamConfig.for_encoder("hashing", budget=budget)
+    memory = ProStream(encoder, config)
+    turns, emb = stream.turns[:500], embedded[0][:500]
+    turn_cost = max(len(t.text.split()) + 1 for t in turns)
+    for start in range(0, 500, 37):  # odd batch size: closes fall anywhere in a batch
+        memory.push(turns[start:start + 37], emb[start:start + 37])
+        assert memory.memory_tokens == memory.bounded.total_cost() <= budget + config.max_event * turn_cost
+    s = memory.summary()
+    assert s["evicted_turns"] > 0 and s["peak_tokens"] <= budget + (config.max_event + 2 + 3) * turn_cost
+    # What stays: facts (cited by their segment summary) outlive chatter.
+    fact_turns = {i for i, _, _ in stream.facts if i < 500}
+    stored = {n.first_frame for n in memory.tree.nodes.values() if n.level == 0}
+    assert len(stored & fact_turns) / len(fact_turns) > 2 * len(stored) / 500
+
+
+def test_superseded_fact_ranks_below_its_update(encoder):
+    chat = ["Loved the pasta, the garlic and the oven.", "More hiking: trail, boots, ridge.",
+            "Still thinking about rain, wind and clouds."]
+    texts = ["Marlow's car is Volvo."] + chat * 3 + ["So Marlow's car is Fiat."] + chat
+    turns = [Turn(10.0 * i, "user", text) for i, text in enumerate(texts)]
+    memory = ProStream(encoder, ProStreamConfig.for_encoder("hashing", max_event=3))
+    flat = FlatTurnMemory(encoder, k=5)
+    for m in (memory, flat):
+        m.push(turns)
+    rec = memory.ask("What is Marlow's car?")
+    assert rec.best.first_turn == 10 and "Fiat" in rec.answer and rec.answer_kind == "extractive"
+    assert memory.summary()["superseded"] == 1
+    units = {u.first_turn: u for u in rec.units}
+    assert units[0].score < units[10].score  # the old version is still recalled, below the new one
+    before = ProStream(encoder, ProStreamConfig.for_encoder("hashing", max_event=3))
+    before.push(turns[:5])  # asked before the update: the old value is the answer
+    assert before.ask("What is Marlow's car?").best.first_turn == 0
+
+
+def test_checkpoint_continues_exactly(tmp_path, stream, encoder, embedded):
+    config = ProStreamConfig.for_encoder("hashing", budget=1500)
+    turns, emb = stream.turns[:400], embedded[0][:400]
+    queries = F.normalize(embedded[1][:6], dim=1)
+    whole = ProStream(encoder, config)
+    whole.push(turns, emb)
+    half = ProStream(encoder, config)
+    half.push(turns[:213], emb[:213])
+    path = half.save(tmp_path / "ps.pt")
+    resumed = ProStream.load(path, encoder)
+    resumed.push(turns[213:], emb[213:])
+    for m in (whole, resumed):
+        m.finish()
+    assert resumed.summary() | {"seconds": None} == whole.summary() | {"seconds": None}
+    for q in queries:
+        a, b = whole.recall(q), resumed.recall(q)
+        assert [(u.node, u.score) for u in a.units] == [(u.node, u.score) for u in b.units]
+    with pytest.raises(ValueError, match="another ProStreamConfig"):
+        ProStream(encoder, config.replace(budget=99)).load_state_dict(half.state_dict())
+
+
+# ---- baselines against brute force -------------------------------------------------------------------
+def test_flat_baselines_equal_brute_force(stream, encoder, embedded):
+    turns, emb = stream.turns[:300], F.normalize(embedded[0][:300], dim=1)
+    q = F.normalize(embedded[1][0], dim=0)
+    everything = FlatTurnMemory(encoder, k=7)
+    window = FlatTurnMemory(encoder, window_tokens=500, k=7)
+    for m in (everything, window):
+        for start in range(0, 300, 41):
+            m.push(turns[start:start + 41], emb[start:start + 41])
+    scores = emb @ q
+
+    def check(units, lo):  # the top-7 cosines of turns lo.., each unit's score its turn's cosine (ties: any order)
+        got = torch.tensor([u.score for u in units])
+        torch.testing.assert_close(got, torch.topk(scores[lo:], 7).values)
+        torch.testing.assert_close(got, scores[[u.first_turn for u in units]])
+        assert min(u.first_turn for u in units) >= lo
+
+    check(everything.recall(q).units, 0)
+    # The window: the newest turns whose words + 1 sum to at most 500.
+    costs = [len(t.text.split()) + 1 for t in turns]
+    start = 300
+    while start > 0 and sum(costs[start - 1:]) <= 500:
+        start -= 1
+    assert window.stored_turns == 300 - start and window.memory_tokens == sum(costs[start:])
+    check(window.recall(q).units, start)
+
+
+# ---- distillation and hooks ----------------------------------------------------------------------------
+def test_extractive_distiller_quotes_informative_turns():
+    assert informative_tokens("So Marlow's car is Volvo.") == 2
+    assert informative_tokens("Garlic with pasta, then oven. I agree.") == 0
+    texts = ["Garlic with pasta, then oven.", "Marlow's locker number is 4287.", "More cooking: basil.",
+             "So Quentin's gym is Pulse at 7 pm."]
+    emb = F.normalize(torch.randn(4, 16, generator=torch.Generator().manual_seed(0)), dim=1)
+    d = ExtractiveDistiller(segment_turns=1).distill_segment(texts, emb)
+    assert d.cited == (3,) and d.summary == texts[3]  # 3 informative tokens beat 1
+    d = ExtractiveDistiller().distill_segment(texts, emb)
+    assert d.cited == (1, 3) and d.summary == f"{texts[1]} {texts[3]}"
+    plain = ExtractiveDistiller().distill_segment(texts[::2], emb[::2])
+    assert plain.cited == () and plain.summary in texts[::2]
+    session = ExtractiveDistiller(session_sentences=1).distill_session(["A walk. Marlow met Quentin in Oslo.", "Rain."])
+    assert session == "Marlow met Quentin in Oslo."
+    with pytest.raises(ValueError, match="segment_turns"):
+        ExtractiveDistiller(segment_turns=0)
+
+
+def test_model_hooks_are_called_and_cited_by_similarity(encoder):
+    prompts = []
+
+    def generate(prompt):
+        prompts.append(prompt)
+        return "Marlow's locker number is 4287." if "locker" in prompt else "A chat about food."
+
+    texts = ["Garlic with pasta, then oven.", "Marlow's locker number is 4287.", "More cooking: basil, dough."]
+    turns = [Turn(float(i), "user", t) for i, t in enumerate(texts)]
+    answers = []
+    memory = ProStream(encoder, ProStreamConfig.for_encoder("hashing"), distiller=ModelDistiller(generate),
+                       answer_fn=lambda rec: answers.append(rec) or "4287")
+    memory.push(turns)
+    memory.finish()
+    assert any("- Marlow's locker number is 4287." in p for p in prompts)
+    assert memory.summary()["distiller"] == "model" and memory.summary()["cited"] >= 1
+    cited = [n for n in memory.tree.nodes.values() if n.level == 0 and n.access_count > 0]
+    assert [n.caption for n in cited] == [texts[1]]  # cited by similarity to the summary only
+    rec = memory.ask("What is Marlow's locker number?")
+    assert (rec.answer, rec.answer_kind) == ("4287", "model") and answers == [rec]
+    with pytest.raises(ValueError, match="generate"):
+        ModelDistiller("not callable")
+    silent = ProStream(encoder, distiller=ModelDistiller(lambda p: " "))
+    with pytest.raises(ValueError, match="non-empty"):
+        silent.push(turns)
+        silent.finish()
+
+
+def test_custom_distillate_citations_are_checked(encoder):
+    class CitesOutOfRange:
+        def distill_segment(self, texts, embeddings):
+            return Distillate(texts[0], (len(texts),))
+
+        def distill_session(self, summaries):
+            return summaries[0]
+
+    memory = ProStream(encoder, distiller=CitesOutOfRange())
+    memory.push(Turn(0.0, "a", "Hello there."))
+    with pytest.raises(ValueError, match="Distillate.cited"):
+        memory.finish()
+
+
+# ---- validation ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("changes, match", [
+    ({"drift": 1.5}, "drift"), ({"budget": 0}, "budget"), ({"beam": (5,)}, "beam"), ({"k": 0}, "k must"),
+    ({"access": "all"}, "access"), ({"superseded_weight": 0.0}, "superseded_weight"),
+    ({"rank_utility": -1.0}, "rank_utility"), ({"tau": float("nan")}, "tau"),
+])
+def test_config_validation(changes, match):
+    with pytest.raises(ValueError, match=match):
+        ProStreamConfig(**changes)
+
+
+def test_push_and_recall_validation(encoder):
+    memory = ProStream(encoder)
+    memory.push([Turn(5.0, "a", "Hello.")])
+    with pytest.raises(ValueError, match="before the stream time"):
+        memory.push([Turn(4.0, "a", "Earlier.")])
+    with pytest.raises(ValueError, match="non-empty string"):
+        memory.push([Turn(6.0, "a", "  ")])
+    with pytest.raises(ValueError, match=r"float \(1, E\)"):
+        memory.push([Turn(6.0, "a", "Hi.")], torch.zeros(2, encoder.dim))
+    with pytest.raises(ValueError, match="finite"):
+        memory.push([Turn(6.0, "a", "Hi.")], torch.full((1, encoder.dim), float("nan")))
+    with pytest.raises(ValueError, match="query_embedding"):
+        memory.recall(torch.zeros(3))
+    with pytest.raises(ValueError, match="k must"):
+        memory.recall(torch.ones(encoder.dim), k=0)
+    with pytest.raises(ValueError, match="question"):
+        memory.ask("")
+    with pytest.raises(ValueError, match="text_encoder"):
+        ProStream(None)
+    assert memory.stats.turns == 1  # rejected pushes changed nothing
+
+
+def test_recall_on_an_empty_memory_returns_nothing(encoder):
+    rec = ProStream(encoder).ask("Anything?")
+    assert rec.units == [] and rec.answer is None and rec.best is None
+
+
+# ---- the CLI -----------------------------------------------------------------------------------------------
+def test_cli_prostream_json_and_errors(tmp_path, capsys):
+    assert main(["prostream", "--generate", "300", "--text-encoder", "hashing", "--compare", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["methods"]) == {"prostream", "everything", "recent"} and out["questions"] == 20
+    assert out["methods"]["prostream"]["by_kind"]["all"]["n"] == 20 and len(out["shown"]) == 20
+    assert all(s["answer"] == (s["units"][0]["text"] if s["units"] else None) for s in out["shown"])
+    path = tmp_path / "d.jsonl"
+    assert main(["prostream", "--generate", "120", "--write", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["prostream", str(path), "--text-encoder", "hashing", "--ask", "What is the weather like?",
+                 "--beam", "2,8", "-k", "2", "--show", "99"]) == 0
+    text = capsys.readouterr().out
+    assert "Q: What is the weather like?" in text and "[extractive]" in text and "ProStream" in text
+    assert main(["prostream", str(tmp_path / "missing.jsonl")]) == 2
+    assert main(["prostream", "--beam", "3", "--text-encoder", "hashing"]) == 2
+    assert "--beam must be SESSIONS,SEGMENTS" in capsys.readouterr().err
+
+
+def test_novelty_filter_skips_restated_turns(encoder):
+    # theta_concept (off by default): a turn this close to a stored one is not stored again.
+    memory = ProStream(encoder, ProStreamConfig.for_encoder("hashing", theta_concept=0.95))
+    memory.push([Turn(float(i), "user", "Marlow's car is Volvo.") for i in range(5)])
+    memory.finish()
+    s = memory.summary()
+    assert s["skipped_redundant"] == 4 and s["stored"] == {"turns": 1, "segments": 1, "sessions": 1}
+    assert memory.ask("What is Marlow's car?").best.first_turn == 0
+
+
+def test_extractive_answer_of_a_recall_is_its_best_turn_verbatim():
+    """The package's one extractive_answer answers a ProStream Recall with its best turn's text (None when
+    nothing was recalled), as ProStream.ask labels "extractive"."""
+    from streammem import extractive_answer
+    from streammem.recipes.prostream import Recall, RecalledUnit
+
+    best = RecalledUnit(3, 10, 10, 12.5, "user", "Marlow's car is a Fiat.", 0.8, 1.0, 0.8)
+    other = RecalledUnit(4, 11, 11, 13.0, "user", "Lovely weather.", 0.1, 1.0, 0.1)
+    assert extractive_answer(Recall("What is Marlow's car?", 20.0, [best, other], 0.001)) == best.text
+    assert extractive_answer(Recall("What is Marlow's car?", 20.0, [], 0.001)) is None
