@@ -460,7 +460,10 @@ def stage_bench(run: Run, cap_s: float) -> tuple[str, dict]:
     bad = [s for s, r in suites.items() if r["status"].startswith(("failed", "not run"))]
     capped = [s for s, r in suites.items() if r["status"].startswith("stopped")]
     if bad:
-        return "failed: " + ", ".join(f"{s} ({suites[s]['status']})" for s in bad + capped), suites
+        by_status: dict[str, list[str]] = {}
+        for suite in bad + capped:
+            by_status.setdefault(suites[suite]["status"], []).append(suite)
+        return "failed: " + "; ".join(f"{', '.join(names)}: {status}" for status, names in by_status.items()), suites
     if capped:
         return "partial: " + ", ".join(f"{s} {suites[s]['status']}" for s in capped), suites
     return "ok", suites
