@@ -200,7 +200,8 @@ def stage_environment(run: Run, cap_s: float) -> tuple[str, dict]:
     run.facts.update(details)
     run.say(f"GPU {name} (compute capability {cap}, driver {driver}, {memory}); torch {versions['torch']} "
             f"(CUDA {torch_cuda.get('cuda')}, device visible: {torch_cuda.get('available')}), Triton "
-            f"{versions['triton']}, numpy {versions['numpy']}, Python {details['python']}, {cores()} cores, nvcc {nvcc}")
+            f"{versions['triton']}, numpy {versions['numpy']}, Python {details['python']}, {cores()} cores, "
+            f"nvcc {nvcc}")
     if not torch_cuda.get("available"):
         run.say("no CUDA device visible to torch: every GPU case below will fail or skip for that reason")
     if name is None or cap is None:
@@ -354,6 +355,16 @@ def merge_junit(parts: list[str], target: str) -> None:
     ET.ElementTree(merged).write(target, encoding="utf-8", xml_declaration=True)
 
 
+def plugin_version(dist: str) -> tuple:
+    """(major, minor) of an installed distribution, () when it is absent."""
+    from importlib import metadata
+
+    try:
+        return tuple(int(p) for p in re.findall(r"\d+", metadata.version(dist))[:2])
+    except metadata.PackageNotFoundError:
+        return ()
+
+
 def stage_tests(run: Run, cap_s: float) -> tuple[str, dict]:
     log = run.path("tests.log")
     timeout = run.left(cap_s)
@@ -363,21 +374,25 @@ def stage_tests(run: Run, cap_s: float) -> tuple[str, dict]:
     for stale in (gpu_xml, sync_xml):
         if os.path.exists(stale):
             os.remove(stale)
-    common = ["-p", "no:cacheprovider", "-q", "-rfEs", "--tb=short", f"--timeout={PER_TEST_TIMEOUT_S}",
-              "--durations=15"]
+    common = ["-p", "no:cacheprovider", "-q", "-rfEs", "--tb=short", "--durations=15"]
+    if plugin_version("pytest-timeout"):
+        common.append(f"--timeout={PER_TEST_TIMEOUT_S}")
     gpu_env = base_env()
     gpu_env.pop("TRITON_INTERPRET", None)  # compiled Triton on the GPU
     gpu_env["STREAMMEM_REQUIRE_GPU"] = "1"  # a CUDA case that cannot run fails instead of skipping
     sync_env = base_env()
     sync_env["TRITON_INTERPRET"] = "1"
-    session = max(10, int(timeout) - 10)  # pytest stops itself first and still writes its JUnit file
+    # pytest stops itself first (pytest-timeout >= 2.3) and still writes its JUnit file.
+    session = [f"--session-timeout={max(10, int(timeout) - 10)}"] \
+        if plugin_version("pytest-timeout") >= (2, 3) else []
+    parallel = ["-n", str(workers)] if plugin_version("pytest-xdist") else []
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         sync_job = pool.submit(run_capped, [sys.executable, "-m", "pytest", *HOST_SYNC_TESTS, *common,
-                                            f"--session-timeout={session}", f"--junitxml={sync_xml}"],
+                                            *session, f"--junitxml={sync_xml}"],
                                log, timeout, sync_env, "no-host-sync checks (interpreted): pytest -m host_sync")
-        gpu_job = pool.submit(run_capped, [sys.executable, "-m", "pytest", *GPU_TESTS, *common, "-n", str(workers),
-                                           f"--session-timeout={session}", f"--junitxml={gpu_xml}"],
-                              log, timeout, gpu_env, f"GPU tests: pytest -m gpu -n {workers}")
+        gpu_job = pool.submit(run_capped, [sys.executable, "-m", "pytest", *GPU_TESTS, *common, *parallel,
+                                           *session, f"--junitxml={gpu_xml}"],
+                              log, timeout, gpu_env, f"GPU tests: pytest -m gpu {' '.join(parallel)}")
         (sync_rc, sync_s), (gpu_rc, gpu_s) = sync_job.result(), gpu_job.result()
     merge_junit([gpu_xml, sync_xml], run.path("tests.xml"))
     gpu_counts, sync_counts = junit_counts(gpu_xml), junit_counts(sync_xml)
@@ -565,7 +580,8 @@ STAGE_FUNCTIONS = {"environment": stage_environment, "carry": stage_carry, "buil
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--plan", action="store_true", help="print the stages, caps and $OUT files as JSON; run nothing")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the stages, caps and $OUT files as JSON; run nothing")
     args = parser.parse_args(argv)
     if args.plan:
         print(json.dumps({"stages": dict(STAGES), "total_cap_s": TOTAL_CAP_S, "out_files": list(OUT_FILES),
