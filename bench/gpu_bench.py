@@ -145,8 +145,7 @@ def suite_tree(device: torch.device, small: bool) -> Iterator[Case | Skip]:
     sizes = [(2_000, 8)] if small else [(1_000_000, 1), (1_000_000, 64), (100_000, 1024)]
     peers_compiled, key_sets = [], {}
     for n, q in sizes:
-        if n not in key_sets:
-            key_sets.clear()  # one key set in memory at a time
+        if n not in key_sets:  # the query counts of one N share its keys
             key_sets[n] = F.normalize(randn(n, dim, seed=n, device=device), dim=1)
         keys = key_sets[n]
         queries = F.normalize(randn(q, dim, seed=q, device=device), dim=1)
