@@ -9,7 +9,8 @@ and the only installs are the wheels ``make gpu-carry`` put in ``.gpu-carry/whee
 into ``build/gpu-oneshot/site`` (``--no-index --no-deps``: torch, numpy and Triton
 stay the machine's own).
 
-Stages, each under its cap (``STAGES``; the caps add up to at most 8 minutes):
+Stages, each under its cap (``STAGES``; the caps add up to at most 8 minutes, and
+the time a stage leaves unused goes to the stages after it):
 
 1. ``environment`` -- GPU, driver, compute capability, library versions;
 2. ``carry`` -- the carried wheels (a missing peer later skips its rows with a note);
@@ -98,6 +99,7 @@ class Run:
         self.stages: list[dict] = []
         self.log = open(os.path.join(out_dir, "gpu.log"), "w")
         self.facts: dict = {}
+        self.stage_end = self.start  # set by main(): the running stage's end on the schedule
 
     def say(self, text: str) -> None:
         line = f"[gpu {time.monotonic() - self.start:5.0f}s] {text}"
@@ -109,9 +111,9 @@ class Run:
         assert name in OUT_FILES, name
         return os.path.join(self.out_dir, name)
 
-    def left(self, cap_s: float, reserve_s: float = 0.0) -> float:
-        """Seconds a stage capped at ``cap_s`` may still take, keeping ``reserve_s`` for the stages after it."""
-        return max(0.0, min(cap_s, self.deadline - reserve_s - time.monotonic()))
+    def left(self, reserve_s: float = 0.0) -> float:
+        """Seconds the running stage may still take, keeping ``reserve_s`` of them for what follows in it."""
+        return max(0.0, min(self.stage_end, self.deadline) - reserve_s - time.monotonic())
 
 
 def run_capped(cmd: list[str], log_path: str, timeout_s: float, env: dict | None = None, header: str = "") -> tuple:
@@ -191,7 +193,7 @@ def stage_environment(run: Run, cap_s: float) -> tuple[str, dict]:
             versions[dist] = None
     probe = subprocess.run([sys.executable, "-c", "import json, torch; print(json.dumps({'cuda': torch.version.cuda, "
                             "'available': torch.cuda.is_available(), 'devices': torch.cuda.device_count()}))"],
-                           capture_output=True, text=True, timeout=cap_s, cwd=ROOT)
+                           capture_output=True, text=True, timeout=max(1.0, run.left()), cwd=ROOT)
     torch_cuda = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else {}
     nvcc = find_nvcc()
     details = {"gpu": name, "driver": driver, "memory": memory, "compute_cap": cap, "torch_cuda": torch_cuda,
@@ -238,7 +240,7 @@ def stage_carry(run: Run, cap_s: float) -> tuple[str, dict]:
         # numpy and Triton stay the machine's.
         cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--find-links", CARRY_WHEELS, "--no-deps",
                "--no-compile", "--disable-pip-version-check", "--target", CARRY_SITE, *wheels]
-        rc, _ = run_capped(cmd, run.path("build.log"), run.left(cap_s), base_env(), "carry: pip install (no index)")
+        rc, _ = run_capped(cmd, run.path("build.log"), run.left(), base_env(), "carry: pip install (no index)")
         if rc != 0:
             return f"failed: pip exit {rc} (build.log)", {"wheels": names}
         os.makedirs(CARRY_SITE, exist_ok=True)
@@ -279,7 +281,7 @@ def stage_build(run: Run, cap_s: float) -> tuple[str, dict]:
     env = base_env()
     env["STREAMMEM_CUDA_ARCHS"] = arch
     env["STREAMMEM_SKIP_CUDA"] = "1"  # built below, one nvcc per module, at the same time
-    timeout = run.left(cap_s)
+    timeout = run.left()
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         cpp = pool.submit(run_capped, [sys.executable, "setup.py", "-q", "build_ext", "--inplace", "-j", str(jobs)],
@@ -314,8 +316,9 @@ def stage_build(run: Run, cap_s: float) -> tuple[str, dict]:
     run.say(f"build: sm_{arch} only, -j {jobs}: C++ modules exit {cpp_rc} in {cpp_s:.0f} s; CUDA modules "
             + (", ".join(f"{op} exit {rc} in {s:.0f} s" for op, (rc, s) in cuda.items()) or cuda_status
                or "up to date") + f"; {time.monotonic() - start:.0f} s in all")
-    failed = [f"C++ exit {cpp_rc}"] if cpp_rc != 0 else []
-    failed += [f"CUDA {op} exit {rc}" for op, (rc, _) in cuda.items() if rc != 0]
+    failed = [] if cpp_rc == 0 else [f"C++ exit {cpp_rc}" if cpp_rc is not None else "C++ stopped at the cap"]
+    failed += [f"CUDA {op} " + (f"exit {rc}" if rc is not None else "stopped at the cap")
+               for op, (rc, _) in cuda.items() if rc != 0]
     if cuda_status:
         failed.append(cuda_status)
     if failed:
@@ -367,7 +370,7 @@ def plugin_version(dist: str) -> tuple:
 
 def stage_tests(run: Run, cap_s: float) -> tuple[str, dict]:
     log = run.path("tests.log")
-    timeout = run.left(cap_s)
+    timeout = run.left()
     workers = max(2, min(8, cores() // 2))
     os.makedirs(SCRATCH, exist_ok=True)
     gpu_xml, sync_xml = os.path.join(SCRATCH, "gpu-tests.xml"), os.path.join(SCRATCH, "host-sync-tests.xml")
@@ -429,7 +432,7 @@ def stage_peaks(run: Run, cap_s: float) -> tuple[str, dict]:
     if os.path.exists(scratch):
         os.remove(scratch)
     rc, s = run_capped([sys.executable, os.path.join(BENCH_DIR, "gpu_bench.py"), "peaks", "--out", scratch],
-                       run.path("bench.log"), run.left(cap_s), base_env(), "peaks")
+                       run.path("bench.log"), run.left(), base_env(), "peaks")
     peaks = {}
     if rc == 0 and os.path.exists(scratch):
         with open(scratch) as fh:
@@ -448,7 +451,7 @@ def stage_bench(run: Run, cap_s: float) -> tuple[str, dict]:
     if os.path.exists(rows_path):
         os.remove(rows_path)
     suites = {}
-    stage_end = time.monotonic() + run.left(cap_s, reserve_s=dict(STAGES)["report"])
+    stage_end = time.monotonic() + run.left()
     for suite, suite_cap in BENCH_SUITE_CAPS_S.items():
         timeout = max(0.0, min(suite_cap, stage_end - time.monotonic()))
         before = _count_rows(rows_path)
@@ -597,7 +600,12 @@ def main(argv: list[str] | None = None) -> int:
     run.say(f"one-shot GPU run from {ROOT} into {out_dir}; stage caps {dict(STAGES)} (sum "
             f"{sum(c for _, c in STAGES)} s, at most {TOTAL_CAP_S} s)")
     started = dt.datetime.now(dt.timezone.utc)
+    schedule = 0.0
     for name, cap in STAGES:
+        # Stages keep to a schedule: each must end when the caps so far are spent, so the time
+        # a quick stage leaves goes to the ones after it and the whole run to TOTAL_CAP_S.
+        schedule += cap
+        run.stage_end = run.start + schedule
         t0 = time.monotonic()
         run.say(f"== {name} (cap {cap} s)")
         try:
