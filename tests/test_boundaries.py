@@ -472,6 +472,7 @@ def test_push_tensors_is_what_push_returns(backend):
         StreamingSegmenter().flush_tensors()
 
 
+@pytest.mark.host_sync
 @pytest.mark.parametrize("backend", [b for b in ("torch", "triton") if b in BACKENDS])
 def test_gpu_paths_never_synchronise_with_the_host(monkeypatch, backend):
     """The code a CUDA tensor runs (torch and Triton backends, the streaming step
@@ -506,6 +507,7 @@ def test_gpu_paths_never_synchronise_with_the_host(monkeypatch, backend):
         assert sorted(e for st in steps[key] for e in st.events()) == want[key]
 
 
+@pytest.mark.host_sync
 def test_the_guard_catches_a_host_sync():
     # The no-host-sync mode above is not vacuous: the Python-returning push reads tensors on the host.
     seg = StreamingSegmenter(window=3, backend="torch")
@@ -514,6 +516,7 @@ def test_the_guard_catches_a_host_sync():
         seg.push(torch.randn(2, 4))
 
 
+@pytest.mark.gpu
 @CUDA
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_every_device_resident_form_captures_in_a_cuda_graph(backend):
@@ -548,6 +551,7 @@ def require_fused_cuda():
         pytest.skip("the CUDA module of boundaries is not built")
 
 
+@pytest.mark.gpu
 @CUDA
 @pytest.mark.parametrize("params", PARAM_GRID, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "defaults")
 def test_fused_cuda_push_equals_the_reference(params):
@@ -566,6 +570,7 @@ def test_fused_cuda_push_equals_the_reference(params):
         assert single == [e for e in want if e.stream == s]
 
 
+@pytest.mark.gpu
 @CUDA
 def test_fused_cuda_push_decisions_at_thresholds():
     require_fused_cuda()
@@ -575,6 +580,7 @@ def test_fused_cuda_push_decisions_at_thresholds():
         assert [e for t in range(5) for e in seg.push(x[t])] + seg.flush() == want, params
 
 
+@pytest.mark.gpu
 @CUDA
 def test_fused_cuda_push_captures_in_a_cuda_graph():
     require_fused_cuda()

@@ -699,6 +699,7 @@ def test_triton_assignment_compensates_long_dot_products():
 # --------------------------------------------------------------------------
 # GPU path: no host synchronisation, CUDA-graph capture, 64-bit offsets
 # --------------------------------------------------------------------------
+@pytest.mark.host_sync
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton unavailable")
 @pytest.mark.parametrize("metric", ["l2", "cosine"])
 def test_triton_path_never_synchronises_with_the_host(monkeypatch, metric):
@@ -721,6 +722,7 @@ def test_triton_path_never_synchronises_with_the_host(monkeypatch, metric):
     assert frames.centroids.shape == (3, 3, 2, 3)
 
 
+@pytest.mark.host_sync
 def test_host_sync_guard_catches_the_reference_loop(monkeypatch):
     # The guard of the test above can fail: the reference's host loop (torch.nonzero per iteration)
     # trips it.
@@ -739,6 +741,7 @@ def _graph_case(device, metric):
     return x, init, lengths, weights
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("metric", ["l2", "cosine"])
 def test_cuda_graph_capture(metric):
@@ -800,6 +803,7 @@ def test_triton_offsets_are_64_bit():
     del views, base
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 def test_cuda_problem_larger_than_2_31_elements():
     # The real thing where the GPU has the memory: one problem of 32,769 frames x 65,536 features
