@@ -7,8 +7,8 @@ shape contract.  Importing the package is cheap: native
 modules and Triton load lazily on first use.
 """
 from .runtime.dispatch import BACKENDS, BackendFallbackWarning, BackendReport, backend_report
-from .boundaries import (Event, SegmentStep, StreamingSegmenter, adjacent_cosine, depth_scores, detect_boundaries,
-                         event_ends)
+from .boundaries import Event, SegmentStep, adjacent_cosine, depth_scores, detect_boundaries, event_ends
+from .boundaries.streaming import StreamingSegmenter
 from .graph import (CSRGraph, GraphRetrieval, Neighbourhood, SourceChunks, graph_retrieve, khop_neighbourhood,
                     neighbourhood_chunks)
 from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
