@@ -127,3 +127,18 @@ def test_harness_catches_approximate_math_in_an_exact_kernel():
     assert any("sqrt.approx" in p or "div.full" in p or "div.approx" in p or "rcp.approx" in p for p in problems)
     # tl.sqrt is approximate even without fusion: an exact kernel must use tl.sqrt_rn / tl.div_rn.
     assert exact["inexact_ptx"], exact
+
+
+def test_spill_allowance_is_per_triton_release_and_bounded():
+    """A kernel's contract may allow the bytes an older Triton spills ("spills": {"3.6": n}); the same
+    spill is a problem under any other release, and more than n bytes is one under 3.6 too."""
+    inventory = {"k": {"hot": True, "exact": False, "spills": {"3.6": 8}}}
+    launch = {"kernel": "k", "scenario": "s", "kwargs": {}}
+
+    def result(stores, loads):
+        return {"kernel": "k", "arch": 80, "scenarios": ["s"], "error": None, "spill_stores": stores,
+                "spill_loads": loads, "registers": 64, "shared": 0, "inexact_ptx": [], "fma_ptx": False}
+
+    assert _aot.check_report([result(4, 4)], [launch], inventory, triton_version="3.6.0") == []
+    assert any("spills" in p for p in _aot.check_report([result(4, 4)], [launch], inventory, triton_version="3.9.0"))
+    assert any("spills" in p for p in _aot.check_report([result(8, 4)], [launch], inventory, triton_version="3.6.0"))

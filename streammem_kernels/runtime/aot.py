@@ -107,7 +107,8 @@ def kernel_inventory(only: list[str] | None = None) -> dict[str, dict]:
         for name in _jit_functions(module):
             if name.endswith("_kernel"):
                 c = contracts.get(name, {})
-                out[f"{mod_name}.{name}"] = {"hot": bool(c.get("hot", False)), "exact": bool(c.get("exact", False))}
+                out[f"{mod_name}.{name}"] = {"hot": bool(c.get("hot", False)), "exact": bool(c.get("exact", False)),
+                                             "spills": dict(c.get("spills", {}))}
         unknown = set(contracts) - set(_jit_functions(module))
         if unknown:
             raise ValueError(f"{mod_name}.KERNEL_CONTRACTS names no kernel: {sorted(unknown)}")
@@ -334,8 +335,15 @@ def compile_launches(launches: list[dict], archs=(80, 90), jobs: int = 1) -> lis
 # --------------------------------------------------------------------------
 # Checks
 # --------------------------------------------------------------------------
-def check_report(results: list[dict], launches: list[dict], inventory: dict[str, dict]) -> list[str]:
-    """Violations of the GPU-readiness contract (empty list: all good)."""
+def check_report(results: list[dict], launches: list[dict], inventory: dict[str, dict],
+                 triton_version: str | None = None) -> list[str]:
+    """Violations of the GPU-readiness contract (empty list: all good).
+
+    A kernel may not spill, except within the bytes (stored + loaded) its contract allows for the
+    Triton release compiling it (``"spills": {"3.6": 52}``): an older compiler's measured spills,
+    declared until a GPU run measures what they cost.
+    """
+    release = ".".join((triton_version or _triton_version()).split(".")[:2])
     problems = []
     launched = {l["kernel"] for l in launches}
     for kernel in sorted(set(inventory) - launched):
@@ -354,7 +362,7 @@ def check_report(results: list[dict], launches: list[dict], inventory: dict[str,
             continue
         contract = inventory.get(r["kernel"], {})
         spills = (r["spill_stores"] or 0) + (r["spill_loads"] or 0)
-        if spills:
+        if spills > contract.get("spills", {}).get(release, 0):
             problems.append(f"{where}: spills {r['spill_stores']} B stored / {r['spill_loads']} B loaded "
                             f"({r['registers']} registers)")
         if contract.get("hot") and (r["registers"] or 0) > HOT_MAX_REGISTERS:
