@@ -114,6 +114,10 @@ BAD_ARGUMENTS = [
     (["memverse", "--hops", "-1"], "--hops must be"),
     (["prostream", "--beam", "3"], "--beam must be SESSIONS,SEGMENTS"),
     (["prostream", "--drift", "2"], "--drift must be"),
+    (["run", "missing.mp4"], "video file not found: missing.mp4"),
+    (["videoagent", "missing.mp4"], "video file not found: missing.mp4"),
+    (["memverse", "missing.mp4"], "video file not found: missing.mp4"),
+    (["prostream", "missing.jsonl"], "dialogue file not found: missing.jsonl"),
 ]
 
 

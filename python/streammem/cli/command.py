@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["Subcommand", "SubcommandParser", "HelpFormatter", "common_options", "COMMON_FLAGS", "EXIT_USAGE",
-           "EXIT_INTERRUPTED"]
+__all__ = ["Subcommand", "SubcommandParser", "HelpFormatter", "common_options", "check_input_file", "COMMON_FLAGS",
+           "EXIT_USAGE", "EXIT_INTERRUPTED"]
 
 HelpFormatter = argparse.RawDescriptionHelpFormatter  # keeps the descriptions' and tables' own lines
 
@@ -38,6 +39,17 @@ def common_options() -> argparse.ArgumentParser:
     group.add_argument("-q", "--quiet", action="store_true",
                        help="print nothing on stderr but errors: no progress bar, notices or warnings")
     return parent
+
+
+def check_input_file(path, what: str) -> None:
+    """``FileNotFoundError`` unless ``path`` (the ``what`` a subcommand reads: "video", "dialogue") is a file.
+
+    Checked with the arguments, before torch loads; what the file holds is checked by its reader.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{what} file not found: {path}")
+    if not os.path.isfile(path):
+        raise ValueError(f"{what} is not a file: {path}")
 
 
 class SubcommandParser(argparse.ArgumentParser):

@@ -11,7 +11,7 @@ import json
 import math
 
 from ..stream.questions import split_stream_time
-from .command import Subcommand
+from .command import Subcommand, check_input_file
 
 __all__ = ["COMMAND", "DEFAULT_TURNS", "DEFAULT_QUESTIONS"]
 
@@ -86,6 +86,8 @@ def _check_args(args) -> list[tuple[float, str, str]]:
     check_int(args.size, "--size", 8)
     if args.no_video and args.video is not None:
         raise ValueError("give either a VIDEO or --no-video, not both")
+    if args.video is not None:
+        check_input_file(args.video, "video")
     return sorted((_parse_turn(t) for t in (args.turn if args.turn is not None else DEFAULT_TURNS)),
                   key=lambda x: x[0])
 

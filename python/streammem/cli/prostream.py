@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from .command import Subcommand
+from .command import Subcommand, check_input_file
 
 __all__ = ["COMMAND"]
 
@@ -76,6 +76,8 @@ def _check_args(args) -> None:
         check_real(args.drift, "--drift", -1.0, 1.0)
     if args.beam is not None:
         _parse_beam(args.beam)
+    if args.dialogue is not None:
+        check_input_file(args.dialogue, "dialogue")
 
 
 def _config_from_args(args, encoder_name: str):

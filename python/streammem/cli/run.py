@@ -28,7 +28,7 @@ import sys
 import time
 
 from ..stream.questions import SAMPLE_QUERIES, parse_query
-from .command import EXIT_INTERRUPTED, Subcommand
+from .command import EXIT_INTERRUPTED, Subcommand, check_input_file
 
 __all__ = [
     "COMMAND", "run_video", "print_text_report", "check_run_requirements", "speed_advice", "format_ranges",
@@ -215,6 +215,8 @@ def check_run_requirements(progress: bool = True) -> None:
 
 def _check_args(args) -> None:
     """Every check that needs no torch: done first, so a mistake is reported at once."""
+    if args.video is not None:
+        check_input_file(args.video, "video")
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.fps is not None and not (args.fps > 0 and math.isfinite(args.fps)):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 
-from .command import Subcommand
+from .command import Subcommand, check_input_file
 
 __all__ = ["COMMAND", "DEFAULT_QUESTIONS"]
 
@@ -108,6 +108,8 @@ def _check_args(args) -> None:
     check_int(args.size, "--size", 8)
     if args.video is not None and args.synthetic:
         raise ValueError("give either a VIDEO or --synthetic, not both")
+    if args.video is not None:
+        check_input_file(args.video, "video")
     if args.synthetic and (args.question or args.option):
         raise ValueError("--synthetic asks the planted questions; --question / --option are for a video")
     if args.option and not args.question:
