@@ -1,25 +1,42 @@
 # Two commands matter: `make demo` and `make test` (see README.md).
-# Both create .venv on first use.  torch is installed first (2.13.0, a CPU build
-# on machines without CUDA) only when none is importable; every later pip call is
-# pinned to the torch that is present through .venv/constraints.txt, so no step
-# can pull a different (multi-GB) torch.
+# Both create .venv on first use, or use the virtual environment that is active
+# ($VIRTUAL_ENV) instead.  torch is installed first (2.13.0, a CPU build on
+# machines without CUDA) only when none is importable; every later pip call is
+# pinned to the torch that is present through <venv>/constraints.txt, so no step
+# can pull a different (multi-GB) torch.  The same file pins Triton: to the one
+# torch requires (CUDA wheels of torch pin theirs), else to the one installed,
+# else to TRITON_DEFAULT, so no step replaces the Triton a torch needs.
 #
 # Each installs what it needs, no more: `make demo` the package with its
 # [pipeline] extra and the C++ modules (no Triton, Ray, test tools or CUDA
 # builds); `make test` (and build, bench) the development stack of
 # requirements-dev.txt and every native module, CUDA ones included where nvcc is.
 PYTHON ?= python3
-VENV := .venv
+VENV := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 TORCH_DEFAULT := 2.13.0
+TRITON_DEFAULT := 3.9.0
 CONSTRAINTS := $(VENV)/constraints.txt
-STAMP := $(VENV)/.installed
-DEMO_STAMP := $(VENV)/.installed-demo
+STAMP := $(VENV)/.streammem-installed
+DEMO_STAMP := $(VENV)/.streammem-installed-demo
 # What building the native modules in place needs (pyproject.toml's build requirements).
 BUILD_REQUIRES := "setuptools>=77" "pybind11>=2.12" wheel
 
-.PHONY: demo test test-fast build bench bench-quick clean
+# The constraints every install of the set-up runs with (argument: TRITON_DEFAULT).
+define PINS_PY
+import importlib.metadata as md, re, sys, torch
+print("torch==" + torch.__version__.split("+")[0])
+needed = [r for r in md.requires("torch") or [] if re.match(r"triton\b", r) and "extra ==" not in r]
+try:
+    installed = md.version("triton")
+except md.PackageNotFoundError:
+    installed = None
+print(needed[0] if needed else "triton==" + (installed or sys.argv[1]))
+endef
+export PINS_PY
+
+.PHONY: demo test test-fast build bench bench-quick gpu-carry clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -29,8 +46,8 @@ $(CONSTRAINTS): $(VENV)/bin/python
 		echo "streammem: no torch found, installing torch==$(TORCH_DEFAULT)"; \
 		$(PIP) install -q "torch==$(TORCH_DEFAULT)"; \
 	fi
-	@$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(CONSTRAINTS)
-	@echo "streammem: pinned $$(cat $(CONSTRAINTS)) for every later install"
+	@$(PY) -c "$$PINS_PY" $(TRITON_DEFAULT) > $(CONSTRAINTS)
+	@echo "streammem: pinned $$(tr '\n' ' ' < $(CONSTRAINTS))for every later install"
 
 # The development stack: every extra, the test and benchmark tools (requirements-dev.txt).
 $(STAMP): $(CONSTRAINTS) pyproject.toml setup.py requirements-dev.txt
@@ -66,5 +83,10 @@ bench: build
 bench-quick: build
 	$(PY) bench/run.py --quick $(BENCH_ARGS)
 
+# The wheels bench/gpu.sh installs on the GPU machine (no network there): see README "GPU run".
+gpu-carry:
+	bash bench/gpu_carry.sh
+
+# .venv only: an active virtual environment that make reused is the user's, not ours to delete.
 clean:
-	rm -rf build $(VENV) *.egg-info streammem_kernels/*.so
+	rm -rf build .venv *.egg-info streammem_kernels/*.so

@@ -1,24 +1,36 @@
 #!/usr/bin/env bash
-# GPU benchmark run: build the native modules (the CUDA ones need nvcc; a
-# prebuilt streammem_kernels/_cuda_*.so from another x86-64 machine also works,
-# they do not depend on the Python or torch version), run the kernel tests on
-# the GPU (Triton compiled, CUDA kernels; no TRITON_INTERPRET) with
-# STREAMMEM_REQUIRE_GPU=1, so every "cuda" case of the device parametrisation
-# must run (a case that cannot run fails instead of skipping), then the
-# benchmark suites with STREAMMEM_BENCH_DEVICE=cuda.  The results land in
-# bench/results/gpu-<gpu name>-<mode>-<date>.json and bench/report.py merges
-# them next to the CPU run: into bench/RESULTS.md for a full run, into the
-# git-ignored bench/results/quick/RESULTS.md for --quick.
+# The GPU run.
 #
-#   bash bench/gpu.sh                    # full run
-#   bash bench/gpu.sh --quick            # small sizes, few rounds
-#   bash bench/gpu.sh --save-baseline    # any further arguments go to bench/run.py
+#   bash bench/gpu.sh            # the one-shot budget run (bench/gpu_oneshot.py): offline, at most 8 minutes,
+#                                # results in $OUT (bench/results/gpu/ when $OUT is unset); README "GPU run"
+#   bash bench/gpu.sh --full [run.py arguments]
+#                                # the whole suite on the GPU, then every benchmark suite's GPU cases
+#                                # (bench/run.py --gpu): needs make, a venv and a package index; tens of minutes
 #
-# Needs an NVIDIA GPU (nvidia-smi) and a CUDA build of torch.  Without them it
-# says so and exits 0, so it is safe to call anywhere.
+# The one-shot run uses $PYTHON (default python3) as it is: it must import a CUDA build of
+# torch.  It never calls make, pip against an index or venv: the checkout goes on the path
+# here, and the only installs are the wheels carried in .gpu-carry/ (`make gpu-carry`).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+if [[ "${1:-}" != "--full" ]]; then
+    PY=${PYTHON:-python3}
+    if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' >/dev/null 2>&1; then
+        echo "bench/gpu.sh: $PY does not import a CUDA build of torch; the one-shot run uses the GPU machine's" \
+             "own Python (set PYTHON=... to pick another). Nothing run."
+        exit 2
+    fi
+    export PYTHONPATH="$ROOT:$ROOT/python:$ROOT/build/gpu-oneshot/site${PYTHONPATH:+:$PYTHONPATH}"
+    exec "$PY" bench/gpu_oneshot.py "$@"
+fi
+shift
+
+# --full: the whole suite with STREAMMEM_REQUIRE_GPU=1 (every "cuda" case of the device
+# parametrisation must run: a case that cannot run fails instead of skipping), then the
+# benchmark suites with STREAMMEM_BENCH_DEVICE=cuda; results in bench/results/gpu-<gpu
+# name>-<mode>-<date>.json, merged by bench/report.py next to the CPU run.
 run_args=("$@")
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi --query-gpu=name --format=csv,noheader >/dev/null 2>&1; then
@@ -42,7 +54,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 echo "bench/gpu.sh: building the native modules (CPU and CUDA)"
-"$PY" setup.py -q build_ext --inplace
+"$PY" setup.py -q build_ext --inplace -j "$(nproc)"
 
 echo "bench/gpu.sh: kernel tests on the GPU (compiled Triton, CUDA kernels)"
 tests_status=0
@@ -53,7 +65,9 @@ if [[ $tests_status -ne 0 ]]; then
 fi
 
 echo "bench/gpu.sh: benchmark suites with STREAMMEM_BENCH_DEVICE=cuda"
-"$PY" bench/run.py --gpu ${run_args[@]+"${run_args[@]}"}
+bench_status=0
+"$PY" bench/run.py --gpu ${run_args[@]+"${run_args[@]}"} || bench_status=$?
 
-echo "bench/gpu.sh: done (tests exit code $tests_status); results in bench/results/, report in bench/RESULTS.md"
-exit "$tests_status"
+echo "bench/gpu.sh: done (tests exit code $tests_status, benchmarks exit code $bench_status); results in" \
+     "bench/results/, report in bench/RESULTS.md"
+[[ $tests_status -eq 0 && $bench_status -eq 0 ]]

@@ -10,7 +10,8 @@
 
 Each ``bench/bench_<suite>.py`` runs with pytest-benchmark in its own subprocess,
 so a crash, a missing optional peer or a timeout in one suite is reported and the
-others still run.  The per-suite JSON files are merged into one
+others still run; the exit status is then 1 (a suite that errors or runs past its
+time limit fails the run, after the results and the report are written).  The per-suite JSON files are merged into one
 ``bench/results/<machine>-<mode>-<date>.json`` (pytest-benchmark's own format,
 plus a ``streammem`` key recording the command, the library versions and how
 every suite ended); ``bench/report.py --mode <mode>`` then turns the newest
@@ -392,7 +393,16 @@ def main(argv: list[str] | None = None) -> int:
         save_baseline(merged, machine, mode, suites if args.only else None)
     if not args.no_report:
         report.main(["--mode", mode, "--results-dir", RESULTS_DIR])
+    failed = [r["suite"] for r in runs if not suite_succeeded(r["status"])]
+    if failed:
+        print(f"[bench] FAILED suites: {', '.join(failed)} (their status above); exit 1", flush=True)
+        return 1
     return 0
+
+
+def suite_succeeded(status: str) -> bool:
+    """A suite that ran to its end without a failing case (or was left out on purpose)."""
+    return status.startswith(("ok", "skipped in --quick", "no benchmarks collected"))
 
 
 def save_baseline(merged: dict, machine: str, mode: str, only: list[str] | None) -> None:

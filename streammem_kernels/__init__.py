@@ -7,15 +7,15 @@ shape contract.  Importing the package is cheap: native
 modules and Triton load lazily on first use.
 """
 from .backends import BackendReport, backend_report
-from .runtime.dispatch import BACKENDS, BackendFallbackWarning
-from .boundaries import (Event, SegmentStep, StreamingSegmenter, adjacent_cosine, depth_scores, detect_boundaries,
-                         event_ends)
+from .boundaries import Event, SegmentStep, adjacent_cosine, depth_scores, detect_boundaries, event_ends
+from .boundaries.streaming import StreamingSegmenter
 from .graph import (CSRGraph, GraphRetrieval, Neighbourhood, SourceChunks, graph_retrieve, khop_neighbourhood,
                     neighbourhood_chunks)
 from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
 from .logprobs import divergence_point, linear_token_logprobs, token_logprobs
 from .motion import MotionResult, motion_magnitude, select_frames, select_frames_mask
 from .motion.streaming import StreamingMotionGate
+from .runtime.dispatch import BACKENDS, BackendFallbackWarning
 from .tree import CosineTree, TopKResult, TreePathResult, cosine_topk, tree_search
 
 __all__ = [

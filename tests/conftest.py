@@ -19,6 +19,29 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     interpreter_speedup.install()  # tl.sum & co. re-patch triton.language on every call otherwise
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "host_sync: a GPU code path checked free of host synchronisation "
+                                       "(run on CPU tensors through the Triton interpreter)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``gpu`` every case whose ``device`` parameter is CUDA, next to the tests marked by hand.
+
+    ``-m gpu`` is how bench/gpu.sh selects the GPU correctness tests (wherever a test file
+    lives): each op's cuda-device cases against the reference and the CUDA-graph captures.
+    """
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and _is_cuda(callspec.params.get("device")):
+            item.add_marker(pytest.mark.gpu)
+
+
+def _is_cuda(value) -> bool:
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    return isinstance(value, str) and value.split(":")[0] == "cuda"
+
+
 def cpu_backends(op) -> list[str]:
     """Backends of `op` to compare against the reference on CPU tensors."""
     names = ["torch"]

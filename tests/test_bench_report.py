@@ -461,6 +461,24 @@ def test_quick_run_writes_the_quick_report_only(tmp_path, monkeypatch, capsys):
     assert "results/quick/RESULTS.md" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("status", ["pytest exit code 1", "timed out after 240 s"])
+def test_a_suite_that_errors_fails_the_run(tmp_path, monkeypatch, capsys, status):
+    """The results and the report are still written, then the exit status says a suite failed."""
+    monkeypatch.setitem(report.OUTPUTS, "quick", (str(tmp_path / "quick" / "RESULTS.md"), str(tmp_path / "plots")))
+    monkeypatch.setattr(report, "BASELINE_DIR", str(tmp_path / "no-baseline"))
+    monkeypatch.setattr(run, "RESULTS_DIR", str(tmp_path / "results"))
+    monkeypatch.setattr(run, "discover_suites", lambda: ["good", "bad"])
+
+    def fake_suite(suite, json_path, quick, gpu, timeout_s, **_):
+        return {"suite": suite, "status": "ok" if suite == "good" else status, "seconds": 0.1, "cpu_seconds": 0.1,
+                "pytest_summary": ""}
+
+    monkeypatch.setattr(run, "run_suite", fake_suite)
+    assert run.main(["--quick", "--no-report"]) == 1
+    assert "FAILED suites: bad" in capsys.readouterr().out
+    assert len(list((tmp_path / "results").glob("*-quick-*.json"))) == 1
+
+
 def test_regressions_under_load_come_with_the_load_note():
     view = {"streammem": {"load_average_before": "3.8 / 3.5 / 3.4", "load_average_after": "5.9 / 5.2 / 4.1",
                           "cores": 2}, "_baselines": [{"streammem": {"load_average_before": "0.5 / 0.4 / 0.4"}, "_path": "/r/baseline/b.json"}],

@@ -607,6 +607,7 @@ def test_every_device_backend_equals_the_plain_bfs(device):
         assert atol == rtol == 0.0  # integer outputs: identical
 
 
+@pytest.mark.host_sync
 @pytest.mark.parametrize("backend", [b for b in ("torch", "triton") if b in BACKENDS])
 def test_gpu_paths_never_synchronise_with_the_host(monkeypatch, backend):
     """The code a CUDA tensor runs, here on CPU tensors inside a mode that raises on every
@@ -632,6 +633,7 @@ def test_gpu_paths_never_synchronise_with_the_host(monkeypatch, backend):
                                                            backend="torch").chunks)
 
 
+@pytest.mark.host_sync
 def test_the_guard_catches_the_documented_sync():
     # The torch reference without max_fanout reads the graph's max degree once: that is a host sync.
     graph = CSRGraph.from_edges([0, 1], [1, 0], 2)
@@ -640,6 +642,7 @@ def test_the_guard_catches_the_documented_sync():
         khop_neighbourhood(graph, [[0]], 1, capacity=2, backend="torch")
 
 
+@pytest.mark.gpu
 @CUDA
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_every_public_function_captures_in_a_cuda_graph(backend):

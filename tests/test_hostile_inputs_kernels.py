@@ -129,8 +129,11 @@ def test_native_step_refuses_an_unbounded_window_before_allocating():
     mod, _ = boundaries.load_native("cpu", "boundaries")
     if mod is None:
         pytest.skip("C++ backend not built")
-    with pytest.raises(ValueError, match=r"window must lie in \[2, 65536\]"):
-        mod.window_choices(torch.zeros((1, 4)).numpy(), 10**9, 0.7, 0.2, 0)
+    from streammem_kernels.runtime.native import view
+
+    # A caller's broken promise (the public functions bound the window first): refused before any scratch.
+    with pytest.raises(RuntimeError, match=r"window must lie in \[2, 65536\]"):
+        mod.window_choices(view(torch.zeros((1, 4))), 10**9, 0.7, 0.2, 0, view(torch.empty((1, 0), dtype=torch.int64)))
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), "0.5", True])

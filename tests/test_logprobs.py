@@ -326,6 +326,7 @@ def test_linear_triton_bf16_against_fp32_reference_of_rounded_inputs(width):
 # --------------------------------------------------------------------------
 # The GPU path is device-resident: no host synchronisation, CUDA-graph capture
 # --------------------------------------------------------------------------
+@pytest.mark.host_sync
 def test_triton_backends_never_synchronise(monkeypatch):
     if "triton" not in TOKEN_BACKENDS:
         pytest.skip("Triton interpreter unavailable")
@@ -340,6 +341,7 @@ def test_triton_backends_never_synchronise(monkeypatch):
                                linear_token_logprobs_reference(hidden, weight, tgt, bias), atol=3e-5, rtol=1e-5)
 
 
+@pytest.mark.host_sync
 def test_divergence_point_gpu_backend_never_synchronises(monkeypatch):
     # divergence_point runs its torch backend on CUDA tensors: that is the code to keep sync-free.
     guard_backend(monkeypatch, DIVERGENCE_POINT, "torch")
@@ -349,6 +351,7 @@ def test_divergence_point_gpu_backend_never_synchronises(monkeypatch):
     assert got.tolist() == divergence_point_reference(lp, 4, 0.85, 1.0, torch.tensor([40, 35, 0])).tolist()
 
 
+@pytest.mark.gpu
 @CUDA
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_logprob_ops_capture_in_cuda_graph(backend):
@@ -363,6 +366,7 @@ def test_logprob_ops_capture_in_cuda_graph(backend):
         torch.testing.assert_close(replayed, eager, atol=0, rtol=0)
 
 
+@pytest.mark.gpu
 @CUDA
 def test_divergence_point_captures_in_cuda_graph():
     lp = (-torch.rand(3, 40, dtype=torch.float64) * 2).cuda()

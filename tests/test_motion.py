@@ -470,6 +470,7 @@ def test_select_frames_mask_is_the_list_as_a_mask(backend, reference):
 # --------------------------------------------------------------------------
 # GPU path: no host synchronisation; CUDA-graph capture
 # --------------------------------------------------------------------------
+@pytest.mark.host_sync
 def test_triton_path_never_syncs_with_the_host(monkeypatch):
     """Each public function's Triton path, run on CPU tensors through the interpreter inside a
     mode that raises on every tensor-to-host conversion: whole calls for uint8 frames (no value

@@ -723,6 +723,7 @@ def test_gpu_launch_configuration_matches_reference():
         assert_matches_reference(got, ref(), "triton", name)
 
 
+@pytest.mark.host_sync
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_gpu_code_paths_never_synchronise(monkeypatch, backend):
     """Each search runs its backend inside a mode that raises on any tensor -> host read
@@ -738,6 +739,7 @@ def test_gpu_code_paths_never_synchronise(monkeypatch, backend):
                 fn()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("backend", ["torch", "triton", "cuda"])
 def test_searches_capture_in_cuda_graph(backend):

@@ -1,10 +1,24 @@
 // Depth-score event boundaries, CPU kernels (OpenMP over streams).
 //
-// Contract (streammem_kernels/boundaries.py is the spec):
-//   adjacent_cosine(x (B,T,D) float32)                       -> (B,T-1) float32
-//   depth_scores(sim (B,M) float32, peak)                     -> (B,M) float64
-//   window_choices(sim (B,M), window, tau, min_depth, peak)   -> (B,M-window+1) int64
-//   scan_events(sims (B,M), choices (B,P), window, max_event, drift) -> (B,M+1) uint8
+// Entries (the border of csrc/cpu/tensor_view.h; the spec is streammem_kernels/boundaries/reference.py).
+// Every tensor is a C-contiguous CPU tensor the caller validated and, for outputs, allocated:
+//   adjacent_cosine(features (B, T, D) float32, out (B, T-1) float32) -> Status (always 0; NaN marks a pair
+//                   holding NaN/Inf, the caller raises)
+//   depth_scores(sim (B, M) float32, peak, out (B, M) float64) -> Status (0)
+//   window_choices(sim (B, M) float32, window, tau, min_depth, peak, out (B, M-window+1) int64) -> Status (0)
+//   scan_events(sims (B, M) float32, choices (B, P) int64, window, max_event, drift, ends (B, M+1) bool)
+//                   -> Status (0)
+//   event_ends(features (B, T, D) or (T, D) float32, window, tau, min_depth, peak, max_event, drift,
+//              ends (B, T) bool, or flat) -> Status
+//       the three passes above fused (the offline pass);  1: features hold NaN or Inf.
+//   stream_step(last_frame (B, D) float32, last_norm (B,) float64, window_sims (B, window) float32,
+//               frames_in_window (B,) int64, last_end (B,) int64, events (2B, 3) int64, num_events (1,) int64,
+//               window, tau, min_depth, peak, max_event, drift, frame (B, D) (or (D,)) float32, t) -> Status
+//       one push for B streams, the state updated in place, the closed events written as rows
+//       (stream, start, end) sorted by stream then start, their number in num_events;
+//       1: the frame holds NaN or Inf (nothing is updated).  The state and parameters come first so that
+//       the segmenter binds them once.
+// peak: 0 = climb, 1 = max; max_event: 0 = none; drift: NaN outside drift mode.
 //
 // adjacent_cosine is one pass over the features: frame t+1's squared norm and
 // its dot with frame t are accumulated in the same loop (frame t is still in L1),
@@ -13,6 +27,7 @@
 // The decisions run in double with FMA contraction off, in the same operation
 // order as the torch reference, so backends agree exactly.
 #include "common.h"
+#include "tensor_view.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +37,7 @@
 
 namespace streammem {
 
-// Largest analysis window (boundaries.MAX_WINDOW in Python).
+// Largest analysis window (MAX_WINDOW in streammem_kernels/boundaries/reference.py).
 constexpr int64_t kMaxWindow = int64_t{1} << 16;
 namespace {
 
@@ -32,6 +47,18 @@ constexpr int kLanes = 16;  // floats per step of the similarity pass (four 4-wi
 // on an idle machine and milliseconds on a busy one, which would dominate a
 // streaming push of one frame or the cheap decision and scan passes.
 constexpr int64_t kParallelWork = int64_t(1) << 18;
+
+// `view` is a C-contiguous CPU tensor of `dtype` with exactly the sizes `sizes` (the caller's promise).
+void expect_sizes(const TensorView& view, DType dtype, std::initializer_list<int64_t> sizes, const char* entry,
+                  const char* name) {
+  expect_tensor(view, dtype, static_cast<int>(sizes.size()), entry, name);
+  int d = 0;
+  for (int64_t size : sizes) {
+    if (view.size(d) != size)
+      broken_contract(entry, std::string(name) + " has the wrong size in dimension " + std::to_string(d));
+    ++d;
+  }
+}
 
 // The default (pre-AVX) clone passes these 32-byte vectors differently; they
 // never cross a translation unit, so the ABI note does not apply.
@@ -117,13 +144,13 @@ void adjacent_cosine_into(const float* x, int64_t B, int64_t T, int64_t D, float
   }
 }
 
-py::array_t<float> adjacent_cosine(carray<float> features) {
-  require(features.ndim() == 3, "features must be (B, T, D)");
-  const int64_t B = features.shape(0), T = features.shape(1), D = features.shape(2);
-  const int64_t M = std::max<int64_t>(T - 1, 0);
-  py::array_t<float> out({B, M});
-  adjacent_cosine_into(features.data(), B, T, D, out.mutable_data());
-  return out;
+Status adjacent_cosine(TensorView features, TensorView out) {
+  constexpr const char* entry = "adjacent_cosine";
+  expect_tensor(features, DType::kFloat32, 3, entry, "features");
+  const int64_t B = features.size(0), T = features.size(1), D = features.size(2);
+  expect_sizes(out, DType::kFloat32, {B, std::max<int64_t>(T - 1, 0)}, entry, "out");
+  adjacent_cosine_into(features.ptr<const float>(), B, T, D, out.ptr<float>());
+  return kOk;
 }
 
 }  // namespace
@@ -183,22 +210,24 @@ int64_t window_choice(const float* s, int64_t w, double tau, double min_depth, i
   return best;
 }
 
-py::array_t<double> depth_scores(carray<float> sim, int peak) {
-  require(sim.ndim() == 2, "sim must be (B, M)");
-  require(peak == 0 || peak == 1, "peak must be 0 (climb) or 1 (max)");
-  const int64_t B = sim.shape(0), M = sim.shape(1);
-  py::array_t<double> out({B, M});
-  const float* s = sim.data();
-  double* o = out.mutable_data();
-  if (M == 0) return out;
+Status depth_scores(TensorView sim, int64_t peak, TensorView out) {
+  constexpr const char* entry = "depth_scores";
+  expect_tensor(sim, DType::kFloat32, 2, entry, "sim");
+  expect(peak == 0 || peak == 1, entry, "peak must be 0 (climb) or 1 (max)");
+  const int64_t B = sim.size(0), M = sim.size(1);
+  expect_sizes(out, DType::kFloat64, {B, M}, entry, "out");
+  const float* s = sim.ptr<const float>();
+  double* o = out.ptr<double>();
+  if (M == 0) return kOk;
   py::gil_scoped_release release;
 #pragma omp parallel if (B * M >= kParallelWork)
   {
     std::vector<double> scratch(2 * M);
 #pragma omp for schedule(static)
-    for (int64_t b = 0; b < B; ++b) depth_row(s + b * M, M, peak, scratch.data(), scratch.data() + M, o + b * M);
+    for (int64_t b = 0; b < B; ++b)
+      depth_row(s + b * M, M, static_cast<int>(peak), scratch.data(), scratch.data() + M, o + b * M);
   }
-  return out;
+  return kOk;
 }
 
 // Window choices of every full window of (B, M) similarities into `o` (B, M - window + 1).
@@ -218,34 +247,55 @@ void window_choices_into(const float* s, int64_t B, int64_t M, int64_t window, d
   }
 }
 
-py::array_t<int64_t> window_choices(carray<float> sim, int64_t window, double tau, double min_depth, int peak) {
-  require(sim.ndim() == 2, "sim must be (B, M)");
-  require(window >= 2 && window <= kMaxWindow, "window must lie in [2, 65536]");
-  require(peak == 0 || peak == 1, "peak must be 0 (climb) or 1 (max)");
-  const int64_t B = sim.shape(0), M = sim.shape(1);
-  const int64_t P = std::max<int64_t>(M - window + 1, 0);
-  py::array_t<int64_t> out({B, P});
-  window_choices_into(sim.data(), B, M, window, tau, min_depth, peak, out.mutable_data());
-  return out;
+Status window_choices(TensorView sim, int64_t window, double tau, double min_depth, int64_t peak, TensorView out) {
+  constexpr const char* entry = "window_choices";
+  expect_tensor(sim, DType::kFloat32, 2, entry, "sim");
+  // Bounded before the per-thread scratch is allocated: an allocation failure inside an OpenMP
+  // region cannot be caught and aborts the process.
+  expect(window >= 2 && window <= kMaxWindow, entry, "window must lie in [2, 65536]");
+  expect(peak == 0 || peak == 1, entry, "peak must be 0 (climb) or 1 (max)");
+  const int64_t B = sim.size(0), M = sim.size(1);
+  expect_sizes(out, DType::kInt64, {B, std::max<int64_t>(M - window + 1, 0)}, entry, "out");
+  window_choices_into(sim.ptr<const float>(), B, M, window, tau, min_depth, static_cast<int>(peak), out.ptr<int64_t>());
+  return kOk;
 }
 
-// One streaming push for B streams, updating the segmenter's state in place
-// (boundaries.py's StreamingSegmenter.push is the spec).  The similarity comes
-// from pair_terms like the offline pass (same bits); the window rule is
-// window_choice on the window's similarities, oldest first.  Returns the closed
-// events as (K, 3) int64 rows (stream, start, end), sorted by stream then start.
-// One streaming push for B streams (the fused form of StreamingSegmenter._step): the state
-// arrays are updated in place.  Checks the frames first: a frame's squared norm, summed in
-// double, is finite exactly when the frame holds no NaN/Inf (squares of float32 values cannot
-// overflow a double sum), so the check is the norm pass the similarity needs anyway; on a
-// non-finite frame nothing is updated and ValueError names `features`.
-py::array_t<int64_t> stream_step_core(const float* x, int64_t B, int64_t D, float* last, double* norm, float* sims,
-                                      int64_t* in_window, int64_t* ends, int64_t t, int64_t window, double tau,
-                                      double min_depth, int peak, int64_t max_event, double drift) {
-  require(B >= 1 && D >= 1 && window >= 2, "stream_step: bad sizes");
+// One streaming push for B streams (the fused form of StreamingSegmenter._step, the spec): the
+// similarity comes from pair_terms like the offline pass (same bits); the window rule is
+// window_choice on the window's similarities, oldest first; the state is updated in place.  The
+// frame is checked first: its squared norm, summed in double, is finite exactly when it holds no
+// NaN/Inf (squares of float32 values cannot overflow a double sum), so the check is the norm pass
+// the similarity needs anyway; on a non-finite frame nothing is updated (status 1).
+Status stream_step(TensorView last_frame, TensorView last_norm, TensorView window_sims, TensorView frames_in_window,
+                   TensorView last_end, TensorView events, TensorView num_events, int64_t window, double tau,
+                   double min_depth, int64_t peak, int64_t max_event, double drift, TensorView frame, int64_t t) {
+  constexpr const char* entry = "stream_step";
+  expect_tensor(last_frame, DType::kFloat32, 2, entry, "last_frame");
+  // Bounded before the per-thread scratch below is allocated: an allocation failure inside an
+  // OpenMP region cannot be caught and aborts the process.
+  expect(window >= 2 && window <= kMaxWindow, entry, "window must lie in [2, 65536]");
+  expect(peak == 0 || peak == 1, entry, "peak must be 0 (climb) or 1 (max)");
+  const int64_t B = last_frame.size(0), D = last_frame.size(1);
+  expect(B >= 1 && D >= 1 && t >= 0, entry, "the state must hold a non-empty (B, D) frame and t >= 0");
+  // (B, D), or (D,) for a single stream.
+  expect(frame.on_cpu && frame.dtype == DType::kFloat32 && frame.contiguous() && frame.numel() == B * D &&
+             frame.ndim >= 1 && frame.size(frame.ndim - 1) == D,
+         entry, "frame must be a C-contiguous float32 CPU (B, D) block like last_frame");
+  expect_sizes(last_norm, DType::kFloat64, {B}, entry, "last_norm");
+  expect_sizes(window_sims, DType::kFloat32, {B, window}, entry, "window_sims");
+  expect_sizes(frames_in_window, DType::kInt64, {B}, entry, "frames_in_window");
+  expect_sizes(last_end, DType::kInt64, {B}, entry, "last_end");
+  expect_sizes(events, DType::kInt64, {2 * B, 3}, entry, "events");
+  expect_sizes(num_events, DType::kInt64, {1}, entry, "num_events");
+  const float* x = frame.ptr<const float>();
+  float* last = last_frame.ptr<float>();
+  double* norm = last_norm.ptr<double>();
+  float* sims = window_sims.ptr<float>();
+  int64_t* in_window = frames_in_window.ptr<int64_t>();
+  int64_t* ends = last_end.ptr<int64_t>();
   const bool drift_mode = drift == drift;
   // Up to two events per stream: a window/drift cut and a max_event close.
-  std::vector<int64_t> found(B * 6, -1);
+  std::vector<int64_t> found(B * 4, -1);
   std::vector<double> terms(2 * B);
   int bad = 0;
   {
@@ -265,7 +315,7 @@ py::array_t<int64_t> stream_step_core(const float* x, int64_t B, int64_t D, floa
           const float* v = x + b * D;
           float* prev = last + b * D;
           float* buf = sims + b * window;
-          int64_t* ev = found.data() + b * 6;
+          int64_t* ev = found.data() + b * 4;
           const double dot = terms[2 * b], nv = terms[2 * b + 1];
           int64_t fiw = std::min(in_window[b] + 1, window + 1);
           if (t > 0) {
@@ -282,7 +332,7 @@ py::array_t<int64_t> stream_step_core(const float* x, int64_t B, int64_t D, floa
                 std::memmove(buf, buf + 1, sizeof(float) * (window - 1));
                 buf[window - 1] = sim;
                 if (fiw == window + 1) {
-                  const int64_t c = window_choice(buf, window, tau, min_depth, peak, scratch.data());
+                  const int64_t c = window_choice(buf, window, tau, min_depth, static_cast<int>(peak), scratch.data());
                   if (c >= 0) {
                     const int64_t boundary = t - window + c;
                     ev[0] = ends[b] + 1;
@@ -307,53 +357,22 @@ py::array_t<int64_t> stream_step_core(const float* x, int64_t B, int64_t D, floa
       }
     }
   }
-  require(!bad, "features must be finite, found NaN or Inf");
+  if (bad) return 1;
+  // Up to two events per stream, slot 0 (window or drift rule) before slot 1 (max_event).
+  int64_t* o = events.ptr<int64_t>();
   int64_t K = 0;
-  for (int64_t b = 0; b < B; ++b) K += (found[b * 6] >= 0) + (found[b * 6 + 2] >= 0);
-  py::array_t<int64_t> out({K, int64_t(3)});
-  int64_t* o = out.mutable_data();
   for (int64_t b = 0; b < B; ++b) {
     for (int k = 0; k < 2; ++k) {
-      if (found[b * 6 + 2 * k] >= 0) {
-        *o++ = b;
-        *o++ = found[b * 6 + 2 * k];
-        *o++ = found[b * 6 + 2 * k + 1];
+      if (found[b * 4 + 2 * k] >= 0) {
+        o[3 * K] = b;
+        o[3 * K + 1] = found[b * 4 + 2 * k];
+        o[3 * K + 2] = found[b * 4 + 2 * k + 1];
+        ++K;
       }
     }
   }
-  return out;
-}
-
-py::array_t<int64_t> stream_step(carray<float> frame, carray<float> last_frame, carray<double> last_norm,
-                                 carray<float> window_sims, carray<int64_t> frames_in_window,
-                                 carray<int64_t> last_end, int64_t t, int64_t window, double tau, double min_depth,
-                                 int peak, int64_t max_event, double drift) {
-  require(frame.ndim() == 2 && last_frame.ndim() == 2, "frames must be (B, D)");
-  // Bounded before the per-thread scratch below is allocated: an allocation failure inside an
-  // OpenMP region cannot be caught and aborts the process.
-  require(window >= 2 && window <= kMaxWindow, "window must lie in [2, 65536]");
-  const int64_t B = frame.shape(0), D = frame.shape(1);
-  require(last_frame.shape(0) == B && last_frame.shape(1) == D && last_norm.shape(0) == B &&
-              frames_in_window.shape(0) == B && last_end.shape(0) == B,
-          "stream_step: state must match the frames' (B, D)");
-  require(window_sims.shape(0) == B && window_sims.shape(1) == window, "window_sims must be (B, window)");
-  return stream_step_core(frame.data(), B, D, last_frame.mutable_data(), last_norm.mutable_data(),
-                          window_sims.mutable_data(), frames_in_window.mutable_data(), last_end.mutable_data(), t,
-                          window, tau, min_depth, peak, max_event, drift);
-}
-
-// The per-push fast path of StreamingSegmenter.push: the state's data pointers (C-contiguous CPU
-// tensors the segmenter owns and keeps alive, laid out as stream_step's) and parameters come
-// first so that Python binds them once (functools.partial); each push passes the frame's
-// pointer ((B, D) float32, C-contiguous) and the frame index.
-py::array_t<int64_t> stream_step_ptr(std::uintptr_t last, std::uintptr_t norm, std::uintptr_t sims,
-                                     std::uintptr_t in_window, std::uintptr_t ends, int64_t B, int64_t D,
-                                     int64_t window, double tau, double min_depth, int peak, int64_t max_event,
-                                     double drift, std::uintptr_t frame, int64_t t) {
-  return stream_step_core(in_ptr<float>(frame), B, D, reinterpret_cast<float*>(last),
-                          reinterpret_cast<double*>(norm), reinterpret_cast<float*>(sims),
-                          reinterpret_cast<int64_t*>(in_window), reinterpret_cast<int64_t*>(ends), t, window, tau,
-                          min_depth, peak, max_event, drift);
+  *num_events.ptr<int64_t>() = K;
+  return kOk;
 }
 
 }  // namespace
@@ -362,8 +381,7 @@ py::array_t<int64_t> stream_step_ptr(std::uintptr_t last, std::uintptr_t norm, s
 
 namespace {
 
-// The streaming state machine over all frames of each stream (boundaries.py's
-// _scan_events_torch is the spec).  drift is NaN outside drift mode.
+// The streaming state machine over all frames of each stream, drift NaN outside drift mode:
 // (B, T) event-end flags from (B, T-1) similarities and (B, P) window choices (P unused in drift mode).
 void scan_events_into(const float* s, const int64_t* ch, int64_t B, int64_t M, int64_t P, int64_t window,
                       int64_t max_event, double drift, uint8_t* o) {
@@ -403,37 +421,43 @@ void scan_events_into(const float* s, const int64_t* ch, int64_t B, int64_t M, i
   }
 }
 
-// The streaming state machine over all frames of each stream (boundaries.py's
-// _scan_events_torch is the spec).  drift is NaN outside drift mode.
-py::array_t<uint8_t> scan_events(carray<float> sims, carray<int64_t> choices, int64_t window, int64_t max_event,
-                                 double drift) {
-  require(sims.ndim() == 2 && choices.ndim() == 2, "sims and choices must be 2-d");
-  const int64_t B = sims.shape(0), M = sims.shape(1), T = M + 1;
-  const int64_t P = choices.shape(1);
+// The streaming state machine over all frames of each stream (scan_events_torch is the spec).
+Status scan_events(TensorView sims, TensorView choices, int64_t window, int64_t max_event, double drift,
+                   TensorView ends) {
+  constexpr const char* entry = "scan_events";
+  expect_tensor(sims, DType::kFloat32, 2, entry, "sims");
+  expect_tensor(choices, DType::kInt64, 2, entry, "choices");
+  const int64_t B = sims.size(0), M = sims.size(1), P = choices.size(1);
   const bool drift_mode = drift == drift;
-  require(drift_mode || P == std::max<int64_t>(M - window + 1, 0), "choices must be (B, M - window + 1)");
-  py::array_t<uint8_t> out({B, T});
-  scan_events_into(sims.data(), choices.data(), B, M, P, window, max_event, drift, out.mutable_data());
-  return out;
+  expect(choices.size(0) == B && (drift_mode || P == std::max<int64_t>(M - window + 1, 0)), entry,
+         "choices must be (B, M - window + 1)");
+  expect_sizes(ends, DType::kBool, {B, M + 1}, entry, "ends");
+  scan_events_into(sims.ptr<const float>(), choices.ptr<const int64_t>(), B, M, P, window, max_event, drift,
+                   ends.ptr<uint8_t>());
+  return kOk;
 }
 
-// The whole offline pass (detect_boundaries' fast path on C-contiguous float32 CPU features): the
-// cosines, the finiteness check, the window choices and the scan of adjacent_cosine, window_choices
-// and scan_events above, so the events are those of the three calls.  A non-finite frame raises
-// ValueError naming `features` (a NaN/Inf input makes its pair's cosine NaN; a single frame is
-// scanned).  Returns the events as (K, 3) int64 rows (stream, start, end) sorted by (stream, start).
-py::array_t<int64_t> detect_events_ptr(std::uintptr_t features, int64_t B, int64_t T, int64_t D, int64_t window,
-                                       double tau, double min_depth, int peak, int64_t max_event, double drift) {
-  require(B >= 1 && T >= 1 && D >= 1, "features must be a non-empty (B, T, D) block");
-  require(window >= 2 && window <= kMaxWindow, "window must lie in [2, 65536]");
-  require(peak == 0 || peak == 1, "peak must be 0 (climb) or 1 (max)");
-  const float* x = in_ptr<float>(features);
+// The whole offline pass: the cosines, their finiteness check, the window choices and the scan of
+// adjacent_cosine, window_choices and scan_events above, so the ends are those of the three
+// calls.  A NaN/Inf input makes its pair's cosine NaN (status 1); a single frame is scanned.
+Status event_ends(TensorView features, int64_t window, double tau, double min_depth, int64_t peak, int64_t max_event,
+                  double drift, TensorView ends) {
+  constexpr const char* entry = "event_ends";
+  expect(features.ndim == 2 || features.ndim == 3, entry, "features must be (T, D) or (B, T, D)");
+  expect_tensor(features, DType::kFloat32, features.ndim, entry, "features");
+  expect(window >= 2 && window <= kMaxWindow, entry, "window must lie in [2, 65536]");
+  expect(peak == 0 || peak == 1, entry, "peak must be 0 (climb) or 1 (max)");
+  const int64_t B = features.ndim == 3 ? features.size(0) : 1;
+  const int64_t T = features.size(features.ndim - 2), D = features.size(features.ndim - 1);
+  expect(B >= 1 && T >= 1 && D >= 1, entry, "features must be a non-empty block");
+  expect(ends.on_cpu && ends.dtype == DType::kBool && ends.contiguous() && ends.numel() == B * T, entry,
+         "ends must hold B * T contiguous bools");
+  const float* x = features.ptr<const float>();
   const int64_t M = T - 1;
   const bool drift_mode = drift == drift;
   const int64_t P = drift_mode ? 0 : std::max<int64_t>(M - window + 1, 0);
   std::vector<float> sims(B * M);
   std::vector<int64_t> choices(B * P);
-  std::vector<uint8_t> ends(B * T);
   bool finite = true;
   if (M == 0) {
     for (int64_t i = 0; i < B * D; ++i) finite &= std::isfinite(x[i]);
@@ -441,25 +465,11 @@ py::array_t<int64_t> detect_events_ptr(std::uintptr_t features, int64_t B, int64
     adjacent_cosine_into(x, B, T, D, sims.data());
     for (float v : sims) finite &= std::isfinite(v);
   }
-  require(finite, "features must be finite, found NaN or Inf");
-  if (!drift_mode) window_choices_into(sims.data(), B, M, window, tau, min_depth, peak, choices.data());
-  scan_events_into(sims.data(), choices.data(), B, M, P, window, max_event, drift, ends.data());
-  int64_t K = 0;
-  for (uint8_t e : ends) K += e;
-  py::array_t<int64_t> out({K, int64_t{3}});
-  int64_t* o = out.mutable_data();
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t start = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      if (!ends[b * T + t]) continue;
-      o[0] = b;
-      o[1] = start;
-      o[2] = t;
-      o += 3;
-      start = t + 1;
-    }
-  }
-  return out;
+  if (!finite) return 1;
+  if (!drift_mode)
+    window_choices_into(sims.data(), B, M, window, tau, min_depth, static_cast<int>(peak), choices.data());
+  scan_events_into(sims.data(), choices.data(), B, M, P, window, max_event, drift, ends.ptr<uint8_t>());
+  return kOk;
 }
 
 }  // namespace
@@ -467,26 +477,24 @@ py::array_t<int64_t> detect_events_ptr(std::uintptr_t features, int64_t B, int64
 
 PYBIND11_MODULE(_cpu_boundaries, m) {
   namespace py = pybind11;
-  m.doc() = "Depth-score event boundaries (CPU kernels); see streammem_kernels/boundaries.py";
-  m.def("adjacent_cosine", &streammem::adjacent_cosine, py::arg("features"),
-        "(B,T,D) float32 -> (B,T-1) float32 adjacent cosine similarities");
-  m.def("depth_scores", &streammem::depth_scores, py::arg("sim"), py::arg("peak"),
-        "(B,M) float32 -> (B,M) float64 depth scores (peak 0 = climb, 1 = max)");
+  m.doc() = "Depth-score event boundaries (CPU kernels); see streammem_kernels/boundaries/reference.py";
+  m.def("adjacent_cosine", &streammem::adjacent_cosine, py::arg("features"), py::arg("out"),
+        "(B,T,D) float32 -> out (B,T-1) float32 adjacent cosine similarities; status 0");
+  m.def("depth_scores", &streammem::depth_scores, py::arg("sim"), py::arg("peak"), py::arg("out"),
+        "(B,M) float32 -> out (B,M) float64 depth scores (peak 0 = climb, 1 = max); status 0");
   m.def("window_choices", &streammem::window_choices, py::arg("sim"), py::arg("window"), py::arg("tau"),
-        py::arg("min_depth"), py::arg("peak"), "(B,M) -> (B,M-window+1) int64 window-relative choice or -1");
-  m.def("stream_step", &streammem::stream_step, py::arg("frame"), py::arg("last_frame"), py::arg("last_norm"),
-        py::arg("window_sims"), py::arg("frames_in_window"), py::arg("last_end"), py::arg("t"), py::arg("window"),
-        py::arg("tau"), py::arg("min_depth"), py::arg("peak"), py::arg("max_event"), py::arg("drift"),
-        "one streaming push for B streams, state updated in place -> (K,3) int64 (stream, start, end)");
-  m.def("stream_step_ptr", &streammem::stream_step_ptr, py::arg("last_frame"), py::arg("last_norm"),
-        py::arg("window_sims"), py::arg("frames_in_window"), py::arg("last_end"), py::arg("num_streams"),
-        py::arg("dim"), py::arg("window"), py::arg("tau"), py::arg("min_depth"), py::arg("peak"),
-        py::arg("max_event"), py::arg("drift"), py::arg("frame"), py::arg("t"),
-        "stream_step on raw pointers (state first, then the frame's pointer and t) -> (K,3) int64");
+        py::arg("min_depth"), py::arg("peak"), py::arg("out"),
+        "(B,M) -> out (B,M-window+1) int64 window-relative choice or -1; status 0");
   m.def("scan_events", &streammem::scan_events, py::arg("sims"), py::arg("choices"), py::arg("window"),
-        py::arg("max_event"), py::arg("drift"), "sequential event scan -> (B,M+1) uint8 event ends");
-  m.def("detect_events_ptr", &streammem::detect_events_ptr, py::arg("features"), py::arg("num_streams"),
-        py::arg("num_frames"), py::arg("dim"), py::arg("window"), py::arg("tau"), py::arg("min_depth"),
-        py::arg("peak"), py::arg("max_event"), py::arg("drift"),
-        "the offline pass on a C-contiguous (B,T,D) float32 pointer, features checked -> (K,3) int64 events");
+        py::arg("max_event"), py::arg("drift"), py::arg("ends"),
+        "sequential event scan -> ends (B,M+1) bool; status 0");
+  m.def("event_ends", &streammem::event_ends, py::arg("features"), py::arg("window"), py::arg("tau"),
+        py::arg("min_depth"), py::arg("peak"), py::arg("max_event"), py::arg("drift"), py::arg("ends"),
+        "the offline pass on (B,T,D) or (T,D) float32 features -> ends (B,T) bool; status 1: NaN/Inf features");
+  m.def("stream_step", &streammem::stream_step, py::arg("last_frame"), py::arg("last_norm"), py::arg("window_sims"),
+        py::arg("frames_in_window"), py::arg("last_end"), py::arg("events"), py::arg("num_events"), py::arg("window"),
+        py::arg("tau"), py::arg("min_depth"), py::arg("peak"), py::arg("max_event"), py::arg("drift"),
+        py::arg("frame"), py::arg("t"),
+        "one streaming push for B streams, state updated in place -> events (2B,3) int64 rows (stream, start, "
+        "end), num_events (1,); status 1: NaN/Inf frame");
 }

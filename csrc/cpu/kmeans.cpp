@@ -1,10 +1,16 @@
 // Batched Lloyd k-means, CPU kernel.
 //
-// Contract (streammem_kernels/kmeans.py is the spec):
-//   lloyd(points (B,N,D) f32, weights (B,N) f32, lengths (B,) i64,
-//         centres (B,k,D) f32 initial, tol (relative: x the mean feature variance),
-//         iters, cosine)
-//     -> (centroids (B,k,D) f32, labels (B,N) i64, inertia (B,) f32, n_iter (B,) i64)
+// Entries (the border of csrc/cpu/tensor_view.h; the spec is streammem_kernels/kmeans/reference.py).
+// Every tensor is a C-contiguous CPU tensor the caller validated and, for outputs, allocated:
+//   lloyd(points (B, N, D) or (N, D) float32, weights (B, N) float32 or None (all 1),
+//         lengths (B,) int64 in [k, N] or None (all N), centroids (B, k, D) float32 (in: the initial
+//         centres, out: the final ones), init_seed, tol (relative: x the mean feature variance), iters,
+//         cosine, labels (B, N) int64, inertia (B,) float32 or float64, n_iter (B,) int64) -> Status
+//       init_seed < 0: Lloyd from the centres given (status 0).  init_seed in [0, 2^32) (batched_kmeans'
+//       latency path; unweighted l2 only): the centres are first seeded by k-means++ on the generator
+//       stream of torch.manual_seed(init_seed);  1: the points hold NaN or Inf;  2: a problem's largest
+//       magnitude lies outside [2^-40, 2^40] (the caller rescales it; nothing is written).
+//   exponential_noise(seed (32 bits), out (n,) float64) -> Status (0): torch's CPU exponential_(1) stream.
 //
 // One Lloyd iteration is ONE pass over the points: each point's scores against
 // all centres (||c||^2 - 2 x.c, or -x.c for cosine) are computed, the argmin
@@ -25,6 +31,7 @@
 // fixed thread count).
 #include "common.h"
 #include "simd.h"
+#include "tensor_view.h"
 
 #include <algorithm>
 #include <cmath>
@@ -32,8 +39,11 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
+
+#include <pybind11/stl.h>
 
 namespace streammem {
 namespace {
@@ -327,14 +337,14 @@ void solve_all(const float* x, const float* w, const int64_t* len, int64_t B, in
   }
 }
 
-// ---- k-means++ fast path (kmeans.py: batched_kmeans' CPU fast path) -----------------------------
+// ---- k-means++ seeding (batched_kmeans' latency path) ---------------------------------------------
 //
 // The noise of torch.multinomial(p, 1, generator=g) on CPU: it draws q = empty_like(p).exponential_(1, g)
 // and returns argmax(p / q).  exponential_ on a CPU float64 tensor is a serial loop of
 // -log1p(-u), u = the low 53 bits of one 64-bit draw (two mt19937 outputs, the first the high word)
 // x 2^-53, from the mt19937 that manual_seed(seed) seeds with the low 32 bits of the seed.  Drawing
 // the k steps' (B, N) tensors here in the same order gives the same values bit for bit
-// (tests/test_kmeans.py checks it against torch), so the picks follow the reference's generator.
+// (the kmeans tests check it against torch), so the picks follow the reference's generator.
 void exponential_noise(uint32_t seed, int64_t n, double* out) {
   std::mt19937 engine(seed);
   for (int64_t i = 0; i < n; ++i) {
@@ -373,7 +383,7 @@ int64_t draw(const double* mass, const double* q, int64_t n) {
   return best;
 }
 
-// D^2 seeding of one unweighted problem (kmeans._kmeans_plus_plus, metric l2), the k draws' noise in
+// D^2 seeding of one unweighted problem (reference.kmeans_plus_plus, metric l2), the k draws' noise in
 // `noise` (step s at noise[s * stride]).  D^2 is the direct float64 ||x - c||^2 (the reference: float32
 // ||x||^2 - 2 x.c + ||c||^2, which can leave rounding noise, not 0, on a duplicate of a chosen centre).
 STREAMMEM_HOT void seed_problem(const float* x, int64_t N, int64_t D, int64_t k, const double* noise, int64_t stride,
@@ -402,73 +412,105 @@ STREAMMEM_HOT void seed_problem(const float* x, int64_t N, int64_t D, int64_t k,
   }
 }
 
-// Whole unweighted l2 k-means++ call on (B, N, D) float32 points read in place: value checks, seeding,
-// Lloyd.  None when a problem needs the power-of-two rescaling (the general path does it).
-py::object kmeans_pp(std::uintptr_t points_ptr, int64_t B, int64_t N, int64_t D, int64_t k, int iters, double tol,
-                     uint32_t seed) {
-  require(B >= 1 && N >= 1 && D >= 1 && k >= 1 && k <= N && iters >= 1 && tol >= 0.0, "kmeans_pp: bad sizes");
-  const float* x = in_ptr<float>(points_ptr);
-  bool finite = true, in_range = true;
-  {
-    py::gil_scoped_release nogil;
-    for (int64_t b = 0; b < B && finite; ++b) {
-      float amax = 0.0f;
-      finite = largest_magnitude(x + b * N * D, N * D, &amax);
-      if (amax != 0.0f && (amax < 0x1p-40f || amax > 0x1p40f)) in_range = false;
-    }
-  }
-  require(finite, "x must be finite, found NaN or Inf");
-  if (!in_range) return py::none();
-  carray<float> centroids({B, k, D});
-  carray<int64_t> labels({B, N});
-  carray<double> inertia(B);
-  carray<int64_t> n_iter(B);
-  float* c = centroids.mutable_data();
-  int64_t* lab = labels.mutable_data();
-  int64_t* nit = n_iter.mutable_data();
-  double* inr64 = inertia.mutable_data();
-  {
-    py::gil_scoped_release nogil;
-    std::vector<double> noise(static_cast<size_t>(k * B * N));
-    exponential_noise(seed, k * B * N, noise.data());
-    for (int64_t b = 0; b < B; ++b) seed_problem(x + b * N * D, N, D, k, noise.data() + b * N, B * N, c + b * k * D);
-    const std::vector<float> w(static_cast<size_t>(B * N), 1.0f);
-    const std::vector<int64_t> len(static_cast<size_t>(B), N);
-    std::vector<float> inr(static_cast<size_t>(B));
-    solve_all(x, w.data(), len.data(), B, N, D, k, tol, iters, false, c, lab, inr.data(), nit);
-    for (int64_t b = 0; b < B; ++b) inr64[b] = inr[b];  // the reference's float32 inertia, widened
-  }
-  return py::make_tuple(centroids, labels, inertia, n_iter);
+// (B, N, D) of a points view of rank 2 (one problem) or 3.
+void points_shape(const TensorView& points, const char* entry, int64_t* B, int64_t* N, int64_t* D) {
+  expect(points.ndim == 2 || points.ndim == 3, entry, "points must be (N, D) or (B, N, D)");
+  expect_tensor(points, DType::kFloat32, points.ndim, entry, "points");
+  *B = points.ndim == 3 ? points.size(0) : 1;
+  *N = points.size(points.ndim - 2);
+  *D = points.size(points.ndim - 1);
+  expect(*B >= 1 && *N >= 1 && *D >= 1, entry, "points must be a non-empty block");
 }
 
-py::tuple lloyd(carray<float> points, carray<float> weights, carray<int64_t> lengths, carray<float> init,
-                double tol, int iters, bool cosine) {
-  require(points.ndim() == 3, "points must be (B, N, D)");
-  const int64_t B = points.shape(0), N = points.shape(1), D = points.shape(2);
-  require(init.ndim() == 3 && init.shape(0) == B && init.shape(2) == D, "centres must be (B, k, D)");
-  const int64_t k = init.shape(1);
-  require(weights.ndim() == 2 && weights.shape(0) == B && weights.shape(1) == N, "weights must be (B, N)");
-  require(lengths.ndim() == 1 && lengths.shape(0) == B, "lengths must be (B,)");
-  require(iters >= 1 && k >= 1 && D >= 1, "iters, k and D must be >= 1");
-  const int64_t* len = lengths.data();
-  for (int64_t b = 0; b < B; ++b) require(len[b] >= k && len[b] <= N, "lengths must lie in [k, N]");
+// `view` is a C-contiguous CPU tensor of `dtype` holding exactly `count` elements.
+void expect_elements(const TensorView& view, DType dtype, int64_t count, const char* entry, const char* name) {
+  if (view.on_cpu && view.dtype == dtype && view.contiguous() && view.numel() == count) return;
+  broken_contract(entry, std::string(name) + " must be a C-contiguous CPU " + dtype_name(dtype) + " tensor of " +
+                             std::to_string(count) + " elements");
+}
 
-  carray<float> centroids({B, k, D});
-  carray<int64_t> labels({B, N});
-  carray<float> inertia(B);
-  carray<int64_t> n_iter(B);
-  std::memcpy(centroids.mutable_data(), init.data(), sizeof(float) * B * k * D);
-  const float* x = points.data();
-  const float* w = weights.data();
-  float* c = centroids.mutable_data();
-  int64_t* lab = labels.mutable_data();
-  float* inr = inertia.mutable_data();
-  int64_t* nit = n_iter.mutable_data();
+// k-means++ seeds of every unweighted l2 problem into c (B, k, D): 1 when the points hold NaN/Inf, 2 when a
+// problem's largest magnitude lies outside [2^-40, 2^40] (the caller rescales it), nothing written then.
+Status seed_all(const float* x, int64_t B, int64_t N, int64_t D, int64_t k, uint32_t seed, float* c) {
+  bool finite = true, in_range = true;
+  for (int64_t b = 0; b < B && finite; ++b) {
+    float amax = 0.0f;
+    finite = largest_magnitude(x + b * N * D, N * D, &amax);
+    if (amax != 0.0f && (amax < 0x1p-40f || amax > 0x1p40f)) in_range = false;
+  }
+  if (!finite) return 1;
+  if (!in_range) return 2;
+  std::vector<double> noise(static_cast<size_t>(k * B * N));
+  exponential_noise(seed, k * B * N, noise.data());
+  for (int64_t b = 0; b < B; ++b) seed_problem(x + b * N * D, N, D, k, noise.data() + b * N, B * N, c + b * k * D);
+  return kOk;
+}
+
+Status lloyd(TensorView points, std::optional<TensorView> weights, std::optional<TensorView> lengths,
+             TensorView centroids, int64_t init_seed, double tol, int64_t iters, bool cosine, TensorView labels,
+             TensorView inertia, TensorView n_iter) {
+  constexpr const char* entry = "lloyd";
+  int64_t B, N, D;
+  points_shape(points, entry, &B, &N, &D);
+  expect_tensor(centroids, DType::kFloat32, 3, entry, "centroids");
+  const int64_t k = centroids.size(1);
+  expect(centroids.size(0) == B && centroids.size(2) == D && k >= 1 && k <= N, entry,
+         "centroids must be (B, k, D) with 1 <= k <= N");
+  expect(iters >= 1 && iters <= std::numeric_limits<int>::max() && tol >= 0.0, entry, "iters >= 1 and tol >= 0");
+  expect(init_seed <= 0xFFFFFFFFLL, entry, "init_seed must be a 32-bit generator seed, or negative");
+  expect(init_seed < 0 || (!weights && !lengths && !cosine), entry,
+         "k-means++ seeding here is for unweighted l2 problems of N points each");
+  expect_elements(labels, DType::kInt64, B * N, entry, "labels");
+  expect_elements(n_iter, DType::kInt64, B, entry, "n_iter");
+  const bool inertia64 = inertia.dtype == DType::kFloat64;
+  expect_elements(inertia, inertia64 ? DType::kFloat64 : DType::kFloat32, B, entry, "inertia");
+  std::vector<float> ones;
+  const float* w;
+  if (weights) {
+    expect_elements(*weights, DType::kFloat32, B * N, entry, "weights");
+    w = weights->ptr<const float>();
+  } else {
+    ones.assign(static_cast<size_t>(B * N), 1.0f);
+    w = ones.data();
+  }
+  std::vector<int64_t> all;
+  const int64_t* len;
+  if (lengths) {
+    expect_elements(*lengths, DType::kInt64, B, entry, "lengths");
+    len = lengths->ptr<const int64_t>();
+  } else {
+    all.assign(static_cast<size_t>(B), N);
+    len = all.data();
+  }
+  const float* x = points.ptr<const float>();
+  float* c = centroids.ptr<float>();
+  std::vector<float> inertia32(static_cast<size_t>(B));
   {
     py::gil_scoped_release nogil;
-    solve_all(x, w, len, B, N, D, k, tol, iters, cosine, c, lab, inr, nit);
+    if (init_seed >= 0) {
+      const Status seeded = seed_all(x, B, N, D, k, static_cast<uint32_t>(init_seed), c);
+      if (seeded != kOk) return seeded;
+    }
+    solve_all(x, w, len, B, N, D, k, tol, static_cast<int>(iters), cosine, c, labels.ptr<int64_t>(), inertia32.data(),
+              n_iter.ptr<int64_t>());
   }
-  return py::make_tuple(centroids, labels, inertia, n_iter);
+  // The inertia is the float32 rounding of the float64 sum (the custom op's float32 result); a float64
+  // output holds that value widened, which is what batched_kmeans returns.
+  for (int64_t b = 0; b < B; ++b) {
+    if (inertia64)
+      inertia.ptr<double>()[b] = inertia32[b];
+    else
+      inertia.ptr<float>()[b] = inertia32[b];
+  }
+  return kOk;
+}
+
+Status exponential_noise_entry(int64_t seed, TensorView out) {
+  constexpr const char* entry = "exponential_noise";
+  expect_tensor(out, DType::kFloat64, 1, entry, "out");
+  expect(seed >= 0 && seed <= 0xFFFFFFFFLL, entry, "seed must be a 32-bit generator seed");
+  exponential_noise(static_cast<uint32_t>(seed), out.size(0), out.ptr<double>());
+  return kOk;
 }
 
 }  // namespace
@@ -476,18 +518,12 @@ py::tuple lloyd(carray<float> points, carray<float> weights, carray<int64_t> len
 
 PYBIND11_MODULE(_cpu_kmeans, m) {
   namespace py = pybind11;
-  m.doc() = "Batched Lloyd k-means (fused assign + accumulate CPU kernel); see streammem_kernels/kmeans.py";
-  m.def("lloyd", &streammem::lloyd, py::arg("points"), py::arg("weights"), py::arg("lengths"), py::arg("centres"),
-        py::arg("tol"), py::arg("iters"), py::arg("cosine"),
-        "(B,N,D) points, (B,N) weights, (B,) lengths, (B,k,D) initial centres, relative tol -> "
-        "(centroids, labels, inertia, n_iter)");
-  m.def("kmeans_pp", &streammem::kmeans_pp, py::arg("points_ptr"), py::arg("B"), py::arg("N"), py::arg("D"),
-        py::arg("k"), py::arg("iters"), py::arg("tol"), py::arg("seed"),
-        "Unweighted l2 k-means++ + Lloyd on C-contiguous float32 (B,N,D) points at points_ptr -> "
-        "(centroids, labels, inertia float64, n_iter), or None when a problem needs rescaling");
-  m.def("exponential_noise", [](uint32_t seed, int64_t n) {
-    streammem::carray<double> out(n);
-    streammem::exponential_noise(seed, n, out.mutable_data());
-    return out;
-  }, py::arg("seed"), py::arg("n"), "torch's CPU exponential_(1) draws of a generator seeded with seed (tests)");
+  m.doc() = "Batched Lloyd k-means (fused assign + accumulate CPU kernel); see streammem_kernels/kmeans/reference.py";
+  m.def("lloyd", &streammem::lloyd, py::arg("points"), py::arg("weights"), py::arg("lengths"), py::arg("centroids"),
+        py::arg("init_seed"), py::arg("tol"), py::arg("iters"), py::arg("cosine"), py::arg("labels"),
+        py::arg("inertia"), py::arg("n_iter"),
+        "Lloyd from the centroids given (init_seed < 0) or from k-means++ seeds (init_seed >= 0), centroids updated "
+        "in place -> labels, inertia, n_iter; status 1: NaN/Inf points, 2: a problem needs rescaling (seeding only)");
+  m.def("exponential_noise", &streammem::exponential_noise_entry, py::arg("seed"), py::arg("out"),
+        "torch's CPU exponential_(1) draws of a generator seeded with seed into out (tests); status 0");
 }

@@ -118,13 +118,22 @@ struct TensorView {
 using Status = int;
 constexpr Status kOk = 0;
 
-// What the Python caller promised about an argument; a violation is a bug of the caller.
+// What the Python caller promised about an argument; a violation is a bug of the caller.  The
+// message is built only on failure (these checks run on every call of the latency paths, where a
+// heap-allocated std::string per check costs more than the check).
+[[noreturn]] inline void broken_contract(const char* entry, const std::string& what) {
+  throw std::logic_error(std::string(entry) + ": the caller broke the border contract: " + what);
+}
+inline void expect(bool ok, const char* entry, const char* what) {
+  if (!ok) broken_contract(entry, what);
+}
 inline void expect(bool ok, const char* entry, const std::string& what) {
-  if (!ok) throw std::logic_error(std::string(entry) + ": the caller broke the border contract: " + what);
+  if (!ok) broken_contract(entry, what);
 }
 
 // `view` is a CPU, C-contiguous tensor of `dtype` with `ndim` dimensions.
 inline void expect_tensor(const TensorView& view, DType dtype, int ndim, const char* entry, const char* name) {
+  if (view.on_cpu && view.dtype == dtype && view.ndim == ndim && view.contiguous()) return;
   expect(view.on_cpu, entry, std::string(name) + " must be a CPU tensor");
   expect(view.dtype == dtype, entry,
          std::string(name) + " must be " + dtype_name(dtype) + ", got " + dtype_name(view.dtype));

@@ -1,8 +1,7 @@
-"""CUDA backend of the streaming segmenter's push (kernel: csrc/cuda/boundaries.cu; contract: boundaries.py).
+"""CUDA backend of the streaming segmenter's push (kernel: csrc/cuda/boundaries.cu; spec: reference.py).
 
-One launch per push for all B streams (a warp per stream): similarity with the
-previous frame, window update and decision, max_event, state update in place,
-and the closed events as (B, 2) start/end tensors.  No host synchronisation.
+One launch per push for all B streams, the state updated in place, the closed events as (B, 2) start/end
+tensors; no host synchronisation.
 """
 from __future__ import annotations
 

@@ -1,35 +1,8 @@
-"""Triton kernels of the depth-score event boundaries (see boundaries.py for the contract).
+"""Triton kernels of the boundaries op: adjacent cosines, depth scores, window choices and the event scan.
 
-* ``adjacent_cosine``: one program per tile of BLOCK_T pairs (the pairs of
-  all streams in one flat index, so a streaming push of B streams is B pairs
-  in B / BLOCK_T programs); the tile's frames and their successors are streamed
-  once over D, dot and both squared norms
-  accumulated in float64 in the same loop, like the reference and the C++
-  kernel: the products of float32 values are exact in float64 and the sums
-  cannot overflow (features up to float32's largest value are fine), so after
-  the final rounding to float32 the similarities equal the reference's except
-  when a double sum lies within its last bits of a float32 rounding boundary.
-  Tile sizes depend only on D, so a pair gives the same bits in an offline
-  block and in a streaming (B, 2, D) pair.
-* ``window_choices``: one program per tile of window positions (all streams
-  in one flat index, as above); the window is a (positions, window) tile, the climbing peaks are segmented scans
-  (``tl.associative_scan`` with a reset flag), the rule runs in float64 with
-  the sums of mu and sigma taken left to right, in the reference's order.
-* ``window_depth``: one program per block of rows, a sequential sweep over the
-  row (peaks search the whole row, so it is not tiled).
-* ``scan_events``: the streaming state machine, one program per stream block,
-  sequential over time and vectorised over the block's streams.
-
-Exactness: the module docstring of boundaries.py promises identical decisions
-on every backend, so every kernel here is launched with
-``enable_fp_fusion=False`` (``mu + tau * sigma`` rounds twice, as in the
-reference, not once as an FMA) and computes in float64, where square root and
-division are always correctly rounded (``sqrt.rn.f64`` / ``div.rn.f64``: the
-approximate forms exist for float32 only; ``tl.sqrt_rn`` / ``tl.div_rn`` are
-the float32 spellings of the same guarantee).  ``tau``, ``min_depth`` and
-``drift`` are float64 parameters (a Python float argument would be a float32
-one) and every comparison is in float64, like the reference.
-``streammem_kernels.runtime.aot`` checks the PTX of every launched specialisation.
+Contract: ``reference.py`` (the same functions in torch); every kernel makes the reference's decisions bit
+for bit (float64, no fused multiply-add: launched with ``enable_fp_fusion=False``, ``KERNEL_CONTRACTS``
+marks them exact for the AOT check).  ``docs/ops/boundaries.md`` describes the tiling and the numerics.
 """
 from __future__ import annotations
 

@@ -1,93 +1,37 @@
-"""Batched k-means: many independent clustering problems in one call.
+"""Batched k-means: B independent (optionally weighted, ragged) clustering problems in one call.
 
-StreamChat's long-term memory compresses each chunk of L frame features into C
-cluster centres and compresses again when g nodes merge into a parent (sec.
-3.1.1, Eq. 3 and 5); ProStream merges near-duplicate memory nodes.  This module
-solves B independent (optionally weighted, ragged) k-means problems at once.
+StreamChat compresses each chunk of frame features into cluster centres (sec. 3.1.1, Eq. 3 and 5);
+ProStream merges near-duplicate memory nodes.  Every backend starts Lloyd's iterations from the same
+centres (k-means++, random, first k or given, computed in torch) and follows the torch reference
+(``reference.py``); ``docs/ops/kmeans.md`` states the semantics (assignment ties, empty clusters,
+the stop rule, the inertia) and the numerics of each backend.
 
-Semantics shared by every backend (the torch reference below is the spec):
-
-* Initialisation is computed once, here, in torch (``init="k-means++"``:
-  standard D^2 sampling, one candidate per step, probabilities ``w * D^2``,
-  drawn with a ``torch.Generator`` seeded by ``seed``; ``"random"``: k distinct
-  points; ``"first"``: the first k points; or given centres).  Every backend
-  starts its Lloyd iterations from the same centres.  The CPU fast path (unweighted
-  ``l2`` ``k-means++`` on float32 C-contiguous points, ``_kmeans_pp_fast``) seeds
-  in C++ on the same generator stream (torch's CPU mt19937 exponential noise of
-  ``torch.multinomial``, reproduced bit for bit), with D^2 in float64.
-* One Lloyd iteration: assign every point to its nearest centre (``l2``:
-  smallest ``||c||^2 - 2 x.c``, the constant ``||x||^2`` dropped; ``cosine``:
-  largest ``x.c`` on L2-normalised points; ties go to the lowest centre index),
-  then move each centre to the weighted mean of its points (``cosine``: the
-  normalised weighted sum).  Centre sums are accumulated in float64 (the Triton
-  backend: float32, in a fixed order).
-* Empty cluster (total weight 0, or for ``cosine`` a zero summed direction):
-  re-seeded with the point farthest from the centre it was assigned to in that
-  iteration (distance accumulated in float64: ``||x - c||^2``, or
-  ``1 - x.c`` for cosine); several empty clusters of one problem take the
-  farthest points in decreasing distance (ties: lowest point index), in
-  increasing cluster order, each point at most once.  This is scikit-learn's
-  rule, except that the chosen point is not removed from its previous cluster's
-  mean for that iteration.
-* Problem b stops after ``iters`` iterations, or as soon as the total squared
-  centre shift of that iteration is ``<= tol * mean_d var(x_b[:, d])``
-  (scikit-learn's rule; the variance is unweighted, over the problem's valid
-  points, of the data as clustered, i.e. normalised for cosine).  Unchanged
-  labels give a zero shift, so scikit-learn's "strict convergence" stop
-  coincides.
-* After the last iteration a final assignment step makes ``labels`` consistent
-  with the returned centres (scikit-learn does the same), and ``inertia`` is
-  ``sum w * ||x - c_label||^2`` (cosine: ``sum w * (1 - x.c_label)``),
-  accumulated in float64 from direct differences, not the expanded form.
-
-Backends: ``torch`` (batched bmm, chunked so memory stays bounded; the BLAS
-path), ``cpp`` (one fused assign + accumulate pass over the points per
-iteration; scores from a register-tiled float32 micro-kernel whose partial dot
-products over 256 features are added in float64; OpenMP over problems when
-there are at least 2 per thread, otherwise problem by problem with the points
-split across threads),
-``triton`` (fused distance + running argmin per tile of points, the N x k
-distance matrix never written; centre sums by a deterministic one-hot
-reduction per (problem, centre tile, feature tile), no atomics, so results are
-bit-reproducible run to run).  ``auto`` on CPU takes the C++ kernel for every
-shape: it beat the torch/BLAS path in all three benchmark regimes, including
-the large-k x D one (bench/RESULTS.md), so no per-shape rule is needed.
-
-GPU path (``triton`` on CUDA tensors): the whole call is device-resident, with
-no host synchronisation, so it can be captured in a CUDA graph
-(_kmeans_triton.py).  All problems iterate together; each problem's stop is a
-device-side flag, and a stopped problem keeps its centres and ``n_iter``
-while its kernels' programs skip their work.  There is no early exit of the
-loop (it would need the host to read the flags): a batch that has converged
-still launches 5 kernels per remaining iteration up to ``iters``, each a few
-microseconds of launch with programs that exit at once (less inside a CUDA
-graph), which is why ``iters`` should be a real cap rather than a large
-number.  Value checks of the input run as device-side assertions there
-(``torch._assert_async``).  To capture a call, pass the initial centres (or
-``init="first"``): "k-means++" and "random" draw from a generator whose
-graph replay would not repeat the eager draws; pass ``lengths`` and
-``weights`` on the device of ``x``.
+Backends: ``torch`` (batched bmm, chunked), ``cpp`` (one fused assign + accumulate pass per
+iteration), ``triton`` (device-resident, no host synchronisation: capturable in a CUDA graph with
+given centres or ``init="first"``).  Labels and ``n_iter`` are identical on every backend; centres and
+inertia agree within each backend's declared tolerance (``LLOYD.tolerances``).
 """
 from __future__ import annotations
 
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from ..runtime.validate import cpu_fast_path
 from ..runtime.dispatch import Op, call_op, load_native
-from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_float, check_int,
-                     check_rank, check_values)
+from ..runtime.native import NativeChecks, view
+from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_float, check_int, check_rank, check_values,
+                                cpu_fast_path)
+from .reference import kmeans_plus_plus, lloyd_torch, shift_thresholds
+# Read here by bench/bench_kmeans.py.
+from .reference import assign_torch, distance_to_own_centre  # noqa: F401
 
 __all__ = ["KMeansResult", "batched_kmeans", "kmeans_frames", "lloyd"]
 
 _POINT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _METRICS = ("l2", "cosine")
 _INITS = ("k-means++", "random", "first")
-# Elements of float64 scratch (about 64 MB) the torch reference allows itself
-# per chunk of problems or points; keeps the reference's memory bounded.
-_CHUNK_ELEMENTS = 1 << 23
 # Lloyd iterations are a real cap: the GPU path launches every iteration up to it (no host-read early exit).
 MAX_ITERS = 10_000
 # A problem whose largest |x| (or weight) lies outside [2**-40, 2**40] is clustered at a power-of-two scale
@@ -96,10 +40,10 @@ MAX_ITERS = 10_000
 # Multiplying by a power of two is exact, so labels and centres are those of the unscaled problem wherever
 # that one is computable; inside the range nothing is scaled and results are unchanged bit for bit.
 _SCALE_RANGE = (2.0 ** -40, 2.0 ** 40)
-# The fast path draws the k seeding steps' noise up front (k x B x N float64): at most 32 MB of it.
+# The latency path draws the k seeding steps' noise up front (k x B x N float64): at most 32 MB of it.
 _FAST_NOISE_LIMIT = 1 << 22
-_from_numpy = torch.from_numpy
-_is_compiling = torch.compiler.is_compiling
+# Each value-check message once: the general path raises it from Python, the C++ seeding by status.
+_X_NOT_FINITE = "x must be finite, found NaN or Inf"
 
 
 class KMeansResult(NamedTuple):
@@ -179,12 +123,9 @@ def batched_kmeans(x, k: int, *, iters: int = 10, tol: float = 1e-4, init="k-mea
     every backend.  Inputs that require grad are accepted (outputs never
     require grad); meta tensors are refused.
     """
-    if (weights is None and lengths is None and type(init) is str and init == "k-means++" and metric == "l2"
-            and type(k) is int and type(iters) is int and type(tol) is float and type(seed) is int
-            and cpu_fast_path(x)):
-        fast = _kmeans_pp_fast(x, k, iters, tol, seed, backend)
-        if fast is not None:
-            return fast
+    fast = LLOYD.run_fast(backend, x, k, iters, tol, init, metric, weights, lengths, seed)
+    if fast is not None:
+        return fast
     points, point_weights, lengths_t, k, iters, tol, cosine, x_scale, w_scale = _prepare_scaled(
         x, k, iters, tol, metric, weights, lengths)
     centres = initial_centres(points, k, init, point_weights, lengths_t, seed, cosine, scale=x_scale)
@@ -198,32 +139,6 @@ def batched_kmeans(x, k: int, *, iters: int = 10, tol: float = 1e-4, init="k-mea
     if w_scale is not None:
         inertia = inertia / w_scale.double()
     return KMeansResult(centroids, labels, inertia, n_iter)
-
-
-def _kmeans_pp_fast(x, k, iters, tol, seed, backend) -> KMeansResult | None:
-    """The common small CPU call (unweighted l2 k-means++ on float32 C-contiguous points, C++ backend) in
-    one native call: value checks, seeding and Lloyd in C++, no torch op on the way.  The seeding draws
-    the reference's generator stream (the same mt19937 noise as ``torch.multinomial``) and computes D^2
-    in float64 from direct differences, so its picks are the reference's except where the reference's
-    float32 ``||x||^2 - 2 x.c + ||c||^2`` rounding decides (near-ties, duplicates of a chosen centre).
-    None: not this case (the general path handles it and raises its errors)."""
-    shape = x.shape
-    if len(shape) == 3:
-        B, N, D = shape
-    elif len(shape) == 2:
-        (N, D), B = shape, 1
-    else:
-        return None
-    if not (B >= 1 and D >= 1 and 1 <= k <= N and 1 <= iters <= MAX_ITERS and 0.0 <= tol < math.inf
-            and -(1 << 63) <= seed < (1 << 64) and k * B * N <= _FAST_NOISE_LIMIT):
-        return None
-    mod = LLOYD.cpp_module(backend)
-    if mod is None or _is_compiling():
-        return None
-    out = mod.kmeans_pp(x.data_ptr(), B, N, D, k, iters, tol, seed & 0xFFFFFFFF)  # manual_seed keeps 32 bits
-    if out is None:  # a problem needs the power-of-two rescaling
-        return None
-    return KMeansResult(*map(_from_numpy, out))
 
 
 def _largest_magnitude(t: torch.Tensor) -> torch.Tensor | list[float]:
@@ -318,9 +233,9 @@ def _prepare_scaled(x, k, iters, tol, metric, weights, lengths):
     x_amax = _largest_magnitude(x)
     if x.device.type == "cpu":  # plain floats on the host: the common small call stays cheap
         if not all(math.isfinite(v) for v in x_amax):
-            raise ValueError("x must be finite, found NaN or Inf")
+            raise ValueError(_X_NOT_FINITE)
     else:
-        check_values(torch.isfinite(x_amax).all(), "x must be finite, found NaN or Inf")
+        check_values(torch.isfinite(x_amax).all(), _X_NOT_FINITE)
     k = check_int(k, "k", minimum=1)
     if k > N:  # a host check before anything of size k is allocated (lengths <= N, so it always holds)
         raise ValueError(f"k must be <= the number of points of every problem ({N}), got k={k}")
@@ -378,25 +293,6 @@ def _prepare_scaled(x, k, iters, tol, metric, weights, lengths):
     return points, point_weights, lengths_t, k, iters, tol, cosine, x_scale, w_scale
 
 
-def mean_feature_variance(points: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """(B,) float64: mean over features of each problem's (unweighted, ddof 0) variance.
-
-    Two passes (mean, then squared deviations) in float64; the C++ kernel uses
-    one pass of float64 sums and sums of squares, equal to ~1e-12 relative.
-    """
-    B, N, D = points.shape
-    out = torch.empty(B, dtype=torch.float64, device=points.device)
-    step = max(1, _CHUNK_ELEMENTS // max(1, N * D))
-    for b0 in range(0, B, step):
-        chunk = points[b0:b0 + step].double()
-        n = lengths[b0:b0 + step].to(torch.float64)[:, None]
-        valid = (torch.arange(N, device=points.device)[None, :] < lengths[b0:b0 + step, None])[..., None]
-        mean = (chunk * valid).sum(dim=1) / n
-        var = (((chunk - mean[:, None, :]) ** 2) * valid).sum(dim=1) / n
-        out[b0:b0 + step] = var.mean(dim=1)
-    return out
-
-
 # --------------------------------------------------------------------------
 # Initialisation (shared by every backend)
 # --------------------------------------------------------------------------
@@ -420,7 +316,7 @@ def initial_centres(points, k, init, weights, lengths, seed, cosine, scale=None)
             keys = keys.masked_fill(~valid, 2.0)
             chosen = keys.argsort(dim=1, stable=True)[:, :k]
             return torch.gather(points, 1, chosen[..., None].expand(B, k, D)).contiguous()
-        return _kmeans_plus_plus(points, k, weights * valid, generator, cosine)
+        return kmeans_plus_plus(points, k, weights * valid, generator, cosine)
     init_t = as_tensor(init, "init")
     if init_t.dim() == 2 and B == 1:
         init_t = init_t.unsqueeze(0)
@@ -435,40 +331,6 @@ def initial_centres(points, k, init, weights, lengths, seed, cosine, scale=None)
     if cosine:
         centres = torch.nn.functional.normalize(centres, dim=-1)
     return centres.contiguous()
-
-
-def _kmeans_plus_plus(points, k, weights, generator, cosine) -> torch.Tensor:
-    """Standard D^2 sampling (Arthur & Vassilvitskii 2007), batched over problems.
-
-    Step 1 draws a point with probability proportional to its weight; each next
-    centre is drawn with probability ``w * D^2`` where D^2 is the squared
-    distance to the nearest centre chosen so far (cosine: ``1 - x.c``, half
-    the squared chord on the unit sphere).  A problem whose
-    remaining mass is zero (all points coincide with chosen centres) draws by
-    weight again; the duplicate centre is then handled as an empty cluster.
-    """
-    B, N, D = points.shape
-    w = weights.double()
-    rows = torch.arange(B, device=points.device)
-    first = torch.multinomial(w, 1, generator=generator)[:, 0]
-    centres = [points[rows, first]]
-    sq_norm = (points * points).sum(-1)
-    nearest = None
-    for _ in range(1, k):
-        c = centres[-1]
-        dots = torch.bmm(points, c[:, :, None])[..., 0]
-        if cosine:
-            dist = (1.0 - dots).clamp_min(0.0)
-        else:
-            dist = (sq_norm - 2.0 * dots + (c * c).sum(-1)[:, None]).clamp_min(0.0)
-        nearest = dist if nearest is None else torch.minimum(nearest, dist)
-        # On unit vectors ||x - c||^2 = 2 (1 - x.c): cosine D^2 sampling uses 1 - x.c.
-        mass = w * nearest.double()
-        empty_mass = mass.sum(dim=1) <= 0
-        mass = torch.where(empty_mass[:, None], w, mass)
-        pick = torch.multinomial(mass, 1, generator=generator)[:, 0]
-        centres.append(points[rows, pick])
-    return torch.stack(centres, dim=1).contiguous()
 
 
 # --------------------------------------------------------------------------
@@ -500,145 +362,66 @@ def _(points, weights, lengths, centres, tol, iters, cosine, backend):
 
 
 # --------------------------------------------------------------------------
-# Backend: torch reference (the spec)
+# Backend: C++ (csrc/cpu/kmeans.cpp), and batched_kmeans' latency path
 # --------------------------------------------------------------------------
-def assign_torch(points, centres, valid, cosine) -> torch.Tensor:
-    """(B, N) labels: nearest centre (first on ties), -1 for invalid points; chunked over N."""
-    B, N, D = points.shape
-    k = centres.shape[1]
-    labels = torch.empty((B, N), dtype=torch.int64, device=points.device)
-    centres_t = centres.transpose(1, 2)
-    sq_norm = (centres * centres).sum(-1)[:, None, :]
-    step = max(1, _CHUNK_ELEMENTS // max(1, B * k))
-    for n0 in range(0, N, step):
-        dots = torch.bmm(points[:, n0:n0 + step], centres_t)
-        if cosine:
-            labels[:, n0:n0 + step] = torch.argmax(dots, dim=-1)
-        else:
-            labels[:, n0:n0 + step] = torch.argmin(sq_norm - 2.0 * dots, dim=-1)
-    return labels.masked_fill_(~valid, -1)
+_NO_CHECKS = NativeChecks()
+# The checks of lloyd's k-means++ seeding (batched_kmeans' latency path), by status.
+_SEED_CHECKS = NativeChecks(_X_NOT_FINITE)
+_NEEDS_RESCALING = 2  # a problem outside _SCALE_RANGE: not an error, the general path rescales it
 
 
-def distance_to_own_centre(points, centres, labels, cosine) -> torch.Tensor:
-    """(B, N) float64 direct distance of each point to its labelled centre (0 where label = -1)."""
-    B, N, D = points.shape
-    out = torch.zeros((B, N), dtype=torch.float64, device=points.device)
-    step = max(1, _CHUNK_ELEMENTS // max(1, B * D))
-    for n0 in range(0, N, step):
-        lab = labels[:, n0:n0 + step]
-        own = torch.gather(centres, 1, lab.clamp_min(0)[..., None].expand(-1, -1, D)).double()
-        x = points[:, n0:n0 + step].double()
-        if cosine:
-            d = 1.0 - (x * own).sum(-1)
-        else:
-            d = ((x - own) ** 2).sum(-1)
-        out[:, n0:n0 + step] = torch.where(lab >= 0, d, torch.zeros_like(d))
-    return out
-
-
-def centre_sums_torch(points, weights, labels, k):
-    """(B,k,D) float64 weighted sums and (B,k) float64 weights of each cluster."""
-    B, N, D = points.shape
-    sums = torch.zeros((B * k, D), dtype=torch.float64, device=points.device)
-    mass = torch.zeros((B * k,), dtype=torch.float64, device=points.device)
-    offset = (torch.arange(B, device=points.device) * k)[:, None]
-    step = max(1, _CHUNK_ELEMENTS // max(1, B * D))
-    for n0 in range(0, N, step):
-        lab = labels[:, n0:n0 + step]
-        keep = (lab >= 0).reshape(-1)
-        slot = (lab + offset).reshape(-1)[keep]
-        w = weights[:, n0:n0 + step].reshape(-1)[keep].double()
-        x = points[:, n0:n0 + step].reshape(-1, D)[keep].double()
-        sums.index_add_(0, slot, x * w[:, None])
-        mass.index_add_(0, slot, w)
-    return sums.view(B, k, D), mass.view(B, k)
-
-
-def finish_update(points, labels, centres, sums, mass, cosine) -> torch.Tensor:
-    """New (B,k,D) float32 centres from float64 cluster sums, empty clusters re-seeded.
-
-    The C++ kernel and the Triton ``_update_kernel`` / ``_finish_kernel`` mirror it.
-    """
-    if cosine:
-        norm = torch.linalg.vector_norm(sums, dim=-1)
-        empty = (mass <= 0) | (norm <= 0)
-        new = sums / torch.where(empty, torch.ones_like(norm), norm)[..., None]
-    else:
-        empty = mass <= 0
-        new = sums / torch.where(empty, torch.ones_like(mass), mass)[..., None]
-    new = new.to(torch.float32)
-    if bool(empty.any()):
-        dist = distance_to_own_centre(points, centres, labels, cosine)
-        dist = dist.masked_fill(labels < 0, -1.0)  # invalid points are never chosen
-        for b in torch.nonzero(empty.any(dim=1)).flatten().tolist():
-            clusters = torch.nonzero(empty[b]).flatten()
-            # Stable descending sort: equal distances keep increasing point order.
-            order = torch.sort(dist[b], descending=True, stable=True).indices[: clusters.numel()]
-            new[b, clusters] = points[b, order]
-    return new
-
-
-def _lloyd_torch(points, weights, lengths, centres, tol, iters, cosine):
-    B, N, D = points.shape
-    outs = []
-    step = max(1, _CHUNK_ELEMENTS // max(1, N * D))  # problems per chunk: bounds the float64 scratch
-    for b0 in range(0, B, step):
-        outs.append(lloyd_loop(points[b0:b0 + step], weights[b0:b0 + step], lengths[b0:b0 + step],
-                               centres[b0:b0 + step], tol, iters, cosine))
-    return tuple(torch.cat(parts) for parts in zip(*outs))
-
-
-def shift_thresholds(points, lengths, tol: float) -> torch.Tensor:
-    """(B,) float64 absolute stop thresholds: ``tol`` x each problem's mean feature variance."""
-    if tol > 0:
-        return tol * mean_feature_variance(points, lengths)
-    # Stop only at a fixed point: no variance needed.
-    return torch.zeros(points.shape[0], dtype=torch.float64, device=points.device)
-
-
-def lloyd_loop(points, weights, lengths, centres, tol, iters, cosine):
-    """Lloyd iterations with per-problem stopping: the reference (torch backend).
-
-    Each iteration runs only the problems still active (a host loop: the
-    Triton backend keeps the same semantics on the device, masking converged
-    problems instead of selecting the active ones).
-    """
-    B, N, D = points.shape
-    k = centres.shape[1]
-    valid = torch.arange(N, device=points.device)[None, :] < lengths[:, None]
-    tol = shift_thresholds(points, lengths, tol)
-    centres = centres.clone()
-    active = torch.ones(B, dtype=torch.bool, device=points.device)
-    n_iter = torch.zeros(B, dtype=torch.int64, device=points.device)
-    for _ in range(iters):
-        idx = torch.nonzero(active).flatten()
-        if idx.numel() == 0:
-            break
-        if idx.numel() == B:  # no copies while every problem iterates
-            x, w, c, ok = points, weights, centres, valid
-        else:
-            x, w, c, ok = points[idx], weights[idx], centres[idx], valid[idx]
-        labels = assign_torch(x, c, ok, cosine)
-        sums, mass = centre_sums_torch(x, w, labels, k)
-        new = finish_update(x, labels, c, sums, mass, cosine)
-        shift = ((new.double() - c.double()) ** 2).sum(dim=(1, 2))
-        centres[idx] = new
-        n_iter[idx] += 1
-        active[idx] = shift > tol[idx]
-    labels = assign_torch(points, centres, valid, cosine)
-    dist = distance_to_own_centre(points, centres, labels, cosine)
-    inertia = (dist * weights.double() * valid).sum(dim=1).to(torch.float32)
-    return centres, labels, inertia, n_iter
-
-
-# --------------------------------------------------------------------------
-# Backend: C++ (csrc/cpu/kmeans.cpp)
-# --------------------------------------------------------------------------
 def _lloyd_cpp(points, weights, lengths, centres, tol, iters, cosine):
     mod, _ = load_native("cpu", "kmeans")
-    c, labels, inertia, n_iter = mod.lloyd(points.numpy(), weights.numpy(), lengths.numpy(),
-                                           centres.contiguous().numpy(), float(tol), int(iters), bool(cosine))
-    return torch.from_numpy(c), torch.from_numpy(labels), torch.from_numpy(inertia), torch.from_numpy(n_iter)
+    B, N, _ = points.shape
+    centroids = centres.clone(memory_format=torch.contiguous_format)  # the entry updates it in place
+    labels = torch.empty((B, N), dtype=torch.int64)
+    inertia = torch.empty(B, dtype=torch.float32)
+    n_iter = torch.empty(B, dtype=torch.int64)
+    status = mod.lloyd(view(points.contiguous()), view(weights.contiguous()), view(lengths.contiguous()),
+                       view(centroids), -1, float(tol), int(iters), bool(cosine), view(labels), view(inertia),
+                       view(n_iter))
+    _NO_CHECKS.raise_for(status)
+    return centroids, labels, inertia, n_iter
+
+
+_from_numpy, _np_empty, _new_tuple = torch.from_numpy, np.empty, tuple.__new__
+_NP_F32, _NP_F64, _NP_I64 = np.float32, np.float64, np.int64
+_INF = math.inf
+
+
+def _kmeans_pp_fast(mod, x, k, iters, tol, init, metric, weights, lengths, seed) -> KMeansResult | None:
+    """batched_kmeans' common small CPU call: unweighted l2 k-means++ on C-contiguous float32 points with
+    plain parameters in range, in one call of the C++ backend's ``lloyd`` entry, which seeds the centres
+    and checks the points first (the same ValueError).  The seeding draws the reference's generator
+    stream (the same mt19937 noise as ``torch.multinomial``) and computes D^2 in float64 from direct
+    differences, so its picks are the reference's except where the reference's float32
+    ``||x||^2 - 2 x.c + ||c||^2`` rounding decides (near-ties, duplicates of a chosen centre).  None for
+    anything else, and for points that need the power-of-two rescaling (the general path does it)."""
+    if not (weights is None and lengths is None and type(init) is str and init == "k-means++" and metric == "l2"
+            and type(k) is int and type(iters) is int and type(tol) is float and type(seed) is int
+            and cpu_fast_path(x)):
+        return None
+    shape = x.shape
+    if len(shape) == 3:
+        B, N, D = shape
+    elif len(shape) == 2:
+        (N, D), B = shape, 1
+    else:
+        return None
+    if not (B >= 1 and D >= 1 and 1 <= k <= N and 1 <= iters <= MAX_ITERS and 0.0 <= tol < _INF
+            and -(1 << 63) <= seed < (1 << 64) and k * B * N <= _FAST_NOISE_LIMIT):
+        return None
+    # Results allocated through numpy, whose arrays speak DLPack too (cheaper than tensors and their views).
+    centroids, labels = _np_empty((B, k, D), _NP_F32), _np_empty((B, N), _NP_I64)
+    inertia, n_iter = _np_empty(B, _NP_F64), _np_empty(B, _NP_I64)
+    status = mod.lloyd(view(x), None, None, centroids.__dlpack__(), seed & 0xFFFFFFFF,  # manual_seed keeps 32 bits
+                       tol, iters, False, labels.__dlpack__(), inertia.__dlpack__(), n_iter.__dlpack__())
+    if status:
+        if status == _NEEDS_RESCALING:
+            return None
+        _SEED_CHECKS.raise_for(status)
+    return _new_tuple(KMeansResult, (_from_numpy(centroids), _from_numpy(labels), _from_numpy(inertia),
+                                     _from_numpy(n_iter)))
 
 
 # --------------------------------------------------------------------------
@@ -658,6 +441,7 @@ _TOLERANCES = {"torch": (1e-5, 1e-5), "cpp": (1e-5, 1e-5), "triton": (5e-5, 1e-5
 
 LLOYD = Op(
     "kmeans",
-    {"torch": _lloyd_torch, "cpp": _lloyd_cpp, "triton": _lloyd_triton},
+    {"torch": lloyd_torch, "cpp": _lloyd_cpp, "triton": _lloyd_triton},
     tolerances={backend: dict.fromkeys(_POINT_DTYPES, tol) for backend, tol in _TOLERANCES.items()},
+    fast=_kmeans_pp_fast,
 )

@@ -1,58 +1,9 @@
-"""Triton backend of batched k-means: a device-resident Lloyd loop (imported lazily by kmeans.py).
+"""Triton backend of batched k-means: a device-resident Lloyd loop, five launches per iteration.
 
-All B problems iterate together; nothing in :func:`lloyd_triton` reads a
-tensor value on the host, so a call never synchronises the CUDA stream and can
-be captured in a CUDA graph.  Each problem's state lives on the device:
-``active[b]`` (still iterating), ``n_iter[b]`` and its centres.  A problem
-that has converged keeps its centres and ``n_iter`` frozen: every kernel reads
-``active[b]`` first and a converged problem's programs skip their whole
-body, so the remaining iterations up to ``iters`` cost launches, not
-arithmetic.  There is no early exit of the whole loop: deciding that every
-problem has converged would need the host to read ``active``.  The price is
-5 launches per remaining iteration (a few microseconds each, less inside a
-CUDA graph) once all problems have converged; see kmeans.py.
-
-One Lloyd iteration is five launches, in stream order:
-
-* ``_assign_kernel``: one program per (tile of BLOCK_N points, problem).  It
-  walks the centres in tiles of BLOCK_K and the features in tiles of BLOCK_D,
-  forms ``x.c`` with ``tl.dot`` (``input_precision="ieee"``: true float32, no
-  TF32) per feature tile and adds the tiles' partial dots with Kahan
-  compensation in float32, so long rows (D = 65,536 frame features) do not
-  drift as one long float32 sum would, without float64 arithmetic in the
-  inner loop (float64 runs at 1/64 of the float32 rate on consumer GPUs).  The
-  compensated sum is turned into the float64 score ``||c||^2 - 2 x.c``
-  (cosine: ``-x.c``) and a running (min, argmin) is kept per point, as
-  flash-kmeans does: the N x k distance matrix is never written.
-* ``_centre_sums_kernel``: one program per (tile of BLOCK_K centres, tile of
-  BLOCK_D features, problem); it walks the points in tiles and accumulates
-  ``onehot(labels)^T @ (w x)`` in float32 with ``tl.dot``: a segmented
-  reduction without atomics, in a fixed order, so the sums are bit-identical
-  from run to run (float32, not the float64 of the C++ kernel).
-* ``_update_kernel``: one program per (tile of centres, problem): the new
-  centre ``sums / mass`` (cosine: ``sums / ||sums||``) with the reference's
-  rounding (a correctly rounded float32 division gives the same bits as the
-  reference's float64 quotient rounded to float32; cosine divides in
-  float64 by the float64 norm), its squared norm for the next assignment,
-  the empty-cluster flags, each row's squared shift, and the number of empty
-  clusters per problem (an integer atomic add: exact, so still deterministic).
-* ``_own_distance_kernel``: the float64 direct distance of each point to the
-  centre it was assigned to (``||x - c||^2``, cosine ``1 - x.c``), needed to
-  re-seed empty clusters; its programs do nothing unless their problem is
-  active and has an empty cluster, the rare case.  The same kernel, with every
-  problem selected, gives the final inertia.
-* ``_finish_kernel``: one program per problem: re-seeds the empty clusters by
-  the documented rule (farthest points, ties to the lowest point index, each
-  point once, empty clusters in increasing order), completes the squared
-  centre shift, and updates ``n_iter`` and ``active`` (shift > tol).
-
-Offsets into the points are 64-bit (one problem may hold N * D >= 2^31
-elements); the points' row stride is an argument, so a test can check that
-arithmetic on a strided view of an untouched 8 GB allocation.  ``N`` and ``K``
-are not specialised (a launch with k = 1 or one point reuses the general
-binary); ``D`` and the row stride are, for 16-byte-aligned vector loads.  The
-kernels use the same block sizes under ``TRITON_INTERPRET=1`` (tests, CPU
-tensors) as on a GPU.
+Contract: ``reference.lloyd_loop`` (the same iterations in torch), within the declared tolerance (float32
+centre sums in a fixed order, bit-reproducible run to run).  Nothing here reads a tensor value on the host,
+so a call never synchronises the CUDA stream and can be captured in a CUDA graph; converged problems skip
+their work but every launch up to ``iters`` still happens.  ``docs/ops/kmeans.md`` describes the kernels.
 """
 from __future__ import annotations
 

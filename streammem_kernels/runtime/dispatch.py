@@ -145,6 +145,10 @@ def _triton_import_reason():
             _IMPORTS[key] = None
         except Exception as exc:  # ImportError, or a broken install
             _IMPORTS[key] = f"Triton is not importable ({exc}); pip install triton"
+        if _IMPORTS[key] is None and triton_interpreting():
+            from .launch import fix_interpreter_scalar_index
+
+            fix_interpreter_scalar_index()
     return _IMPORTS[key]
 
 

@@ -11,7 +11,8 @@ import torch
 
 from streammem_kernels import (Event, SegmentStep, StreamingSegmenter, adjacent_cosine, depth_scores,
                                detect_boundaries, event_ends)
-from streammem_kernels.boundaries import ADJACENT_COSINE, SCAN_EVENTS, STREAM_STEP, WINDOW_CHOICES, WINDOW_DEPTH
+from streammem_kernels.boundaries import ADJACENT_COSINE, EVENT_ENDS, SCAN_EVENTS, WINDOW_CHOICES, WINDOW_DEPTH
+from streammem_kernels.boundaries.streaming import STREAM_STEP
 from streammem_kernels.samples import read_video
 
 from conftest import cpu_backends
@@ -19,7 +20,7 @@ from device_checks import DEVICES, capture_in_cuda_graph, device_backends, guard
 
 BACKENDS = cpu_backends(ADJACENT_COSINE)
 FAST_BACKENDS = [b for b in BACKENDS if b != "triton"]  # the Triton interpreter is slow: small cases only
-OPS = (ADJACENT_COSINE, WINDOW_DEPTH, WINDOW_CHOICES, SCAN_EVENTS)
+OPS = (ADJACENT_COSINE, WINDOW_DEPTH, WINDOW_CHOICES, SCAN_EVENTS, EVENT_ENDS)
 CUDA = DEVICES[1].marks[0]  # skipped without a GPU
 DEVICE_CASES = [("cpu", b) for b in BACKENDS] + [pytest.param("cuda", b, marks=CUDA) for b in ("torch", "triton")]
 
@@ -52,7 +53,7 @@ BIKES_CUTS = [29, 75, 136, 186, 241]
 
 
 # --------------------------------------------------------------------------
-# Independent pure-Python implementation of the issue's Semantics section
+# Independent pure-Python implementation of the rule (docs/ops/boundaries.md)
 # --------------------------------------------------------------------------
 def python_depths(s, peak="climb"):
     depths = []
@@ -472,6 +473,7 @@ def test_push_tensors_is_what_push_returns(backend):
         StreamingSegmenter().flush_tensors()
 
 
+@pytest.mark.host_sync
 @pytest.mark.parametrize("backend", [b for b in ("torch", "triton") if b in BACKENDS])
 def test_gpu_paths_never_synchronise_with_the_host(monkeypatch, backend):
     """The code a CUDA tensor runs (torch and Triton backends, the streaming step
@@ -506,6 +508,7 @@ def test_gpu_paths_never_synchronise_with_the_host(monkeypatch, backend):
         assert sorted(e for st in steps[key] for e in st.events()) == want[key]
 
 
+@pytest.mark.host_sync
 def test_the_guard_catches_a_host_sync():
     # The no-host-sync mode above is not vacuous: the Python-returning push reads tensors on the host.
     seg = StreamingSegmenter(window=3, backend="torch")
@@ -514,6 +517,7 @@ def test_the_guard_catches_a_host_sync():
         seg.push(torch.randn(2, 4))
 
 
+@pytest.mark.gpu
 @CUDA
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_every_device_resident_form_captures_in_a_cuda_graph(backend):
@@ -548,6 +552,7 @@ def require_fused_cuda():
         pytest.skip("the CUDA module of boundaries is not built")
 
 
+@pytest.mark.gpu
 @CUDA
 @pytest.mark.parametrize("params", PARAM_GRID, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "defaults")
 def test_fused_cuda_push_equals_the_reference(params):
@@ -566,6 +571,7 @@ def test_fused_cuda_push_equals_the_reference(params):
         assert single == [e for e in want if e.stream == s]
 
 
+@pytest.mark.gpu
 @CUDA
 def test_fused_cuda_push_decisions_at_thresholds():
     require_fused_cuda()
@@ -575,6 +581,7 @@ def test_fused_cuda_push_decisions_at_thresholds():
         assert [e for t in range(5) for e in seg.push(x[t])] + seg.flush() == want, params
 
 
+@pytest.mark.gpu
 @CUDA
 def test_fused_cuda_push_captures_in_a_cuda_graph():
     require_fused_cuda()
@@ -851,7 +858,7 @@ def test_fast_push_follows_state_restored_from_outside():
 
 
 # --------------------------------------------------------------------------
-# detect_boundaries' per-call fast path (issue 15): float32 C-contiguous CPU features and plain
+# detect_boundaries' per-call fast path: float32 C-contiguous CPU features and plain
 # parameters go to one native call (cosines, finiteness check, window rule, scan)
 # --------------------------------------------------------------------------
 def test_fast_detect_equals_the_general_path_and_checks_features(monkeypatch):
@@ -942,6 +949,69 @@ def test_state_dict_round_trip_continues_exactly(backend):
         got = [restored.push(f) for f in feats[17:]] + [restored.flush()]
         assert got == want and any(first) and any(want)
 
+
+
+def test_cpp_push_from_a_state_of_any_strides_continues_exactly():
+    """The C++ step updates its state in place: a restored state held in non-contiguous or float64 tensors is
+    made contiguous float32/int64 once, when the step is bound, instead of being stepped through copies."""
+    if "cpp" not in BACKENDS:
+        pytest.skip("the C++ backend is not built")
+    feats = torch.randn(40, 3, 8, generator=torch.Generator().manual_seed(5)).cumsum(0)
+    params = dict(window=4, tau=0.3, min_depth=0.01, max_event=9, backend="cpp")
+    ref = StreamingSegmenter(**params)
+    for f in feats[:17]:
+        ref.push(f)
+    state = ref.state_dict()
+    state["last_frame"] = state["last_frame"].t().contiguous().t()  # same values, column-major
+    state["window_sims"] = state["window_sims"].double()
+    state["last_end"] = torch.stack((state["last_end"], state["last_end"]), dim=1)[:, 0]  # strided
+    assert not state["last_frame"].is_contiguous() and not state["last_end"].is_contiguous()
+    restored = StreamingSegmenter(**params)
+    restored.load_state_dict(state)
+    want = [ref.push(f) for f in feats[17:]] + [ref.flush()]
+    got = [restored.push(f) for f in feats[17:]] + [restored.flush()]
+    assert got == want and any(want)
+    assert restored._last_frame.is_contiguous() and restored._window_sims.dtype == torch.float32
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_event_ends_equals_the_reference_and_checks_features(backend):
+    """event_ends: the C++ backend runs the offline pass as one fused native call (the entry the latency path
+    of detect_boundaries calls too); its ends and its errors are the reference's."""
+    g = torch.Generator().manual_seed(31)
+    x = torch.cat([torch.randn(3, 45, 10, generator=g), adversarial_batch(T=45, D=10)])
+    for params in (dict(), dict(window=3, min_depth=0.0, max_event=5), dict(peak="max"), dict(drift=0.3),
+                   dict(drift=-1.0, max_event=2), dict(window=50)):
+        want = event_ends(x, backend="torch", **params)
+        assert torch.equal(event_ends(x, backend=backend, **params), want), params
+        assert torch.equal(event_ends(x[2], backend=backend, **params), want[2]), params
+        assert torch.equal(event_ends(x[:, :1], backend=backend, **params), want[:, :1] | True), params
+    broken = x.clone()
+    broken[4, 44, 0] = float("inf")
+    with pytest.raises(ValueError, match="features must be finite, found NaN or Inf"):
+        event_ends(broken, backend=backend)
+    torch.library.opcheck(torch.ops.streammem.event_ends, (x[:, :20].contiguous(), 4, 0.7, 0.0, 0, 5, float("nan"),
+                                                           backend))
+    torch.library.opcheck(torch.ops.streammem.event_ends, (x[:, :20].contiguous(), 4, 0.7, 0.0, 1, 0, 0.5, backend))
+
+
+def test_native_entries_refuse_a_broken_border_contract():
+    """What the Python side promises (dtypes, shapes, contiguity of the tensors it hands over) is checked by
+    the C++ entries as a caller bug: RuntimeError, not a user's ValueError."""
+    if "cpp" not in BACKENDS:
+        pytest.skip("the C++ backend is not built")
+    from streammem_kernels.runtime.dispatch import load_native
+    from streammem_kernels.runtime.native import view
+
+    mod, _ = load_native("cpu", "boundaries")
+    x = torch.randn(2, 6, 4)
+    with pytest.raises(RuntimeError, match="out must be float32, got float64"):
+        mod.adjacent_cosine(view(x), view(torch.empty(2, 5, dtype=torch.float64)))
+    with pytest.raises(RuntimeError, match="out has the wrong size"):
+        mod.adjacent_cosine(view(x), view(torch.empty(2, 6)))
+    with pytest.raises(RuntimeError, match="features must be C-contiguous"):
+        mod.event_ends(view(x.transpose(1, 2)), 3, 0.7, 0.2, 0, 0, float("nan"), view(torch.empty(8, dtype=torch.bool)))
+    assert mod.adjacent_cosine(view(x), view(torch.empty(2, 5))) == 0
 
 def test_push_many_rejects_bad_input():
     segs = [StreamingSegmenter(), StreamingSegmenter()]

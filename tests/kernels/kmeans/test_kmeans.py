@@ -9,7 +9,8 @@ import torch
 from conftest import cpu_backends
 from device_checks import DEVICES, HAS_CUDA, HostSync, capture_in_cuda_graph, device_backends, guard_backend
 from streammem_kernels import KMeansResult, batched_kmeans, kmeans_frames
-from streammem_kernels.kmeans import LLOYD, _kmeans_pp_fast, initial_centres, lloyd_loop, mean_feature_variance
+from streammem_kernels.kmeans import LLOYD, initial_centres
+from streammem_kernels.kmeans.reference import assign_torch, lloyd_loop, mean_feature_variance
 
 BACKENDS = cpu_backends(LLOYD)
 FAST_BACKENDS = [b for b in BACKENDS if b != "triton"]  # Triton is interpreted on CPU: small cases only
@@ -348,7 +349,6 @@ def test_triton_assignment_ties_go_to_the_lowest_centre_index(cosine):
     # take label 2, as the reference's argmin does.  (A Lloyd step re-seeds the tied, now empty,
     # centres, so the public function is checked against the reference in the duplicate tests.)
     from streammem_kernels.kmeans import _triton as kt
-    from streammem_kernels.kmeans import assign_torch
 
     g = torch.Generator().manual_seed(80)
     centres = torch.randn(1, 20, 4, generator=g) * 10
@@ -434,6 +434,15 @@ def test_fixed_seed_is_reproducible_and_seeds_differ():
 _cpp_kmeans = pytest.mark.skipif("cpp" not in BACKENDS, reason="the C++ backend is not built")
 
 
+def _native_noise(mod, seed, n):
+    """The C++ seeding's exponential noise for a generator seeded with ``seed`` (manual_seed keeps 32 bits)."""
+    from streammem_kernels.runtime.native import view
+
+    out = torch.empty(n, dtype=torch.float64)
+    assert mod.exponential_noise(seed & 0xFFFFFFFF, view(out)) == 0
+    return out
+
+
 @_cpp_kmeans
 @pytest.mark.parametrize("seed", [0, 1, 5, 2**31, 2**32 + 7, -3, 2**63 - 1, -(2**63), 2**64 - 1])
 def test_fast_path_noise_is_torchs_exponential_stream(seed):
@@ -444,11 +453,11 @@ def test_fast_path_noise_is_torchs_exponential_stream(seed):
     mod, _ = load_native("cpu", "kmeans")
     g = torch.Generator().manual_seed(seed)
     expected = torch.empty(3000, dtype=torch.float64).exponential_(1, generator=g)
-    assert torch.equal(torch.from_numpy(mod.exponential_noise(seed & 0xFFFFFFFF, 3000)), expected)
+    assert torch.equal(_native_noise(mod, seed, 3000), expected)
     g = torch.Generator().manual_seed(seed)
     p = torch.rand(2, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     drawn = torch.multinomial(p, 1, generator=g)[:, 0]
-    q = torch.from_numpy(mod.exponential_noise(seed & 0xFFFFFFFF, 80)).view(2, 40)
+    q = _native_noise(mod, seed, 80).view(2, 40)
     assert torch.equal(drawn, (p / q).argmax(dim=1))
 
 
@@ -458,7 +467,7 @@ def test_fast_path_noise_is_torchs_exponential_stream(seed):
 def test_fast_path_equals_the_general_path_and_the_reference(shape, k):
     for seed in range(12):
         x = torch.randn(shape, generator=torch.Generator().manual_seed(seed + 100)) * 3
-        fast = _kmeans_pp_fast(x, k, 5, 1e-4, seed, "auto")
+        fast = LLOYD.run_fast("auto", x, k, 5, 1e-4, "k-means++", "l2", None, None, seed)
         assert fast is not None  # the case the fast path exists for: it must not fall back
         assert all(torch.equal(a, b) for a, b in zip(fast, batched_kmeans(x, k, iters=5, seed=seed)))
         ones = torch.ones(x.shape[:-1])  # weights force the general path (torch seeding, same C++ Lloyd)
@@ -518,6 +527,55 @@ def test_fast_path_keeps_the_checks_and_the_rescaling():
     batched_kmeans(x, 3)
     assert torch.equal(x, before)
 
+
+
+@_cpp_kmeans
+def test_fast_path_and_general_path_raise_the_same_errors():
+    # The latency path checks the points in C++ (by status); the message is the general path's, written once.
+    x = blobs(2, 30, 5, 3, seed=4)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        broken = x.clone()
+        broken[1, 29, 4] = bad
+        errors = []
+        for call in (lambda: batched_kmeans(broken, 3),  # the latency path
+                     lambda: batched_kmeans(broken, 3, backend="torch"),
+                     lambda: batched_kmeans(broken, 3, weights=torch.ones(2, 30))):  # the general cpp path
+            with pytest.raises(ValueError) as info:
+                call()
+            errors.append(str(info.value))
+        assert errors == ["x must be finite, found NaN or Inf"] * 3
+    # Out of the scale range: the latency path declines, the general path rescales.
+    assert LLOYD.run_fast("auto", x * 2.0**60, 3, 5, 1e-4, "k-means++", "l2", None, None, 0) is None
+
+
+@_cpp_kmeans
+def test_cpp_backend_takes_strided_lengths_and_weights():
+    x = blobs(3, 25, 4, 3, seed=6)
+    lengths = torch.tensor([[25, 0], [18, 0], [9, 0]])[:, 0]  # a strided view
+    weights = (torch.rand(25, 3, generator=torch.Generator().manual_seed(1)) + 0.1).t()
+    assert not lengths.is_contiguous() and not weights.is_contiguous()
+    strided = batched_kmeans(x, 3, lengths=lengths, weights=weights, backend="cpp")
+    plain = batched_kmeans(x, 3, lengths=lengths.contiguous(), weights=weights.contiguous(), backend="cpp")
+    assert all(torch.equal(a, b) for a, b in zip(strided, plain))
+
+
+@_cpp_kmeans
+def test_native_entry_refuses_a_broken_border_contract():
+    from streammem_kernels.runtime.dispatch import load_native
+    from streammem_kernels.runtime.native import view
+
+    mod, _ = load_native("cpu", "kmeans")
+    x = blobs(1, 10, 4, 2, seed=1)
+    labels, inertia, n_iter = torch.empty(1, 10, dtype=torch.int64), torch.empty(1), torch.empty(1, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="centroids must be"):
+        mod.lloyd(view(x), None, None, view(torch.empty(1, 11, 4)), -1, 0.0, 3, False, view(labels), view(inertia),
+                  view(n_iter))
+    with pytest.raises(RuntimeError, match="labels must be a C-contiguous CPU int64 tensor of 10 elements"):
+        mod.lloyd(view(x), None, None, view(x[:, :2].clone()), -1, 0.0, 3, False, view(labels[:, :5]),
+                  view(inertia), view(n_iter))
+    with pytest.raises(RuntimeError, match="unweighted l2"):
+        mod.lloyd(view(x), None, None, view(x[:, :2].clone()), 7, 0.0, 3, True, view(labels), view(inertia),
+                  view(n_iter))
 
 def test_kmeans_plus_plus_is_d2_sampling():
     # Two tight blobs 100 apart: after the first centre, D^2 sampling picks the
@@ -699,6 +757,7 @@ def test_triton_assignment_compensates_long_dot_products():
 # --------------------------------------------------------------------------
 # GPU path: no host synchronisation, CUDA-graph capture, 64-bit offsets
 # --------------------------------------------------------------------------
+@pytest.mark.host_sync
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton unavailable")
 @pytest.mark.parametrize("metric", ["l2", "cosine"])
 def test_triton_path_never_synchronises_with_the_host(monkeypatch, metric):
@@ -721,6 +780,7 @@ def test_triton_path_never_synchronises_with_the_host(monkeypatch, metric):
     assert frames.centroids.shape == (3, 3, 2, 3)
 
 
+@pytest.mark.host_sync
 def test_host_sync_guard_catches_the_reference_loop(monkeypatch):
     # The guard of the test above can fail: the reference's host loop (torch.nonzero per iteration)
     # trips it.
@@ -739,6 +799,7 @@ def _graph_case(device, metric):
     return x, init, lengths, weights
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("metric", ["l2", "cosine"])
 def test_cuda_graph_capture(metric):
@@ -800,6 +861,7 @@ def test_triton_offsets_are_64_bit():
     del views, base
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 def test_cuda_problem_larger_than_2_31_elements():
     # The real thing where the GPU has the memory: one problem of 32,769 frames x 65,536 features

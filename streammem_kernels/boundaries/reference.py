@@ -1,0 +1,196 @@
+"""The torch reference of the boundaries op: the spec every backend is tested against.
+
+``docs/ops/boundaries.md`` states the rule in prose (similarities, depth scores, the window rule,
+``max_event``, drift mode) and says why every backend makes the same decisions bit for bit.
+Here: the rule's parameters and their domain, the event types, and the four core steps in torch
+(adjacent cosines, depth scores, the window choices, the sequential event scan).  Imports nothing
+of the op.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..runtime.validate import check_float, check_int
+
+FEATURE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+PEAKS = ("climb", "max")
+PEAK_CODE = {"climb": 0, "max": 1}
+# Largest analysis window.  Each push costs O(window) per stream and the offline pass O(T * window), so a
+# window beyond this is a mistake rather than a configuration (StreamRAG uses 8); checked before any
+# state or native scratch is allocated.
+MAX_WINDOW = 1 << 16
+
+
+class Event(NamedTuple):
+    """One closed event: frames ``start..end`` (inclusive) of stream ``stream``."""
+
+    stream: int
+    start: int
+    end: int
+
+
+class SegmentStep(NamedTuple):
+    """The events one push (or flush) closed, as tensors on the features' device.
+
+    ``start`` and ``end`` are ``(B, 2)`` int64 (``(2,)`` for a single stream):
+    slot 0 holds the event closed by the window rule (or the drift rule), slot 1
+    the event closed by ``max_event`` (or by ``flush``); both are ``-1`` where
+    that slot closed nothing, so ``end >= 0`` are the per-stream event-end
+    flags.  A push closes at most one event per slot, and slot 0's event
+    precedes slot 1's.  :meth:`events` turns it into :class:`Event` objects
+    (one host round trip).
+    """
+
+    start: torch.Tensor
+    end: torch.Tensor
+
+    def events(self) -> list[Event]:
+        """The closed events, sorted by (stream, start): reads the tensors on the host."""
+        start, end = self.start.reshape(-1, 2), self.end.reshape(-1, 2)
+        rows = torch.stack((start, end), dim=-1).tolist()  # the one host synchronisation
+        return [Event(s, a, b) for s, slots in enumerate(rows) for a, b in slots if b >= 0]
+
+
+class Params(NamedTuple):
+    """The rule's parameters, validated (:func:`check_params`); ``peak_code`` is ``PEAK_CODE[peak]``."""
+
+    window: int
+    tau: float
+    min_depth: float
+    peak: str
+    peak_code: int
+    max_event: int | None
+    drift: float | None
+
+
+def check_peak(peak) -> str:
+    if peak not in PEAKS:
+        raise ValueError(f"peak must be one of {PEAKS}, got {peak!r}")
+    return peak
+
+
+def check_params(window, tau, min_depth, peak, max_event, drift) -> Params:
+    """The parameters of :class:`StreamingSegmenter` and :func:`detect_boundaries`, or ValueError naming one."""
+    window = check_int(window, "window", minimum=2)
+    if window > MAX_WINDOW:
+        raise ValueError(f"window must be <= {MAX_WINDOW} (similarities per analysis window), got {window}")
+    tau = check_float(tau, "tau", low=0.0)
+    min_depth = check_float(min_depth, "min_depth", low=0.0)
+    peak = check_peak(peak)
+    if max_event is not None:
+        # Any cap beyond 2**62 frames never closes an event; clamped so native int64 arithmetic cannot overflow.
+        max_event = min(check_int(max_event, "max_event", minimum=1), 1 << 62)
+    if drift is not None:
+        drift = check_float(drift, "drift", low=-1.0, high=1.0)
+    return Params(window, tau, min_depth, peak, PEAK_CODE[peak], max_event, drift)
+
+
+def to_kernel_dtype(x: torch.Tensor) -> torch.Tensor:
+    # Kernels read float32 (float16/bfloat16 are widened once; float64 is
+    # rounded so every path sees the same numbers).
+    return x.to(torch.float32) if x.dtype != torch.float32 else x
+
+
+# --------------------------------------------------------------------------
+# The core steps (the torch backend)
+# --------------------------------------------------------------------------
+def adjacent_cosine_torch(x: torch.Tensor) -> torch.Tensor:
+    """(B, T, D) float32 -> (B, T-1) float32 ``cos(v_t, v_{t+1})``, summed in float64 and rounded once;
+    0 where a vector is zero, NaN where a pair holds NaN/Inf."""
+    a, b = x[:, :-1].double(), x[:, 1:].double()
+    dot = (a * b).sum(-1)
+    norm_a, norm_b = (a * a).sum(-1).sqrt(), (b * b).sum(-1).sqrt()
+    nonzero = (norm_a > 0) & (norm_b > 0)
+    cos = dot / torch.where(nonzero, norm_a * norm_b, torch.ones_like(dot))
+    cos = torch.where(nonzero, cos.clamp(-1.0, 1.0), torch.zeros_like(cos))
+    finite = torch.isfinite(dot) & torch.isfinite(norm_a) & torch.isfinite(norm_b)
+    return torch.where(finite, cos, torch.full_like(cos, float("nan"))).float()
+
+
+def depth_torch(s: torch.Tensor, peak_code: int) -> torch.Tensor:
+    """(..., M) float64 -> (..., M) float64 depth scores, peaks searched along the last dim."""
+    M = s.shape[-1]
+    left = s.clone()
+    right = s.clone()
+    for i in range(1, M):
+        if peak_code == 0:  # climb: keep walking while the neighbour does not drop
+            left[..., i] = torch.where(s[..., i - 1] >= s[..., i], left[..., i - 1], s[..., i])
+        else:
+            left[..., i] = torch.maximum(left[..., i - 1], s[..., i])
+    for i in range(M - 2, -1, -1):
+        if peak_code == 0:
+            right[..., i] = torch.where(s[..., i + 1] >= s[..., i], right[..., i + 1], s[..., i])
+        else:
+            right[..., i] = torch.maximum(right[..., i + 1], s[..., i])
+    return 0.5 * ((left - s) + (right - s))
+
+
+def window_depth_torch(sim: torch.Tensor, peak_code: int) -> torch.Tensor:
+    """(B, M) float32 -> (B, M) float64 depth scores over the whole row."""
+    return depth_torch(sim.double(), peak_code)
+
+
+def window_choices_torch(sim: torch.Tensor, window: int, tau: float, min_depth: float,
+                         peak_code: int) -> torch.Tensor:
+    """(B, M) float32 -> (B, max(M - window + 1, 0)) int64: for every full window of similarities
+    ``p .. p+window-1``, the window-relative index of the chosen similarity, or -1 for no boundary."""
+    B, M = sim.shape
+    P = max(M - window + 1, 0)
+    if P == 0:
+        return torch.empty((B, 0), dtype=torch.int64, device=sim.device)
+    windows = sim.double().unfold(1, window, 1)  # (B, P, window)
+    d = depth_torch(windows, peak_code)
+    # Sums in a fixed left-to-right order (the kernels do the same).
+    total = torch.zeros_like(d[..., 0])
+    for i in range(window):
+        total = total + d[..., i]
+    mu = total / window
+    sq = torch.zeros_like(mu)
+    for i in range(window):
+        sq = sq + (d[..., i] - mu) * (d[..., i] - mu)
+    sigma = torch.sqrt(sq / window)
+    varied = d.amax(-1) > d.amin(-1)  # sigma = 0 exactly when every depth is equal
+    candidate = (d > (mu + tau * sigma)[..., None]) & (d > min_depth) & varied[..., None]
+    score = torch.where(candidate, d, torch.full_like(d, -1.0))
+    best = score.amax(-1, keepdim=True)
+    index = torch.arange(window, device=sim.device).expand_as(d)
+    first_best = torch.where(candidate & (score == best), index, torch.full_like(index, window)).amin(-1)
+    return torch.where(candidate.any(-1), first_best, torch.full_like(first_best, -1))
+
+
+def scan_events_torch(sims: torch.Tensor, choices: torch.Tensor, window: int, max_event: int,
+                      drift: float) -> torch.Tensor:
+    """The streaming state machine, run over all frames (vectorised over streams): (B, T) bool event ends
+    from (B, T-1) similarities and the window choices (ignored in drift mode, i.e. when ``drift`` is not
+    NaN); ``max_event`` 0 means none."""
+    B, T = sims.shape[0], sims.shape[1] + 1
+    drift_mode = drift == drift  # not NaN
+    ends = torch.zeros((B, T), dtype=torch.bool, device=sims.device)
+    streams = torch.arange(B, device=sims.device)
+    last_end = torch.full((B,), -1, dtype=torch.int64, device=sims.device)
+    frames_in_window = torch.zeros(B, dtype=torch.int64, device=sims.device)
+    # Masks are or-ed into ends (no boolean-mask indexing: on CUDA that waits for the host).
+    for t in range(T):
+        frames_in_window = torch.clamp(frames_in_window + 1, max=window + 1)
+        if drift_mode:
+            if t >= 1:
+                cut = (frames_in_window >= 2) & (sims[:, t - 1].double() < drift)
+                ends[:, t - 1] |= cut
+                last_end = torch.where(cut, t - 1, last_end)
+                frames_in_window = torch.where(cut, 1, frames_in_window)
+        elif t >= window:
+            choice = choices[:, t - window]
+            cut = (frames_in_window == window + 1) & (choice >= 0)
+            boundary = t - window + choice
+            ends[streams, boundary.clamp(min=0)] |= cut
+            last_end = torch.where(cut, boundary, last_end)
+            frames_in_window = torch.where(cut, t - boundary, frames_in_window)
+        if max_event > 0:
+            cap = (t - last_end) >= max_event
+            ends[:, t] |= cap
+            last_end = torch.where(cap, t, last_end)
+            frames_in_window = torch.where(cap, 0, frames_in_window)
+    ends[:, T - 1] = True  # flush
+    return ends
