@@ -2,6 +2,7 @@
 development stack (requirements-dev.txt: Triton, Ray, Hypothesis, pytest, ...) and the CUDA builds belong
 to `make test`.  Checked with `make -n` (what make would run) on a copy of the Makefile in an empty folder,
 so that no stamp of an existing .venv hides a step."""
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,7 +19,8 @@ def _dry_run(tmp_path, target: str) -> list[str]:
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     for prerequisite in ("pyproject.toml", "setup.py", "requirements-dev.txt"):
         (tmp_path / prerequisite).touch()
-    proc = subprocess.run([make, "-n", target], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}  # a fresh checkout: make creates .venv
+    proc = subprocess.run([make, "-n", target], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
 
