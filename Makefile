@@ -6,13 +6,22 @@
 # can pull a different (multi-GB) torch.  The same file pins Triton: to the one
 # torch requires (CUDA wheels of torch pin theirs), else to the one installed,
 # else to TRITON_DEFAULT, so no step replaces the Triton a torch needs.
+#
+# Each installs what it needs, no more: `make demo` the package with its
+# [pipeline] extra and the C++ modules (no Triton, Ray, test tools or CUDA
+# builds); `make test` (and build, bench) the development stack of
+# requirements-dev.txt and every native module, CUDA ones included where nvcc is.
 PYTHON ?= python3
 VENV := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 TORCH_DEFAULT := 2.13.0
 TRITON_DEFAULT := 3.9.0
+CONSTRAINTS := $(VENV)/constraints.txt
 STAMP := $(VENV)/.streammem-installed
+DEMO_STAMP := $(VENV)/.streammem-installed-demo
+# What building the native modules in place needs (pyproject.toml's build requirements).
+BUILD_REQUIRES := "setuptools>=77" "pybind11>=2.12" wheel
 
 # The constraints every install of the set-up runs with (argument: TRITON_DEFAULT).
 define PINS_PY
@@ -32,22 +41,33 @@ export PINS_PY
 $(VENV)/bin/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 
-$(STAMP): $(VENV)/bin/python pyproject.toml setup.py requirements-dev.txt
+$(CONSTRAINTS): $(VENV)/bin/python
 	@if ! $(PY) -c "import torch" >/dev/null 2>&1; then \
 		echo "streammem: no torch found, installing torch==$(TORCH_DEFAULT)"; \
 		$(PIP) install -q "torch==$(TORCH_DEFAULT)"; \
 	fi
-	@$(PY) -c "$$PINS_PY" $(TRITON_DEFAULT) > $(VENV)/constraints.txt
-	@echo "streammem: pinned $$(tr '\n' ' ' < $(VENV)/constraints.txt)for every later install"
-	$(PIP) install -q -c $(VENV)/constraints.txt -r requirements-dev.txt
-	STREAMMEM_SKIP_EXT=1 $(PIP) install -q -c $(VENV)/constraints.txt --no-build-isolation --no-deps -e .
+	@$(PY) -c "$$PINS_PY" $(TRITON_DEFAULT) > $(CONSTRAINTS)
+	@echo "streammem: pinned $$(tr '\n' ' ' < $(CONSTRAINTS))for every later install"
+
+# The development stack: every extra, the test and benchmark tools (requirements-dev.txt).
+$(STAMP): $(CONSTRAINTS) pyproject.toml setup.py requirements-dev.txt
+	$(PIP) install -q -c $(CONSTRAINTS) -r requirements-dev.txt
+	STREAMMEM_SKIP_EXT=1 $(PIP) install -q -c $(CONSTRAINTS) --no-build-isolation --no-deps -e .
 	@touch $(STAMP)
+
+# The demo's install: the package and its [pipeline] extra only.
+$(DEMO_STAMP): $(CONSTRAINTS) pyproject.toml setup.py
+	$(PIP) install -q -c $(CONSTRAINTS) $(BUILD_REQUIRES)
+	STREAMMEM_SKIP_EXT=1 $(PIP) install -q -c $(CONSTRAINTS) --no-build-isolation -e ".[pipeline]"
+	@touch $(DEMO_STAMP)
 
 # Incremental rebuild of the native modules after C++/CUDA edits.
 build: $(STAMP)
 	$(PY) setup.py -q build_ext --inplace -j 2
 
-demo: build
+# The C++ modules only (incremental): the demo runs on the CPU.
+demo: $(DEMO_STAMP)
+	STREAMMEM_SKIP_CUDA=1 $(PY) setup.py -q build_ext --inplace -j 2
 	$(VENV)/bin/streammem run
 
 # CPU fallback test mode: Triton kernels run through its interpreter, the C++

@@ -24,29 +24,40 @@ The package is in layers, each importing only the ones below it: ``checks``,
 ``components``; ``stream``; ``recipes`` and ``distributed``; the command line
 ``cli`` on top (see ``README.md`` in this folder).
 
-``update_caption`` (KV-cache prefix reuse) lives in ``streammem.models.caption_reuse``
-and is imported on first access, so ``import streammem`` stays cheap and does
-not pull in transformers.  ``import streammem`` needs only torch and numpy;
-components that need an extra (OpenCV, faiss, the offline models) raise
-``MissingExtraError`` naming it when used without it.
+Every name above is imported on first use, so ``import streammem`` is cheap:
+it imports neither torch nor transformers (``update_caption``, the KV-cache
+prefix reuse in ``streammem.models.caption_reuse``, pulls in transformers when
+used), and the ``streammem`` command parses its arguments before torch loads.
+The package needs only torch and numpy; components that need an extra (OpenCV,
+faiss, the offline models) raise ``MissingExtraError`` naming it when used
+without it.
 """
-from streammem_kernels.extras import MissingExtraError
+import importlib
 
-from .config import PRESETS, BoundedConfig, InjectorConfig, MemoryConfig, Preset, SegmenterConfig, ShortTermConfig
-from .models.captioners import LanguageModelCaptioner
-from .models.encoders import (
-    EfficientNetLiteEncoder, EncodedFrames, FrameEncoder, HashingTextEncoder, MiniLMTextEncoder, PixelEncoder,
-    TextEncoder, encoder_from_spec, encoder_spec, load_frame_encoder, load_text_encoder,
-)
-from .io.synthetic import SyntheticVideo
-from .io.video import VideoSource, sample_video_path
-from .components.answers import extractive_answer
-from .components.bounded import BoundedMemory
-from .components.gate import MotionGate
-from .components.knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeInjector
-from .components.memory import Captioner, FrameRecord, LabelCaptioner, LongTermMemory, MemoryNode, ShortTermMemory
-from .stream.memory import Context, PushResult, StreamMemory
-from .stream.pipeline import PipelineStopped, StreamPipeline
+# Where each public name lives; a name is imported on first use (module __getattr__), so that
+# `import streammem` -- and the command line's argument parsing -- does not import torch.
+_HOMES = {
+    "streammem_kernels.extras": ("MissingExtraError",),
+    ".config": ("PRESETS", "BoundedConfig", "InjectorConfig", "MemoryConfig", "Preset", "SegmenterConfig",
+                "ShortTermConfig"),
+    ".models.captioners": ("LanguageModelCaptioner",),
+    ".models.encoders": ("EfficientNetLiteEncoder", "EncodedFrames", "FrameEncoder", "HashingTextEncoder",
+                         "MiniLMTextEncoder", "PixelEncoder", "TextEncoder", "encoder_from_spec", "encoder_spec",
+                         "load_frame_encoder", "load_text_encoder"),
+    ".models.caption_reuse": ("update_caption",),
+    ".io.synthetic": ("SyntheticVideo",),
+    ".io.video": ("VideoSource", "sample_video_path"),
+    ".components.answers": ("extractive_answer",),
+    ".components.bounded": ("BoundedMemory",),
+    ".components.gate": ("MotionGate",),
+    ".components.knowledge": ("DialogueMemory", "EventSegmenter", "InstantaneityScorer", "KnowledgeBase",
+                              "KnowledgeInjector"),
+    ".components.memory": ("Captioner", "FrameRecord", "LabelCaptioner", "LongTermMemory", "MemoryNode",
+                           "ShortTermMemory"),
+    ".stream.memory": ("Context", "PushResult", "StreamMemory"),
+    ".stream.pipeline": ("PipelineStopped", "StreamPipeline"),
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "BoundedConfig",
@@ -97,12 +108,15 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    if name == "update_caption":
-        from .models.caption_reuse import update_caption
-
-        return update_caption
+    module = _HOME.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
     if name == "distributed":
-        import importlib
-
         return importlib.import_module(".distributed", __name__)
     raise AttributeError(f"module 'streammem' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -5,7 +5,7 @@ import pytest
 from streammem import extractive_answer
 from streammem.components.answers import extractive_choice
 from streammem.components.memory import caption_text
-from streammem.stream.questions import SAMPLE_QUERIES, parse_query
+from streammem.stream.questions import SAMPLE_QUERIES, parse_query, split_stream_time
 
 
 def test_parse_query():
@@ -21,6 +21,23 @@ def test_parse_query():
         parse_query("-3: before the start?")
     with pytest.raises(ValueError, match="no question"):
         parse_query("12:   ")
+    # A clock's fields in range: the first is unbounded, minutes and seconds after it below 60.
+    assert parse_query("59:59.5: q") == (3599.5, "q") and parse_query("25:00:00: q") == (90000.0, "q")
+    assert parse_query("6039: q") == (6039.0, "q")
+    for text in ("99:99: what now?", "1:60: q", "1:60:00: q", "0:00:60: q"):
+        with pytest.raises(ValueError, match=r"query time '[\d:]+' is out of range: minutes and seconds"):
+            parse_query(text)
+    with pytest.raises(ValueError, match="query time must be a finite number"):
+        parse_query("nan: q")
+
+
+def test_split_stream_time_names_the_callers_argument():
+    assert split_stream_time("1:30: Ana: hello", "--turn") == (90.0, "Ana: hello")
+    assert split_stream_time("Ana: hello", "--turn") == (None, "Ana: hello")
+    for text, message in (("-2: Ana: hi", "--turn must be >= 0 seconds"), ("inf: Ana: hi", "--turn must be a finite"),
+                          ("9:75: Ana: hi", "--turn '9:75' is out of range")):
+        with pytest.raises(ValueError, match=message):
+            split_stream_time(text, "--turn")
 
 
 def test_caption_text_strips_the_label_captioners_span():

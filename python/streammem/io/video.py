@@ -12,11 +12,27 @@ simply ends (OpenCV reports the end of the stream).  ``VideoSource`` compares
 what it decoded with the frame count the container declares and reports a
 shortfall: ``VideoTruncatedWarning`` (or ``ValueError`` with
 ``on_truncation="raise"``), and the counts in ``decode_report`` either way.
+
+FFmpeg (inside OpenCV) decodes more than videos: a text file becomes ANSI
+art at 25 fps, a picture a one-frame stream.  ``VideoSource`` looks at what it
+decodes (the codec, the frames) and refuses such files with a ``ValueError``
+saying what the file is.
+
+FFmpeg's own messages ("moov atom not found", "error while decoding MB") go to
+the process's stderr from native code, interleaved with the caller's output;
+``VideoSource`` says what went wrong itself, so it sets FFmpeg's log level to
+quiet (``OPENCV_FFMPEG_LOGLEVEL=-8``) when this module is imported.  OpenCV
+reads that variable once, when it first uses FFmpeg: a process that opened a
+video through OpenCV before importing this module keeps FFmpeg's messages, and
+a value the caller set beforehand is kept.  Files are opened with OpenCV's
+FFmpeg backend alone (where it has one), so OpenCV's other readers do not try a
+file FFmpeg refused and print their own complaints.
 """
 from __future__ import annotations
 
 import os
 import warnings
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
@@ -31,6 +47,12 @@ __all__ = ["VideoSource", "VideoTruncatedWarning", "DecodeReport", "sample_video
 
 MAX_SIZE = 8192  # long side of the working resolution (8K); checked before any frame is allocated
 _TOLERATED_SHORTFALL = 0.01  # containers without an exact count (MKV, WebM) estimate it from the duration
+# FFmpeg's text-mode codecs (its tty, bintext and xbin demuxers): a .txt file decodes as ANSI art, 640x400 at
+# 25 fps.  OpenCV names a codec without a container tag by the first four letters of FFmpeg's codec name.
+_TEXT_CODECS = {"ansi": "text, rendered as ANSI art", "bint": "binary text art", "xbin": "binary text art",
+                "idf": "binary text art"}
+# Before OpenCV's FFmpeg backend starts (it reads this once): FFmpeg's messages stay off the terminal.
+os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET
 
 
 class VideoTruncatedWarning(UserWarning):
@@ -81,6 +103,37 @@ def sample_video_path() -> Path:
         raise FileNotFoundError(f"{exc}; or pass a VIDEO path") from None
 
 
+def _file_backend(cv2) -> int:
+    """FFmpeg where OpenCV has it: after FFmpeg fails, OpenCV's other file readers (its own MJPEG AVI reader,
+    image sequences) would try the file and print their complaints to stderr."""
+    registry = getattr(cv2, "videoio_registry", None)
+    has = getattr(registry, "hasBackend", None)
+    return cv2.CAP_FFMPEG if has is not None and has(cv2.CAP_FFMPEG) else cv2.CAP_ANY
+
+
+@contextmanager
+def _opencv_warnings_off(cv2):
+    """OpenCV's own log at errors only, for the duration (where this OpenCV has cv2.utils.logging)."""
+    logging = getattr(getattr(cv2, "utils", None), "logging", None)
+    if logging is None or not hasattr(logging, "getLogLevel"):
+        yield
+        return
+    level = logging.getLogLevel()
+    logging.setLogLevel(min(level, logging.LOG_LEVEL_ERROR))
+    try:
+        yield
+    finally:
+        logging.setLogLevel(level)
+
+
+def _codec_name(fourcc: float) -> str:
+    """OpenCV's CAP_PROP_FOURCC as text (``"h264"``, ``"MJPG"``); "" when it does not say."""
+    if not np.isfinite(fourcc) or fourcc <= 0:
+        return ""
+    code = int(fourcc)
+    return "".join(chr((code >> 8 * i) & 0xFF) for i in range(4)).strip("\x00 ")
+
+
 def resize_long_side(frame: np.ndarray, size: int | None) -> np.ndarray:
     """Resize so the long side is ``size`` (aspect kept); area filter when shrinking."""
     if size is None:
@@ -116,10 +169,12 @@ class VideoSource:
 
     Iterating yields ``(timestamp_s, frame)`` with ``frame`` an RGB uint8
     ``(H, W, 3)`` array.  A missing file raises ``FileNotFoundError``; a file
-    OpenCV cannot decode raises ``ValueError`` naming it; ``size`` above 8192
-    raises ``ValueError`` before any frame is decoded.  Each iteration opens
-    the file anew (a ``VideoSource`` can be iterated again, not from two
-    threads at once).
+    OpenCV cannot decode raises ``ValueError`` naming it, and so does a file
+    that decodes but is no video: text (FFmpeg's text-art codecs) or a still
+    image (a single frame from a container that declares at most one);
+    ``size`` above 8192 raises ``ValueError`` before any frame is decoded.
+    Each iteration opens the file anew (a ``VideoSource`` can be iterated
+    again, not from two threads at once).
     """
 
     def __init__(self, source, *, fps: float | None = None, size: int | None = None, max_frames: int | None = None,
@@ -149,15 +204,32 @@ class VideoSource:
         self.on_truncation = on_truncation
         cap = self._open()
         try:
-            self.native_fps = float(cap.get(5)) or 25.0  # cv2.CAP_PROP_FPS; 0 means unknown
+            fps = float(cap.get(5))  # cv2.CAP_PROP_FPS; 0 means unknown
+            self.native_fps = fps if np.isfinite(fps) and fps > 0 else 25.0
             self.native_frame_count = int(cap.get(7)) if not self.is_camera else None  # CAP_PROP_FRAME_COUNT
+            codec = _codec_name(cap.get(6))  # CAP_PROP_FOURCC
             ok, first = cap.read()
+            one_frame = ok and first is not None and not self.is_camera and not cap.read()[0]
         finally:
             cap.release()
         if not ok or first is None:
             raise ValueError(f"could not decode any frame from {self.source!r} (not a video OpenCV can read)")
         self.native_shape = first.shape[:2]
         self.decode_report = DecodeReport(self._declared_frames())
+        if not self.is_camera:
+            self._check_is_video(codec, one_frame)
+
+    def _check_is_video(self, codec: str, one_frame: bool) -> None:
+        """Refuse a file that FFmpeg decodes but that holds no video: text, or a still image."""
+        h, w = self.native_shape
+        declared = self._declared_frames()
+        frames = "no frame count" if declared is None else f"{declared} frame{'' if declared == 1 else 's'}"
+        what = f"codec {codec or 'unknown'!r}: {frames} at {self.native_fps:g} fps, {w}x{h}"
+        kind = _TEXT_CODECS.get(codec.lower())
+        if kind is not None:
+            raise ValueError(f"{self.source!r} is not a video: FFmpeg reads it as {kind} ({what})")
+        if one_frame and (declared is None or declared <= 1):
+            raise ValueError(f"{self.source!r} is not a video: it holds a single frame, a still image ({what})")
 
     def _declared_frames(self) -> int | None:
         n = self.native_frame_count
@@ -166,10 +238,14 @@ class VideoSource:
     def _open(self):
         cv2 = _cv2()
 
-        cap = cv2.VideoCapture(self.source)
+        with _opencv_warnings_off(cv2):  # a failed open warns that the backend "can't be used to capture by name"
+            cap = cv2.VideoCapture(self.source, _file_backend(cv2) if not self.is_camera else cv2.CAP_ANY)
         if not cap.isOpened():
             cap.release()
-            raise ValueError(f"OpenCV cannot open video source {self.source!r}")
+            if self.is_camera:
+                raise ValueError(f"OpenCV cannot open camera {self.source}")
+            raise ValueError(f"OpenCV cannot open {self.source!r} as a video: not a video file, or a damaged one "
+                             f"(FFmpeg finds no stream it can decode)")
         return cap
 
     @property

@@ -30,12 +30,17 @@ Works with Hugging Face causal LMs whose LM head is a plain linear layer
 (Llama, Qwen2, SmolLM, Mistral, ...), transformers 4.4x and 5.x
 (``DynamicCache.crop`` is only ever called with a negative count -- "drop this
 many tokens" -- which both major versions accept; it is skipped when nothing
-is dropped).
+is dropped).  The KV cache is passed under the keyword the model's ``forward``
+declares and read from the output field of the same name: ``cache`` where
+transformers 5.x renamed it (the old ``past_key_values`` there only warns that
+it goes away), ``past_key_values`` before.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -120,8 +125,8 @@ class PromptPrefixCache:
         self.model = model
         self.instruction = _prefix_tensor(model, instruction, "instruction")
         with torch.no_grad():
-            out = _base_model(model)(**_model_inputs(self.instruction), use_cache=True)
-        self.cache = out.past_key_values
+            out = _forward(_base_model(model), _model_inputs(self.instruction), None)
+        self.cache = _output_cache(out)
         # Hidden state of the instruction's last position: it predicts the first
         # token after the instruction when an event adds nothing to the prefix.
         self.last_hidden = out.last_hidden_state[0, -1].clone()
@@ -251,13 +256,13 @@ def _prefill(model, prefix: torch.Tensor, caption: torch.Tensor, prompt_cache: O
     if done == sequence.shape[0]:
         # Nothing new to run: the instruction is the whole prompt and there is no caption.
         return prompt_cache.last_hidden[None], cache
-    out = _base_model(model)(**_model_inputs(sequence[done:]), past_key_values=cache, use_cache=True)
+    out = _forward(_base_model(model), _model_inputs(sequence[done:]), cache)
     states = out.last_hidden_state[0]  # positions done .. P+L-1
     first = n_prefix - 1 - done
     if first < 0:  # the position P-1 lies inside the cached instruction
         states = torch.cat((prompt_cache.last_hidden[None], states))
         first = 0
-    return states[first:], out.past_key_values
+    return states[first:], _output_cache(out)
 
 
 def _decode(model, cache, next_logits: torch.Tensor, max_new_tokens: int, stop_ids: set, do_sample: bool,
@@ -273,10 +278,27 @@ def _decode(model, cache, next_logits: torch.Tensor, max_new_tokens: int, stop_i
         tokens.append(token)
         if token in stop_ids or step == max_new_tokens - 1:
             break
-        out = model(input_ids=torch.tensor([[token]], device=device), past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+        out = _forward(model, {"input_ids": torch.tensor([[token]], device=device)}, cache)
+        cache = _output_cache(out)
         next_logits = out.logits[0, -1]
     return tokens
+
+
+def _forward(module, inputs: dict, cache):
+    """``module(**inputs)`` with the KV cache on, continuing ``cache`` (None: a new cache)."""
+    return module(**inputs, **{_cache_keyword(type(module)): cache}, use_cache=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(module_type) -> str:
+    """The keyword under which ``module_type.forward`` takes the KV cache: ``cache`` or ``past_key_values``."""
+    parameters = inspect.signature(module_type.forward).parameters  # follows the deprecation wrapper's __wrapped__
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _output_cache(out):
+    """The KV cache a forward returned, from the output field that holds it (``cache`` or ``past_key_values``)."""
+    return out.cache if "cache" in {f.name for f in fields(out)} else out.past_key_values
 
 
 def _base_model(model):
