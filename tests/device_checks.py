@@ -1,4 +1,4 @@
-"""Shared machinery of the GPU-readiness tests (issue: GPU path verified without a GPU).
+"""Shared machinery of the GPU-readiness tests (the GPU path verified without a GPU).
 
 * ``DEVICES`` -- the FlashInfer-style ``device`` parametrisation: "cpu" always,
   "cuda" skipped cleanly where no GPU is usable.  On a GPU machine

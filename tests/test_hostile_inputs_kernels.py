@@ -1,4 +1,4 @@
-"""Regressions of issue 17 for the boundaries, k-means, log-probs and graph ops: each test is named after
+"""Hostile-input regressions for the boundaries, k-means, log-probs and graph ops: each test is named after
 the hostile input that crashed, hung, answered silently wrong or raised an unclear error.
 
 Calls that could abort or hang the process if the fix regressed run in a subprocess with a timeout.

@@ -470,7 +470,7 @@ def test_divergence_point_opcheck():
 
 
 # --------------------------------------------------------------------------
-# Per-call fast paths (issue 15): plain C-contiguous CPU tensors go to one native call that also
+# Per-call latency paths: plain C-contiguous CPU tensors go to one native call that also
 # does the value checks; the result and every error must be those of the general path.
 # --------------------------------------------------------------------------
 @pytest.fixture()

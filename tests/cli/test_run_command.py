@@ -119,7 +119,7 @@ def _words(q: dict) -> str:
 
 @pytest.mark.parametrize("fps", [2.0, 3.0])
 def test_questions_are_asked_at_the_videos_own_time_and_see_only_the_past(capsys, clip, fps):
-    """The issue's repro: at --fps 2 a question at 20 s was reported at 23.48 s (the next kept frame)
+    """A regression: at --fps 2 a question at 20 s was reported at 23.48 s (the next kept frame)
     and an answer about "now" quoted older content.  Here every question reports its own time, its
     memory ends at the last decoded frame at or before it (also when the gate dropped that frame),
     nothing in its context is later, and a question about now names what is on screen."""
@@ -184,7 +184,7 @@ def test_json_fields_are_exactly_the_documented_ones(capsys, clip):
 
 
 def test_truncated_video_reported_in_json_and_text(capsys, clip, tmp_path):
-    # Issue 17: a damaged file used to be indexed silently from the frames that decoded.
+    # A damaged file used to be indexed silently from the frames that decoded.
     from streammem.io.video import VideoTruncatedWarning
 
     cut = tmp_path / "cut.avi"

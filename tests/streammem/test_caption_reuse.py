@@ -201,7 +201,7 @@ def test_validation():
         update_caption(model, prefix, torch.arange(4, 30), alpha=1.5)
     with pytest.raises(ValueError, match="alpha"):
         update_caption(model, prefix, torch.arange(4, 30), alpha=float("nan"))
-    # Issue 17: bool token ids and an eos_token_id string used to be accepted.
+    # Bool token ids and an eos_token_id string used to be accepted.
     with pytest.raises(ValueError, match="prefix must be integer token ids or floating embeddings"):
         update_caption(model, torch.tensor([True, False, True]), None)
     for bad in ("3", True, 3.0, [1, "2"], [64], -1):

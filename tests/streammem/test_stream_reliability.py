@@ -1,4 +1,4 @@
-"""Issue 17, orchestration layer: nothing in python/streammem crashes, hangs or answers silently
+"""Hostile inputs, orchestration layer: nothing in python/streammem crashes, hangs or answers silently
 wrong.  Every pipeline future resolves on every path, stream times are checked where they enter,
 lifecycle misuse raises instead of blocking, close() ends the threads even with a blocking source,
 caller buffers are copied, damaged videos are reported, parameters are validated by name, and the

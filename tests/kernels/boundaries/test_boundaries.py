@@ -426,7 +426,7 @@ def test_decisions_at_thresholds_are_exact_on_every_path(device, backend):
 @pytest.mark.parametrize("device,backend", DEVICE_CASES)
 @pytest.mark.parametrize("scale", [1e20, 1e-20])
 def test_huge_and_tiny_features_give_the_same_events(device, backend, scale):
-    # Issue 17: at |features| ~ 1e20 the Triton kernel's float32 squared norms
+    # At |features| ~ 1e20 the Triton kernel's float32 squared norms
     # overflowed (1 event where torch and cpp found 4); 1e-20 underflowed them.
     # Every backend sums in float64 now.
     rng = np.random.default_rng(17)
