@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..runtime.validate import check_float, check_int
-from . import _cpp_lk_args, _float32_below, _motion_of_gray, _prepare, _select, _uint8_cpp_plan
+from . import LK_FLOW, _float32_below, _gate_step_cpp, _motion_of_gray, _prepare, _select, _uint8_plan
 from .reference import STATISTICS
 
 __all__ = ["StreamingMotionGate", "MAX_GATE_SIZE", "GATE_STATE_VERSION"]
@@ -175,35 +175,35 @@ class StreamingMotionGate:
         return scores, kept
 
     def _native_plan(self, batch):
-        """(module, plan) when the push runs on the C++ gate step: uint8 CPU frames that the C++
-        backend shrinks or converts to float32 gray (gray uint8 frames kept at their size stay on
-        the general path, whose gray is uint8), and a float32 CPU reference gray of that size, or
-        none yet; else None."""
-        planned = _uint8_cpp_plan(batch, self.size, self.window, 1e-5, self.levels, self.statistic, self.backend,
-                                  min_frames=1)
+        """(module, working size, lk_flow's scalar arguments) when the push runs on the C++ gate step:
+        uint8 CPU frames that the C++ backend shrinks or converts to float32 gray (gray uint8 frames
+        kept at their size stay on the general path, whose gray is uint8), and a float32 CPU
+        reference gray of that size, or none yet; else None."""
+        mod = LK_FLOW.cpp_module(self.backend)
+        if mod is None or torch.compiler.is_compiling():
+            return None
+        planned = _uint8_plan(batch, self.size, self.window, 1e-5, self.levels, self.statistic, 1)
         if planned is None:
             return None
-        out_hw = planned[1][4]
-        if batch.ndim == 3 and out_hw == tuple(batch.shape[1:]):
+        shape, out_hw, lk = planned
+        if len(shape) == 3 and out_hw == (shape[1], shape[2]):
             return None
         anchor = self._anchor_gray
         if anchor is not None and (anchor.dtype != torch.float32 or anchor.device.type != "cpu"
                                    or tuple(anchor.shape) != out_hw or not anchor.is_contiguous()):
             return None
-        return planned
+        return mod, out_hw, lk
 
-    def _push_native(self, batch, mod, plan) -> tuple[list[float], list[bool]]:
-        """``push`` in one C++ call per batch ("previous") or per frame ("last_kept"): gray of the new
-        frames written after the reference's, LK and score (motion_magnitude's numbers bit for bit)."""
-        window, min_eig, levels, statistic, (oh, ow) = plan
-        lk = _cpp_lk_args(window, min_eig, levels, statistic)
+    def _push_native(self, batch, mod, out_hw, lk) -> tuple[list[float], list[bool]]:
+        """``push`` in one C++ gate step per batch ("previous") or per frame ("last_kept"): gray of the
+        new frames written after the reference's, LK and score (motion_magnitude's numbers bit for bit)."""
         frames = batch.numpy() if isinstance(batch, torch.Tensor) else batch
         steps = (frames,) if self.reference == "previous" else (frames[t:t + 1] for t in range(len(frames)))
         scores: list[float] = []
         kept: list[bool] = []
         for step in steps:
             anchor = self._anchor_gray
-            stack, score = mod.gate_u8(step, None if anchor is None else anchor.numpy(), oh, ow, *lk)
+            stack, score = _gate_step_cpp(mod, step, None if anchor is None else anchor.numpy(), out_hw, lk)
             s = score.tolist()
             keep = [v > self._above for v in s]
             if anchor is None:  # a stream's first frame is kept

@@ -184,13 +184,14 @@ def test_gate_state_holds_the_reference_gray_and_refuses_the_raw_frame_layout(re
 
 @pytest.mark.parametrize("reference", ["previous", "last_kept"])
 def test_native_gate_step_equals_the_general_path(monkeypatch, reference):
-    """Contiguous uint8 frames that the C++ backend shrinks take one native call per push
+    """Contiguous uint8 frames that the C++ backend shrinks take one C++ gate step per push
     ("previous") or per frame ("last_kept"): gray written after the reference's, LK and score.
     Scores, decisions and the kept reference gray must be the general path's bit for bit (the
     same frames as non-contiguous views take it), over batches of 1 and 3, numpy and tensors; a
     spy checks which path ran, and the reference gray of a batch holds one frame, not the batch.
     (Batches of different sizes may differ in the last bit: the C++ LK splits a pair into row
     strips by the number of pairs, and sums the strips in that order.)"""
+    from streammem_kernels.motion import streaming
     from streammem_kernels.runtime.dispatch import load_native
 
     mod, why = load_native("cpu", "motion")
@@ -204,8 +205,8 @@ def test_native_gate_step_equals_the_general_path(monkeypatch, reference):
     padded[..., :3] = frames
     strided = padded[..., :3]  # the same frames, not contiguous: the general path
     calls = []
-    native_step = mod.gate_u8
-    monkeypatch.setattr(mod, "gate_u8", lambda *a: calls.append(len(a[0])) or native_step(*a))
+    native_step = streaming._gate_step_cpp
+    monkeypatch.setattr(streaming, "_gate_step_cpp", lambda *a: calls.append(len(a[1])) or native_step(*a))
     for batch in (1, 3):
         for source, native in ((strided, False), (frames, True), (torch.from_numpy(frames), True)):
             calls.clear()
