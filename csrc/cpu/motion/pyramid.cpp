@@ -217,7 +217,8 @@ void lk_flow_into(const T* frames, int64_t T_, int64_t H, int64_t W, float scale
           int32_t shift[2];
           {
             const float* prev = pyr[top].data() + k * lh[top] * lw[top];
-            search_shift(prev, prev + lh[top] * lw[top], lh[top], lw[top], ry, rx, params.search_quant, shift, shift + 1);
+            search_shift(prev, prev + lh[top] * lw[top], lh[top], lw[top], ry, rx, params.search_quant, shift,
+                         shift + 1);
           }
           Guess g{shift, shift + 1, 1, 1, 1};
           for (size_t i = 0; i < solved.size(); ++i) {

@@ -740,8 +740,9 @@ def test_latency_path_declines_inputs_it_does_not_take():
     read_only.setflags(write=False)
     strided = rgb.numpy()[:, :, ::2]
     cases = [  # (frames, arguments, the same values as a tensor the general path takes)
-        (read_only, {}, rgb), (strided, {}, torch.from_numpy(strided.copy())), (rgb[..., :1].contiguous(), {}, rgb[..., 0]),
-        (rgb.float() / 255, {}, rgb.float() / 255), (rgb.as_subclass(Frames), {}, rgb), (rgb, dict(size=40), rgb)]
+        (read_only, {}, rgb), (strided, {}, torch.from_numpy(strided.copy())),
+        (rgb[..., :1].contiguous(), {}, rgb[..., 0]), (rgb.float() / 255, {}, rgb.float() / 255),
+        (rgb.as_subclass(Frames), {}, rgb), (rgb, dict(size=40), rgb)]
     assert LK_FLOW.fast(mod, rgb[:1], *LATENCY_ARGS.values()) is None
     for frames, kwargs, same in cases:
         assert LK_FLOW.fast(mod, frames, *{**LATENCY_ARGS, **kwargs}.values()) is None
