@@ -72,8 +72,8 @@ class StreamingMotionGate:
     reference frame's gray, and scores a push from the gray of the reference and
     of the new frames, so the scores are those of ``motion_magnitude`` on the
     stacked full-size frames.  Contiguous uint8 CPU frames on the C++ backend
-    take one native call per push ("previous") or per frame ("last_kept"), the
-    same numbers without Python between the steps.
+    take one C++ gate step (gray, then LK and score) per push ("previous") or per
+    frame ("last_kept"): the same numbers without Python between the steps.
     """
 
     def __init__(self, threshold: float = 0.4, *, size: int | None = 224, reference: str = "previous",
