@@ -397,53 +397,54 @@ def _lk_flow_cpp(gray: torch.Tensor, window: int, min_eig: float, levels: int, s
 
 
 def _uint8_plan(frames, size, window, min_eig, levels, statistic, min_frames: int):
-    """(shape, working size, lk_flow's scalar arguments) when ``frames`` are C-contiguous uint8 CPU
-    frames, (T, H, W) or (T, H, W, 3) with T >= ``min_frames``, as a tensor or a writeable numpy
-    array, that the C++ backend prepares (kept or shrunk, not enlarged), with valid arguments;
-    None otherwise: the general path (``_prepare``) then validates and explains.  The arguments go
-    through the general path's own cached :func:`_plan`."""
+    """:func:`_native_plan` of ``frames`` when they are C-contiguous uint8 CPU frames, a tensor or a
+    writeable numpy array (DLPack cannot export a read-only one); None otherwise, or for arguments
+    the C++ entries do not take: the general path (``_prepare``) then validates and explains."""
     if type(frames) is _TENSOR:
         if not (frames.dtype is _U8 and frames.is_cpu and frames.layout is _STRIDED and frames.is_contiguous()):
             return None
     elif not (isinstance(frames, np.ndarray) and frames.dtype == _NP_U8 and frames.flags.c_contiguous
-              and frames.flags.writeable):  # DLPack cannot export a read-only array
-        return None
-    shape = frames.shape
-    nd = len(shape)
-    if not ((nd == 4 and shape[3] == 3) or nd == 3) or shape[0] < min_frames or not shape[1] or not shape[2]:
+              and frames.flags.writeable):
         return None
     try:
-        planned = _native_plan((shape[1], shape[2]), size, window, min_eig, levels, statistic)
-    except (TypeError, ValueError):  # unhashable or invalid arguments: the general path raises
+        return _native_plan(frames.shape, size, window, min_eig, levels, statistic, min_frames)
+    except TypeError:  # unhashable arguments: the general path validates (and rejects) them
         return None
-    return None if planned is None else (shape, *planned)
 
 
 @functools.lru_cache(maxsize=256, typed=True)
-def _native_plan(hw, size, window, min_eig, levels, statistic):
-    """(working size, lk_flow's scalar arguments) for frames of size ``hw``, or None when the working
-    size enlarges them (bilinear: the torch preparation only).  :func:`_plan`'s errors propagate."""
-    window, min_eig, levels, statistic, out_hw = _plan(hw, size, window, min_eig, levels, statistic)
+def _native_plan(shape, size, window, min_eig, levels, statistic, min_frames: int):
+    """(gray shape, pairs, working size, lk_flow's scalar arguments) for uint8 frames of ``shape``,
+    (T, H, W) or (T, H, W, 3) with T >= ``min_frames``, that the C++ backend prepares (kept or shrunk,
+    not enlarged: bilinear is the torch preparation's), with arguments :func:`_plan` accepts; the gray
+    shape is None when LK reads the frames as they are (uint8 gray kept at its size).  None otherwise.
+    Cached, like :func:`_plan` whose checks it reuses: a stream calls with the same arguments."""
+    nd = len(shape)
+    if not ((nd == 4 and shape[3] == 3) or nd == 3) or shape[0] < min_frames or not shape[1] or not shape[2]:
+        return None
+    hw = (shape[1], shape[2])
+    try:
+        window, min_eig, levels, statistic, out_hw = _plan(hw, size, window, min_eig, levels, statistic)
+    except ValueError:  # the general path raises it
+        return None
     if out_hw[0] > hw[0] or out_hw[1] > hw[1]:
         return None
-    return out_hw, _cpp_lk_args(window, min_eig, levels, statistic)
+    gray_shape = None if nd == 3 and out_hw == hw else (shape[0], *out_hw)
+    return gray_shape, shape[0] - 1, out_hw, _cpp_lk_args(window, min_eig, levels, statistic)
 
 
 def _motion_fast(mod, frames, size, window, min_eig, levels, statistic) -> MotionResult | None:
     """motion_magnitude on C-contiguous uint8 CPU frames (:func:`_uint8_plan`): the general path's
     native steps (gray_area when the frames are RGB or shrunk, then lk_flow with the score) on the
     same values, so the same results bit for bit, without Python between them.  None otherwise."""
-    planned = _uint8_plan(frames, size, window, min_eig, levels, statistic, 2)
-    if planned is None:
+    plan = _uint8_plan(frames, size, window, min_eig, levels, statistic, 2)
+    if plan is None:
         return None
-    shape, out_hw, lk = planned
-    source = view(frames) if type(frames) is _TENSOR else frames.__dlpack__()
-    if len(shape) == 3 and out_hw == (shape[1], shape[2]):
-        gray = source  # uint8 gray at its size: LK reads it directly
-    else:
-        gray = _np_empty((shape[0], *out_hw), _NP_F32).__dlpack__()  # the capsule keeps the buffer alive
+    gray_shape, pairs, _, lk = plan
+    gray = view(frames) if type(frames) is _TENSOR else frames.__dlpack__()
+    if gray_shape is not None:
+        source, gray = gray, _np_empty(gray_shape, _NP_F32).__dlpack__()  # the capsule keeps the buffer alive
         _MOTION_CHECKS.raise_for(mod.gray_area(source, gray))
-    pairs = shape[0] - 1
     flow_px, score, mean_uv = _np_empty(pairs, _NP_F32), _np_empty(pairs, _NP_F32), _np_empty((pairs, 2), _NP_F32)
     _MOTION_CHECKS.raise_for(mod.lk_flow(gray, *lk, flow_px.__dlpack__(), mean_uv.__dlpack__(), score.__dlpack__()))
     return MotionResult(_from_numpy(flow_px), _from_numpy(score), _from_numpy(mean_uv))
@@ -466,6 +467,39 @@ def _gate_step_cpp(mod, frames: np.ndarray, anchor: np.ndarray | None, out_hw, l
                              _np_empty((pairs, 2), _NP_F32).__dlpack__(), score.__dlpack__())
         _MOTION_CHECKS.raise_for(status)
     return stack, score
+
+
+class _BoundGateStep:
+    """The streaming gate's step for one frame after a reference on the C++ backend, bound once per
+    working size (a stateful latency path): the (2, oh, ow) float32 stack holding the reference gray
+    and the new frame's, lk_flow's outputs and their DLPack capsules are made once (a capsule keeps
+    its buffer alive).  ``anchor`` is the reference gray: a tensor view of the stack's first plane.
+    The same entries on the same values as :func:`_gate_step_cpp`, so the same scores bit for bit."""
+
+    __slots__ = ("mod", "out_hw", "lk", "stack", "anchor", "_new", "_pair", "_outputs", "_score")
+
+    def __init__(self, mod, out_hw, lk: tuple):
+        self.mod, self.out_hw, self.lk = mod, out_hw, lk
+        self.stack = _np_empty((2, *out_hw), _NP_F32)
+        self.anchor = _from_numpy(self.stack[0])
+        self._new, self._pair = self.stack[1:].__dlpack__(), self.stack.__dlpack__()
+        self._score = _np_empty(1, _NP_F32)
+        self._outputs = (_np_empty(1, _NP_F32).__dlpack__(), _np_empty((1, 2), _NP_F32).__dlpack__(),
+                         self._score.__dlpack__())
+
+    def score(self, frame: np.ndarray, anchor: torch.Tensor) -> float:
+        """The score of ``frame`` (a writeable C-contiguous uint8 array (1, H, W[, 3])) against the
+        reference gray ``anchor`` ((oh, ow) contiguous float32 CPU; its values are copied into the
+        stack unless it is ``self.anchor``).  The frame's gray stays in the stack's second plane."""
+        if anchor is not self.anchor:
+            self.stack[0] = anchor.numpy()
+        _MOTION_CHECKS.raise_for(self.mod.gray_area(frame.__dlpack__(), self._new))
+        _MOTION_CHECKS.raise_for(self.mod.lk_flow(self._pair, *self.lk, *self._outputs))
+        return self._score.item()
+
+    def keep_new(self) -> None:
+        """The new frame's gray becomes the reference: ``anchor`` holds it."""
+        self.stack[0] = self.stack[1]
 
 
 # --------------------------------------------------------------------------

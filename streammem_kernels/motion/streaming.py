@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from ..runtime.validate import check_float, check_int
-from . import LK_FLOW, _float32_below, _gate_step_cpp, _motion_of_gray, _prepare, _select, _uint8_plan
+from . import (LK_FLOW, _BoundGateStep, _float32_below, _gate_step_cpp, _motion_of_gray, _prepare, _select,
+               _uint8_plan)
 from .reference import STATISTICS
 
 __all__ = ["StreamingMotionGate", "MAX_GATE_SIZE", "GATE_STATE_VERSION"]
@@ -104,6 +105,7 @@ class StreamingMotionGate:
         # ("last_kept"); None before a stream's first frame.
         self._anchor_gray = None
         self._frame_spec = None  # (shape, dtype) of the stream's frames, which every push must keep
+        self._bound_step = None  # the C++ one-frame step, made on the first push that takes it
         self.frames_seen = 0
         self.frames_kept = 0
 
@@ -182,27 +184,40 @@ class StreamingMotionGate:
         mod = LK_FLOW.cpp_module(self.backend)
         if mod is None or torch.compiler.is_compiling():
             return None
-        planned = _uint8_plan(batch, self.size, self.window, 1e-5, self.levels, self.statistic, 1)
-        if planned is None:
+        plan = _uint8_plan(batch, self.size, self.window, 1e-5, self.levels, self.statistic, 1)
+        if plan is None or plan[0] is None:
             return None
-        shape, out_hw, lk = planned
-        if len(shape) == 3 and out_hw == (shape[1], shape[2]):
-            return None
-        anchor = self._anchor_gray
-        if anchor is not None and (anchor.dtype != torch.float32 or anchor.device.type != "cpu"
-                                   or tuple(anchor.shape) != out_hw or not anchor.is_contiguous()):
+        _, _, out_hw, lk = plan
+        anchor, bound = self._anchor_gray, self._bound_step
+        if anchor is not None and (bound is None or anchor is not bound.anchor) and (
+                anchor.dtype != torch.float32 or anchor.device.type != "cpu" or tuple(anchor.shape) != out_hw
+                or not anchor.is_contiguous()):
             return None
         return mod, out_hw, lk
 
     def _push_native(self, batch, mod, out_hw, lk) -> tuple[list[float], list[bool]]:
         """``push`` in one C++ gate step per batch ("previous") or per frame ("last_kept"): gray of the
-        new frames written after the reference's, LK and score (motion_magnitude's numbers bit for bit)."""
+        new frames written after the reference's, LK and score (motion_magnitude's numbers bit for bit).
+        A single frame after a reference takes the step bound to this working size, which keeps the
+        reference gray in its own stack."""
         frames = batch.numpy() if isinstance(batch, torch.Tensor) else batch
         steps = (frames,) if self.reference == "previous" else (frames[t:t + 1] for t in range(len(frames)))
         scores: list[float] = []
         kept: list[bool] = []
         for step in steps:
             anchor = self._anchor_gray
+            if anchor is not None and len(step) == 1:
+                bound = self._bound_step
+                if bound is None or bound.out_hw != out_hw or bound.lk != lk:
+                    bound = self._bound_step = _BoundGateStep(mod, out_hw, lk)
+                score = bound.score(step, anchor)
+                keep = score > self._above
+                if keep or self.reference == "previous":
+                    bound.keep_new()
+                self._anchor_gray = bound.anchor
+                scores.append(score)
+                kept.append(keep)
+                continue
             stack, score = _gate_step_cpp(mod, step, None if anchor is None else anchor.numpy(), out_hw, lk)
             s = score.tolist()
             keep = [v > self._above for v in s]
@@ -267,5 +282,6 @@ class StreamingMotionGate:
         """Forget the stream: the next push starts a new one (its first frame is kept)."""
         self._anchor_gray = None
         self._frame_spec = None
+        self._bound_step = None
         self.frames_seen = 0
         self.frames_kept = 0

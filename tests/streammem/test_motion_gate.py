@@ -11,6 +11,7 @@ from motion_clips import MovingObject, moving_object_clip
 from streammem import MemoryConfig
 from streammem import PRESETS, MotionGate
 from streammem_kernels import motion_magnitude
+from streammem_kernels.runtime.dispatch import load_native
 
 
 def _kept(gate, frames, batch=6):
@@ -204,9 +205,11 @@ def test_native_gate_step_equals_the_general_path(monkeypatch, reference):
     padded = np.zeros((10, 30, 40, 4), dtype=np.uint8)
     padded[..., :3] = frames
     strided = padded[..., :3]  # the same frames, not contiguous: the general path
-    calls = []
-    native_step = streaming._gate_step_cpp
+    calls = []  # frames per C++ step, the allocating step's and the bound one-frame step's
+    native_step, bound_score = streaming._gate_step_cpp, streaming._BoundGateStep.score
     monkeypatch.setattr(streaming, "_gate_step_cpp", lambda *a: calls.append(len(a[1])) or native_step(*a))
+    monkeypatch.setattr(streaming._BoundGateStep, "score",
+                        lambda self, *a: calls.append(len(a[0])) or bound_score(self, *a))
     for batch in (1, 3):
         for source, native in ((strided, False), (frames, True), (torch.from_numpy(frames), True)):
             calls.clear()
@@ -218,6 +221,8 @@ def test_native_gate_step_equals_the_general_path(monkeypatch, reference):
                 got[1].extend(k)
                 assert gate._anchor_gray.untyped_storage().nbytes() <= 2 * 18 * 24 * 4
             assert bool(calls) == native, (batch, type(source), calls)
+            if native:  # one C++ step per push, or per frame with "last_kept"
+                assert len(calls) == (len(source) if reference == "last_kept" else -(-len(source) // batch))
             if native and reference == "last_kept":
                 assert set(calls) == {1}  # one frame per call
             if not native:
@@ -226,6 +231,38 @@ def test_native_gate_step_equals_the_general_path(monkeypatch, reference):
             else:
                 assert got == want, (batch, type(source))
                 assert torch.equal(gate._anchor_gray, want_gray)
+
+
+@pytest.mark.parametrize("reference", ["previous", "last_kept"])
+def test_bound_gate_step_follows_the_reference_it_is_given(reference):
+    """The C++ one-frame step keeps the reference gray in a stack of its own.  A reference replaced
+    behind it (a push on the general path, a state loaded into a new gate, a reset into frames of
+    another size) must be the one it scores against: the scores are those of gates fed the same
+    frames on the general path only (non-contiguous views)."""
+    if load_native("cpu", "motion")[0] is None:
+        pytest.skip("the C++ backend is not built")
+    rng = np.random.default_rng(5)
+    frames = rng.integers(0, 256, (12, 30, 40, 3), dtype=np.uint8)
+    frames[6] = frames[5]  # a still frame: "last_kept" keeps the older reference
+    padded = np.zeros((12, 30, 40, 4), dtype=np.uint8)
+    padded[..., :3] = frames
+
+    def general(clip):
+        gate = MotionGate(0.3, size=24, reference=reference)
+        return [gate.push(clip[t:t + 1])[0][0] for t in range(len(clip))]
+
+    gate = MotionGate(0.3, size=24, reference=reference)
+    got = []
+    for t in range(12):
+        if t == 8:  # a new gate from the state: the reference comes from a checkpoint
+            state = gate.state_dict()
+            gate = MotionGate(0.3, size=24, reference=reference)
+            gate.load_state_dict(state)
+        got += gate.push((padded[..., :3] if t in (3, 4, 10) else frames)[t:t + 1])[0]
+    assert got == general(padded[..., :3])
+    gate.reset()
+    small = np.ascontiguousarray(frames[:, :20, :28])
+    assert [gate.push(small[t:t + 1])[0][0] for t in range(6)] == general(np.asarray(padded[:6, :20, :28, :3]))
 
 
 @pytest.mark.parametrize("reference", ["previous", "last_kept"])
