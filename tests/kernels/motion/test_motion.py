@@ -289,7 +289,7 @@ def _pairs(sigma, h, w):
 @pytest.mark.parametrize("sigma,hw", [(1.5, (224, 224)), (3.0, (224, 224)), (1.5, (126, 224)), (3.0, (126, 224))],
                          ids=["s1.5-224x224", "s3-224x224", "s1.5-224x126", "s3-224x126"])
 def test_pyramid_measures_large_shifts_within_ten_percent(backend, sigma, hw, record_property):
-    """Issue 14: at 224 px, square and 16:9 (224 x 126: 4 levels, coarsest 16 x 28), the default
+    """At 224 px, square and 16:9 (224 x 126: 4 levels, coarsest 16 x 28), the default
     pyramid measures known shifts from 0.25 to 32 px within 10 % along both axes, in the right
     direction, and monotone in the shift (per-pixel flow: the textured mean); the default
     "moving" statistic too from 0.5 px (below its 0.25-0.5 px noise floor it reads less, by
@@ -562,7 +562,7 @@ def test_bad_input_raises_value_error(kwargs, match):
 @pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
 @pytest.mark.parametrize("value", [1e20, 255.0, -1e-3, 1.0 + 1e-6], ids=["1e20", "0-255", "negative", "above-1"])
 def test_float_frames_outside_unit_range_rejected_on_every_backend(backend, value):
-    # Issue 17: float frames ~1e20 gave NaN on cpp and 0 on torch/triton; 0..255 floats read a wrong flow.
+    # Unchecked, float frames ~1e20 gave NaN on cpp and 0 on torch/triton, and 0..255 floats a wrong flow.
     frames = torch.rand(3, 16, 16, generator=torch.Generator().manual_seed(0))
     frames[1, 3, 5] = value
     before = frames.clone()
