@@ -228,6 +228,22 @@ def test_input_not_mutated():
     assert torch.equal(frames, before)
 
 
+def test_frames_that_require_grad_are_read_on_every_backend():
+    """Floating frames that require grad are accepted, as by every op, and read as they are (the C++
+    backend's border takes them without a copy; its earlier numpy border raised a RuntimeError);
+    outputs never require grad."""
+    frames = random_clip(3, 17, 23, None, torch.float32, seed=2)
+    ref = motion_magnitude(frames, backend="torch")
+    for backend in BACKENDS:
+        for source, size in ((frames, None), (frames, 12), (frames[..., None].expand(3, 17, 23, 3), None)):
+            out = motion_magnitude(source.clone().requires_grad_(), size=size, backend=backend)
+            assert not any(t.requires_grad for t in out), backend
+            if source is frames and size is None:
+                assert_matches_reference(out, ref, backend, torch.float32)
+        keep = select_frames_mask(frames.clone().requires_grad_(), 0.3, reference="last_kept", backend=backend)
+        assert torch.equal(keep, select_frames_mask(frames, 0.3, reference="last_kept", backend=backend))
+
+
 def test_closed_form_matches_linalg_solve_oracle():
     """The seed-style unfold + linalg.solve baseline agrees with the closed form (single scale,
     StreamChat's mean over the textured pixels)."""
