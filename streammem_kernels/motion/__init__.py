@@ -393,7 +393,9 @@ def _cpp_flow(gray: torch.Tensor, lk: tuple, score: bool):
 
 
 def _lk_flow_cpp(gray: torch.Tensor, window: int, min_eig: float, levels: int, statistic: str):
-    return _cpp_flow(gray, _cpp_lk_args(int(window), float(min_eig), int(levels), statistic), score=False)
+    # contiguous(): the custom op's callers may hand any layout (the public functions' gray already is)
+    return _cpp_flow(gray.contiguous(), _cpp_lk_args(int(window), float(min_eig), int(levels), statistic),
+                     score=False)
 
 
 def _uint8_plan(frames, size, window, min_eig, levels, statistic, min_frames: int):
