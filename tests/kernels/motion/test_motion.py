@@ -617,6 +617,18 @@ def test_opcheck(backend, window):
     torch.library.opcheck(torch.ops.streammem.lk_flow.default, (gray_u8, window, 1e-5, levels, "moving", backend))
 
 
+def test_cpp_custom_op_reads_any_layout():
+    """The lk_flow custom op on the C++ backend reads a non-contiguous gray as its contiguous copy
+    (the C++ border takes C-contiguous tensors; the backend's glue makes them)."""
+    if "cpp" not in BACKENDS:
+        pytest.skip("the C++ backend is not built")
+    gray = random_clip(3, 20, 30, seed=8).transpose(1, 2)
+    out = torch.ops.streammem.lk_flow(gray, 5, 1e-5, 2, "moving", "cpp")
+    ref = torch.ops.streammem.lk_flow(gray.contiguous(), 5, 1e-5, 2, "moving", "cpp")
+    for name, a, b in zip(("flow_px", "mean_uv"), out, ref):
+        assert_bitwise_equal(a, b, name)
+
+
 def test_torch_compile_on_cpu():
     frames = random_clip(3, 20, 22, None, torch.float32, seed=6)
 
