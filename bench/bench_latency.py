@@ -195,9 +195,14 @@ def overhead_rows(faiss) -> list[tuple]:
         rows.append((label, pub, nat))
     motion_mod, _ = load_native("cpu", "motion")
     pair = torch.randint(0, 256, (2, 168, 224, 3), dtype=torch.uint8, generator=g)
-    rows.append(("motion_magnitude 2x168x224 RGB uint8", *measure_pair(
-        lambda: sk.motion_magnitude(pair),
-        lambda: motion_mod.lk_flow(motion_mod.gray_area(pair.numpy(), 168, 224), *_lk_args(168, 224)))))
+    pair_view, lk = pair.numpy().__dlpack__(), _lk_args(168, 224)
+
+    def motion_native():  # the two entries, on buffers allocated per call as the public function's are
+        gray = np.empty((2, 168, 224), np.float32).__dlpack__()
+        motion_mod.gray_area(pair_view, gray)
+        motion_mod.lk_flow(gray, *lk, *_lk_outputs(1))
+    rows.append(("motion_magnitude 2x168x224 RGB uint8",
+                 *measure_pair(lambda: sk.motion_magnitude(pair), motion_native)))
     return rows
 
 
@@ -268,6 +273,11 @@ def _lk_args(h: int, w: int) -> tuple:
     return motion._cpp_lk_args(5, 1e-5, motion._resolve_levels("auto", (h, w), 5), "moving")
 
 
+def _lk_outputs(pairs: int) -> tuple:
+    """DLPack views of new lk_flow outputs flow_px, mean_uv and score for ``pairs`` pairs."""
+    return tuple(np.empty(shape, np.float32).__dlpack__() for shape in ((pairs,), (pairs, 2), (pairs,)))
+
+
 def motion_gate_row() -> tuple:
     from streammem import MotionGate
 
@@ -279,11 +289,16 @@ def motion_gate_row() -> tuple:
     it = iter(range(10**9))
     # The kernel work one push needs: the new frame's gray at 224 px, then LK on (reference, new)
     # gray; the reference's gray was made when it was pushed.
-    anchor = motion_mod.gray_area(video[:1], 168, 224)
-    args = _lk_args(168, 224)
-    pub, nat = measure_pair(lambda: gate.push(video[1 + next(it) % 15][None]),
-                            lambda: motion_mod.lk_flow(np.concatenate(
-                                (anchor, motion_mod.gray_area(video[1 + next(it) % 15][None], 168, 224))), *args))
+    anchor = np.empty((1, 168, 224), np.float32)
+    motion_mod.gray_area(video[:1].__dlpack__(), anchor.__dlpack__())
+    lk = _lk_args(168, 224)
+
+    def gate_native():  # the reference's gray and the new frame's in one new stack, then LK on the pair
+        stack = np.empty((2, 168, 224), np.float32)
+        stack[0] = anchor[0]
+        motion_mod.gray_area(video[1 + next(it) % 15][None].__dlpack__(), stack[1:].__dlpack__())
+        motion_mod.lk_flow(stack.__dlpack__(), *lk, *_lk_outputs(1))
+    pub, nat = measure_pair(lambda: gate.push(video[1 + next(it) % 15][None]), gate_native)
     return ("MotionGate.push 480x640 RGB -> 224 px", pub, nat)
 
 

@@ -1,131 +1,21 @@
-"""Motion magnitude (pyramidal Lucas-Kanade) for selective frame stacking.
+"""Motion magnitude (pyramidal Lucas-Kanade) for selective frame stacking: the door of the motion op.
 
-StreamChat (sec. 3.1.1) keeps a frame only when its Lucas-Kanade motion against
-the previous frame exceeds a threshold t in [0, 1].  This module computes, for
-every consecutive frame pair, a dense windowed LK flow and summarises it:
+StreamChat (sec. 3.1.1) keeps a frame only when its Lucas-Kanade motion against the previous frame
+exceeds a threshold t in [0, 1].  :func:`motion_magnitude` measures every consecutive frame pair of
+a clip (a dense windowed LK flow, coarse to fine over an image pyramid, summarised into one number
+per pair, ``score = flow_px / (1 + flow_px)``); :func:`select_frames` and :func:`select_frames_mask`
+apply the gate to a clip and :class:`~streammem_kernels.StreamingMotionGate` (``streaming.py``) to a
+stream.  ``reference.py`` is the spec; ``docs/ops/motion.md`` explains the algorithm, its numerics,
+the backends and their performance.
 
-* gray = 0.299 R + 0.587 G + 0.114 B, intensities in [0, 1] (uint8 / 255;
-  floating frames must already be in [0, 1], which is checked);
-* optional working resolution ``size`` (long side; area interpolation when
-  shrinking, bilinear when enlarging);
-* gradients: 3x3 Sobel / 8 (intensity per pixel) on the mean of the two frames;
-  the temporal difference ``It = current - previous`` smoothed by the same
-  [1 2 1] x [1 2 1] / 16 that the Sobel applies across its derivative, so that
-  gradient and It see the same spatial frequencies (an unsmoothed It
-  overestimates the motion of fine texture: +19 % on a texture blurred by
-  sigma = 1.5 px, against 1-5 % with it); only the valid (H-2, W-2) region is used;
-* ``window=w`` (odd >= 3): the structure tensor averaged over each w x w window
-  (valid region), a closed-form 2x2 solve per pixel; a pixel is *textured*
-  (valid) when its window-averaged structure tensor has smallest eigenvalue
-  ``> min_eig`` (flat regions and pure edges are left out, as OpenCV's LK does);
-* ``levels``: coarse-to-fine over an image pyramid (below), so that large
-  motion is measured, not saturated;
-* ``statistic``: how the per-pixel flow becomes one number per pair (below);
-* ``window=None``: the paper's Eq. 1, one 2x2 system over the whole frame
-  (single scale; ``flow_px`` is the magnitude of that one vector).
+Backends (``LK_FLOW``): ``torch`` (the reference), ``cpp`` (csrc/cpu/motion/, within the float32
+rounding tolerances declared on ``LK_FLOW``), ``triton`` and ``cuda`` (bit for bit with the
+reference).  Contiguous uint8 CPU frames on the C++ backend take a declared latency path
+(``LK_FLOW.run_fast``): the general path's native steps without Python between them.
 
-``score = flow_px / (1 + flow_px)`` maps pixels to [0, 1) (1 px -> 0.5).
-
-Pyramid (``levels``, default "auto")
-------------------------------------
-LK linearises the image around each pixel, so one step measures a shift only
-up to about the scale of the texture (1-4 px at 224 px: single-scale reads
-3.4 px for a true 16 px).  Level 0 is the working frame; level l+1 blurs level
-l with the binomial [1 2 1] / 4 in each direction (edges replicated) and keeps
-every second pixel, ``((H+1)//2, (W+1)//2)``.  The blur matters: plain 2x2
-averaging aliases fine texture and lost 40 % at 32 px.  From the coarsest
-level down, each level runs one LK step on a *warped* pair:
-
-0. search (coarsest level only): the whole-pixel shift (dx, dy), |dx| <= rx,
-   |dy| <= ry (a quarter of each side, at most ``SEARCH_RADIUS`` = 4), that
-   minimises the sum of absolute differences between the previous frame's
-   central region (rows [ry, H-ry), columns [rx, W-rx): the same pixels for
-   every shift) and the current frame moved by it (``search_shift``).  Each
-   difference counts ``|floor(4096 * (cur - prev) + 0.5)|``, an integer, so the
-   sums are exact in any order; ties go to no shift, then to the first in
-   row-major order.  This one vector per pair is the coarsest step's guess
-   (factor 1): at 224 x 224 the coarsest level is 14 x 14 and 4 px there is
-   64 px at level 0, at 224 x 126 (4 levels, 16 x 28) 32 px;
-1. guess (finer levels): the coarser level's flow, smoothed by a 5 x 5 box
-   normalised by the valid pixels (``guess_field``; a pixel with no valid
-   neighbour keeps its own flow), times the level ratio f (2, or 4 from level
-   2 to level 0), read at each pixel's coarse parent (nearest), and rounded to
-   whole pixels: ``g = floor(f * guess + 0.5)``;
-2. warp: the current frame sampled at ``x + g`` (border clamped) -- whole
-   pixels, so the warp is an exact copy (no interpolation blur, which biased
-   small motions by +12 %) and LK solves the residual of at most ~0.5 px plus
-   the coarse error;
-3. one LK step on (previous, warped current) exactly as at a single scale,
-   giving ``d``; a pixel is valid when it is textured *and* its displaced
-   window stays inside the frame (``c <= x + g <= W-1-c``, c = 1 + w//2);
-   its flow is ``g + d`` when valid, else the guess ``g`` (carried down).
-
-Why the search: one LK step at the coarsest level captures about 1 px there; a
-32 px shift is 2 px at 14 x 14 and 4 px at 16 x 28, which LK steps from zero read
-as 26.9 px (a vertical 32 px on one test texture) and 7 px (224 x 126).  Two LK
-steps from zero were the previous remedy; more drifted on scene cuts until no
-level-0 window stayed inside the frame (a cut read 0).  The search is bounded
-(at least half of each side stays compared), cheap (at most 81 shifts of a tiny
-frame), finds no shift on a static scene, and on a cut returns some shift whose
-LK steps read a large flow, so cuts are kept (tests/test_motion_gate.py).  It is
-global: a small object moving in a static scene gets no shift from it, and the
-LK steps below measure it as they would from zero.  One step per finer level is
-enough: the symmetric (mean-frame) gradient makes a step accurate to a few per
-cent within its capture range, and a second step on a dense, unregularised
-field amplified per-pixel noise.  The smoothing of the guess removes the
-outliers of the coarsest levels, which otherwise never recover.  The window is
-the same at every level, so a level-l window covers 2^l times more of the
-scene; the statistic is computed at level 0 only, on its own valid pixels.
-"auto" uses as many levels as keep both sides of the coarsest at least
-``window + 4`` (three window outputs), at most 5; ``levels=1`` is single-scale
-LK.  Cost: the levels above 0 add a third of level 0's pixels (level 1 is
-reduced, not solved).
-
-Statistic (``statistic``, default "moving")
---------------------------------------------
-* ``"textured"`` -- StreamChat's literal statistic: mean |flow| over the
-  textured (valid) pixels.  A small object moving in a static scene barely
-  moves it (a 45 px object at 5.6 px/frame reads 0.5 px at 224 x 126).
-* ``"moving"`` -- mean |flow| over the *moving* pixels: each valid pixel
-  weighs ``clamp((|flow| - 0.25) / 0.25, 0, 1)`` (a soft noise floor: sensor
-  noise of 2 grey levels gives |flow| below 0.23 px at 224 px, so a static scene
-  reads 0), and the weights are divided by ``max(sum of weights, 0.2 % of
-  the window outputs)``, so that a region smaller than that (a few noisy
-  pixels, a speck) counts in proportion to its size.  A uniform pan of s px
-  reads s under both statistics; an object of at least 0.2 % of the frame
-  moving s px reads about s.  Calibration: bench/calibrate_motion_gate.py.
-
-``mean_uv`` is the mean (u, v) under the same weights (so |mean_uv| <= flow_px).
-
-Numerics (shared by every backend)
-----------------------------------
-float32 throughout; the smallest eigenvalue is computed as ``det / lambda_max``
-(no cancellation), and a pixel is textured iff ``lambda_max > 0 and
-det / lambda_max > min_eig``.  The seed code's ``sqrt(u^2 + u^2)`` typo and its
-missing normalisation are not reproduced.
-
-The reference fixes every rounding step: the Sobel and It differences in the
-order written in :func:`pair_products`, the window sum in row-major order from
-0 then divided by ``w*w`` (``avg_pool2d``), the pyramid's [1 2 1] sums in
-:func:`reduce_level`, the guess in :func:`guess_field`, correctly rounded
-square roots, and float64 sums over each frame.  The ``triton`` and ``cuda``
-backends reproduce it **bit for bit** (same order, no FMA contraction,
-correctly rounded sqrt and division, integer warps, the same torch summary),
-so their scores and keep/drop decisions are those of the reference.  The
-``cpp`` backend sums windows in another order and agrees within float32
-rounding (tolerances declared on ``LK_FLOW``); with a pyramid, a rounding
-difference can move a coarse guess across a whole-pixel boundary, which
-changes that pixel's level-0 estimate by its LK error (~0.01 px).
-
-Backends: ``torch`` (slices + box sums), ``cpp`` (one fused pass per row
-strip and level, OpenMP over pairs and strips), ``triton`` and ``cuda``
-(kernels per level stage: pyramid reduce, guess, warp, products, window solve).
-
-GPU path: on CUDA tensors no function here synchronises with the host
-(value checks are device-side assertions) except :func:`select_frames`, which
-returns a Python list; :func:`select_frames_mask` is its device-resident
-counterpart (a boolean tensor), and everything it runs can be captured in a
-CUDA graph.
+On CUDA tensors no function here synchronises with the host (value checks are device-side
+assertions) except :func:`select_frames`, which returns a Python list; :func:`select_frames_mask` is
+its device-resident counterpart, and everything it runs can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -136,9 +26,10 @@ import numpy as np
 import torch
 
 from ..runtime.dispatch import Op, call_op, load_native
+from ..runtime.native import NativeChecks, view
 from ..runtime.validate import as_tensor, check_dtype, check_float, check_int, check_nonempty, check_rank, check_values
-from .reference import (FRAME_DTYPES, GUESS_BOX, MAX_AUTO_LEVELS, MOVING_FLOOR_PX, MOVING_MIN_AREA, SEARCH_RADIUS, STATISTICS,
-                        gray_resize, level_shapes, lk_flow_reference, pyramid_flow)
+from .reference import (FRAME_DTYPES, GUESS_BOX, MAX_AUTO_LEVELS, MOVING_FLOOR_PX, MOVING_MIN_AREA, SEARCH_QUANT,
+                        SEARCH_RADIUS, STATISTICS, gray_resize, level_shapes, lk_flow_reference, pyramid_flow)
 
 __all__ = ["MotionResult", "motion_magnitude", "select_frames", "select_frames_mask", "lk_flow", "STATISTICS"]
 
@@ -185,7 +76,7 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
         Threshold on the smallest eigenvalue of the window-averaged structure
         tensor (intensities in [0, 1]); ill-conditioned pixels are skipped.
     levels : int >= 1 or "auto"
-        Pyramid levels including the working frame (module docstring): "auto"
+        Pyramid levels including the working frame (docs/ops/motion.md): "auto"
         (default) uses as many as the frame size allows, up to 5; 1 is
         single-scale LK.  Window mode only (``window=None`` is single-scale).
     statistic : {"moving", "textured"}
@@ -206,69 +97,20 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
     floating frames is a device-side assertion), so a call can be captured in a
     CUDA graph.
     """
-    fused = _motion_uint8_cpp(frames, size, window, min_eig, levels, statistic, backend)
-    if fused is not None:
-        return fused
+    fast = LK_FLOW.run_fast(backend, frames, size, window, min_eig, levels, statistic)
+    if fast is not None:
+        return fast
     gray, window, min_eig, levels, statistic = _prepare(frames, size, window, min_eig, levels, statistic, backend)
     return _motion_of_gray(gray, window, min_eig, levels, statistic, _select(backend, gray))
 
 
-def _motion_uint8_cpp(frames, size, window, min_eig, levels, statistic, backend) -> MotionResult | None:
-    """The common case in one native call: C-contiguous uint8 CPU frames (a tensor or an array),
-    gray or RGB, shrunk or kept, on the C++ backend.  Gray, resize, LK and score are the general
-    path's own native steps (bit for bit); each Python step between them cost microseconds, the
-    whole of a single pair's overhead (issue 15).  None outside this case (see
-    :func:`_uint8_cpp_plan`)."""
-    planned = _uint8_cpp_plan(frames, size, window, min_eig, levels, statistic, backend)
-    if planned is None:
-        return None
-    mod, (window, min_eig, levels, statistic, (oh, ow)) = planned
-    flow_px, score, mean_uv = mod.motion_u8(frames.numpy() if isinstance(frames, torch.Tensor) else frames, oh, ow,
-                                            *_cpp_lk_args(window, min_eig, levels, statistic))
-    return MotionResult(torch.from_numpy(flow_px), torch.from_numpy(score), torch.from_numpy(mean_uv))
-
-
-def _uint8_cpp_plan(frames, size, window, min_eig, levels, statistic, backend, min_frames=2):
-    """(``_cpu_motion`` module, :func:`_plan`'s validated arguments) when ``frames`` are C-contiguous
-    uint8 CPU frames ((T, H, W) or (T, H, W, 3), a tensor or an array, T >= ``min_frames``) that
-    the C++ backend prepares (shrunk or kept, not enlarged), for the fused native entry points;
-    None otherwise, or when they or the arguments are not valid: the general path (``_prepare``)
-    then validates and explains.  Every check that path would pass is made here, and the
-    arguments go through the same cached :func:`_plan`, whose errors are the general path's."""
-    if isinstance(frames, torch.Tensor):
-        if frames.dtype is not torch.uint8 or not frames.is_cpu or not frames.is_contiguous():
-            return None
-    elif not (isinstance(frames, np.ndarray) and frames.dtype == np.uint8 and frames.flags.c_contiguous):
-        return None
-    shape = tuple(frames.shape)
-    if not ((len(shape) == 4 and shape[3] == 3) or len(shape) == 3) or shape[0] < min_frames or 0 in shape:
-        return None
-    mod = LK_FLOW.cpp_module(backend)
-    if mod is None or torch.compiler.is_compiling():
-        return None
-    try:
-        plan = _plan(shape[1:3], size, window, min_eig, levels, statistic)
-    except TypeError:  # unhashable arguments: the general path validates (and rejects) them
-        return None
-    oh, ow = plan[4]
-    if oh > shape[1] or ow > shape[2]:  # enlarging: bilinear, torch only
-        return None
-    return mod, plan
-
-
-def _cpp_lk_args(window, min_eig, levels, statistic) -> tuple:
-    """The C++ lk_flow arguments after the frames, from validated ones."""
-    return (window, min_eig, levels, statistic == "moving", MOVING_FLOOR_PX[0], MOVING_FLOOR_PX[1], MOVING_MIN_AREA,
-            GUESS_BOX, SEARCH_RADIUS)
-
-
 def _motion_of_gray(gray, window, min_eig, levels, statistic, backend) -> MotionResult:
     """MotionResult of prepared gray frames (``_prepare``'s output) with a resolved backend."""
+    if backend == "cpp" and not torch.compiler.is_compiling():
+        # The C++ entry writes the score too (the same float32 division as the tensor expression
+        # below, without two small torch ops of ~6 us each).
+        return MotionResult(*_cpp_flow(gray, _cpp_lk_args(window, min_eig, levels, statistic), score=True))
     flow_px, mean_uv = _lk_flow(gray, window, min_eig, levels, statistic, backend)
-    if backend == "cpp":
-        # Same float32 division as the tensor expression below, without two small torch ops (~6 us each).
-        f = flow_px.numpy()
-        return MotionResult(flow_px, torch.from_numpy(f / (np.float32(1.0) + f)), mean_uv)
     return MotionResult(flow_px, flow_px / (1.0 + flow_px), mean_uv)
 
 
@@ -471,9 +313,7 @@ def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", b
         and (frames.dim() == 4 or out_hw != (h, w_)) and LK_FLOW.select(backend, frames.device) == "cpp"
     )
     if native_prep:
-        # Fused uint8 -> gray -> area resize in one pass (same bins as the torch path below).
-        mod, _ = load_native("cpu", "motion")
-        gray = torch.from_numpy(mod.gray_area(frames.contiguous().numpy(), out_hw[0], out_hw[1]))
+        gray = _gray_area_cpp(frames.contiguous(), out_hw)  # the same bins as gray_resize's area mode
     else:
         gray = gray_resize(frames, out_hw)
     return gray.contiguous(), window, min_eig, levels, statistic
@@ -512,12 +352,156 @@ def _(gray, window, min_eig, levels, statistic, backend):
 
 
 # --------------------------------------------------------------------------
-# Backend: C++ (csrc/cpu/motion.cpp)
+# Backend: C++ (csrc/cpu/motion/), and the latency path LK_FLOW declares
 # --------------------------------------------------------------------------
-def _lk_flow_cpp(gray: torch.Tensor, window: int, min_eig: float, levels: int, statistic: str):
+# The motion entries check no values of their own (floating frames are range-checked before
+# the call), so any status but 0 is a bug, which raise_for reports as such.
+_MOTION_CHECKS = NativeChecks()
+_TENSOR, _STRIDED, _U8 = torch.Tensor, torch.strided, torch.uint8
+# Results and scratch buffers are allocated through numpy (about 0.7 us against 1.4 for torch.empty
+# with a shape tuple and a dtype); a numpy buffer hands the border its own DLPack capsule
+# (ndarray.__dlpack__, ~0.1 us), a tensor its view().
+_from_numpy, _np_empty, _NP_F32, _NP_U8 = torch.from_numpy, np.empty, np.float32, np.dtype(np.uint8)
+
+
+def _cpp_lk_args(window, min_eig, levels, statistic) -> tuple:
+    """The C++ lk_flow's scalar arguments after the frames, from validated ones (the reference's
+    constants passed down with them)."""
+    return (window, min_eig, levels, statistic == "moving", MOVING_FLOOR_PX[0], MOVING_FLOOR_PX[1], MOVING_MIN_AREA,
+            GUESS_BOX, SEARCH_RADIUS, SEARCH_QUANT)
+
+
+def _gray_area_cpp(frames: torch.Tensor, out_hw) -> torch.Tensor:
+    """(T, oh, ow) float32 gray in [0, 1] of C-contiguous uint8 CPU frames (T, H, W[, 3]), area resampled."""
     mod, _ = load_native("cpu", "motion")
-    flow_px, mean_uv = mod.lk_flow(gray.numpy(), *_cpp_lk_args(int(window), float(min_eig), int(levels), statistic))
-    return torch.from_numpy(flow_px), torch.from_numpy(mean_uv)
+    gray = _from_numpy(_np_empty((frames.shape[0], *out_hw), _NP_F32))
+    _MOTION_CHECKS.raise_for(mod.gray_area(view(frames), view(gray)))
+    return gray
+
+
+def _cpp_flow(gray: torch.Tensor, lk: tuple, score: bool):
+    """(flow_px, mean_uv) of contiguous (T, H, W) uint8/float32 CPU gray, and the score when asked."""
+    mod, _ = load_native("cpu", "motion")
+    pairs = gray.shape[0] - 1
+    flow_px, mean_uv = _np_empty(pairs, _NP_F32), _np_empty((pairs, 2), _NP_F32)
+    scores = _np_empty(pairs, _NP_F32) if score else None
+    _MOTION_CHECKS.raise_for(mod.lk_flow(view(gray), *lk, flow_px.__dlpack__(), mean_uv.__dlpack__(),
+                                         None if scores is None else scores.__dlpack__()))
+    if score:
+        return _from_numpy(flow_px), _from_numpy(scores), _from_numpy(mean_uv)
+    return _from_numpy(flow_px), _from_numpy(mean_uv)
+
+
+def _lk_flow_cpp(gray: torch.Tensor, window: int, min_eig: float, levels: int, statistic: str):
+    # contiguous(): the custom op's callers may hand any layout (the public functions' gray already is)
+    return _cpp_flow(gray.contiguous(), _cpp_lk_args(int(window), float(min_eig), int(levels), statistic),
+                     score=False)
+
+
+def _uint8_plan(frames, size, window, min_eig, levels, statistic, min_frames: int):
+    """:func:`_native_plan` of ``frames`` when they are C-contiguous uint8 CPU frames, a tensor or a
+    writeable numpy array (DLPack cannot export a read-only one); None otherwise, or for arguments
+    the C++ entries do not take: the general path (``_prepare``) then validates and explains."""
+    if type(frames) is _TENSOR:
+        if not (frames.dtype is _U8 and frames.is_cpu and frames.layout is _STRIDED and frames.is_contiguous()):
+            return None
+    elif not (isinstance(frames, np.ndarray) and frames.dtype == _NP_U8 and frames.flags.c_contiguous
+              and frames.flags.writeable):
+        return None
+    try:
+        return _native_plan(frames.shape, size, window, min_eig, levels, statistic, min_frames)
+    except TypeError:  # unhashable arguments: the general path validates (and rejects) them
+        return None
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _native_plan(shape, size, window, min_eig, levels, statistic, min_frames: int):
+    """(gray shape, pairs, working size, lk_flow's scalar arguments) for uint8 frames of ``shape``,
+    (T, H, W) or (T, H, W, 3) with T >= ``min_frames``, that the C++ backend prepares (kept or shrunk,
+    not enlarged: bilinear is the torch preparation's), with arguments :func:`_plan` accepts; the gray
+    shape is None when LK reads the frames as they are (uint8 gray kept at its size).  None otherwise.
+    Cached, like :func:`_plan` whose checks it reuses: a stream calls with the same arguments."""
+    nd = len(shape)
+    if not ((nd == 4 and shape[3] == 3) or nd == 3) or shape[0] < min_frames or not shape[1] or not shape[2]:
+        return None
+    hw = (shape[1], shape[2])
+    try:
+        window, min_eig, levels, statistic, out_hw = _plan(hw, size, window, min_eig, levels, statistic)
+    except ValueError:  # the general path raises it
+        return None
+    if out_hw[0] > hw[0] or out_hw[1] > hw[1]:
+        return None
+    gray_shape = None if nd == 3 and out_hw == hw else (shape[0], *out_hw)
+    return gray_shape, shape[0] - 1, out_hw, _cpp_lk_args(window, min_eig, levels, statistic)
+
+
+def _motion_fast(mod, frames, size, window, min_eig, levels, statistic) -> MotionResult | None:
+    """motion_magnitude on C-contiguous uint8 CPU frames (:func:`_uint8_plan`): the general path's
+    native steps (gray_area when the frames are RGB or shrunk, then lk_flow with the score) on the
+    same values, so the same results bit for bit, without Python between them.  None otherwise."""
+    plan = _uint8_plan(frames, size, window, min_eig, levels, statistic, 2)
+    if plan is None:
+        return None
+    gray_shape, pairs, _, lk = plan
+    gray = view(frames) if type(frames) is _TENSOR else frames.__dlpack__()
+    if gray_shape is not None:
+        source, gray = gray, _np_empty(gray_shape, _NP_F32).__dlpack__()  # the capsule keeps the buffer alive
+        _MOTION_CHECKS.raise_for(mod.gray_area(source, gray))
+    flow_px, score, mean_uv = _np_empty(pairs, _NP_F32), _np_empty(pairs, _NP_F32), _np_empty((pairs, 2), _NP_F32)
+    _MOTION_CHECKS.raise_for(mod.lk_flow(gray, *lk, flow_px.__dlpack__(), mean_uv.__dlpack__(), score.__dlpack__()))
+    return MotionResult(_from_numpy(flow_px), _from_numpy(score), _from_numpy(mean_uv))
+
+
+def _gate_step_cpp(mod, frames: np.ndarray, anchor: np.ndarray | None, out_hw, lk: tuple):
+    """The streaming gate's step on the C++ backend: the (m, oh, ow) float32 stack of the reference
+    gray ``anchor`` ((oh, ow), or None at a stream's start) followed by the gray of ``frames`` (a
+    writeable C-contiguous uint8 array (n, H, W[, 3])), and the m - 1 scores of its consecutive
+    pairs: gray_area and lk_flow as the general path runs them, so the same values bit for bit."""
+    first = 0 if anchor is None else 1
+    stack = _np_empty((first + frames.shape[0], *out_hw), _NP_F32)
+    if first:
+        stack[0] = anchor
+    _MOTION_CHECKS.raise_for(mod.gray_area(frames.__dlpack__(), stack[first:].__dlpack__()))
+    pairs = stack.shape[0] - 1
+    score = _np_empty(pairs, _NP_F32)
+    if pairs:
+        status = mod.lk_flow(stack.__dlpack__(), *lk, _np_empty(pairs, _NP_F32).__dlpack__(),
+                             _np_empty((pairs, 2), _NP_F32).__dlpack__(), score.__dlpack__())
+        _MOTION_CHECKS.raise_for(status)
+    return stack, score
+
+
+class _BoundGateStep:
+    """The streaming gate's step for one frame after a reference on the C++ backend, bound once per
+    working size (a stateful latency path): the (2, oh, ow) float32 stack holding the reference gray
+    and the new frame's, lk_flow's outputs and their DLPack capsules are made once (a capsule keeps
+    its buffer alive).  ``anchor`` is the reference gray: a tensor view of the stack's first plane.
+    The same entries on the same values as :func:`_gate_step_cpp`, so the same scores bit for bit."""
+
+    __slots__ = ("mod", "out_hw", "lk", "stack", "anchor", "_new", "_pair", "_outputs", "_score")
+
+    def __init__(self, mod, out_hw, lk: tuple):
+        self.mod, self.out_hw, self.lk = mod, out_hw, lk
+        self.stack = _np_empty((2, *out_hw), _NP_F32)
+        self.anchor = _from_numpy(self.stack[0])
+        self._new, self._pair = self.stack[1:].__dlpack__(), self.stack.__dlpack__()
+        self._score = _np_empty(1, _NP_F32)
+        self._outputs = (_np_empty(1, _NP_F32).__dlpack__(), _np_empty((1, 2), _NP_F32).__dlpack__(),
+                         self._score.__dlpack__())
+
+    def score(self, frame: np.ndarray, anchor: torch.Tensor) -> float:
+        """The score of ``frame`` (a writeable C-contiguous uint8 array (1, H, W[, 3])) against the
+        reference gray ``anchor`` ((oh, ow) contiguous float32 CPU; its values are copied into the
+        stack unless it is ``self.anchor``).  The frame's gray stays in the stack's second plane."""
+        if anchor is not self.anchor:
+            self.stack[0] = anchor.numpy()
+        _MOTION_CHECKS.raise_for(self.mod.gray_area(frame.__dlpack__(), self._new))
+        _MOTION_CHECKS.raise_for(self.mod.lk_flow(self._pair, *self.lk, *self._outputs))
+        return self._score.item()
+
+    def keep_new(self) -> None:
+        """The new frame's gray becomes the reference: ``anchor`` holds it."""
+        self.stack[0] = self.stack[1]
 
 
 # --------------------------------------------------------------------------
@@ -550,4 +534,5 @@ LK_FLOW = Op(
     "motion",
     {"torch": lk_flow_reference, "cpp": _lk_flow_cpp, "triton": _lk_flow_triton, "cuda": _lk_flow_cuda},
     tolerances={"torch": _BIT_FOR_BIT, "triton": _BIT_FOR_BIT, "cuda": _BIT_FOR_BIT, "cpp": _SUMMATION_ORDER},
+    fast=_motion_fast,
 )

@@ -1,13 +1,9 @@
-"""CUDA backend of the motion magnitude (kernels: csrc/cuda/motion.cu; contract: motion.py).
+"""CUDA backend of the motion op: the per-level stages of ``reference.pyramid_flow`` (``CUDA_STAGES``).
 
-The per-level stages of the Triton backend -- pyramid reduce, guess, warp,
-structure products, per-pixel fields of the window solve, the coarsest level's
-shift search -- as CUDA kernels
-launched on torch's current stream through the module's C ABI; the reference's
-driver (``motion.pyramid_flow``) sequences them, and the per-frame summary and
-the global mode are the reference's own torch code.  Bit for bit with the
-reference (see the .cu file), no host synchronisation (capturable in a CUDA
-graph).
+The stages of the Triton backend (pyramid reduce, guess, warp, structure products, the fields of the
+window solve, the coarsest level's shift search) as the kernels of ``csrc/cuda/motion.cu``, launched
+on torch's current stream through the library's C ABI (``PROTOTYPES``).  Bit for bit with the
+reference (``docs/ops/motion.md``); no host synchronisation, so capturable in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -81,7 +77,7 @@ def flow_fields_cuda(prods: torch.Tensor, window: int, min_eig: float, guess: to
 
 
 def guess_field_cuda(fields: torch.Tensor) -> torch.Tensor:
-    """(P, 2, Ho, Wo) float32: ``motion.guess_field(fields)``."""
+    """(P, 2, Ho, Wo) float32: ``reference.guess_field(fields)``."""
     mod = _module()
     pairs, _, Ho, Wo = fields.shape
     guess = torch.empty((pairs, 2, Ho, Wo), dtype=torch.float32, device=fields.device)
@@ -104,7 +100,7 @@ def warp_frames_cuda(cur: torch.Tensor, guess: torch.Tensor, border: int, factor
 
 
 def reduce_level_cuda(frames: torch.Tensor) -> torch.Tensor:
-    """(T, (H+1)//2, (W+1)//2) float32: ``motion.reduce_level(frames)``."""
+    """(T, (H+1)//2, (W+1)//2) float32: ``reference.reduce_level(frames)``."""
     mod = _module()
     frames, is_uint8 = _frames(frames)
     T, H, W = frames.shape
@@ -116,7 +112,7 @@ def reduce_level_cuda(frames: torch.Tensor) -> torch.Tensor:
 
 
 def search_shift_cuda(prev: torch.Tensor, cur: torch.Tensor, radius) -> torch.Tensor:
-    """(P, 2, 1, 1) float32: ``motion.search_shift(prev, cur, radius)`` (integer sums of absolute
+    """(P, 2, 1, 1) float32: ``reference.search_shift(prev, cur, radius)`` (integer sums of absolute
     differences on the device, the reference's choice of the shift)."""
     mod = _module()
     prev, cur = to_unit_float(prev).contiguous(), to_unit_float(cur).contiguous()

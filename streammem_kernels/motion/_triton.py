@@ -1,49 +1,21 @@
-"""Triton kernels for pyramidal Lucas-Kanade motion magnitude (see motion.py for the contract).
+"""Triton backend of the motion op: the per-level stages of ``reference.pyramid_flow`` (``TRITON_STAGES``).
 
-The per-level stages of ``motion.pyramid_flow``, each a grid of (pair or frame,
-row tile, column tile) programs, each the reference function of the same name
-evaluated operation for operation:
+Each kernel is the reference function of the same name evaluated operation for operation, bit for
+bit (``docs/ops/motion.md``, "Backends and tolerances"), on a grid of (pair or frame, row tile,
+column tile) programs:
 
-* ``_lk_reduce_kernel``   -- the next pyramid level (``reduce_level``);
-* ``_lk_guess_kernel``    -- a level's flow smoothed into the next level's guess
-  (``guess_field``);
-* ``_lk_warp_kernel``     -- the current frames moved by the guess's whole-pixel
-  offsets (``warp_frames``: a copy, in the frames' dtype);
-* ``_lk_products_kernel`` -- the five structure products of a pair of frames,
-  (P, 5, H-2, W-2) float32 (``pair_products``);
-* ``_lk_window_kernel``   -- the w x w window average, the 2x2 solve and, with a
-  guess, the composition with its offsets: the per-pixel fields |flow|, u, v,
-  valid, (P, 4, Ho, Wo) float32 (``flow_fields(window_average(...))``);
-* ``_lk_search_kernel``   -- the coarsest level's sums of quantised absolute
-  differences under every whole-pixel shift, (P, K) int64 (``search_sads``;
-  integer sums, exact in any order); the shift is chosen by the reference's
-  ``shift_of_sads`` (torch, on the device).
+* ``_lk_reduce_kernel``   -- ``reduce_level``: the next pyramid level;
+* ``_lk_guess_kernel``    -- ``guess_field``: a level's flow smoothed into the next level's guess;
+* ``_lk_warp_kernel``     -- ``warp_frames``: the current frames moved by the guess's whole-pixel offsets;
+* ``_lk_products_kernel`` -- ``pair_products``: (P, 5, H-2, W-2) float32 structure products;
+* ``_lk_window_kernel``   -- ``flow_fields(window_average(...))``: (P, 4, Ho, Wo) float32 fields
+  |flow|, u, v, valid;
+* ``_lk_search_kernel``   -- ``search_sads``: (P, K) int64 sums of quantised absolute differences.
 
-The per-frame summary and the global mode (window=None: one system per pair
-from the mean products) are the reference's own torch functions applied to
-these tensors, and ``pyramid_flow`` (the reference's driver) sequences the
-stages: nothing here reads a value on the host.
-
-**Bit for bit.**  Every kernel evaluates the reference's expressions in the
-reference's order (the Sobel and It differences, the [1 2 1] sums, the
-row-major window and box sums from 0 with their division as ``avg_pool2d``
-does, the closed-form solve, ``floor(2 g + 0.5)``), launched with
-``enable_fp_fusion=False`` (no contraction into FMAs) and with correctly
-rounded ``sqrt_rn`` / ``div_rn``; the warp copies values.  Every stage's output
-equals the reference's bit for bit, so do the summary, flow_px, mean_uv and
-every keep/drop decision made from them.
-
-**Registers.**  The window is a runtime argument and both window loops are
-runtime loops: one compiled kernel serves every window the public API accepts
-(any odd w >= 3), and its registers do not grow with w (a static w*w unroll
-hoisted all 5*w*w loads: 255 registers at w=5 and spills at w=7).  The loads
-hit L1/L2: a program's tile plus halo of the five planes is at most a few KB
-for w <= 7.  The guess adds two gathers and a few integer ops per pixel.
-
-Every load and store is masked (the interpreter does not check bounds).
-Offsets inside one frame are 32-bit (frames below 2**31 pixels), pair offsets
-64-bit.  The kernels use the same block sizes under the interpreter as on a
-GPU.
+Launched with ``enable_fp_fusion=False`` (no FMA contraction) and correctly rounded ``sqrt_rn`` /
+``div_rn``; the window is a runtime argument (one compiled kernel for every odd window); every load
+and store is masked; offsets inside a frame are 32-bit (frames below 2**31 pixels), pair offsets
+64-bit.  Nothing here reads a value on the host.
 """
 from __future__ import annotations
 
@@ -344,7 +316,7 @@ def _grid(first: int, rows: int, cols: int):
 
 def products_triton(prev: torch.Tensor, cur: torch.Tensor) -> torch.Tensor:
     """(P, 5, H-2, W-2) float32 products of contiguous (P, H, W) uint8/float32 frame pairs; equals
-    ``motion.pair_products`` bit for bit."""
+    ``reference.pair_products`` bit for bit."""
     pairs, H, W = prev.shape
     prods = torch.empty((pairs, 5, H - 2, W - 2), dtype=torch.float32, device=prev.device)
     _lk_products_kernel[_grid(pairs, H - 2, W - 2)](prev, cur, prods, H, W, _scale(prev), BLOCK_R=BLOCK_ROWS,
@@ -354,14 +326,14 @@ def products_triton(prev: torch.Tensor, cur: torch.Tensor) -> torch.Tensor:
 
 
 def structure_products_triton(gray: torch.Tensor) -> torch.Tensor:
-    """(T-1, 5, H-2, W-2) products of every consecutive pair; equals ``motion.structure_products``."""
+    """(T-1, 5, H-2, W-2) products of every consecutive pair; equals ``reference.structure_products``."""
     return products_triton(gray[:-1], gray[1:])
 
 
 def flow_fields_triton(prods: torch.Tensor, window: int, min_eig: float, guess: torch.Tensor | None = None,
                        level_hw=None, factor: int = 2) -> torch.Tensor:
     """(P, 4, Ho, Wo) float32 fields of (P, 5, Hg, Wg) products; equals
-    ``motion.flow_fields(motion.window_average(prods, window), min_eig, guess, level_hw, factor)`` bit for bit
+    ``reference.flow_fields(reference.window_average(prods, window), min_eig, guess, level_hw, factor)`` bit for bit
     (``level_hw`` is (Hg + 2, Wg + 2))."""
     pairs, _, Hg, Wg = prods.shape
     Ho, Wo = Hg - window + 1, Wg - window + 1
@@ -376,7 +348,7 @@ def flow_fields_triton(prods: torch.Tensor, window: int, min_eig: float, guess: 
 
 
 def guess_field_triton(fields: torch.Tensor) -> torch.Tensor:
-    """(P, 2, Ho, Wo) float32; equals ``motion.guess_field(fields)`` bit for bit."""
+    """(P, 2, Ho, Wo) float32; equals ``reference.guess_field(fields)`` bit for bit."""
     pairs, _, Ho, Wo = fields.shape
     guess = torch.empty((pairs, 2, Ho, Wo), dtype=torch.float32, device=fields.device)
     _lk_guess_kernel[_grid(pairs, Ho, Wo)](fields, guess, Ho, Wo, GUESS_BOX, BLOCK_R=BLOCK_ROWS,
@@ -385,7 +357,7 @@ def guess_field_triton(fields: torch.Tensor) -> torch.Tensor:
 
 
 def warp_frames_triton(cur: torch.Tensor, guess: torch.Tensor, border: int, factor: int) -> torch.Tensor:
-    """(P, H, W) in ``cur``'s dtype; equals ``motion.warp_frames(cur, guess, border, factor)``."""
+    """(P, H, W) in ``cur``'s dtype; equals ``reference.warp_frames(cur, guess, border, factor)``."""
     pairs, H, W = cur.shape
     out = torch.empty_like(cur)
     _lk_warp_kernel[_grid(pairs, H, W)](cur, guess, out, H, W, guess.shape[2], guess.shape[3], border, factor,
@@ -395,7 +367,7 @@ def warp_frames_triton(cur: torch.Tensor, guess: torch.Tensor, border: int, fact
 
 
 def reduce_level_triton(frames: torch.Tensor) -> torch.Tensor:
-    """(T, (H+1)//2, (W+1)//2) float32; equals ``motion.reduce_level(frames)`` bit for bit."""
+    """(T, (H+1)//2, (W+1)//2) float32; equals ``reference.reduce_level(frames)`` bit for bit."""
     T, H, W = frames.shape
     Hn, Wn = (H + 1) // 2, (W + 1) // 2
     out = torch.empty((T, Hn, Wn), dtype=torch.float32, device=frames.device)
@@ -405,7 +377,7 @@ def reduce_level_triton(frames: torch.Tensor) -> torch.Tensor:
 
 
 def search_shift_triton(prev: torch.Tensor, cur: torch.Tensor, radius) -> torch.Tensor:
-    """(P, 2, 1, 1) float32; equals ``motion.search_shift(prev, cur, radius)`` bit for bit."""
+    """(P, 2, 1, 1) float32; equals ``reference.search_shift(prev, cur, radius)`` bit for bit."""
     prev, cur = to_unit_float(prev).contiguous(), to_unit_float(cur).contiguous()
     pairs, H, W = prev.shape
     ry, rx = radius

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from ..runtime.validate import check_float, check_int
-from . import _cpp_lk_args, _float32_below, _motion_of_gray, _prepare, _select, _uint8_cpp_plan
+from . import (LK_FLOW, _BoundGateStep, _float32_below, _gate_step_cpp, _motion_of_gray, _prepare, _select,
+               _uint8_plan)
 from .reference import STATISTICS
 
 __all__ = ["StreamingMotionGate", "MAX_GATE_SIZE", "GATE_STATE_VERSION"]
@@ -72,8 +73,8 @@ class StreamingMotionGate:
     reference frame's gray, and scores a push from the gray of the reference and
     of the new frames, so the scores are those of ``motion_magnitude`` on the
     stacked full-size frames.  Contiguous uint8 CPU frames on the C++ backend
-    take one native call per push ("previous") or per frame ("last_kept"), the
-    same numbers without Python between the steps.
+    take one C++ gate step (gray, then LK and score) per push ("previous") or per
+    frame ("last_kept"): the same numbers without Python between the steps.
     """
 
     def __init__(self, threshold: float = 0.4, *, size: int | None = 224, reference: str = "previous",
@@ -104,6 +105,7 @@ class StreamingMotionGate:
         # ("last_kept"); None before a stream's first frame.
         self._anchor_gray = None
         self._frame_spec = None  # (shape, dtype) of the stream's frames, which every push must keep
+        self._bound_step = None  # the C++ one-frame step, made on the first push that takes it
         self.frames_seen = 0
         self.frames_kept = 0
 
@@ -175,35 +177,48 @@ class StreamingMotionGate:
         return scores, kept
 
     def _native_plan(self, batch):
-        """(module, plan) when the push runs on the C++ gate step: uint8 CPU frames that the C++
-        backend shrinks or converts to float32 gray (gray uint8 frames kept at their size stay on
-        the general path, whose gray is uint8), and a float32 CPU reference gray of that size, or
-        none yet; else None."""
-        planned = _uint8_cpp_plan(batch, self.size, self.window, 1e-5, self.levels, self.statistic, self.backend,
-                                  min_frames=1)
-        if planned is None:
+        """(module, working size, lk_flow's scalar arguments) when the push runs on the C++ gate step:
+        uint8 CPU frames that the C++ backend shrinks or converts to float32 gray (gray uint8 frames
+        kept at their size stay on the general path, whose gray is uint8), and a float32 CPU
+        reference gray of that size, or none yet; else None."""
+        mod = LK_FLOW.cpp_module(self.backend)
+        if mod is None or torch.compiler.is_compiling():
             return None
-        out_hw = planned[1][4]
-        if batch.ndim == 3 and out_hw == tuple(batch.shape[1:]):
+        plan = _uint8_plan(batch, self.size, self.window, 1e-5, self.levels, self.statistic, 1)
+        if plan is None or plan[0] is None:
             return None
-        anchor = self._anchor_gray
-        if anchor is not None and (anchor.dtype != torch.float32 or anchor.device.type != "cpu"
-                                   or tuple(anchor.shape) != out_hw or not anchor.is_contiguous()):
+        _, _, out_hw, lk = plan
+        anchor, bound = self._anchor_gray, self._bound_step
+        if anchor is not None and (bound is None or anchor is not bound.anchor) and (
+                anchor.dtype != torch.float32 or anchor.device.type != "cpu" or tuple(anchor.shape) != out_hw
+                or not anchor.is_contiguous()):
             return None
-        return planned
+        return mod, out_hw, lk
 
-    def _push_native(self, batch, mod, plan) -> tuple[list[float], list[bool]]:
-        """``push`` in one C++ call per batch ("previous") or per frame ("last_kept"): gray of the new
-        frames written after the reference's, LK and score (motion_magnitude's numbers bit for bit)."""
-        window, min_eig, levels, statistic, (oh, ow) = plan
-        lk = _cpp_lk_args(window, min_eig, levels, statistic)
+    def _push_native(self, batch, mod, out_hw, lk) -> tuple[list[float], list[bool]]:
+        """``push`` in one C++ gate step per batch ("previous") or per frame ("last_kept"): gray of the
+        new frames written after the reference's, LK and score (motion_magnitude's numbers bit for bit).
+        A single frame after a reference takes the step bound to this working size, which keeps the
+        reference gray in its own stack."""
         frames = batch.numpy() if isinstance(batch, torch.Tensor) else batch
         steps = (frames,) if self.reference == "previous" else (frames[t:t + 1] for t in range(len(frames)))
         scores: list[float] = []
         kept: list[bool] = []
         for step in steps:
             anchor = self._anchor_gray
-            stack, score = mod.gate_u8(step, None if anchor is None else anchor.numpy(), oh, ow, *lk)
+            if anchor is not None and len(step) == 1:
+                bound = self._bound_step
+                if bound is None or bound.out_hw != out_hw or bound.lk != lk:
+                    bound = self._bound_step = _BoundGateStep(mod, out_hw, lk)
+                score = bound.score(step, anchor)
+                keep = score > self._above
+                if keep or self.reference == "previous":
+                    bound.keep_new()
+                self._anchor_gray = bound.anchor
+                scores.append(score)
+                kept.append(keep)
+                continue
+            stack, score = _gate_step_cpp(mod, step, None if anchor is None else anchor.numpy(), out_hw, lk)
             s = score.tolist()
             keep = [v > self._above for v in s]
             if anchor is None:  # a stream's first frame is kept
@@ -267,5 +282,6 @@ class StreamingMotionGate:
         """Forget the stream: the next push starts a new one (its first frame is kept)."""
         self._anchor_gray = None
         self._frame_spec = None
+        self._bound_step = None
         self.frames_seen = 0
         self.frames_kept = 0

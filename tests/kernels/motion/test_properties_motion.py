@@ -1,4 +1,4 @@
-"""Property-based suite (Hypothesis) for motion_magnitude / select_frames (issue 17).
+"""Property-based suite (Hypothesis) for motion_magnitude / select_frames.
 
 Generated frame stacks: T, odd and tiny sizes, 0/1/3 channels, every frame dtype, layouts (contiguous,
 sliced, channels-first transposed back, stride-0 repeated frames), working size, window, pyramid levels,

@@ -16,6 +16,7 @@ from motion_baselines import seed_style_flow
 from motion_clips import fourier_shift, shifted_pair, smooth_texture
 from streammem_kernels import motion_magnitude, select_frames, select_frames_mask
 from streammem_kernels.motion import LK_FLOW
+from streammem_kernels.runtime.dispatch import load_native
 
 BACKENDS = cpu_backends(LK_FLOW)
 FAST = [b for b in BACKENDS if b != "triton"]  # the interpreter is ~0.5 ms per program
@@ -227,6 +228,22 @@ def test_input_not_mutated():
     assert torch.equal(frames, before)
 
 
+def test_frames_that_require_grad_are_read_on_every_backend():
+    """Floating frames that require grad are accepted, as by every op, and read as they are (the C++
+    backend's border takes them without a copy; its earlier numpy border raised a RuntimeError);
+    outputs never require grad."""
+    frames = random_clip(3, 17, 23, None, torch.float32, seed=2)
+    ref = motion_magnitude(frames, backend="torch")
+    for backend in BACKENDS:
+        for source, size in ((frames, None), (frames, 12), (frames[..., None].expand(3, 17, 23, 3), None)):
+            out = motion_magnitude(source.clone().requires_grad_(), size=size, backend=backend)
+            assert not any(t.requires_grad for t in out), backend
+            if source is frames and size is None:
+                assert_matches_reference(out, ref, backend, torch.float32)
+        keep = select_frames_mask(frames.clone().requires_grad_(), 0.3, reference="last_kept", backend=backend)
+        assert torch.equal(keep, select_frames_mask(frames, 0.3, reference="last_kept", backend=backend))
+
+
 def test_closed_form_matches_linalg_solve_oracle():
     """The seed-style unfold + linalg.solve baseline agrees with the closed form (single scale,
     StreamChat's mean over the textured pixels)."""
@@ -288,7 +305,7 @@ def _pairs(sigma, h, w):
 @pytest.mark.parametrize("sigma,hw", [(1.5, (224, 224)), (3.0, (224, 224)), (1.5, (126, 224)), (3.0, (126, 224))],
                          ids=["s1.5-224x224", "s3-224x224", "s1.5-224x126", "s3-224x126"])
 def test_pyramid_measures_large_shifts_within_ten_percent(backend, sigma, hw, record_property):
-    """Issue 14: at 224 px, square and 16:9 (224 x 126: 4 levels, coarsest 16 x 28), the default
+    """At 224 px, square and 16:9 (224 x 126: 4 levels, coarsest 16 x 28), the default
     pyramid measures known shifts from 0.25 to 32 px within 10 % along both axes, in the right
     direction, and monotone in the shift (per-pixel flow: the textured mean); the default
     "moving" statistic too from 0.5 px (below its 0.25-0.5 px noise floor it reads less, by
@@ -538,7 +555,7 @@ BAD = [
     (dict(frames=torch.zeros(3, 16, 16), size=2), "size"),
     (dict(frames=[np.zeros((16, 16)), np.zeros((16, 17))]), "frames\\[1\\]"),
     (dict(frames="video.mp4"), "frames"),
-    # uint8 frames: the fused C++ path's checks (it hands what it does not take to the general path)
+    # uint8 frames: what the latency path declines (it never raises), the general path rejects
     (dict(frames=torch.zeros(1, 16, 16, dtype=torch.uint8)), "T >= 2"),
     (dict(frames=np.zeros((1, 16, 16, 3), dtype=np.uint8)), "T >= 2"),
     (dict(frames=torch.zeros(3, 16, 16, 2, dtype=torch.uint8)), "channels"),
@@ -561,7 +578,7 @@ def test_bad_input_raises_value_error(kwargs, match):
 @pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
 @pytest.mark.parametrize("value", [1e20, 255.0, -1e-3, 1.0 + 1e-6], ids=["1e20", "0-255", "negative", "above-1"])
 def test_float_frames_outside_unit_range_rejected_on_every_backend(backend, value):
-    # Issue 17: float frames ~1e20 gave NaN on cpp and 0 on torch/triton; 0..255 floats read a wrong flow.
+    # Unchecked, float frames ~1e20 gave NaN on cpp and 0 on torch/triton, and 0..255 floats a wrong flow.
     frames = torch.rand(3, 16, 16, generator=torch.Generator().manual_seed(0))
     frames[1, 3, 5] = value
     before = frames.clone()
@@ -598,6 +615,18 @@ def test_opcheck(backend, window):
         torch.library.opcheck(torch.ops.streammem.lk_flow.default, (gray, window, 1e-5, levels, stat, backend))
     gray_u8 = random_clip(3, 20, 22, None, torch.uint8, seed=1)
     torch.library.opcheck(torch.ops.streammem.lk_flow.default, (gray_u8, window, 1e-5, levels, "moving", backend))
+
+
+def test_cpp_custom_op_reads_any_layout():
+    """The lk_flow custom op on the C++ backend reads a non-contiguous gray as its contiguous copy
+    (the C++ border takes C-contiguous tensors; the backend's glue makes them)."""
+    if "cpp" not in BACKENDS:
+        pytest.skip("the C++ backend is not built")
+    gray = random_clip(3, 20, 30, seed=8).transpose(1, 2)
+    out = torch.ops.streammem.lk_flow(gray, 5, 1e-5, 2, "moving", "cpp")
+    ref = torch.ops.streammem.lk_flow(gray.contiguous(), 5, 1e-5, 2, "moving", "cpp")
+    for name, a, b in zip(("flow_px", "mean_uv"), out, ref):
+        assert_bitwise_equal(a, b, name)
 
 
 def test_torch_compile_on_cpu():
@@ -641,12 +670,15 @@ def test_native_gray_area_equals_torch_preparation(shape, out_hw):
     from streammem_kernels.runtime.dispatch import load_native
     from streammem_kernels.motion.reference import gray_resize as _gray_resize_torch
 
+    from streammem_kernels.runtime.native import view
+
     mod, why = load_native("cpu", "motion")
     if mod is None:
         pytest.skip(why)
     g = torch.Generator().manual_seed(sum(shape))
     frames = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
-    out = torch.from_numpy(mod.gray_area(frames.numpy(), *out_hw))
+    out = torch.empty((shape[0], *out_hw))
+    assert mod.gray_area(view(frames), view(out)) == 0
     ref = _gray_resize_torch(frames.float() if frames.dim() == 3 else frames, out_hw)
     if frames.dim() == 3:
         ref = ref / 255.0
@@ -663,10 +695,10 @@ FUSED_CASES = [  # (shape, size): uint8 gray kept, gray shrunk, RGB kept, RGB sh
 @pytest.mark.parametrize("window,statistic", [(5, "moving"), (3, "textured"), (None, "moving")])
 @pytest.mark.parametrize("shape,size", FUSED_CASES)
 def test_fused_uint8_path_is_bit_for_bit_the_general_path(monkeypatch, shape, size, window, statistic, as_numpy):
-    """Contiguous uint8 CPU frames on the C++ backend take one native call (motion_u8: gray, resize,
-    LK and score); it must be the general path's result bit for bit (the same native steps) and
-    leave the frames untouched.  A spy checks that the fused call ran, so the test cannot pass
-    through the general path alone."""
+    """Contiguous uint8 CPU frames on the C++ backend take the latency path LK_FLOW declares (the
+    general path's native steps, gray_area and lk_flow, without Python between them); it must be
+    the general path's result bit for bit and leave the frames untouched.  A spy checks that the
+    latency path answered, so the test cannot pass through the general path alone."""
     from streammem_kernels import motion
     from streammem_kernels.runtime.dispatch import load_native
 
@@ -677,11 +709,11 @@ def test_fused_uint8_path_is_bit_for_bit_the_general_path(monkeypatch, shape, si
                          seed=sum(shape))
     frames = frames.numpy() if as_numpy else frames
     before = frames.copy() if as_numpy else frames.clone()
-    calls = []
-    fused = mod.motion_u8
-    monkeypatch.setattr(mod, "motion_u8", lambda *a: calls.append(a) or fused(*a))
+    answers = []
+    fast = LK_FLOW.fast
+    monkeypatch.setattr(LK_FLOW, "fast", lambda *a: answers.append(fast(*a)) or answers[-1])
     out = motion_magnitude(frames, size=size, window=window, statistic=statistic)
-    assert len(calls) == 1, "contiguous uint8 CPU frames must take the fused C++ path"
+    assert len(answers) == 1 and answers[0] is out, "contiguous uint8 CPU frames must take the latency path"
     prepared = motion._prepare(frames, size, window, 1e-5, "auto", statistic, "cpp")
     ref = motion._motion_of_gray(*prepared, "cpp")
     for name in ("flow_px", "score", "mean_uv"):
@@ -694,4 +726,55 @@ def test_fused_uint8_path_is_bit_for_bit_the_general_path(monkeypatch, shape, si
     for kwargs in (dict(frames=frames, size=bigger), dict(frames=sliced, size=size), dict(frames=frames, size=size,
                                                                                           backend="torch")):
         motion_magnitude(window=window, statistic=statistic, **kwargs)
-    assert len(calls) == 1
+    assert sum(a is not None for a in answers) == 1
+
+
+LATENCY_ARGS = dict(size=None, window=5, min_eig=1e-5, levels="auto", statistic="moving")
+
+
+@pytest.mark.parametrize("bad", [dict(size=2), dict(size=[224]), dict(window=4), dict(window=1), dict(window=2.0),
+                                 dict(window=31), dict(min_eig=-1.0), dict(levels=0), dict(levels=9),
+                                 dict(levels="all"), dict(statistic="median")], ids=repr)
+def test_latency_path_declines_bad_arguments_with_the_general_paths_error(bad):
+    """The latency path never raises: on arguments it does not take it answers None, and the public
+    function raises the general path's error, word for word the one raised for the same frames as a
+    non-contiguous view (which the latency path never sees)."""
+    mod, why = load_native("cpu", "motion")
+    if mod is None:
+        pytest.skip(why)
+    frames = random_clip(2, 24, 32, 3, torch.uint8, seed=4)
+    assert LK_FLOW.fast(mod, frames, *{**LATENCY_ARGS, **bad}.values()) is None
+    with pytest.raises(ValueError) as plain:
+        motion_magnitude(frames, **bad)
+    with pytest.raises(ValueError) as strided:
+        motion_magnitude(torch.cat((frames, frames), dim=2)[:, :, :32], **bad)
+    assert str(plain.value) == str(strided.value)
+
+
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")  # torch's, for any read-only array
+def test_latency_path_declines_inputs_it_does_not_take():
+    """Frames the C++ entries do not read as they are (read-only or non-contiguous arrays, a channel
+    dimension of 1, floating frames, a tensor subclass, one frame, an enlarged working size) get
+    None from the latency path and the general path's answer from the public function."""
+    mod, why = load_native("cpu", "motion")
+    if mod is None:
+        pytest.skip(why)
+
+    class Frames(torch.Tensor):
+        pass
+
+    rgb = random_clip(3, 24, 32, 3, torch.uint8, seed=6)
+    read_only = rgb.numpy().copy()
+    read_only.setflags(write=False)
+    strided = rgb.numpy()[:, :, ::2]
+    cases = [  # (frames, arguments, the same values as a tensor the general path takes)
+        (read_only, {}, rgb), (strided, {}, torch.from_numpy(strided.copy())),
+        (rgb[..., :1].contiguous(), {}, rgb[..., 0]), (rgb.float() / 255, {}, rgb.float() / 255),
+        (rgb.as_subclass(Frames), {}, rgb), (rgb, dict(size=40), rgb)]
+    assert LK_FLOW.fast(mod, rgb[:1], *LATENCY_ARGS.values()) is None
+    for frames, kwargs, same in cases:
+        assert LK_FLOW.fast(mod, frames, *{**LATENCY_ARGS, **kwargs}.values()) is None
+        out = motion_magnitude(frames, **kwargs)
+        ref = motion_magnitude(same, backend="cpp", **kwargs)
+        for name in ("flow_px", "score", "mean_uv"):
+            assert_bitwise_equal(getattr(out, name), getattr(ref, name), name)

@@ -1,86 +1,32 @@
-// Pyramidal Lucas-Kanade motion magnitude, fused CPU kernel.
+// One level of one pair, one pass per row strip, and the guess it hands the next finer level.
 //
-// Contract (see streammem_kernels/motion.py, which is the spec):
-//   lk_flow(gray (T,H,W) uint8|float32, window (odd >= 3, or 0 = global),
-//           min_eig, levels, moving, floor_lo, floor_hi, min_area, guess_box, search_radius)
-//     -> (flow_px (T-1,) float32, mean_uv (T-1,2) float32)
-//
-// One level of one pair is one pass per row strip: for each image row, the
-// previous frame's row, the current frame's row moved by the coarser level's
-// whole-pixel offsets (a copy), their mean and the [1 2 1] row sum of their
-// difference go into rings of three rows; each gradient row's five structure
-// products go into a ring of `window` rows; running column sums over that ring
-// give the vertical box sum, a direct w-tap horizontal sum the window sum, then
-// the closed-form 2x2 solve, the composition with the offsets, and either the
-// frame's weighted sums (level 0) or the level's flow (coarser levels, which
-// are small).  Nothing of size (H, W) is allocated per pair.
-//
-// Work: the pyramids of a chunk of frames (OpenMP over frames), the coarsest
-// level's whole-pixel shift search (integer sums: the reference's shift exactly)
-// and the coarse levels of each pair with their guess smoothing (OpenMP over
-// pairs), then
-// level 0 over (pair, strip) items (strips split a pair only when there are
-// fewer pairs than threads).  Sums of windows run in another order than the
-// reference's (float32 rounding; tolerance declared in motion.py).
-#include "common.h"
+// For each image row: the previous frame's row, the current frame's row moved by the coarser
+// level's whole-pixel offsets (a copy), their mean and the [1 2 1] row sum of their difference go
+// into rings of three rows; each gradient row's five structure products go into a ring of
+// `window` rows; running column sums over that ring give the vertical box sum, a direct w-tap
+// horizontal sum the window sum, then the closed-form 2x2 solve, the composition with the
+// offsets, and either the frame's weighted sums (level 0) or the level's flow (coarser levels,
+// which are small).  Nothing of size (H, W) is allocated per pair.  Windows are summed in
+// another order than the reference's (float32 rounding; the tolerance is declared on LK_FLOW).
+#include "motion.h"
 
 #include <algorithm>
-#include <tuple>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <vector>
-#include <memory>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
 namespace streammem {
+namespace motion {
 namespace {
 
-constexpr int kLanes = 8;         // independent accumulators so the reductions vectorise
-constexpr int64_t kChunkPairs = 64;  // pairs whose pyramids and guesses are held at once
-constexpr float kSearchQuant = 4096.0f;  // motion.SEARCH_QUANT
-
-// An uninitialised buffer: the large scratch arrays here are written before they are read, and
-// zero-filling them (std::vector) cost ~10 % of a pyramid pass at 224 px.
-template <typename U>
-std::unique_ptr<U[]> buffer(int64_t n) {
-  return std::unique_ptr<U[]>(new U[static_cast<size_t>(n)]);
-}
-
-struct PairSums {
-  double mag = 0, u = 0, v = 0, weight = 0;  // window mode: weighted sums
-  double s[5] = {0, 0, 0, 0, 0};             // global mode: summed products
-};
-
-struct Statistic {
-  bool moving = false;
-  float lo = 0.25f, hi = 0.5f;
-};
-
-// The whole-pixel offsets of a level (the reference's guess_offsets) on a coarser level's
-// window-output grid, `factor` (1, 2 or 4) times coarser (1: a further step at the coarsest level): a level pixel (y, x) reads grid cell
-// (clamp(y / factor - border), clamp(x / factor - border)).
-struct Guess {
-  const int32_t* ox = nullptr;
-  const int32_t* oy = nullptr;
-  int64_t rows = 0, cols = 0;
-  int factor = 2;
-  explicit operator bool() const { return ox != nullptr; }
-};
-
-// One level of one pair: frames (type T, scaled by `scale` to [0, 1]) and the guess.
-template <typename T>
-struct LevelPair {
-  const T* prev;
-  const T* cur;
-  int64_t H, W;
-  float scale;
-  Guess guess;
-};
+constexpr int kLanes = 8;  // independent accumulators so the reductions vectorise
 
 // floor(x) clamped to [-limit, limit], NaN -> -limit (branch-free, so loops over it vectorise).
 inline int32_t floor_clamped(float x, float limit) {
@@ -296,11 +242,6 @@ class GuessRows {
   int64_t cells_row_ = -1;
 };
 
-template <typename T>
-STREAMMEM_HOT void unit_row(const T* __restrict src, int64_t W, float scale, float* __restrict dst) {
-  for (int64_t x = 0; x < W; ++x) dst[x] = static_cast<float>(src[x]) * scale;
-}
-
 // Mean row and [1 2 1] row sum of It = cur - prev, from unit rows.
 STREAMMEM_HOT void mean_and_it_row(const float* __restrict p, const float* __restrict c, int64_t W,
                                    float* __restrict mean, float* __restrict it_row) {
@@ -470,12 +411,7 @@ STREAMMEM_HOT void finish_row(const float* __restrict box, int64_t Wo, float are
   }
 }
 
-// Where a strip's output rows go: level 0 reduces them, coarser levels keep the flow.
-struct RowSink {
-  Statistic stat;
-  PairSums* sums = nullptr;                                   // level 0
-  float* u = nullptr, *v = nullptr, *valid = nullptr;         // coarser levels: (Ho, Wo) planes
-};
+}  // namespace
 
 // Output rows [r0, r1) of one level of one pair (window-output coordinates; global mode:
 // gradient rows, summed into sink.sums->s).
@@ -672,438 +608,8 @@ STREAMMEM_HOT void smooth_guess(const float* __restrict u, const float* __restri
   }
 }
 
-// [1 2 1] / 4 at every second pixel of one row already in [0, 1] floats, edges replicated:
-// h[j] = ((s[2j-1] + 2 s[2j]) + s[2j+1]) / 4 (the reference's order; 2 s is exact, so an FMA
-// rounds it the same way).  Four outputs per step from de-interleaved loads (odd, even and the
-// next odd samples).
-STREAMMEM_HOT void reduce_row_pass(const float* __restrict s, int64_t W, float* __restrict h) {
-  const int64_t Wn = (W + 1) / 2;
-  h[0] = ((s[0] + 2.0f * s[0]) + s[std::min<int64_t>(1, W - 1)]) * 0.25f;
-  int64_t j = 1;
-#if defined(__SSE2__)
-  // Outputs j..j+3 read s[2j-1 .. 2j+8]: inside the row while 2j + 9 <= W, and interior while
-  // j + 4 < Wn.
-  const __m128 quarter = _mm_set1_ps(0.25f);
-  for (; 2 * j + 9 <= W && j + 4 < Wn; j += 4) {
-    const float* p = s + 2 * j - 1;
-    const __m128 a = _mm_loadu_ps(p), b = _mm_loadu_ps(p + 4), c = _mm_loadu_ps(p + 2), d = _mm_loadu_ps(p + 6);
-    const __m128 left = _mm_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));   // s[2j-1], s[2j+1], ...
-    const __m128 mid = _mm_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));    // s[2j], s[2j+2], ...
-    const __m128 right = _mm_shuffle_ps(c, d, _MM_SHUFFLE(2, 0, 2, 0));  // s[2j+1], s[2j+3], ...
-    _mm_storeu_ps(h + j, _mm_mul_ps(_mm_add_ps(_mm_add_ps(left, _mm_add_ps(mid, mid)), right), quarter));
-  }
-#endif
-  for (; j + 1 < Wn; ++j) h[j] = ((s[2 * j - 1] + 2.0f * s[2 * j]) + s[2 * j + 1]) * 0.25f;
-  if (Wn > 1) h[Wn - 1] = ((s[2 * Wn - 3] + 2.0f * s[2 * Wn - 2]) + s[std::min<int64_t>(2 * Wn - 1, W - 1)]) * 0.25f;
-}
+template void run_strip<uint8_t>(const LevelPair<uint8_t>&, int, float, int64_t, int64_t, const RowSink&);
+template void run_strip<float>(const LevelPair<float>&, int, float, int64_t, int64_t, const RowSink&);
 
-STREAMMEM_HOT void reduce_column_pass(const float* __restrict up, const float* __restrict mid,
-                                      const float* __restrict down, int64_t n, float* __restrict out) {
-  for (int64_t j = 0; j < n; ++j) out[j] = ((up[j] + 2.0f * mid[j]) + down[j]) * 0.25f;
-}
-
-// Next pyramid level of one frame: [1 2 1] / 4 along rows then columns, every second pixel,
-// edges replicated.  tmp: H * ((W+1)/2) + W floats.
-template <typename T>
-void reduce_frame(const T* src, int64_t H, int64_t W, float scale, float* dst, float* tmp) {
-  const int64_t Hn = (H + 1) / 2, Wn = (W + 1) / 2;
-  float* unit = tmp + H * Wn;
-  for (int64_t y = 0; y < H; ++y) {
-    unit_row<T>(src + y * W, W, scale, unit);
-    reduce_row_pass(unit, W, tmp + y * Wn);
-  }
-  for (int64_t i = 0; i < Hn; ++i)
-    reduce_column_pass(tmp + std::max<int64_t>(2 * i - 1, 0) * Wn, tmp + (2 * i) * Wn,
-                       tmp + std::min<int64_t>(2 * i + 1, H - 1) * Wn, Wn, dst + i * Wn);
-}
-
-// The coarsest level's start (the reference's search_shift): the whole-pixel shift (dx, dy) in
-// [-rx, rx] x [-ry, ry] whose sum of quantised absolute differences over prev's central region
-// [ry, H - ry) x [rx, W - rx) against cur at (y + dy, x + dx) is smallest; ties go to no shift,
-// then to the first in row-major order.  Integer sums: the same shift as every backend.
-STREAMMEM_HOT void search_shift(const float* __restrict prev, const float* __restrict cur, int64_t H, int64_t W,
-                                int ry, int rx, float quant, int32_t* sx, int32_t* sy) {
-  int64_t best = -1;
-  *sx = *sy = 0;
-  const int64_t n = W - 2 * rx;
-  for (int dy = -ry; dy <= ry; ++dy)
-    for (int dx = -rx; dx <= rx; ++dx) {
-      int64_t sad = 0;
-      for (int64_t y = ry; y < H - ry; ++y) {
-        const float* __restrict a = prev + y * W + rx;
-        const float* __restrict b = cur + (y + dy) * W + rx + dx;
-        int32_t row = 0;
-        for (int64_t x = 0; x < n; ++x) row += static_cast<int32_t>(std::fabs(std::floor((b[x] - a[x]) * quant + 0.5f)));
-        sad += row;
-      }
-      const int64_t key = 2 * sad + ((dx != 0 || dy != 0) ? 1 : 0);
-      if (best < 0 || key < best) {
-        best = key;
-        *sx = dx;
-        *sy = dy;
-      }
-    }
-}
-
-void solve_global(const PairSums& s, double npix, float min_eig, float* flow, float* uv) {
-  const float a = static_cast<float>(s.s[0] / npix), b = static_cast<float>(s.s[1] / npix);
-  const float c = static_cast<float>(s.s[2] / npix);
-  const float bx = static_cast<float>(-s.s[3] / npix), by = static_cast<float>(-s.s[4] / npix);
-  const float det = a * c - b * b;
-  const float lmax = 0.5f * ((a + c) + std::sqrt((a - c) * (a - c) + 4.0f * b * b));
-  const float lmin = lmax > 0.0f ? det / lmax : 0.0f;
-  float u = 0.0f, v = 0.0f;
-  if (lmin > min_eig) {
-    u = (c * bx - b * by) / det;
-    v = (a * by - b * bx) / det;
-  }
-  *flow = std::sqrt(u * u + v * v);
-  uv[0] = u;
-  uv[1] = v;
-}
-
-// Level 0 of pairs [p0, p0 + n) over (pair, strip) items; guess(k) is pair k's guess or none.
-template <typename T, typename GuessOf>
-void level0_sums(const T* base, int64_t p0, int64_t n, int64_t H, int64_t W, int w, float scale, float min_eig,
-                 Statistic stat, GuessOf guess_of, std::vector<PairSums>& totals) {
-  const int64_t out_rows = w ? (H - 2 - w + 1) : (H - 2);
-  // Strips depend on the frame size only: each strip restarts its running window sums, so its
-  // boundaries change the float rounding, and a pair must read the same in any batch (a stream
-  // gate fed frame by frame against the same frames in one call) and with any thread count.
-  // Two strips (so a single pair still uses two threads) from 32 output rows, one more per 128
-  // rows of large frames; restarting a strip costs window + 1 rows (~3 % at 224 px).
-  const int64_t strips = std::max<int64_t>(1, std::min<int64_t>(out_rows / 16, std::max<int64_t>(2, out_rows / 128)));
-  const int64_t items = n * strips;
-  std::vector<PairSums> partial(items);
-  // Small clips stay on the calling thread: waking a team costs more than the work.
-  const bool parallel = items > 1 && n * H * W >= (int64_t{1} << 16);
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (int64_t item = 0; item < items; ++item) {
-    const int64_t k = item / strips, s = item % strips;
-    const int64_t r0 = out_rows * s / strips, r1 = out_rows * (s + 1) / strips;
-    const T* prev = base + (p0 + k) * H * W;
-    const LevelPair<T> lp{prev, prev + H * W, H, W, scale, guess_of(k)};
-    RowSink sink;
-    sink.stat = stat;
-    sink.sums = &partial[item];
-    run_strip<T>(lp, w, min_eig, r0, r1, sink);
-  }
-  for (int64_t k = 0; k < n; ++k) {
-    PairSums& total = totals[p0 + k];
-    for (int64_t s = 0; s < strips; ++s) {
-      const PairSums& q = partial[k * strips + s];
-      total.mag += q.mag;
-      total.u += q.u;
-      total.v += q.v;
-      total.weight += q.weight;
-      for (int c = 0; c < 5; ++c) total.s[c] += q.s[c];
-    }
-  }
-}
-
-template <typename T>
-py::tuple lk_flow_impl(const carray<T>& gray, int window, float min_eig, int levels, Statistic stat,
-                       double min_area, int guess_box, int search_radius, float scale) {
-  require(gray.ndim() == 3, "gray must be (T, H, W)");
-  const int64_t T_ = gray.shape(0), H = gray.shape(1), W = gray.shape(2);
-  require(T_ >= 2, "gray must hold at least 2 frames");
-  require(window == 0 || (window >= 3 && window % 2 == 1), "window must be 0 or odd >= 3");
-  const int w = window;
-  require(H >= (w ? w : 1) + 2 && W >= (w ? w : 1) + 2, "frames too small for the window");
-  require(levels >= 1 && (w != 0 || levels == 1), "levels must be >= 1 (1 for the global mode)");
-  require(guess_box >= 1 && guess_box % 2 == 1, "guess_box must be odd >= 1");
-  require(search_radius >= 0, "search_radius must be >= 0");
-  std::vector<int64_t> lh{H}, lw{W};
-  for (int l = 1; l < levels; ++l) {
-    lh.push_back((lh.back() + 1) / 2);
-    lw.push_back((lw.back() + 1) / 2);
-    require(lh.back() >= w + 4 && lw.back() >= w + 4, "every pyramid level must be at least window + 4 a side");
-  }
-  const int64_t pairs = T_ - 1;
-  carray<float> flow_px(pairs);
-  carray<float> mean_uv({pairs, static_cast<int64_t>(2)});
-  const T* base = gray.data();
-  float* flow = flow_px.mutable_data();
-  float* uv = mean_uv.mutable_data();
-  {
-    py::gil_scoped_release nogil;
-    std::vector<PairSums> totals(pairs);
-    auto no_guess = [](int64_t) { return Guess{}; };
-    if (levels == 1) {
-      level0_sums<T>(base, 0, pairs, H, W, w, scale, min_eig, stat, no_guess, totals);
-    } else {
-      // The levels LK runs on, coarsest first: all but level 1 when there are three or more
-      // (motion.solved_levels); level 0's guess comes from `last` (1 or 2), factor 2^last.
-      // The coarsest level starts from the searched shift (factor 1).
-      std::vector<int> solved{levels - 1};
-      const int top = levels - 1;
-      const int ry = static_cast<int>(std::min<int64_t>(lh[top] / 4, search_radius));
-      const int rx = static_cast<int>(std::min<int64_t>(lw[top] / 4, search_radius));
-      for (int l = levels - 2; l >= 1; --l)
-        if (!(l == 1 && levels >= 3)) solved.push_back(l);
-      const int last = solved.back();
-      const int64_t hol = lh[last] - 1 - w, wol = lw[last] - 1 - w;  // its output grid
-      const int64_t grid = hol * wol;  // the largest coarse grid
-      for (int64_t p0 = 0; p0 < pairs; p0 += kChunkPairs) {
-        const int64_t n = std::min(kChunkPairs, pairs - p0), nf = n + 1;
-        // The pyramids of frames p0 .. p0 + n above level 0 (the input); level 1 is kept only
-        // when it is solved (two levels).
-        std::vector<std::vector<float>> pyr(levels);
-        for (int l = 1; l < levels; ++l)
-          if (l > 1 || levels == 2) pyr[l].resize(static_cast<size_t>(nf * lh[l] * lw[l]));
-        const bool parallel = nf * H * W >= (int64_t{1} << 16);
-#pragma omp parallel if (parallel)
-        {
-          const auto tmp = buffer<float>(H * lw[1] + W);  // per thread
-          const auto level1 = buffer<float>(levels == 2 ? 0 : lh[1] * lw[1]);
-#pragma omp for schedule(static)
-          for (int64_t f = 0; f < nf; ++f) {
-            float* l1 = levels == 2 ? pyr[1].data() + f * lh[1] * lw[1] : level1.get();
-            reduce_frame<T>(base + (p0 + f) * H * W, H, W, scale, l1, tmp.get());
-            const float* src = l1;
-            for (int l = 2; l < levels; ++l) {
-              float* dst = pyr[l].data() + f * lh[l] * lw[l];
-              reduce_frame<float>(src, lh[l - 1], lw[l - 1], 1.0f, dst, tmp.get());
-              src = dst;
-            }
-          }
-        }
-        // The solved coarse levels of each pair, down to the offsets for level 0.
-        const auto guess0 = buffer<int32_t>(n * 2 * grid);
-#pragma omp parallel for schedule(dynamic, 1) if (parallel && n > 1)
-        for (int64_t k = 0; k < n; ++k) {
-          const auto fields = buffer<float>(3 * grid);
-          const std::unique_ptr<int32_t[]> offsets[2] = {buffer<int32_t>(2 * grid), buffer<int32_t>(2 * grid)};
-          int32_t shift[2];
-          {
-            const float* prev = pyr[top].data() + k * lh[top] * lw[top];
-            search_shift(prev, prev + lh[top] * lw[top], lh[top], lw[top], ry, rx, kSearchQuant, shift, shift + 1);
-          }
-          Guess g{shift, shift + 1, 1, 1, 1};
-          for (size_t i = 0; i < solved.size(); ++i) {
-            const int l = solved[i];
-            const int64_t hl = lh[l], wl = lw[l], ho = hl - 1 - w, wo = wl - 1 - w;
-            const float* prev = pyr[l].data() + k * hl * wl;
-            const LevelPair<float> lp{prev, prev + hl * wl, hl, wl, 1.0f, g};
-            RowSink sink;
-            sink.u = fields.get();
-            sink.v = fields.get() + ho * wo;
-            sink.valid = fields.get() + 2 * ho * wo;
-            run_strip<float>(lp, w, min_eig, 0, ho, sink);
-            const int finer = i + 1 < solved.size() ? solved[i + 1] : 0;
-            const int factor = 1 << (l - finer);
-            // Two buffers: this level's offsets are written while the previous ones are read.
-            int32_t* gx = finer == 0 ? guess0.get() + k * 2 * grid : offsets[i % 2].get();
-            smooth_guess(sink.u, sink.v, sink.valid, ho, wo, guess_box, factor, lh[finer], lw[finer], gx,
-                         gx + ho * wo);
-            g = Guess{gx, gx + ho * wo, ho, wo, factor};
-          }
-        }
-        const int factor0 = 1 << last;
-        auto guess_of = [&](int64_t k) {
-          const int32_t* gx = guess0.get() + k * 2 * grid;
-          return Guess{gx, gx + grid, hol, wol, factor0};
-        };
-        level0_sums<T>(base, p0, n, H, W, w, scale, min_eig, stat, guess_of, totals);
-      }
-    }
-    const double floor = stat.moving ? std::max(1.0, min_area * static_cast<double>((H - 1 - w) * (W - 1 - w)))
-                                     : 1.0;
-    for (int64_t p = 0; p < pairs; ++p) {
-      const PairSums& total = totals[p];
-      if (w == 0) {
-        solve_global(total, static_cast<double>(H - 2) * static_cast<double>(W - 2), min_eig, flow + p, uv + 2 * p);
-      } else {
-        const double n = std::max(total.weight, floor);
-        flow[p] = static_cast<float>(total.mag / n);
-        uv[2 * p] = static_cast<float>(total.u / n);
-        uv[2 * p + 1] = static_cast<float>(total.v / n);
-      }
-    }
-  }
-  return py::make_tuple(flow_px, mean_uv);
-}
-
-py::tuple lk_flow(py::array gray, int window, float min_eig, int levels, bool moving, float floor_lo,
-                  float floor_hi, double min_area, int guess_box, int search_radius) {
-  require(floor_hi > floor_lo, "floor_hi must exceed floor_lo");
-  const Statistic stat{moving, floor_lo, floor_hi};
-  if (py::isinstance<carray<uint8_t>>(gray) && gray.dtype().is(py::dtype::of<uint8_t>()))
-    return lk_flow_impl<uint8_t>(gray.cast<carray<uint8_t>>(), window, min_eig, levels, stat, min_area, guess_box,
-                                 search_radius, 1.0f / 255.0f);
-  if (gray.dtype().is(py::dtype::of<float>()))
-    return lk_flow_impl<float>(gray.cast<carray<float>>(), window, min_eig, levels, stat, min_area, guess_box,
-                               search_radius, 1.0f);
-  throw std::invalid_argument("gray must be uint8 or float32");
-}
-
-// uint8 frames (T,H,W) or (T,H,W,3) -> float32 gray in [0,1] (T,oh,ow), with
-// area resampling identical to torch's adaptive_avg_pool2d bins
-// [floor(i*H/oh), ceil((i+1)*H/oh)) (what F.interpolate(mode="area") uses).
-// Gray and area averaging are both linear, so each bin is averaged in gray.
-// One input row to gray float (RGB: ITU-R BT.601 luma weights; gray: a copy).
-STREAMMEM_HOT void gray_row(const uint8_t* __restrict p, int64_t W, int64_t C, float* __restrict out) {
-  if (C == 3) {
-    for (int64_t x = 0; x < W; ++x) out[x] = 0.299f * p[3 * x] + 0.587f * p[3 * x + 1] + 0.114f * p[3 * x + 2];
-  } else {
-    for (int64_t x = 0; x < W; ++x) out[x] = static_cast<float>(p[x]);
-  }
-}
-
-STREAMMEM_HOT void add_row(float* __restrict acc, const float* __restrict row, int64_t W) {
-  for (int64_t x = 0; x < W; ++x) acc[x] += row[x];
-}
-
-void check_gray_area(const carray<uint8_t>& frames, int64_t oh, int64_t ow) {
-  require(frames.ndim() == 3 || (frames.ndim() == 4 && frames.shape(3) == 3), "frames must be (T,H,W) or (T,H,W,3)");
-  require(oh >= 1 && ow >= 1 && oh <= frames.shape(1) && ow <= frames.shape(2),
-          "output size must be within the input size");
-}
-
-// gray_area written into dst ((T, oh, ow) floats; checked by check_gray_area).
-void gray_area_into(const carray<uint8_t>& frames, int64_t oh, int64_t ow, float* dst) {
-  const int64_t T_ = frames.shape(0), H = frames.shape(1), W = frames.shape(2);
-  const int64_t C = frames.ndim() == 4 ? 3 : 1;
-  const uint8_t* src = frames.data();
-  std::vector<int64_t> c0(ow), c1(ow);
-  for (int64_t j = 0; j < ow; ++j) {
-    c0[j] = (j * W) / ow;
-    c1[j] = ((j + 1) * W + ow - 1) / ow;
-  }
-  {
-    py::gil_scoped_release nogil;
-    // Work items are (frame, band of output rows).  Each input row is converted to gray
-    // once per band and kept in a small ring, so rows shared by two output rows (the
-    // bins overlap when H is not a multiple of oh) are not converted twice.
-    const int64_t bands_per_frame = std::max<int64_t>(1, std::min<int64_t>(oh, 8));
-    const int64_t items = T_ * bands_per_frame;
-#pragma omp parallel if (T_ * H * W >= (int64_t{1} << 16))
-    {
-      std::vector<float> acc(W);
-      std::vector<float> gray;  // rows [have_lo, have_hi) of the current frame, W floats each
-      int64_t have_lo = 0, have_hi = 0, have_t = -1;
-#pragma omp for schedule(static)
-      for (int64_t item = 0; item < items; ++item) {
-        const int64_t t = item / bands_per_frame, band = item % bands_per_frame;
-        const int64_t i_lo = oh * band / bands_per_frame, i_hi = oh * (band + 1) / bands_per_frame;
-        for (int64_t i = i_lo; i < i_hi; ++i) {
-          const int64_t r0 = (i * H) / oh, r1 = ((i + 1) * H + oh - 1) / oh;
-          if (have_t != t || r0 < have_lo || r0 > have_hi) {  // start a fresh window at r0
-            have_t = t;
-            have_lo = have_hi = r0;
-            gray.clear();
-          }
-          // Drop rows before r0, convert rows up to r1.
-          if (r0 > have_lo) {
-            gray.erase(gray.begin(), gray.begin() + (r0 - have_lo) * W);
-            have_lo = r0;
-          }
-          for (int64_t r = have_hi; r < r1; ++r) {
-            gray.resize(static_cast<size_t>((r - have_lo + 1) * W));
-            gray_row(src + ((t * H + r) * W) * C, W, C, gray.data() + (r - have_lo) * W);
-          }
-          have_hi = std::max(have_hi, r1);
-          std::fill(acc.begin(), acc.end(), 0.0f);
-          for (int64_t r = r0; r < r1; ++r) add_row(acc.data(), gray.data() + (r - have_lo) * W, W);
-          float* o = dst + (t * oh + i) * ow;
-          const float rows = static_cast<float>(r1 - r0);
-          for (int64_t j = 0; j < ow; ++j) {
-            float s = 0.0f;
-            for (int64_t x = c0[j]; x < c1[j]; ++x) s += acc[x];
-            o[j] = s / (rows * static_cast<float>(c1[j] - c0[j]) * 255.0f);
-          }
-        }
-      }
-    }
-  }
-}
-
-carray<float> gray_area(const carray<uint8_t>& frames, int64_t oh, int64_t ow) {
-  check_gray_area(frames, oh, ow);
-  carray<float> out({frames.shape(0), oh, ow});
-  gray_area_into(frames, oh, ow, out.mutable_data());
-  return out;
-}
-
-// score = flow_px / (1 + flow_px), the float32 division of motion.py's MotionResult.
-carray<float> score_of(const carray<float>& flow_px) {
-  const int64_t pairs = flow_px.shape(0);
-  carray<float> score(pairs);
-  const float* f = flow_px.data();
-  float* s = score.mutable_data();
-  for (int64_t p = 0; p < pairs; ++p) s[p] = f[p] / (1.0f + f[p]);
-  return score;
-}
-
-// The public function's fused CPU path for uint8 frames: gray (and area resize) when needed,
-// lk_flow, and score = flow_px / (1 + flow_px), in one call.  A single pair at 224 px is a
-// ~0.5 ms kernel, and each Python-side step between the two native calls (tensor wrapping,
-// the score's float32 division, dispatch) cost microseconds; this returns every output of
-// motion_magnitude.  frames: (T,H,W) or (T,H,W,3) uint8, C-contiguous (the Python side has
-// validated shapes and arguments with the same rules as the general path, which this
-// reproduces bit for bit: the same gray_area and lk_flow, and the score's one float32
-// division). (out_h, out_w) == (H, W) with (T,H,W) frames: LK reads the uint8 frames directly.
-py::tuple motion_u8(const carray<uint8_t>& frames, int64_t out_h, int64_t out_w, int window, float min_eig,
-                    int levels, bool moving, float floor_lo, float floor_hi, double min_area, int guess_box,
-                    int search_radius) {
-  require(floor_hi > floor_lo, "floor_hi must exceed floor_lo");
-  require(frames.ndim() == 3 || (frames.ndim() == 4 && frames.shape(3) == 3), "frames must be (T,H,W) or (T,H,W,3)");
-  const Statistic stat{moving, floor_lo, floor_hi};
-  const bool direct = frames.ndim() == 3 && out_h == frames.shape(1) && out_w == frames.shape(2);
-  const py::tuple flow = direct ? lk_flow_impl<uint8_t>(frames, window, min_eig, levels, stat, min_area, guess_box,
-                                                        search_radius, 1.0f / 255.0f)
-                                : lk_flow_impl<float>(gray_area(frames, out_h, out_w), window, min_eig, levels, stat,
-                                                      min_area, guess_box, search_radius, 1.0f);
-  const auto flow_px = flow[0].cast<carray<float>>();
-  return py::make_tuple(flow_px, score_of(flow_px), flow[1]);
-}
-
-// The streaming gate's step (python/streammem/gate.py, MotionGate.push) for uint8 frames:
-// one (m, out_h, out_w) float32 stack holding the reference frame's gray `anchor` ((out_h, out_w)
-// float32, or None at a stream's start) followed by the gray of `frames` ((n,H,W) or (n,H,W,3),
-// C-contiguous; gray_area written in place, so no concatenation), and the score of each
-// consecutive pair of the stack (m - 1 of them; none when m == 1).  Returns (stack, score).
-// The values are the general path's (gray_area, then lk_flow on the concatenated grays) bit
-// for bit; the Python side has validated the frames and arguments.
-py::tuple gate_u8(const carray<uint8_t>& frames, const py::object& anchor, int64_t out_h, int64_t out_w, int window,
-                  float min_eig, int levels, bool moving, float floor_lo, float floor_hi, double min_area,
-                  int guess_box, int search_radius) {
-  require(floor_hi > floor_lo, "floor_hi must exceed floor_lo");
-  check_gray_area(frames, out_h, out_w);
-  const int64_t first = anchor.is_none() ? 0 : 1, m = first + frames.shape(0), plane = out_h * out_w;
-  carray<float> stack({m, out_h, out_w});
-  float* dst = stack.mutable_data();
-  if (first) {
-    const auto ref = anchor.cast<carray<float>>();
-    require(ref.ndim() == 2 && ref.shape(0) == out_h && ref.shape(1) == out_w, "anchor must be (out_h, out_w)");
-    std::copy(ref.data(), ref.data() + plane, dst);
-  }
-  gray_area_into(frames, out_h, out_w, dst + first * plane);
-  if (m < 2) return py::make_tuple(stack, carray<float>(0));
-  const py::tuple flow = lk_flow_impl<float>(stack, window, min_eig, levels, Statistic{moving, floor_lo, floor_hi},
-                                             min_area, guess_box, search_radius, 1.0f);
-  return py::make_tuple(stack, score_of(flow[0].cast<carray<float>>()));
-}
-
-}  // namespace
+}  // namespace motion
 }  // namespace streammem
-
-PYBIND11_MODULE(_cpu_motion, m) {
-  namespace py = pybind11;
-  m.doc() = "Pyramidal Lucas-Kanade motion magnitude (fused CPU kernel); see streammem_kernels/motion.py";
-  m.def("lk_flow", &streammem::lk_flow, py::arg("gray"), py::arg("window"), py::arg("min_eig"), py::arg("levels"),
-        py::arg("moving"), py::arg("floor_lo"), py::arg("floor_hi"), py::arg("min_area"), py::arg("guess_box"),
-        py::arg("search_radius"),
-        "(T,H,W) uint8|float32 gray -> (flow_px (T-1,), mean_uv (T-1,2))");
-  m.def("gray_area", &streammem::gray_area, py::arg("frames"), py::arg("out_h"), py::arg("out_w"),
-        "uint8 (T,H,W[,3]) -> float32 gray in [0,1] (T,out_h,out_w), area resampling");
-  m.def("motion_u8", &streammem::motion_u8, py::arg("frames"), py::arg("out_h"), py::arg("out_w"), py::arg("window"),
-        py::arg("min_eig"), py::arg("levels"), py::arg("moving"), py::arg("floor_lo"), py::arg("floor_hi"),
-        py::arg("min_area"), py::arg("guess_box"), py::arg("search_radius"),
-        "uint8 (T,H,W[,3]) frames -> (flow_px (T-1,), score (T-1,), mean_uv (T-1,2)): gray, resize and lk_flow");
-  m.def("gate_u8", &streammem::gate_u8, py::arg("frames"), py::arg("anchor"), py::arg("out_h"), py::arg("out_w"),
-        py::arg("window"), py::arg("min_eig"), py::arg("levels"), py::arg("moving"), py::arg("floor_lo"),
-        py::arg("floor_hi"), py::arg("min_area"), py::arg("guess_box"), py::arg("search_radius"),
-        "uint8 (n,H,W[,3]) frames after the reference gray anchor (out_h,out_w) or None -> (gray stack (m,out_h,out_w), "
-        "score (m-1,))");
-}
