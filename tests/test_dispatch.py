@@ -92,3 +92,16 @@ print(sorted(m for m in ("torch._dynamo", "triton") if m in sys.modules))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_forgetting_imports_also_forgets_the_ops_loaded_modules():
+    """load_native.cache_clear() (what tests call after hiding a native module) drops every Op's
+    resolutions and its loaded C++ module, so the latency paths ask again too."""
+    from streammem_kernels.runtime.dispatch import load_native
+    from streammem_kernels.logprobs import TOKEN_LOGPROBS
+
+    module = TOKEN_LOGPROBS.cpp_module("auto")
+    TOKEN_LOGPROBS.select("auto", torch.device("cpu"))
+    load_native.cache_clear()
+    assert TOKEN_LOGPROBS._cpp is None and not TOKEN_LOGPROBS._selected
+    assert TOKEN_LOGPROBS.cpp_module("auto") is module  # a module object is imported once per process

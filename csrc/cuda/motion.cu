@@ -1,6 +1,6 @@
-// Pyramidal Lucas-Kanade motion magnitude, CUDA kernels (contract: streammem_kernels/motion.py).
+// Pyramidal Lucas-Kanade motion magnitude, CUDA kernels (contract: streammem_kernels/motion/, reference.py).
 //
-// The per-level stages of motion.pyramid_flow, one thread per pixel, the Triton
+// The per-level stages of reference.pyramid_flow, one thread per pixel, the Triton
 // backend's structure:
 //   lk_reduce:   the next pyramid level (the reference's reduce_level);
 //   lk_guess:    a level's flow smoothed into the next level's guess (guess_field);

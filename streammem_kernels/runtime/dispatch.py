@@ -40,6 +40,7 @@ import importlib
 import os
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -108,14 +109,16 @@ def load_native(kind: str, op: str):
     return _IMPORTS[key]
 
 
-# Resolutions of Op.select, per Op: forgotten with the import outcomes they depend on.
-_SELECTED: list[dict] = []
+# Every Op, whose resolutions (Op.select) and loaded C++ module (Op.cpp_module) are forgotten with
+# the import outcomes they depend on.
+_OPS: "weakref.WeakSet[Op]" = weakref.WeakSet()
 
 
 def _forget_imports() -> None:
     _IMPORTS.clear()
-    for cache in _SELECTED:
-        cache.clear()
+    for op in list(_OPS):
+        op._selected.clear()
+        op._cpp = None
 
 
 load_native.cache_clear = _forget_imports  # forget every import outcome (tests hide modules)
@@ -281,8 +284,8 @@ class Op:
         if self.native is None:
             self.native = self.name
         self._selected: dict = {}
-        _SELECTED.append(self._selected)
-        self._cpp = None  # the loaded _cpu_<native> module, once cpp_module has found it
+        self._cpp = None
+        _OPS.add(self)  # the loaded _cpu_<native> module, once cpp_module has found it
 
     def tolerance(self, backend: str, dtype: torch.dtype) -> tuple[float, float]:
         """(atol, rtol) of ``backend`` on inputs of ``dtype`` against the reference."""
