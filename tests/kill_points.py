@@ -1,45 +1,69 @@
 """Killing a writer at random instants: the harness of the checkpoint kill tests.
 
-``kill_writer(write, check, kills)`` forks a child (torch is already imported, so a fork costs
-milliseconds, not the seconds of a fresh interpreter; the child runs on one thread) that calls ``write(i)`` for i = 1, 2, ...
-until it is killed with SIGKILL after a random delay; this repeats ``kills`` times and after each
-kill ``check()`` runs in the parent, which must find a whole state (the old or a new one).
+``kill_writer(module_file, function, args, check, kills)`` starts one helper interpreter that
+imports ``function`` from ``module_file`` (a test module) once; for each kill the helper forks a
+child that calls ``function(*args, i)`` for i = 1, 2, ... until the test kills it with SIGKILL
+after a random delay, and ``check()`` then runs in the test, which must find a whole state (the
+old or a new one).  The helper runs no threads (torch's pool is never started there), so its
+forks are safe, and a child costs milliseconds where a fresh interpreter costs seconds.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 
+_HELPER = r"""
+import importlib.util, json, os, sys
 import torch
+torch.set_num_threads(1)
+spec = importlib.util.spec_from_file_location("_kill_target", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+write, args = getattr(module, sys.argv[2]), json.loads(sys.argv[3])
+print("ready", flush=True)
+for line in sys.stdin:
+    first = int(line)
+    pid = os.fork()
+    if pid == 0:
+        i = first
+        try:
+            while True:
+                i += 1
+                write(*args, i)
+        finally:
+            os._exit(1)
+    print(pid, flush=True)
+    os.waitpid(pid, 0)
+    print("reaped", flush=True)
+"""
 
 
-def kill_writer(write, check, *, kills: int = 24, max_delay: float = 0.2, seed: int = 0) -> list:
+def kill_writer(module_file: str, function: str, args: list, check, *, kills: int = 24, max_delay: float = 0.2,
+                seed: int = 0) -> list:
     """Returns what ``check()`` returned after each kill."""
     rng = random.Random(seed)
-    results = []
-    for k in range(kills):
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: announce, then write until killed
-            os.close(read_end)
-            try:
-                # The parent's OpenMP pool does not survive a fork: a parallel region would wait on
-                # threads the child does not have.
-                torch.set_num_threads(1)
-                os.write(write_end, b"r")
-                i = k * 1_000_000
-                while True:
-                    i += 1
-                    write(i)
-            finally:
-                os._exit(1)
-        os.close(write_end)
-        os.read(read_end, 1)
-        os.close(read_end)
-        time.sleep(rng.uniform(0.0, max_delay))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        results.append(check())
-    return results
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    helper = subprocess.Popen([sys.executable, "-c", _HELPER, module_file, function, json.dumps(args)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        if helper.stdout.readline().strip() != "ready":
+            raise RuntimeError("the writer helper did not start")
+        results = []
+        for k in range(kills):
+            helper.stdin.write(f"{k * 1_000_000}\n")
+            helper.stdin.flush()
+            pid = int(helper.stdout.readline())
+            time.sleep(rng.uniform(0.0, max_delay))
+            os.kill(pid, signal.SIGKILL)
+            if helper.stdout.readline().strip() != "reaped":
+                raise RuntimeError("the writer helper lost its child")
+            results.append(check())
+        return results
+    finally:
+        helper.kill()
+        helper.wait()

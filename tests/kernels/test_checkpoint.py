@@ -90,6 +90,10 @@ def test_a_state_that_needs_code_to_load_is_refused(tmp_path):
         checkpoint.load(path, "Thing")
 
 
+def _save_step(path, i):
+    checkpoint.save(path, "Thing", _state(i, 400_000))
+
+
 def test_a_writer_killed_at_random_points_leaves_the_old_or_the_new_state(tmp_path):
     """A process rewriting a 1.6 MB checkpoint in a loop is killed with SIGKILL at random instants,
     24 times: every load afterwards gives a whole state of some step (never a torn one), and the next
@@ -102,7 +106,7 @@ def test_a_writer_killed_at_random_points_leaves_the_old_or_the_new_state(tmp_pa
         assert _same(state, _state(state["step"], 400_000))
         return state["step"]
 
-    steps = kill_writer(lambda i: checkpoint.save(path, "Thing", _state(i, 400_000)), check, kills=24)
+    steps = kill_writer(__file__, "_save_step", [str(path)], check, kills=24)
     assert len(set(steps)) > 1  # the kills did land between saves of different steps
     checkpoint.save(path, "Thing", _state(-1))
     assert sorted(os.listdir(tmp_path)) == ["state.ckpt"]
