@@ -64,7 +64,7 @@ _ROW_BLOCK_MAX_K_PAD = 64
 # and the blocks of 16 rows with 4096 elements took 170 registers.  The interpreter pays
 # per operation, not per element (a reduction costs milliseconds): there the tiles are 16
 # to 32 times larger, so that the test suite can afford every case; the code and the
-# results are the same, and tests/test_tree.py also runs the GPU tiles through the
+# results are the same, and tests/kernels/tree/test_tree.py also runs the GPU tiles through the
 # interpreter on small inputs.
 _GREEDY_TILE = {True: {1: (16, 256), _ROW_BLOCK: (16, 8)}, False: {1: (16, 1024), _ROW_BLOCK: (16, 256)}}
 _TOPK_TILE = {True: {1: (16, 128), _ROW_BLOCK: (16, 8)}, False: {1: (128, 512), _ROW_BLOCK: (64, 128)}}
