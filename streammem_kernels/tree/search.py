@@ -1,63 +1,13 @@
-"""Greedy and beam traversal of a :class:`~streammem_kernels.CosineTree`: ``tree_search``.
+"""Greedy and beam search of a :class:`~streammem_kernels.CosineTree`: :func:`tree_search`.
 
-StreamChat answers a question by walking its memory tree down, choosing at
-each level the child with the highest cosine similarity (its Algorithm 1);
-ProStream walks Scene -> Event -> unit keeping the top 5 scenes, the top 10
-events and ranking units by cos(q, v) * utility with a minimum similarity.
-
-Scores are ``dot(q / |q|, v / |v|)`` in float32 (tree embeddings are unit rows
-already; a zero query scores 0 everywhere), and every ranking breaks ties
-toward the lower node id (:mod:`streammem_kernels.tree.scoring`).
-
-* ``beam=1`` -- greedy, Algorithm 1: score all roots, take the best, then score
-  only that node's children and take the best, down to a leaf.  Returns the
-  path (root first, padded with -1 to ``height + 1``), the score of each node
-  on it (padded with -inf) and the best node seen with its score (the running
-  best starts at -inf, so all-negative similarities still return a node).
-  ``from_every_root=True`` descends from every root (the released StreamChat
-  code) and returns one path per root.
-* ``beam=b`` (int > 1) or ``beam=(b_1, b_2, ...)`` -- level-synchronous beam
-  search from the top level ``H`` down: the pool at level ``l`` is the roots of
-  level ``l`` plus the level-``l`` children of the nodes kept above; the
-  ``b`` best of the pool by cosine are kept (``b_1`` at level ``H``, ``b_2`` at
-  ``H - 1``, ...; the last width repeats for deeper levels) and their children
-  expanded.  The leaves reached are ranked by cosine, or cosine x utility with
-  ``use_utility=True``; leaves whose cosine is below ``min_score`` are dropped;
-  the top ``k`` come back, padded with -1 / -inf.  The beam is global per
-  level (ProStream's "10 events per scene" is ``b_2 = 10 * b_1`` here), so the
-  cost per query is O(depth x beam x branching), independent of the number
-  of leaves.
-
-Backends: ``torch`` (the reference: padded candidate matrices, gathered rows,
-one level at a time), ``cpp`` (the whole search per query in C++, OpenMP over
-queries), ``triton`` (greedy: the whole descent in one kernel launch; beam:
-the reference's level loop with the gather-and-dot of each level's candidates
-in a Triton kernel), ``cuda`` (greedy only: one block per query, the whole
-path in one launch, csrc/cuda/tree.cu).  The torch and Triton searches never
-read a tensor on the host: every shape comes from host metadata (query and
-root counts, the tree's ``height`` and ``max_fanout``, which its mutations
-maintain, and the beam widths), so on a GPU a search is a fixed sequence of
-launches that a CUDA graph can capture.  Identical embeddings score
-identically on every backend (no GEMM decides a ranking), so ties do go to
-the lower id.
-
-Per-call cost.  The tree validated its embeddings on insertion, so a search
-checks only its queries.  For float32 C-contiguous CPU queries on the C++
-backend, ``tree_search`` makes one native call (``search_tensors``) on the
-query tensor itself and the snapshot's ``TreeView`` (the tree's pointers and
-sizes, made once per snapshot, which keeps the snapshot's tensors alive): it
-reads the query's attributes through the CPython API, checks the scalar
-arguments, checks (``ValueError`` on NaN/Inf) and normalises the queries,
-searches and returns the result tensors, or declines (None) whatever the
-general path must convert or explain.  No torch op and no per-argument
-Python check runs on that path.
-
-Half-precision scan copy.  A tree built with ``CosineTree(..., half_scan=True)``
-keeps a float16 copy of its embeddings; the fast path's beam search scores each
-level on it, then scores exactly (float32, as without the copy) only the nodes
-an error bound cannot rule out of the exact selection, so it returns the same
-ids and scores while reading about half the bytes (csrc/cpu/tree.cpp,
-``beam_into``).  Greedy search and the general path ignore the copy.
+Scores are ``dot(q / |q|, v / |v|)`` in float32 (tree embeddings are unit rows already; a zero
+query scores 0 everywhere) and every ranking breaks ties toward the lower node id, by the rules of
+:mod:`.reference`, whose :func:`~.reference.greedy_levels` and :func:`~.reference.beam_levels` are
+the spec of the two searches.  Backends: ``torch`` (the reference), ``cpp`` (the whole search per
+query, OpenMP over queries), ``triton`` (greedy in one launch; beam by levels) and ``cuda`` (greedy
+only); every backend returns the same ids, and scores within ``TOLERANCES``.  The tree validated
+its embeddings on insertion, so a search checks only its queries.  ``docs/ops/tree.md`` describes
+the algorithms, the kernels and the latency path.
 """
 from __future__ import annotations
 
@@ -67,7 +17,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .scoring import MAX_RESULTS, MAX_WIDTH, check_size, dot_rows, topk_low_id, unit_rows
+from .reference import (MAX_RESULTS, MAX_WIDTH, SearchPlan, beam_levels, check_size, tree_search_reference,
+                        unit_rows)
 from ..runtime.dispatch import Op, call_op
 from ..runtime.validate import check_finite, check_float, check_int
 from .store import CosineTree
@@ -76,11 +27,6 @@ from .topk import TOLERANCES, TopKResult, _new_tuple, prepare_queries
 __all__ = ["TreePathResult", "tree_search"]
 
 _is_compiling = torch.compiler.is_compiling
-
-# Candidate rows gathered per chunk by the torch reference: bounds the
-# (queries x candidates x D) temporary to 16M floats (64 MB).
-_GATHER_BUDGET = 1 << 24
-
 
 class TreePathResult(NamedTuple):
     """Greedy descent(s) of ``tree_search(beam=1)``.
@@ -228,25 +174,6 @@ def _beam_widths(beam, height: int) -> list[int]:
 # --------------------------------------------------------------------------
 # Custom ops (work under torch.compile; opcheck-tested)
 # --------------------------------------------------------------------------
-class SearchPlan(NamedTuple):
-    """What one search does, fixed by host values: every backend takes
-    ``impl(embeddings, child_ptr, child_idx, roots, level, utility, queries, plan)``.
-
-    ``widths[i]`` is the beam at level ``height - i`` (beam search); ``fanout`` the tree's
-    ``max_fanout`` (candidates per node, padded); ``level`` and ``utility`` are None for greedy
-    search.  Queries are float32, contiguous and finite, of any norm (each backend normalises).
-    """
-
-    greedy: bool
-    height: int
-    fanout: int
-    widths: tuple
-    k: int
-    min_score: float
-    use_utility: bool
-    from_every_root: bool
-
-
 def _greedy_body(embeddings, child_ptr, child_idx, roots, queries, height, fanout, from_every_root, backend):
     plan = SearchPlan(True, height, fanout, (), 1, float("-inf"), False, from_every_root)
     return tuple(TREE_SEARCH.impls[backend](embeddings, child_ptr, child_idx, roots, None, None, queries, plan))
@@ -313,121 +240,6 @@ def _(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, 
 
 
 # --------------------------------------------------------------------------
-# Backend: torch reference (the spec)
-# --------------------------------------------------------------------------
-# Every shape below is fixed by host metadata (number of queries and roots, the tree's
-# height and max_fanout, the beam widths), never by tensor values: the reference runs on
-# a GPU without synchronising, and the Triton beam search shares its level loop.
-def _score_candidates_torch(queries: torch.Tensor, embeddings: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
-    """scores[s, c] = queries[s] . embeddings[cand[s, c]]; -inf where cand < 0."""
-    s_rows, c = cand.shape
-    out = torch.full((s_rows, c), float("-inf"), dtype=torch.float32, device=queries.device)
-    chunk = max(1, _GATHER_BUDGET // max(1, c * embeddings.shape[1]))  # bounds the (chunk, C, D) gather
-    for lo in range(0, s_rows if c else 0, chunk):
-        ids = cand[lo : lo + chunk]
-        dots = dot_rows(queries[lo : lo + chunk], embeddings[ids.clamp_min(0)])
-        out[lo : lo + chunk] = torch.where(ids >= 0, dots, out[lo : lo + chunk])
-    return out
-
-
-def _children_of(nodes: torch.Tensor, child_ptr: torch.Tensor, child_idx: torch.Tensor, fanout: int) -> torch.Tensor:
-    """(S, B * fanout) children of nodes (S, B), each node's run padded with -1 to ``fanout``
-    (-1 entries of ``nodes`` have none), in order."""
-    s_rows = nodes.shape[0]
-    if fanout == 0 or child_idx.numel() == 0:
-        return torch.full((s_rows, 0), -1, dtype=torch.int64, device=nodes.device)
-    flat = nodes.reshape(-1)
-    safe = flat.clamp_min(0)
-    start = child_ptr[safe]
-    count = torch.where(flat >= 0, child_ptr[safe + 1] - start, torch.zeros_like(start))
-    offs = torch.arange(fanout, device=nodes.device)
-    valid = offs[None, :] < count[:, None]
-    pos = (start[:, None] + offs[None, :]).clamp_max(child_idx.numel() - 1)
-    kids = torch.where(valid, child_idx[pos], torch.full_like(pos, -1))
-    return kids.reshape(s_rows, -1)
-
-
-def _pack_left(ids: torch.Tensor, width: int) -> torch.Tensor:
-    """The first ``width`` columns after moving valid (>= 0) ids to the front of each row, in order."""
-    order = torch.argsort((ids < 0).to(torch.int8), dim=1, stable=True)[:, :width]
-    return ids.gather(1, order)
-
-
-def _greedy_levels(embeddings, child_ptr, child_idx, roots, queries, height, fanout, from_every_root, score_fn):
-    """Greedy descent of unit queries, one level per step; ``score_fn(queries, emb, cand)`` scores candidates."""
-    num_q, num_r = queries.shape[0], roots.shape[0]
-    dev = queries.device
-    root_scores = score_fn(queries, embeddings, roots.expand(num_q, num_r).contiguous())
-    if from_every_root:
-        query_of = torch.arange(num_q, device=dev).repeat_interleave(num_r)
-        cur = roots.repeat(num_q)
-        cur_score = root_scores.reshape(-1)
-    else:
-        query_of = torch.arange(num_q, device=dev)
-        best = torch.argmax(root_scores, dim=1)  # first maximum: the lowest root id
-        cur = roots[best]
-        cur_score = root_scores.gather(1, best[:, None])[:, 0]
-    rows = cur.shape[0]
-    path = torch.full((rows, height + 1), -1, dtype=torch.int64, device=dev)
-    path_scores = torch.full((rows, height + 1), float("-inf"), dtype=torch.float32, device=dev)
-    path[:, 0], path_scores[:, 0] = cur, cur_score
-    row_queries = queries[query_of]
-    for step in range(1, height + 1):  # height >= 1 implies fanout >= 1
-        kids = _children_of(cur[:, None], child_ptr, child_idx, fanout)
-        active = kids[:, 0] >= 0  # a row below a leaf (or already past one) stays -1
-        scores = score_fn(row_queries, embeddings, kids)
-        best = torch.argmax(scores, dim=1)
-        nxt = kids.gather(1, best[:, None])[:, 0]
-        nxt_score = scores.gather(1, best[:, None])[:, 0]
-        path[:, step] = torch.where(active, nxt, path[:, step])
-        path_scores[:, step] = torch.where(active, nxt_score, path_scores[:, step])
-        cur = torch.where(active, nxt, torch.full_like(nxt, -1))
-    best_pos = torch.argmax(path_scores, dim=1)  # running best from -inf, strict '>': first maximum
-    best_node = path.gather(1, best_pos[:, None])[:, 0]
-    best_score = path_scores.gather(1, best_pos[:, None])[:, 0]
-    if from_every_root:
-        shape = (num_q, num_r)
-        return (path.view(*shape, -1), path_scores.view(*shape, -1), best_node.view(shape), best_score.view(shape))
-    return path, path_scores, best_node, best_score
-
-
-def _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, fanout, k, min_score,
-                 use_utility, score_fn):
-    """Level-synchronous beam search of unit queries; ``score_fn`` scores padded candidate ids.
-
-    ``pending`` holds the nodes discovered and not yet expanded (-1: none): the
-    roots, then the children of every node kept so far.  Each level adds at
-    most ``width x fanout`` of them, and they are distinct nodes, so its width
-    is bounded before the search: ``min(num_nodes, roots + fanout x sum of
-    widths so far)``.
-    """
-    num_q, num_nodes = queries.shape[0], embeddings.shape[0]
-    height = len(widths)
-    pending = roots.expand(num_q, roots.shape[0])
-    for step, width in enumerate(widths):
-        lvl = height - step
-        at_level = (pending >= 0) & (level[pending.clamp_min(0)] == lvl)
-        pool = torch.where(at_level, pending, torch.full_like(pending, -1))
-        kept, _ = topk_low_id(pool, score_fn(queries, embeddings, pool), min(width, pool.shape[1]))
-        rest = torch.where(at_level, torch.full_like(pending, -1), pending)
-        bound = min(num_nodes, pending.shape[1] + kept.shape[1] * fanout)
-        pending = _pack_left(torch.cat([rest, _children_of(kept, child_ptr, child_idx, fanout)], 1), bound)
-    cos = score_fn(queries, embeddings, pending)
-    rank = cos * utility[pending.clamp_min(0)] if use_utility else cos
-    rank = torch.where((pending >= 0) & (cos >= min_score), rank, torch.full_like(rank, float("-inf")))
-    return topk_low_id(pending, rank, k)
-
-
-def _search_torch(embeddings, child_ptr, child_idx, roots, level, utility, queries, plan: SearchPlan):
-    unit = unit_rows(queries)
-    if plan.greedy:
-        return _greedy_levels(embeddings, child_ptr, child_idx, roots, unit, plan.height, plan.fanout,
-                              plan.from_every_root, _score_candidates_torch)
-    return _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, unit, plan.widths, plan.fanout,
-                        plan.k, plan.min_score, plan.use_utility, _score_candidates_torch)
-
-
-# --------------------------------------------------------------------------
 # Backend: C++ (csrc/cpu/tree.cpp): the whole search per query, OpenMP over queries
 # --------------------------------------------------------------------------
 def _search_cpp(embeddings, child_ptr, child_idx, roots, level, utility, queries, plan: SearchPlan):
@@ -445,7 +257,7 @@ def _search_cpp(embeddings, child_ptr, child_idx, roots, level, utility, queries
 
 
 # --------------------------------------------------------------------------
-# Backend: Triton (streammem_kernels/_tree_triton.py): greedy in one launch, beam by levels
+# Backend: Triton (_triton.py): greedy in one launch, beam by levels
 # --------------------------------------------------------------------------
 def _score_candidates_triton(queries, embeddings, cand):
     from ._triton import gather_dot_triton
@@ -456,8 +268,8 @@ def _score_candidates_triton(queries, embeddings, cand):
 def _search_triton(embeddings, child_ptr, child_idx, roots, level, utility, queries, plan: SearchPlan):
     unit = unit_rows(queries)
     if not plan.greedy:
-        return _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, unit, plan.widths, plan.fanout,
-                            plan.k, plan.min_score, plan.use_utility, _score_candidates_triton)
+        return beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, unit, plan.widths, plan.fanout,
+                           plan.k, plan.min_score, plan.use_utility, _score_candidates_triton)
     from ._triton import greedy_triton
 
     out = greedy_triton(embeddings, child_ptr, child_idx, roots, unit, plan.height, plan.from_every_root)
@@ -484,7 +296,7 @@ def _cuda_reasons(device, greedy: bool = True, **_) -> list[str]:
 
 TREE_SEARCH = Op(
     "tree_search",
-    {"torch": _search_torch, "cpp": _search_cpp, "triton": _search_triton, "cuda": _search_cuda},
+    {"torch": tree_search_reference, "cpp": _search_cpp, "triton": _search_triton, "cuda": _search_cuda},
     extra_reasons={"cuda": _cuda_reasons},
     tolerances=TOLERANCES,
     native="tree",

@@ -1,36 +1,12 @@
-"""Exact (optionally segmented) cosine top-k: ``cosine_topk``.
+"""Exact (optionally segmented) cosine top-k: :func:`cosine_topk`.
 
-VideoAgent retrieves, per query, the most similar frame inside one segment;
-graph retrieval seeds its expansion with the nodes closest to a question.
-``cosine_topk(queries, keys, k, ranges=None)`` is exact exhaustive search:
-every key in a query's range is scored ``dot(q / |q|, v / |v|)`` in float32
-(a zero vector scores 0; rows of any finite magnitude, 1e-30 or 1e30, get
-their true cosine: norms are taken after an exact power-of-two scaling,
-:mod:`streammem_kernels.tree.scoring`) and the ``k`` best
-come back, ties toward the lower key index.
-
-Backends: ``torch`` (the reference below), ``cpp`` and ``triton``.  The
-``cpp`` backend has two paths and picks one by a fixed rule
-(:func:`cosine_topk_uses_blas`): a fused one-pass C++ scan (key norms computed
-on the fly, running top-k per query; the scan also proves the keys finite)
-when there are few queries or the ranges are narrow, and for large exhaustive
-batches (``Q >= 8`` and the ranges covering at least half of the Q x N pairs)
-blocked ``torch.mm`` GEMMs (the CPU BLAS) filter the keys for a C++ running
-top-k, which scores the keys it admits as the fused scan does.  ``triton``
-splits the keys into slices scanned by separate programs (one query or a
-block of 16 per program) that keep exact running top-k sets, merged by a
-second launch; it validates ranges on the device and never synchronises.
-
-Per-call cost.  A single query against a few thousand keys is a few
-microseconds of arithmetic, so the public function keeps a fast path for the
-common input (float32 C-contiguous CPU tensors, no autograd, ``Q < 8``, no
-ranges, the C++ backend): one native call (``cosine_topk_tensors``) that reads
-the tensors' metadata itself (the same acceptance rule as
-:func:`~streammem_kernels.tree.scoring.cpu_fast_path`, checked through the CPython
-API rather than in bytecode), checks their values (the same ``ValueError``
-messages), normalises the queries and returns the result tensors, with no
-torch op on the way.  It returns None for anything else, which goes through
-the general path below: it converts, validates and dispatches.
+Every key in a query's range is scored ``dot(q / |q|, v / |v|)`` in float32 by the rules of
+:mod:`.reference` (a zero vector scores 0; rows of any finite magnitude get their true cosine) and
+the ``k`` best come back, ties toward the lower key index.  Backends: ``torch``
+(:func:`~.reference.cosine_topk_reference`), ``cpp`` (a fused one-pass scan, or CPU BLAS GEMMs
+filtering for a running top-k on large batches, by the fixed rule :func:`cosine_topk_uses_blas`)
+and ``triton``; every backend returns the same ids, and scores within ``TOLERANCES``.
+``docs/ops/tree.md`` describes the kernels and the latency path.
 """
 from __future__ import annotations
 
@@ -39,16 +15,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .scoring import FLOAT_INPUTS, INT_INPUTS, MAX_RESULTS, dot_rows, topk_low_id, unit_rows
+from .reference import FLOAT_INPUTS, INT_INPUTS, MAX_RESULTS, cosine_topk_reference, unit_rows
 from ..runtime.dispatch import Op, call_op
 from ..runtime.validate import as_tensor, check_dtype, check_finite, check_int, check_rank, check_values
 
 __all__ = ["TopKResult", "cosine_topk", "cosine_topk_uses_blas"]
 
 BLAS_MIN_QUERIES = 8
-# Candidate rows scored at once by the torch reference: bounds the (Q x keys x D) product to
-# 16M floats (64 MB).
-_GATHER_BUDGET = 1 << 24
 # BLAS path: score block of at most 256K floats (1 MiB) per GEMM, so the block stays in L2
 # between the GEMM writing it and the top-k merge reading it: at N = 10^5, Q = 1024, D = 384
 # this took the call from 0.73 s to 0.60 s on 2 cores (16M-float blocks ran the GEMM itself
@@ -198,23 +171,6 @@ def _(queries, keys, k, ranges, backend):
 
 
 # --------------------------------------------------------------------------
-# Backend: torch reference (the spec)
-# --------------------------------------------------------------------------
-def _cosine_topk_torch(queries, keys, k, ranges):
-    queries = unit_rows(queries)
-    num_q, num_k = queries.shape[0], keys.shape[0]
-    unit = unit_rows(keys)
-    scores = torch.empty((num_q, num_k), dtype=torch.float32, device=keys.device)
-    chunk = max(1, _GATHER_BUDGET // (num_q * keys.shape[1]))  # bounds the (Q, chunk, D) product
-    for lo in range(0, num_k, chunk):
-        scores[:, lo : lo + chunk] = dot_rows(queries, unit[None, lo : lo + chunk].expand(num_q, -1, -1))
-    idx = torch.arange(num_k, device=keys.device)
-    inside = (idx[None, :] >= ranges[:, :1]) & (idx[None, :] < ranges[:, 1:])
-    scores = torch.where(inside, scores, torch.full_like(scores, float("-inf")))
-    return topk_low_id(idx.expand_as(scores), scores, k)
-
-
-# --------------------------------------------------------------------------
 # Backend: C++ (csrc/cpu/tree.cpp)
 # --------------------------------------------------------------------------
 def _cosine_topk_cpp_fused(queries, keys, k, ranges):
@@ -255,7 +211,7 @@ def _cosine_topk_cpp(queries, keys, k, ranges):
 
 
 # --------------------------------------------------------------------------
-# Backend: Triton (streammem_kernels/_tree_triton.py)
+# Backend: Triton (_triton.py)
 # --------------------------------------------------------------------------
 def _cosine_topk_triton(queries, keys, k, ranges):
     from ._triton import cosine_topk_triton
@@ -281,7 +237,7 @@ TOLERANCES = {"torch": {dtype: (0.0, 0.0) for dtype in FLOAT_INPUTS}, "cpp": SCO
 
 COSINE_TOPK = Op(
     "cosine_topk",
-    {"torch": _cosine_topk_torch, "cpp": _cosine_topk_cpp, "triton": _cosine_topk_triton},
+    {"torch": cosine_topk_reference, "cpp": _cosine_topk_cpp, "triton": _cosine_topk_triton},
     extra_reasons={"triton": _cosine_topk_triton_reasons},
     tolerances=TOLERANCES,
     native="tree",

@@ -16,7 +16,7 @@ from conftest import cpu_backends
 from device_checks import DEVICES, HAS_CUDA, capture_in_cuda_graph, device_backends, guard_backend
 from streammem_kernels import CosineTree, cosine_topk, tree_search
 from streammem_kernels.runtime.launch import recording_gpu_launches
-from streammem_kernels.tree.scoring import unit_rows as _unit_rows
+from streammem_kernels.tree.reference import unit_rows as _unit_rows
 from streammem_kernels.tree.topk import COSINE_TOPK, _cosine_topk_cpp_blas, _cosine_topk_cpp_fused, cosine_topk_uses_blas
 from streammem_kernels.tree.search import TREE_SEARCH
 
