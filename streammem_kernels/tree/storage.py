@@ -13,6 +13,7 @@ import sys
 import torch
 
 from ..runtime import dispatch
+from ..runtime.native import view
 
 
 class SearchArrays:
@@ -85,14 +86,24 @@ def allocate(shape: tuple, dtype: torch.dtype, fill, device: torch.device) -> to
     return t
 
 
-def half_copy_fn():
-    """The C++ ``half_copy(src, dst, rows, dim) -> (norm bound, error bound)`` that writes the scan
-    copy; ValueError when the C++ module is not built (only its search reads the copy)."""
+def half_copy_module():
+    """The C++ module whose ``half_copy`` writes the scan copy; ValueError when it is not built (only its
+    search reads the copy)."""
     module, reason = dispatch.load_native("cpu", "tree")
     if module is None:
         raise ValueError(f"half_scan=True needs the C++ module streammem_kernels._cpu_tree, which the half-precision "
                          f"beam search runs in: {reason}")
-    return module.half_copy
+    return module
+
+
+def write_half_copy(src: torch.Tensor, dst: torch.Tensor) -> tuple[float, float]:
+    """Write the float16 scan copy of the float32 rows ``src`` (n, D) into ``dst`` (n, D), both
+    C-contiguous CPU tensors; returns upper bounds on the largest row norm and on the largest L2
+    distance of a row to its copy (csrc/cpu/tree/half_scan.cpp)."""
+    bounds = torch.empty(2, dtype=torch.float64)
+    half_copy_module().half_copy(view(src), view(dst), view(bounds))
+    norm, err = bounds.tolist()
+    return norm, err
 
 
 def longest_run(child_ptr: torch.Tensor) -> int:

@@ -35,7 +35,7 @@ from .reference import FLOAT_INPUTS as _FLOAT_INPUTS
 from .reference import INT_INPUTS as _INT_INPUTS
 from .reference import MAX_DIM, MAX_NODES, MAX_TABLE, check_size
 from .reference import unit_rows as _unit_rows
-from .storage import SearchArrays, allocate, half_copy_fn, longest_run, removal_closure
+from .storage import SearchArrays, allocate, half_copy_module, longest_run, removal_closure, write_half_copy
 
 __all__ = ["CosineTree"]
 
@@ -109,7 +109,7 @@ class CosineTree:
             if self._device.type != "cpu":
                 raise ValueError(f"half_scan=True needs a CPU tree (the copy serves the C++ beam search), got "
                                  f"device {self._device}")
-            half_copy_fn()  # ValueError now, not at the first insertion, when the C++ module is missing
+            half_copy_module()  # ValueError now, not at the first insertion, when the C++ module is missing
         self._half_scan = half_scan
         # Upper bounds on the largest embedding norm and on the largest distance of an embedding to
         # its scan copy, over every row ever written (they only grow: still bounds after removals).
@@ -169,8 +169,7 @@ class CosineTree:
     def _write_scan(self, lo: int, hi: int) -> None:
         """Copy embedding rows [lo, hi) into the scan copy (when the tree keeps one)."""
         if self._scan is not None and hi > lo:
-            self._raise_scan_bounds(half_copy_fn()(self._emb[lo].data_ptr(), self._scan[lo].data_ptr(), hi - lo,
-                                                    self._dim))
+            self._raise_scan_bounds(write_half_copy(self._emb[lo:hi], self._scan[lo:hi]))
 
     def _raise_scan_bounds(self, bounds: tuple) -> None:
         norm, err = max(self._scan_bounds[0], bounds[0]), max(self._scan_bounds[1], bounds[1])
@@ -553,7 +552,7 @@ class CosineTree:
             if self._scan is not None:
                 copy = torch.empty(rows.shape, dtype=torch.float16)
                 rows = rows.contiguous()
-                self._raise_scan_bounds(half_copy_fn()(rows.data_ptr(), copy.data_ptr(), rows.shape[0], self._dim))
+                self._raise_scan_bounds(write_half_copy(rows, copy))
                 self._scan[idx] = copy
 
     def _prepare_ids(self, ids, name: str) -> list[int]:
