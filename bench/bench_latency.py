@@ -51,7 +51,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import streammem_kernels as sk  # noqa: E402
 from streammem_kernels.runtime.dispatch import load_native  # noqa: E402
 from streammem_kernels.runtime.native import view  # noqa: E402
-from streammem_kernels.tree.search import _beam_widths  # noqa: E402
 
 DIM, TOPK, RECALL_QUERIES = 384, 10, 200
 
@@ -165,20 +164,18 @@ def overhead_rows(faiss) -> list[tuple]:
     keys, queries = hierarchy(10_000, seed=1)
     q = queries[:1].contiguous()
     k1000 = keys[:1000].contiguous()
+    topk_args = _native_topk_args(q, k1000)
     rows.append(("cosine_topk Q=1 N=1000 k=10", *measure_pair(
         lambda: sk.cosine_topk(q, k1000, TOPK),
-        lambda: tree_mod.cosine_topk(q.data_ptr(), 1, k1000.data_ptr(), 1000, DIM, TOPK, 0))))
+        lambda: tree_mod.cosine_topk(*topk_args))))
     tree = build_tree(keys)
-    a = tree.search_arrays()
+    greedy_args, beam_args = _native_search_args(tree, q)
     rows.append(("tree_search greedy Q=1 N=10^4", *measure_pair(
         lambda: sk.tree_search(tree, q),
-        lambda: tree_mod.greedy(a.embeddings, a.dim, a.child_ptr, a.child_idx, a.roots, a.num_roots, q.data_ptr(), 1,
-                                a.height, False))))
-    widths = _beam_widths((5, 10), a.height)
+        lambda: tree_mod.greedy(*greedy_args))))
     rows.append(("tree_search beam (5,10) Q=1 N=10^4", *measure_pair(
         lambda: sk.tree_search(tree, q, beam=(5, 10), k=TOPK),
-        lambda: tree_mod.beam(a.embeddings, a.dim, a.child_ptr, a.child_idx, a.roots, a.num_roots, a.level, a.utility,
-                              q.data_ptr(), 1, widths, TOPK, float("-inf"), False))))
+        lambda: tree_mod.beam(*beam_args))))
     g = torch.Generator().manual_seed(2)
     for streams in (None, 1000):
         shape = (768,) if streams is None else (streams, 768)
@@ -204,6 +201,27 @@ def overhead_rows(faiss) -> list[tuple]:
     rows.append(("motion_magnitude 2x168x224 RGB uint8",
                  *measure_pair(lambda: sk.motion_magnitude(pair), motion_native)))
     return rows
+
+
+def _native_topk_args(q: torch.Tensor, keys: torch.Tensor) -> tuple:
+    """cosine_topk's C++ entry on (q, keys), k = TOPK: its views, the outputs made once."""
+    out = (torch.empty((q.shape[0], TOPK), dtype=torch.int64), torch.empty((q.shape[0], TOPK)))
+    return (view(q), view(keys), None, *map(view, out))
+
+
+def _native_search_args(tree: sk.CosineTree, q: torch.Tensor) -> tuple:
+    """The arguments of the C++ greedy and beam (5, 10) entries on the tree's snapshot and q: the views of
+    the snapshot's tensors, the widths per level from the top, the outputs made once."""
+    a = tree.search_arrays()
+    emb, ptr, idx, roots, level, utility = map(view, a.tensors)
+    lead = (q.shape[0],)
+    greedy_out = (torch.empty(lead + (a.height + 1,), dtype=torch.int64), torch.empty(lead + (a.height + 1,)),
+                  torch.empty(lead, dtype=torch.int64), torch.empty(lead))
+    widths = view(torch.tensor([5] + [10] * (a.height - 1), dtype=torch.int64))
+    beam_out = (torch.empty((q.shape[0], TOPK), dtype=torch.int64), torch.empty((q.shape[0], TOPK)))
+    return ((emb, ptr, idx, roots, view(q), False, *map(view, greedy_out)),
+            (emb, ptr, idx, roots, level, utility, view(q), widths, float("-inf"), False, *map(view, beam_out), None,
+             0.0, 0.0))
 
 
 def inner_native_rows() -> list[tuple]:
@@ -449,7 +467,8 @@ def _single_item_cases() -> dict:
     flat = faiss.IndexFlatIP(DIM)
     flat.add(k1000.numpy())
     tree = build_tree(keys)
-    a = tree.search_arrays()
+    topk_args = _native_topk_args(q, k1000)
+    greedy_args, _ = _native_search_args(tree, q)
     seg = sk.StreamingSegmenter()
     frame = torch.randn(768, generator=torch.Generator().manual_seed(0))
     seg.push(frame)
@@ -457,11 +476,10 @@ def _single_item_cases() -> dict:
     frame_view = view(frame)
     return {
         CASE_NAMES[0]: lambda: sk.cosine_topk(q, k1000, TOPK),
-        CASE_NAMES[1]: lambda: tree_mod.cosine_topk(q.data_ptr(), 1, k1000.data_ptr(), 1000, DIM, TOPK, 0),
+        CASE_NAMES[1]: lambda: tree_mod.cosine_topk(*topk_args),
         CASE_NAMES[2]: lambda: flat.search(q.numpy(), TOPK),
         CASE_NAMES[3]: lambda: sk.tree_search(tree, q),
-        CASE_NAMES[4]: lambda: tree_mod.greedy(a.embeddings, a.dim, a.child_ptr, a.child_idx, a.roots, a.num_roots,
-                                               q.data_ptr(), 1, a.height, False),
+        CASE_NAMES[4]: lambda: tree_mod.greedy(*greedy_args),
         CASE_NAMES[5]: lambda: sk.tree_search(tree, q, beam=(5, 10), k=TOPK),
         CASE_NAMES[6]: lambda: seg.push(frame),
         CASE_NAMES[7]: lambda: seg._fast_step(frame_view, seg.frames_seen),

@@ -1,13 +1,17 @@
-// Batched k-hop neighbourhood expansion over a CSR graph, CPU kernel.
+// Batched k-hop neighbourhood expansion over a CSR graph, and graph_retrieve fused, CPU kernels
+// (the spec: streammem_kernels/graph/reference.py; the public functions: graph/__init__.py).
 //
-// Contract (streammem_kernels/graph.py is the spec; inputs arrive prepared):
-//   expand(row_ptr (R+1) i64, col_idx (E) i64 in [0, num_cols), sources (B,S) i64 in [-1, R),
-//          num_cols, hops >= 0, capacity >= 1, max_fanout >= 1, max_frontier >= 1, keep_sources)
-//     -> nodes, hop, seed, parent, edge (B, capacity) i64 padded with -1,
-//        count (B,) i64, truncated (B,) bool.
-//   expand_ptr(...): the same on a validated CSRGraph and sources read in place (khop_neighbourhood).
-//   retrieve(queries, node_embeddings, k, topk_into, row_ptr, ...): graph_retrieve in one call, the
-//        cosine top-k seeds (tree.cpp's scan) and their expansion (see retrieve below).
+//   expand(row_ptr (R+1) i64, col_idx (E) i64 in [0, num_cols), sources (B,S) i64, num_cols, hops >= 0,
+//          max_fanout >= 1, max_frontier >= 1, keep_sources, nodes, hop, seed, parent, edge (B,C) i64,
+//          count (B) i64, truncated (B) bool) -> Status
+//     The five fields of every query's list, padded with -1 after count[b] entries.
+//     Status 1: a source outside [-1, R).
+//   retrieve(queries (Q,D) f32, embeddings (R,D) f32, row_ptr, col_idx, hops, max_fanout,
+//            max_frontier, min_score, seeds (Q,k) i64, seed_scores (Q,k) f32, nodes, hop, seed, parent,
+//            edge (Q,C) i64, count (Q) i64, truncated (Q) bool) -> Status
+//     graph_retrieve on a square graph in one call: the exact cosine top-k seeds (cosine_scan.h, the
+//     scan of cosine_topk), those scoring below min_score dropped (-1 / -inf; -inf: none dropped),
+//     then their expansion (keep_sources).  Status 1: queries not finite, 2: embeddings not finite.
 //
 // Per query, a level-synchronous BFS that appends to one ordered list:
 //   hop 0 (keep_sources): the distinct sources in row order;
@@ -23,11 +27,15 @@
 // O(num_cols): at 10^6 nodes, zeroing a fresh bitmap per call would cost more than a 2-hop
 // expansion itself.
 #include "common.h"
-#include "tensor_args.h"
+#include "cosine_scan.h"
+#include "tensor_view.h"
+
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 namespace streammem {
@@ -116,141 +124,131 @@ void expand_one(const int64_t* row_ptr, const int64_t* col_idx, const int64_t* s
   *truncated_out = truncated;
 }
 
-// The expansion's outputs: nodes, hop, seed, parent, edge (B, capacity), count (B,), truncated (B,).
-struct Expansion {
-  carray<int64_t> node, hop, seed, parent, edge, count;
-  py::array_t<bool> truncated;
-};
 
-// Expansion of num_q queries into fresh output arrays (inputs as validated raw pointers).
-Expansion expand_raw(const int64_t* rp, const int64_t* ci, const int64_t* src, int64_t num_q, int64_t num_src,
-                     int64_t num_cols, int64_t hops, int64_t capacity, int64_t max_fanout, int64_t max_frontier,
-                     bool keep_sources) {
-  const std::vector<py::ssize_t> shape{num_q, capacity};
-  Expansion out{carray<int64_t>(shape), carray<int64_t>(shape), carray<int64_t>(shape), carray<int64_t>(shape),
-                carray<int64_t>(shape), carray<int64_t>(std::vector<py::ssize_t>{num_q}),
-                py::array_t<bool>(std::vector<py::ssize_t>{num_q})};
-  Lists lists{out.node.mutable_data(), out.hop.mutable_data(), out.seed.mutable_data(), out.parent.mutable_data(),
-              out.edge.mutable_data()};
-  int64_t* cnt = out.count.mutable_data();
-  bool* trunc = out.truncated.mutable_data();
-  {
-    py::gil_scoped_release release;
-    std::fill(lists.node, lists.node + num_q * capacity, -1);
-    std::fill(lists.hop, lists.hop + num_q * capacity, -1);
-    std::fill(lists.seed, lists.seed + num_q * capacity, -1);
-    std::fill(lists.parent, lists.parent + num_q * capacity, -1);
-    std::fill(lists.edge, lists.edge + num_q * capacity, -1);
-    auto run = [&](int64_t b) {
-      const int64_t off = b * capacity;
-      Lists row{lists.node + off, lists.hop + off, lists.seed + off, lists.parent + off, lists.edge + off};
-      expand_one(rp, ci, src + b * num_src, num_src, hops, capacity, max_fanout, max_frontier, keep_sources,
-                 Bitmap{visited_bitmap(num_cols).data()}, row, cnt + b, trunc + b);
-    };
-    // A query lists at most `capacity` nodes (about 10-20 ns each with the edges it scans): below
-    // about 16K list entries in all, a parallel region costs more than it saves.
-    if (num_q == 1 || num_q * capacity < (int64_t{1} << 14)) {
-      for (int64_t b = 0; b < num_q; ++b) run(b);
-    } else {
+// Expansion of num_q queries of num_src sources each into the lists (num_q, capacity each), count and
+// truncated (inputs checked by the caller).  Call with the GIL held; it runs without it.
+void expand_into(const int64_t* rp, const int64_t* ci, const int64_t* src, int64_t num_q, int64_t num_src,
+                 int64_t num_cols, int64_t hops, int64_t capacity, int64_t max_fanout, int64_t max_frontier,
+                 bool keep_sources, Lists lists, int64_t* cnt, bool* trunc) {
+  py::gil_scoped_release release;
+  const int64_t plane = num_q * capacity;
+  for (int64_t* field : {lists.node, lists.hop, lists.seed, lists.parent, lists.edge})
+    std::fill(field, field + plane, int64_t(-1));
+  auto run = [&](int64_t b) {
+    const int64_t off = b * capacity;
+    Lists row{lists.node + off, lists.hop + off, lists.seed + off, lists.parent + off, lists.edge + off};
+    expand_one(rp, ci, src + b * num_src, num_src, hops, capacity, max_fanout, max_frontier, keep_sources,
+               Bitmap{visited_bitmap(num_cols).data()}, row, cnt + b, trunc + b);
+  };
+  // A query lists at most `capacity` nodes (about 10-20 ns each with the edges it scans): below
+  // about 16K list entries in all, a parallel region costs more than it saves.
+  if (num_q == 1 || num_q * capacity < (int64_t{1} << 14)) {
+    for (int64_t b = 0; b < num_q; ++b) run(b);
+  } else {
 #pragma omp parallel for schedule(dynamic, 1)
-      for (int64_t b = 0; b < num_q; ++b) run(b);
-    }
+    for (int64_t b = 0; b < num_q; ++b) run(b);
   }
-  return out;
 }
 
-py::tuple as_tuple(const Expansion& e) {
-  return py::make_tuple(e.node, e.hop, e.seed, e.parent, e.edge, e.count, e.truncated);
+// The outputs of an expansion of B queries: the lists nodes, hop, seed, parent, edge (B, C) int64 with
+// C >= 1, count (B,) int64 and truncated (B,) bool; returns the lists' pointers.
+Lists expect_expansion(const TensorView& nodes, const TensorView& hop, const TensorView& seed,
+                       const TensorView& parent, const TensorView& edge, const TensorView& count,
+                       const TensorView& truncated, int64_t B, const char* entry) {
+  const char* names[] = {"nodes", "hop", "seed", "parent", "edge"};
+  const TensorView* fields[] = {&nodes, &hop, &seed, &parent, &edge};
+  for (int f = 0; f < 5; ++f) {
+    expect_tensor(*fields[f], DType::kInt64, 2, entry, names[f]);
+    expect(fields[f]->size(0) == B && fields[f]->size(1) == nodes.size(1) && nodes.size(1) >= 1, entry,
+           "the lists must be (B, capacity) with capacity >= 1");
+  }
+  expect_tensor(count, DType::kInt64, 1, entry, "count");
+  expect_tensor(truncated, DType::kBool, 1, entry, "truncated");
+  expect(count.size(0) == B && truncated.size(0) == B, entry, "count and truncated must be (B,)");
+  return Lists{nodes.ptr<int64_t>(), hop.ptr<int64_t>(), seed.ptr<int64_t>(), parent.ptr<int64_t>(),
+               edge.ptr<int64_t>()};
 }
 
-py::tuple expand(carray<int64_t> row_ptr, carray<int64_t> col_idx, carray<int64_t> sources, int64_t num_cols,
-                 int64_t hops, int64_t capacity, int64_t max_fanout, int64_t max_frontier, bool keep_sources) {
-  require(row_ptr.ndim() == 1 && row_ptr.shape(0) >= 1, "row_ptr must be (R+1,)");
-  require(col_idx.ndim() == 1 && sources.ndim() == 2, "col_idx must be (E,), sources (B, S)");
-  require(capacity >= 1 && hops >= 0 && max_fanout >= 1 && max_frontier >= 1 && num_cols >= 0,
-          "capacity, max_fanout, max_frontier must be >= 1 and hops, num_cols >= 0");
-  return as_tuple(expand_raw(row_ptr.data(), col_idx.data(), sources.data(), sources.shape(0), sources.shape(1),
-                            num_cols, hops, capacity, max_fanout, max_frontier, keep_sources));
+// A graph's CSR: row_ptr (R+1,) and col_idx (E,) int64 (values validated when the CSRGraph was built).
+void expect_csr(const TensorView& row_ptr, const TensorView& col_idx, const char* entry) {
+  expect_tensor(row_ptr, DType::kInt64, 1, entry, "row_ptr");
+  expect_tensor(col_idx, DType::kInt64, 1, entry, "col_idx");
+  expect(row_ptr.size(0) >= 1, entry, "row_ptr must be (R+1,)");
 }
 
-// The per-call fast path (graph.khop_neighbourhood): a validated CSRGraph's int64 contiguous arrays and
-// (B, S) int64 C-contiguous sources read in place.  None when a source lies outside [-1, num_rows): the
-// general path then raises its ValueError.
-py::object expand_ptr(std::uintptr_t row_ptr, int64_t num_rows, std::uintptr_t col_idx, std::uintptr_t sources,
-                      int64_t num_q, int64_t num_src, int64_t num_cols, int64_t hops, int64_t capacity,
-                      int64_t max_fanout, int64_t max_frontier) {
-  require(num_rows >= 0 && num_q >= 1 && num_src >= 0 && capacity >= 1 && hops >= 0 && max_fanout >= 1 &&
-              max_frontier >= 1 && num_cols >= 0,
-          "expand_ptr: bad sizes");
-  const int64_t* src = in_ptr<int64_t>(sources);
-  for (int64_t e = 0; e < num_q * num_src; ++e)
-    if (src[e] < -1 || src[e] >= num_rows) return py::none();
-  return as_tuple(expand_raw(in_ptr<int64_t>(row_ptr), in_ptr<int64_t>(col_idx), src, num_q, num_src, num_cols,
-                            hops, capacity, max_fanout, max_frontier, true));
+}  // namespace
+
+// Status 1 of expand: a source outside [-1, R).
+constexpr Status kSourceOutside = 1;
+
+Status expand(TensorView row_ptr, TensorView col_idx, TensorView sources, int64_t num_cols, int64_t hops,
+              int64_t max_fanout, int64_t max_frontier, bool keep_sources, TensorView nodes, TensorView hop,
+              TensorView seed, TensorView parent, TensorView edge, TensorView count, TensorView truncated) {
+  constexpr const char* entry = "expand";
+  expect_csr(row_ptr, col_idx, entry);
+  expect_tensor(sources, DType::kInt64, 2, entry, "sources");
+  const int64_t B = sources.size(0), S = sources.size(1), R = row_ptr.size(0) - 1;
+  const Lists lists = expect_expansion(nodes, hop, seed, parent, edge, count, truncated, B, entry);
+  expect(hops >= 0 && max_fanout >= 1 && max_frontier >= 1 && num_cols >= 0, entry,
+         "hops, num_cols must be >= 0 and max_fanout, max_frontier >= 1");
+  const int64_t* src = sources.ptr<int64_t>();
+  for (int64_t e = 0; e < B * S; ++e)
+    if (src[e] < -1 || src[e] >= R) return kSourceOutside;
+  expand_into(row_ptr.ptr<int64_t>(), col_idx.ptr<int64_t>(), src, B, S, num_cols, hops, nodes.size(1), max_fanout,
+              max_frontier, keep_sources, lists, count.ptr<int64_t>(), truncated.ptr<bool>());
+  return kOk;
 }
 
-// graph.graph_retrieve's fast path, fused: the cosine top-k seeds of plain float32 CPU queries (Q, D),
-// 1 <= Q < max_queries, over the node embeddings (N, D) (tensor_args.h), k an int in [1, max_k],
-// dropped (-1 / -inf) where they score below min_score (compared in float32, as the reference's
-// tensor comparison does), then their expansion (keep_sources) over a validated square CSRGraph of
-// N rows read in place.  The top-k is tree.cpp's, reached through the C signature at `topk_into`
-// (tree.cpp topk_into_address), so both modules run one scan and raise its ValueErrors.  Returns
-// (seeds, seed_scores, nodes, hop, seed, parent, edge, count, truncated) as torch tensors, or None
-// when the input is not this case (the general path then validates and explains).
-using TopKInto = const char* (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t*, float*);
-
-py::object retrieve(py::handle queries, py::handle embeddings, py::handle k_obj, std::uintptr_t topk_into,
-                    std::uintptr_t row_ptr, int64_t num_rows, std::uintptr_t col_idx, int64_t hops, int64_t capacity,
-                    int64_t max_fanout, int64_t max_frontier, bool use_min_score, double min_score,
-                    int64_t max_queries, int64_t max_k) {
-  namespace ta = tensor_args;
-  require(topk_into != 0 && num_rows >= 0 && hops >= 0 && capacity >= 1 && max_fanout >= 1 && max_frontier >= 1,
-          "retrieve: bad arguments");
-  ta::Plain<2> q, emb;
-  int64_t k;
-  if (!ta::topk_args(queries, embeddings, k_obj, max_queries, max_k, &q, &emb, &k)) return py::none();
-  const int64_t Q = q.size[0], N = emb.size[0], D = emb.size[1];
-  if (N != num_rows) return py::none();
-  py::array_t<int64_t> seeds({Q, k});
-  py::array_t<float> scores({Q, k});
-  int64_t* ids = seeds.mutable_data();
-  float* s = scores.mutable_data();
-  const char* error = reinterpret_cast<TopKInto>(topk_into)(in_ptr<float>(q.data), Q, in_ptr<float>(emb.data), N, D,
-                                                            k, ids, s);
-  if (error != nullptr) require(false, error);
-  if (use_min_score) {
-    const float threshold = min_score > std::numeric_limits<float>::max()    ? std::numeric_limits<float>::infinity()
-                            : min_score < -std::numeric_limits<float>::max() ? -std::numeric_limits<float>::infinity()
-                                                                             : static_cast<float>(min_score);
+Status retrieve(TensorView queries, TensorView embeddings, TensorView row_ptr, TensorView col_idx, int64_t hops,
+                int64_t max_fanout, int64_t max_frontier, double min_score, TensorView seeds, TensorView seed_scores,
+                TensorView nodes, TensorView hop, TensorView seed, TensorView parent, TensorView edge,
+                TensorView count, TensorView truncated) {
+  constexpr const char* entry = "retrieve";
+  expect_tensor(queries, DType::kFloat32, 2, entry, "queries");
+  expect_tensor(embeddings, DType::kFloat32, 2, entry, "embeddings");
+  expect_csr(row_ptr, col_idx, entry);
+  expect_tensor(seeds, DType::kInt64, 2, entry, "seeds");
+  expect_tensor(seed_scores, DType::kFloat32, 2, entry, "seed_scores");
+  const int64_t Q = queries.size(0), N = embeddings.size(0), D = embeddings.size(1), k = seeds.size(1);
+  const Lists lists = expect_expansion(nodes, hop, seed, parent, edge, count, truncated, Q, entry);
+  expect(Q >= 1 && N >= 1 && D >= 1 && queries.size(1) == D && row_ptr.size(0) == N + 1, entry,
+         "queries (Q, D) and embeddings (N, D) must be non-empty, one embedding per graph row");
+  expect(k >= 1 && seeds.size(0) == Q && seed_scores.size(0) == Q && seed_scores.size(1) == k, entry,
+         "seeds and seed_scores must be (Q, k)");
+  expect(hops >= 0 && max_fanout >= 1 && max_frontier >= 1, entry,
+         "hops must be >= 0 and max_fanout, max_frontier >= 1");
+  int64_t* ids = seeds.ptr<int64_t>();
+  float* s = seed_scores.ptr<float>();
+  const int status =
+      cosine::cosine_topk_into(queries.ptr<float>(), Q, embeddings.ptr<float>(), N, D, k, nullptr, ids, s);
+  if (status != cosine::kScanOk) return status;  // 1: queries, 2: embeddings not finite
+  // Compared in float32, as the reference's tensor comparison does (a bound beyond float32's range
+  // is an infinity there too).
+  const float threshold = min_score > std::numeric_limits<float>::max()    ? std::numeric_limits<float>::infinity()
+                          : min_score < -std::numeric_limits<float>::max() ? -std::numeric_limits<float>::infinity()
+                                                                           : static_cast<float>(min_score);
+  if (threshold > -std::numeric_limits<float>::infinity())
     for (int64_t j = 0; j < Q * k; ++j)
       if (!(s[j] >= threshold)) {
         ids[j] = -1;
         s[j] = -std::numeric_limits<float>::infinity();
       }
-  }
-  const Expansion e = expand_raw(in_ptr<int64_t>(row_ptr), in_ptr<int64_t>(col_idx), ids, Q, k, num_rows,
-                                 std::min(hops, num_rows), capacity, max_fanout, max_frontier, true);
-  return py::make_tuple(ta::to_tensor(seeds), ta::to_tensor(scores), ta::to_tensor(e.node), ta::to_tensor(e.hop),
-                        ta::to_tensor(e.seed), ta::to_tensor(e.parent), ta::to_tensor(e.edge), ta::to_tensor(e.count),
-                        ta::to_tensor(e.truncated));
+  expand_into(row_ptr.ptr<int64_t>(), col_idx.ptr<int64_t>(), ids, Q, k, N, std::min(hops, N), nodes.size(1),
+              max_fanout, max_frontier, true, lists, count.ptr<int64_t>(), truncated.ptr<bool>());
+  return kOk;
 }
 
-}  // namespace
 }  // namespace streammem
 
 PYBIND11_MODULE(_cpu_graph, m) {
   namespace py = pybind11;
   m.doc() = "Batched k-hop neighbourhood expansion over CSR (CPU, OpenMP over queries)";
   m.def("expand", &streammem::expand, py::arg("row_ptr"), py::arg("col_idx"), py::arg("sources"),
-        py::arg("num_cols"), py::arg("hops"), py::arg("capacity"), py::arg("max_fanout"), py::arg("max_frontier"),
-        py::arg("keep_sources"));
-  m.def("expand_ptr", &streammem::expand_ptr, py::arg("row_ptr"), py::arg("num_rows"), py::arg("col_idx"),
-        py::arg("sources"), py::arg("num_q"), py::arg("num_src"), py::arg("num_cols"), py::arg("hops"),
-        py::arg("capacity"), py::arg("max_fanout"), py::arg("max_frontier"),
-        "expand (keep_sources) on int64 C-contiguous arrays read in place; None if a source is out of range");
-  m.def("retrieve", &streammem::retrieve, py::arg("queries"), py::arg("node_embeddings"), py::arg("k"),
-        py::arg("topk_into"), py::arg("row_ptr"), py::arg("num_rows"), py::arg("col_idx"), py::arg("hops"),
-        py::arg("capacity"), py::arg("max_fanout"), py::arg("max_frontier"), py::arg("use_min_score"),
-        py::arg("min_score"), py::arg("max_queries"), py::arg("max_k"),
-        "graph_retrieve fused: cosine top-k seeds, min_score, expansion; None when not this case");
+        py::arg("num_cols"), py::arg("hops"), py::arg("max_fanout"), py::arg("max_frontier"), py::arg("keep_sources"),
+        py::arg("nodes"), py::arg("hop"), py::arg("seed"), py::arg("parent"), py::arg("edge"), py::arg("count"),
+        py::arg("truncated"));
+  m.def("retrieve", &streammem::retrieve, py::arg("queries"), py::arg("embeddings"), py::arg("row_ptr"),
+        py::arg("col_idx"), py::arg("hops"), py::arg("max_fanout"), py::arg("max_frontier"), py::arg("min_score"),
+        py::arg("seeds"), py::arg("seed_scores"), py::arg("nodes"), py::arg("hop"), py::arg("seed"),
+        py::arg("parent"), py::arg("edge"), py::arg("count"), py::arg("truncated"));
 }

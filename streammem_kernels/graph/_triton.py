@@ -1,4 +1,4 @@
-"""Triton kernel of the batched k-hop expansion (contract in graph.py).
+"""Triton kernel of the batched k-hop expansion (the spec: reference.py, expand_reference).
 
 ``_expand_kernel``: one program per query runs the whole expansion (every hop)
 in one launch, so a batch costs one launch whatever ``hops`` is and nothing in
@@ -46,8 +46,6 @@ _BLOCK_F = 16
 _BLOCK_E = 32
 # A small CTA: the per-query work is a dependent chain of short blocks, not a wide tile.
 _NUM_WARPS = 4
-# "No cap" for the frontier and fan-out limits (the kernel compares in int32/int64).
-NO_CAP = 2**31 - 1
 
 # hot: the expansion is the op's whole GPU path.  exact: integer work only (no floating point at all).
 KERNEL_CONTRACTS = {"_expand_kernel": {"hot": True, "exact": True}}

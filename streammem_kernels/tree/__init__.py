@@ -1,11 +1,12 @@
 """The cosine tree family: a growable store of normalised embeddings (:class:`CosineTree`), its
 searches (:func:`tree_search`: StreamChat's greedy walk and a beam) and exact cosine top-k over
-flat keys (:func:`cosine_topk`), all scored by the rules of :mod:`.scoring`.
+flat keys (:func:`cosine_topk`), all scored by the rules of :mod:`.reference`.
 
-Modules: ``store`` (the tree), ``search`` (tree search), ``topk`` (exact top-k), ``scoring`` (the
-scoring and ranking rules and the size bounds every search shares); backends ``_triton``,
-``_cuda``; native modules ``_cpu_tree`` / ``_cuda_tree`` (``csrc/cpu/tree.cpp``,
-``csrc/cuda/tree.cu``).
+Modules: ``reference`` (the scoring rules, the size bounds and the torch references: the spec),
+``topk`` and ``search`` (the public functions and their ``Op`` tables), ``store`` (the tree) with
+``storage`` (its tables and snapshots) and ``persistence`` (its file format); backends ``_triton``,
+``_cuda``; native modules ``_cpu_tree`` / ``_cuda_tree`` (``csrc/cpu/tree/``, ``csrc/cuda/tree.cu``).
+``docs/ops/tree.md`` is the design note.
 """
 from .search import TreePathResult, tree_search
 from .store import CosineTree

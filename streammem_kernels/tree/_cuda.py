@@ -1,4 +1,4 @@
-"""CUDA backend of greedy tree search (kernel: csrc/cuda/tree.cu; contract: tree.py).
+"""CUDA backend of greedy tree search (kernel: csrc/cuda/tree.cu; contract: search.py).
 
 One block per query (per (query, root) with ``from_every_root``) walks the
 whole path in one launch; outputs are allocated here on the tree's device and

@@ -1,4 +1,4 @@
-"""Triton kernels of the cosine memory tree (contract in tree.py).
+"""Triton kernels of the cosine memory tree (contract: search.py, topk.py).
 
 * ``greedy_triton``: the whole greedy descent (Algorithm 1) in one launch, one
   program per block of search rows: the argmax over the roots, then over the
@@ -7,7 +7,7 @@
 * ``gather_dot_triton``: one program per (row, block of candidates) gathers
   the candidate rows and dots them with the row's query (the beam search's
   pool scoring; the level loop and the top-b selection are torch ops on
-  fixed-width tensors in tree.py, shared with the reference).
+  fixed-width tensors in reference.py, shared with the torch backend).
 * ``cosine_topk_triton``: one program per (block of queries, slice of the
   keys) keeps the exact top-k of its slice; the same kernel, launched once
   more, merges the slices of each query (skipped when one slice covers the
@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .scoring import pow2_row_scale
+from .reference import pow2_row_scale
 from ..runtime.launch import gpu_launch, multiprocessors
 
 KERNEL_CONTRACTS = {
@@ -64,7 +64,7 @@ _ROW_BLOCK_MAX_K_PAD = 64
 # and the blocks of 16 rows with 4096 elements took 170 registers.  The interpreter pays
 # per operation, not per element (a reduction costs milliseconds): there the tiles are 16
 # to 32 times larger, so that the test suite can afford every case; the code and the
-# results are the same, and tests/test_tree.py also runs the GPU tiles through the
+# results are the same, and tests/kernels/tree/test_tree.py also runs the GPU tiles through the
 # interpreter on small inputs.
 _GREEDY_TILE = {True: {1: (16, 256), _ROW_BLOCK: (16, 8)}, False: {1: (16, 1024), _ROW_BLOCK: (16, 256)}}
 _TOPK_TILE = {True: {1: (16, 128), _ROW_BLOCK: (16, 8)}, False: {1: (128, 512), _ROW_BLOCK: (64, 128)}}
@@ -75,7 +75,7 @@ _GATHER_TILE = {True: {1: (64, 64), _ROW_BLOCK: (16, 16)}, False: {1: (256, 256)
 _PROGRAMS_PER_SM = 4
 _MIN_TILES_PER_SPLIT = 4
 # k <= tree.TRITON_TOPK_MAX_K (the running top-k is held in registers) and N < 2^31
-# (key indices live in 31 bits of the packed (score, index) int): tree.py checks both.
+# (key indices live in 31 bits of the packed (score, index) int): topk.py checks both.
 
 _NONE = tl.constexpr(-(2**63))  # no candidate: below every entry of a running top-k
 _EMPTY = tl.constexpr(-(2**63) + 1)  # empty slot j of a running top-k holds _EMPTY + j

@@ -1,63 +1,13 @@
-"""Greedy and beam traversal of a :class:`~streammem_kernels.CosineTree`: ``tree_search``.
+"""Greedy and beam search of a :class:`~streammem_kernels.CosineTree`: :func:`tree_search`.
 
-StreamChat answers a question by walking its memory tree down, choosing at
-each level the child with the highest cosine similarity (its Algorithm 1);
-ProStream walks Scene -> Event -> unit keeping the top 5 scenes, the top 10
-events and ranking units by cos(q, v) * utility with a minimum similarity.
-
-Scores are ``dot(q / |q|, v / |v|)`` in float32 (tree embeddings are unit rows
-already; a zero query scores 0 everywhere), and every ranking breaks ties
-toward the lower node id (:mod:`streammem_kernels.tree.scoring`).
-
-* ``beam=1`` -- greedy, Algorithm 1: score all roots, take the best, then score
-  only that node's children and take the best, down to a leaf.  Returns the
-  path (root first, padded with -1 to ``height + 1``), the score of each node
-  on it (padded with -inf) and the best node seen with its score (the running
-  best starts at -inf, so all-negative similarities still return a node).
-  ``from_every_root=True`` descends from every root (the released StreamChat
-  code) and returns one path per root.
-* ``beam=b`` (int > 1) or ``beam=(b_1, b_2, ...)`` -- level-synchronous beam
-  search from the top level ``H`` down: the pool at level ``l`` is the roots of
-  level ``l`` plus the level-``l`` children of the nodes kept above; the
-  ``b`` best of the pool by cosine are kept (``b_1`` at level ``H``, ``b_2`` at
-  ``H - 1``, ...; the last width repeats for deeper levels) and their children
-  expanded.  The leaves reached are ranked by cosine, or cosine x utility with
-  ``use_utility=True``; leaves whose cosine is below ``min_score`` are dropped;
-  the top ``k`` come back, padded with -1 / -inf.  The beam is global per
-  level (ProStream's "10 events per scene" is ``b_2 = 10 * b_1`` here), so the
-  cost per query is O(depth x beam x branching), independent of the number
-  of leaves.
-
-Backends: ``torch`` (the reference: padded candidate matrices, gathered rows,
-one level at a time), ``cpp`` (the whole search per query in C++, OpenMP over
-queries), ``triton`` (greedy: the whole descent in one kernel launch; beam:
-the reference's level loop with the gather-and-dot of each level's candidates
-in a Triton kernel), ``cuda`` (greedy only: one block per query, the whole
-path in one launch, csrc/cuda/tree.cu).  The torch and Triton searches never
-read a tensor on the host: every shape comes from host metadata (query and
-root counts, the tree's ``height`` and ``max_fanout``, which its mutations
-maintain, and the beam widths), so on a GPU a search is a fixed sequence of
-launches that a CUDA graph can capture.  Identical embeddings score
-identically on every backend (no GEMM decides a ranking), so ties do go to
-the lower id.
-
-Per-call cost.  The tree validated its embeddings on insertion, so a search
-checks only its queries.  For float32 C-contiguous CPU queries on the C++
-backend, ``tree_search`` makes one native call (``search_tensors``) on the
-query tensor itself and the snapshot's ``TreeView`` (the tree's pointers and
-sizes, made once per snapshot, which keeps the snapshot's tensors alive): it
-reads the query's attributes through the CPython API, checks the scalar
-arguments, checks (``ValueError`` on NaN/Inf) and normalises the queries,
-searches and returns the result tensors, or declines (None) whatever the
-general path must convert or explain.  No torch op and no per-argument
-Python check runs on that path.
-
-Half-precision scan copy.  A tree built with ``CosineTree(..., half_scan=True)``
-keeps a float16 copy of its embeddings; the fast path's beam search scores each
-level on it, then scores exactly (float32, as without the copy) only the nodes
-an error bound cannot rule out of the exact selection, so it returns the same
-ids and scores while reading about half the bytes (csrc/cpu/tree.cpp,
-``beam_into``).  Greedy search and the general path ignore the copy.
+Scores are ``dot(q / |q|, v / |v|)`` in float32 (tree embeddings are unit rows already; a zero
+query scores 0 everywhere) and every ranking breaks ties toward the lower node id, by the rules of
+:mod:`.reference`, whose :func:`~.reference.greedy_levels` and :func:`~.reference.beam_levels` are
+the spec of the two searches.  Backends: ``torch`` (the reference), ``cpp`` (the whole search per
+query, OpenMP over queries), ``triton`` (greedy in one launch; beam by levels) and ``cuda`` (greedy
+only); every backend returns the same ids, and scores within ``TOLERANCES``.  The tree validated
+its embeddings on insertion, so a search checks only its queries.  ``docs/ops/tree.md`` describes
+the algorithms, the kernels and the latency path.
 """
 from __future__ import annotations
 
@@ -67,19 +17,15 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .scoring import MAX_RESULTS, MAX_WIDTH, check_size, dot_rows, topk_low_id, unit_rows
+from .reference import (MAX_RESULTS, MAX_WIDTH, SearchPlan, beam_levels, check_size, tree_search_reference,
+                        unit_rows)
 from ..runtime.dispatch import Op, call_op
+from ..runtime.native import NativeChecks, view
 from ..runtime.validate import check_finite, check_float, check_int
 from .store import CosineTree
 from .topk import TOLERANCES, TopKResult, _new_tuple, prepare_queries
 
 __all__ = ["TreePathResult", "tree_search"]
-
-_is_compiling = torch.compiler.is_compiling
-
-# Candidate rows gathered per chunk by the torch reference: bounds the
-# (queries x candidates x D) temporary to 16M floats (64 MB).
-_GATHER_BUDGET = 1 << 24
 
 
 class TreePathResult(NamedTuple):
@@ -139,40 +85,10 @@ def tree_search(tree: CosineTree, queries, *, beam=1, k: int = 1, min_score: flo
     -------
     TreePathResult (greedy) or TopKResult (beam), on the tree's device.
     """
-    if type(tree) is CosineTree:
-        mod = TREE_SEARCH.cpp_module(backend)
-        if mod is not None and not _is_compiling():
-            snap = tree.search_arrays()
-            view = snap.native
-            if view is None:
-                view = _tree_view(snap, mod)
-            if view is not False:
-                out = mod.search_tensors(view, queries, beam, k, min_score, use_utility, from_every_root)
-                if out is not None:
-                    return _new_tuple(TreePathResult if len(out) == 4 else TopKResult, out)
+    fast = TREE_SEARCH.run_fast(backend, tree, queries, beam, k, min_score, use_utility, from_every_root)
+    if fast is not None:
+        return fast
     return _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_every_root, backend)
-
-
-def _tree_view(snap, mod):
-    """Make the C++ backend's ``TreeView`` of a CPU snapshot (once per snapshot: it is kept as
-    ``snap.native``), or False for a snapshot of a tree on another device.
-
-    ``mod.search_tensors(view, queries, beam, k, min_score, use_utility, from_every_root)`` is the
-    fast path of :func:`tree_search`: for plain float32 C-contiguous CPU queries and arguments the
-    general path would accept unchanged, it reads the queries in place, checks them (``ValueError``
-    on NaN/Inf), runs the search and returns the result tensors; for anything else it returns None
-    and the general path validates, explains and dispatches.
-    """
-    if not snap.tensors[0].is_cpu:
-        snap.native = False  # a GPU tree: its snapshots never get a view
-        return False
-    # The snapshot's tensors are prefixes of contiguous storage (search_arrays).  Two threads
-    # may both build one: the views are equal and either is kept.
-    view = snap.native = mod.TreeView(snap.embeddings, snap.dim, snap.child_ptr, snap.child_idx, snap.roots,
-                                      snap.num_roots, snap.level, snap.utility, snap.height, snap.num_live,
-                                      MAX_RESULTS, MAX_WIDTH, (snap.tensors, snap.scan_tensor), scan=snap.scan,
-                                      scan_norm=snap.scan_norm, scan_err=snap.scan_err)
-    return view
 
 
 def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_every_root, backend):
@@ -228,25 +144,6 @@ def _beam_widths(beam, height: int) -> list[int]:
 # --------------------------------------------------------------------------
 # Custom ops (work under torch.compile; opcheck-tested)
 # --------------------------------------------------------------------------
-class SearchPlan(NamedTuple):
-    """What one search does, fixed by host values: every backend takes
-    ``impl(embeddings, child_ptr, child_idx, roots, level, utility, queries, plan)``.
-
-    ``widths[i]`` is the beam at level ``height - i`` (beam search); ``fanout`` the tree's
-    ``max_fanout`` (candidates per node, padded); ``level`` and ``utility`` are None for greedy
-    search.  Queries are float32, contiguous and finite, of any norm (each backend normalises).
-    """
-
-    greedy: bool
-    height: int
-    fanout: int
-    widths: tuple
-    k: int
-    min_score: float
-    use_utility: bool
-    from_every_root: bool
-
-
 def _greedy_body(embeddings, child_ptr, child_idx, roots, queries, height, fanout, from_every_root, backend):
     plan = SearchPlan(True, height, fanout, (), 1, float("-inf"), False, from_every_root)
     return tuple(TREE_SEARCH.impls[backend](embeddings, child_ptr, child_idx, roots, None, None, queries, plan))
@@ -313,139 +210,134 @@ def _(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, 
 
 
 # --------------------------------------------------------------------------
-# Backend: torch reference (the spec)
+# Backend: C++ (csrc/cpu/tree/search.cpp), and the latency path TREE_SEARCH declares
 # --------------------------------------------------------------------------
-# Every shape below is fixed by host metadata (number of queries and roots, the tree's
-# height and max_fanout, the beam widths), never by tensor values: the reference runs on
-# a GPU without synchronising, and the Triton beam search shares its level loop.
-def _score_candidates_torch(queries: torch.Tensor, embeddings: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
-    """scores[s, c] = queries[s] . embeddings[cand[s, c]]; -inf where cand < 0."""
-    s_rows, c = cand.shape
-    out = torch.full((s_rows, c), float("-inf"), dtype=torch.float32, device=queries.device)
-    chunk = max(1, _GATHER_BUDGET // max(1, c * embeddings.shape[1]))  # bounds the (chunk, C, D) gather
-    for lo in range(0, s_rows if c else 0, chunk):
-        ids = cand[lo : lo + chunk]
-        dots = dot_rows(queries[lo : lo + chunk], embeddings[ids.clamp_min(0)])
-        out[lo : lo + chunk] = torch.where(ids >= 0, dots, out[lo : lo + chunk])
-    return out
+_QUERY_CHECKS = NativeChecks("queries must be finite, found NaN or Inf")
+
+_TENSOR, _F32, _STRIDED, _INF = torch.Tensor, torch.float32, torch.strided, float("inf")
+_FLOAT_MAX = 2**1023  # ints below it convert to float without overflow (the others take the general path)
+# Results allocated through numpy (about 0.7 us against 1.4 for torch.empty with a shape and a dtype),
+# handed to the kernel by the array's own DLPack capsule (0.08 us against 0.22 for a tensor's).
+_from_numpy, _np_empty, _NP_F32, _NP_I64 = torch.from_numpy, np.empty, np.float32, np.int64
+# (beam, height) -> the widths _beam_widths derives, for beams of plain ints (the latency path's);
+# bounded, since a caller may pass any number of distinct beams.
+_WIDTHS: dict = {}
+_WIDTHS_KEPT = 64
 
 
-def _children_of(nodes: torch.Tensor, child_ptr: torch.Tensor, child_idx: torch.Tensor, fanout: int) -> torch.Tensor:
-    """(S, B * fanout) children of nodes (S, B), each node's run padded with -1 to ``fanout``
-    (-1 entries of ``nodes`` have none), in order."""
-    s_rows = nodes.shape[0]
-    if fanout == 0 or child_idx.numel() == 0:
-        return torch.full((s_rows, 0), -1, dtype=torch.int64, device=nodes.device)
-    flat = nodes.reshape(-1)
-    safe = flat.clamp_min(0)
-    start = child_ptr[safe]
-    count = torch.where(flat >= 0, child_ptr[safe + 1] - start, torch.zeros_like(start))
-    offs = torch.arange(fanout, device=nodes.device)
-    valid = offs[None, :] < count[:, None]
-    pos = (start[:, None] + offs[None, :]).clamp_max(child_idx.numel() - 1)
-    kids = torch.where(valid, child_idx[pos], torch.full_like(pos, -1))
-    return kids.reshape(s_rows, -1)
+def _snapshot_views(snap):
+    """The C++ backend's views of a CPU snapshot's tensors, made once per snapshot (kept as
+    ``snap.native``): (greedy's, beam's, the scan copy's or None); False for a tree on another device.
+    The views keep the snapshot's tensors alive; two threads may both make them, either is kept."""
+    if not snap.tensors[0].is_cpu:
+        snap.native = False
+        return False
+    emb, child_ptr, child_idx, roots, level, utility = (view(t) for t in snap.tensors)
+    scan = None if snap.scan_tensor is None else view(snap.scan_tensor)
+    views = snap.native = ((emb, child_ptr, child_idx, roots), (emb, child_ptr, child_idx, roots, level, utility),
+                           scan)
+    return views
 
 
-def _pack_left(ids: torch.Tensor, width: int) -> torch.Tensor:
-    """The first ``width`` columns after moving valid (>= 0) ids to the front of each row, in order."""
-    order = torch.argsort((ids < 0).to(torch.int8), dim=1, stable=True)[:, :width]
-    return ids.gather(1, order)
-
-
-def _greedy_levels(embeddings, child_ptr, child_idx, roots, queries, height, fanout, from_every_root, score_fn):
-    """Greedy descent of unit queries, one level per step; ``score_fn(queries, emb, cand)`` scores candidates."""
-    num_q, num_r = queries.shape[0], roots.shape[0]
-    dev = queries.device
-    root_scores = score_fn(queries, embeddings, roots.expand(num_q, num_r).contiguous())
-    if from_every_root:
-        query_of = torch.arange(num_q, device=dev).repeat_interleave(num_r)
-        cur = roots.repeat(num_q)
-        cur_score = root_scores.reshape(-1)
+def _plain_widths(beam, height: int):
+    """The view of the widths of a beam of plain ints (an int > 1, or a non-empty tuple of ints) within
+    the bounds, derived by _beam_widths once per (beam, height); None for any other beam."""
+    if type(beam) is int:
+        if not 1 < beam <= MAX_WIDTH:
+            return None
+    elif type(beam) is tuple and beam:
+        for width in beam:
+            if type(width) is not int or not 1 <= width <= MAX_WIDTH:
+                return None
     else:
-        query_of = torch.arange(num_q, device=dev)
-        best = torch.argmax(root_scores, dim=1)  # first maximum: the lowest root id
-        cur = roots[best]
-        cur_score = root_scores.gather(1, best[:, None])[:, 0]
-    rows = cur.shape[0]
-    path = torch.full((rows, height + 1), -1, dtype=torch.int64, device=dev)
-    path_scores = torch.full((rows, height + 1), float("-inf"), dtype=torch.float32, device=dev)
-    path[:, 0], path_scores[:, 0] = cur, cur_score
-    row_queries = queries[query_of]
-    for step in range(1, height + 1):  # height >= 1 implies fanout >= 1
-        kids = _children_of(cur[:, None], child_ptr, child_idx, fanout)
-        active = kids[:, 0] >= 0  # a row below a leaf (or already past one) stays -1
-        scores = score_fn(row_queries, embeddings, kids)
-        best = torch.argmax(scores, dim=1)
-        nxt = kids.gather(1, best[:, None])[:, 0]
-        nxt_score = scores.gather(1, best[:, None])[:, 0]
-        path[:, step] = torch.where(active, nxt, path[:, step])
-        path_scores[:, step] = torch.where(active, nxt_score, path_scores[:, step])
-        cur = torch.where(active, nxt, torch.full_like(nxt, -1))
-    best_pos = torch.argmax(path_scores, dim=1)  # running best from -inf, strict '>': first maximum
-    best_node = path.gather(1, best_pos[:, None])[:, 0]
-    best_score = path_scores.gather(1, best_pos[:, None])[:, 0]
-    if from_every_root:
-        shape = (num_q, num_r)
-        return (path.view(*shape, -1), path_scores.view(*shape, -1), best_node.view(shape), best_score.view(shape))
-    return path, path_scores, best_node, best_score
+        return None
+    key = (beam, height)
+    widths = _WIDTHS.get(key)
+    if widths is None:
+        if len(_WIDTHS) >= _WIDTHS_KEPT:
+            _WIDTHS.clear()
+        widths = _WIDTHS[key] = view(torch.tensor(_beam_widths(beam, height), dtype=torch.int64))
+    return widths
 
 
-def _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, fanout, k, min_score,
-                 use_utility, score_fn):
-    """Level-synchronous beam search of unit queries; ``score_fn`` scores padded candidate ids.
+def _tree_search_fast(mod, tree, queries, beam, k, min_score, use_utility, from_every_root):
+    """tree_search of plain float32 CPU queries with arguments the general path takes as they are
+    (plain ints, floats and bools within bounds): one native call, which also checks the queries."""
+    if not (type(tree) is CosineTree and type(queries) is _TENSOR and type(k) is int
+            and (use_utility is False or use_utility is True) and (from_every_root is False or from_every_root is True)
+            and queries.dtype is _F32 and queries.is_cpu and not queries.requires_grad and queries.layout is _STRIDED
+            and queries.is_contiguous()):
+        return None
+    snap = tree.search_arrays()
+    views = snap.native
+    if views is None:
+        views = _snapshot_views(snap)
+    shape = queries.shape
+    if not (views and len(shape) == 2 and shape[1] == snap.dim and shape[0] >= 1 and snap.num_live >= 1):
+        return None
+    num_q, height = shape[0], snap.height
+    if type(beam) is int and beam == 1:
+        if k != 1 or min_score is not None or use_utility:
+            return None
+        if from_every_root:
+            if num_q * snap.num_roots * (height + 1) > MAX_RESULTS:
+                return None
+            lead = (num_q, snap.num_roots)
+        else:
+            lead = (num_q,)
+        full = lead + (height + 1,)
+        path, path_scores = _np_empty(full, _NP_I64), _np_empty(full, _NP_F32)
+        best_node, best_score = _np_empty(lead, _NP_I64), _np_empty(lead, _NP_F32)
+        status = mod.greedy(*views[0], view(queries), from_every_root, path.__dlpack__(), path_scores.__dlpack__(),
+                            best_node.__dlpack__(), best_score.__dlpack__())
+        if status:
+            _QUERY_CHECKS.raise_for(status)
+        return _new_tuple(TreePathResult, (_from_numpy(path), _from_numpy(path_scores), _from_numpy(best_node),
+                                           _from_numpy(best_score)))
+    if from_every_root or not 1 <= k <= MAX_RESULTS // num_q:
+        return None
+    if min_score is None:
+        min_val = -_INF
+    elif type(min_score) is float and -_INF < min_score < _INF:
+        min_val = min_score
+    elif type(min_score) is int and -_FLOAT_MAX < min_score < _FLOAT_MAX:
+        min_val = float(min_score)
+    else:
+        return None
+    widths = _plain_widths(beam, height)
+    if widths is None:
+        return None
+    ids, scores = _np_empty((num_q, k), _NP_I64), _np_empty((num_q, k), _NP_F32)
+    status = mod.beam(*views[1], view(queries), widths, min_val, use_utility, ids.__dlpack__(), scores.__dlpack__(),
+                      views[2], snap.scan_norm, snap.scan_err)
+    if status:
+        _QUERY_CHECKS.raise_for(status)
+    return _new_tuple(TopKResult, (_from_numpy(ids), _from_numpy(scores)))
 
-    ``pending`` holds the nodes discovered and not yet expanded (-1: none): the
-    roots, then the children of every node kept so far.  Each level adds at
-    most ``width x fanout`` of them, and they are distinct nodes, so its width
-    is bounded before the search: ``min(num_nodes, roots + fanout x sum of
-    widths so far)``.
-    """
-    num_q, num_nodes = queries.shape[0], embeddings.shape[0]
-    height = len(widths)
-    pending = roots.expand(num_q, roots.shape[0])
-    for step, width in enumerate(widths):
-        lvl = height - step
-        at_level = (pending >= 0) & (level[pending.clamp_min(0)] == lvl)
-        pool = torch.where(at_level, pending, torch.full_like(pending, -1))
-        kept, _ = topk_low_id(pool, score_fn(queries, embeddings, pool), min(width, pool.shape[1]))
-        rest = torch.where(at_level, torch.full_like(pending, -1), pending)
-        bound = min(num_nodes, pending.shape[1] + kept.shape[1] * fanout)
-        pending = _pack_left(torch.cat([rest, _children_of(kept, child_ptr, child_idx, fanout)], 1), bound)
-    cos = score_fn(queries, embeddings, pending)
-    rank = cos * utility[pending.clamp_min(0)] if use_utility else cos
-    rank = torch.where((pending >= 0) & (cos >= min_score), rank, torch.full_like(rank, float("-inf")))
-    return topk_low_id(pending, rank, k)
 
-
-def _search_torch(embeddings, child_ptr, child_idx, roots, level, utility, queries, plan: SearchPlan):
-    unit = unit_rows(queries)
-    if plan.greedy:
-        return _greedy_levels(embeddings, child_ptr, child_idx, roots, unit, plan.height, plan.fanout,
-                              plan.from_every_root, _score_candidates_torch)
-    return _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, unit, plan.widths, plan.fanout,
-                        plan.k, plan.min_score, plan.use_utility, _score_candidates_torch)
-
-
-# --------------------------------------------------------------------------
-# Backend: C++ (csrc/cpu/tree.cpp): the whole search per query, OpenMP over queries
-# --------------------------------------------------------------------------
 def _search_cpp(embeddings, child_ptr, child_idx, roots, level, utility, queries, plan: SearchPlan):
     mod = TREE_SEARCH.cpp_module("cpp")
-    embeddings, child_ptr, child_idx, roots = (t.contiguous() for t in (embeddings, child_ptr, child_idx, roots))
-    tree = (embeddings.data_ptr(), embeddings.shape[1], child_ptr.data_ptr(), child_idx.data_ptr(), roots.data_ptr(),
-            roots.shape[0])
+    tree = tuple(view(t.contiguous()) for t in (embeddings, child_ptr, child_idx, roots))
+    num_q = queries.shape[0]
     if plan.greedy:
-        out = mod.greedy(*tree, queries.data_ptr(), queries.shape[0], int(plan.height), bool(plan.from_every_root))
-        return tuple(torch.from_numpy(a) for a in out)
-    level, utility = level.contiguous(), utility.contiguous()
-    ids, scores = mod.beam(*tree, level.data_ptr(), utility.data_ptr(), queries.data_ptr(), queries.shape[0],
-                           [int(w) for w in plan.widths], int(plan.k), float(plan.min_score), bool(plan.use_utility))
-    return torch.from_numpy(ids), torch.from_numpy(scores)
+        lead = (num_q, roots.shape[0]) if plan.from_every_root else (num_q,)
+        full = lead + (plan.height + 1,)
+        path, path_scores = torch.empty(full, dtype=torch.int64), torch.empty(full, dtype=torch.float32)
+        best_node, best_score = torch.empty(lead, dtype=torch.int64), torch.empty(lead, dtype=torch.float32)
+        _QUERY_CHECKS.raise_for(mod.greedy(*tree, view(queries), bool(plan.from_every_root), view(path),
+                                           view(path_scores), view(best_node), view(best_score)))
+        return path, path_scores, best_node, best_score
+    ids = torch.empty((num_q, plan.k), dtype=torch.int64)
+    scores = torch.empty((num_q, plan.k), dtype=torch.float32)
+    _QUERY_CHECKS.raise_for(mod.beam(*tree, view(level.contiguous()), view(utility.contiguous()), view(queries),
+                                     view(torch.tensor(plan.widths, dtype=torch.int64)), float(plan.min_score),
+                                     bool(plan.use_utility),
+                                     view(ids), view(scores), None, 0.0, 0.0))
+    return ids, scores
 
 
 # --------------------------------------------------------------------------
-# Backend: Triton (streammem_kernels/_tree_triton.py): greedy in one launch, beam by levels
+# Backend: Triton (_triton.py): greedy in one launch, beam by levels
 # --------------------------------------------------------------------------
 def _score_candidates_triton(queries, embeddings, cand):
     from ._triton import gather_dot_triton
@@ -456,8 +348,8 @@ def _score_candidates_triton(queries, embeddings, cand):
 def _search_triton(embeddings, child_ptr, child_idx, roots, level, utility, queries, plan: SearchPlan):
     unit = unit_rows(queries)
     if not plan.greedy:
-        return _beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, unit, plan.widths, plan.fanout,
-                            plan.k, plan.min_score, plan.use_utility, _score_candidates_triton)
+        return beam_levels(embeddings, child_ptr, child_idx, roots, level, utility, unit, plan.widths, plan.fanout,
+                           plan.k, plan.min_score, plan.use_utility, _score_candidates_triton)
     from ._triton import greedy_triton
 
     out = greedy_triton(embeddings, child_ptr, child_idx, roots, unit, plan.height, plan.from_every_root)
@@ -484,8 +376,9 @@ def _cuda_reasons(device, greedy: bool = True, **_) -> list[str]:
 
 TREE_SEARCH = Op(
     "tree_search",
-    {"torch": _search_torch, "cpp": _search_cpp, "triton": _search_triton, "cuda": _search_cuda},
+    {"torch": tree_search_reference, "cpp": _search_cpp, "triton": _search_triton, "cuda": _search_cuda},
     extra_reasons={"cuda": _cuda_reasons},
     tolerances=TOLERANCES,
     native="tree",
+    fast=_tree_search_fast,
 )

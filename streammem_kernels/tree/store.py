@@ -1,118 +1,43 @@
-"""Cosine memory tree: a growable hierarchical store of L2-normalised embeddings.
+"""Cosine memory tree: a growable hierarchical store of L2-normalised embeddings (:class:`CosineTree`).
 
-StreamChat keeps long-term memory as a tree whose leaves are chunks; every g
-consecutive nodes of a level get a parent (its Algorithm 1 then walks down
-choosing at each level the child with the highest cosine similarity, see
-:mod:`~streammem_kernels.traversal`).  ProStream walks Scene -> Event -> unit.
+Storage is a set of flat tensors, never Python node objects:
 
-Storage (:class:`CosineTree`) is a set of flat tensors, never Python node
-objects:
-
-* ``embeddings (num_nodes, D)`` float32, L2-normalised on insertion (a zero
-  vector stays zero and scores 0 against everything);
+* ``embeddings (num_nodes, D)`` float32, L2-normalised on insertion (a zero vector stays zero and
+  scores 0 against everything);
 * ``level (num_nodes,)`` int64: 0 for leaves, ``1 + max(level of children)``;
 * ``parent (num_nodes,)`` int64, -1 for the current roots (and removed nodes);
-* children in CSR form: node i's children are
-  ``child_idx[child_ptr[i]:child_ptr[i+1]]`` in chronological (ascending id)
-  order.  A parent is always appended after its children, which must be
-  current roots, so a node's children are written once, at creation, and stay
-  contiguous: ``child_ptr`` grows with the node count, ``child_idx`` with the
-  number of edges;
-* ``utility (num_nodes,)`` float32 (default 1) and ``payload (num_nodes,)``
-  int64 (default -1), which the caller maps to its own objects.
-* optionally (``half_scan=True``, CPU) a float16 copy of ``embeddings``, the
-  "scan copy" the C++ beam search scores first (identical results, about half
-  the bytes read), with two bounds measured as rows are written: the largest
-  row norm and the largest distance of a row to its copy.
+* children in CSR form: node i's children are ``child_idx[child_ptr[i]:child_ptr[i+1]]`` in
+  chronological (ascending id) order, written once, when the parent is appended after them;
+* ``utility (num_nodes,)`` float32 (default 1) and ``payload (num_nodes,)`` int64 (default -1),
+  which the caller maps to its own objects;
+* ``alive (num_nodes,)`` bool, the tombstone mask of :meth:`CosineTree.remove`: removed ids leave
+  every child run and the roots at once, so no search reaches them;
+* optionally (``half_scan=True``, CPU) a float16 copy of ``embeddings``, which the C++ beam search
+  scores first (identical results, about half the bytes read).
 
-On CPU, the tables a search reads at random (embeddings and their scan copy,
-``level``, the CSR arrays) are allocated for 2 MB pages from 4 MB up (``madvise(MADV_HUGEPAGE)``
-before their first touch, Linux only, a hint the OS may refuse): a search in a
-large tree reads rows scattered over the whole table, and on 4 KB pages nearly
-every row costs a TLB miss too.
-
-The store owns its data and validates it once, on the way in: every embedding
-is checked finite and normalised on insertion (and on :meth:`CosineTree.load`),
-so a search only checks its queries.  Host metadata the searches size their
-work by (``height``, ``max_fanout``, the roots) is maintained by the
-mutations, never read back from the device.
-
-Node ids are append-only and stable until :meth:`CosineTree.compact`.
-Removal (:meth:`CosineTree.remove`) keeps this layout: a tombstone mask
-``alive (num_nodes,)`` next to ``parent``, and dead ids are filtered out of
-every CSR child run at removal time, so the arrays the search kernels see
-(``roots``, ``child_ptr``/``child_idx``) never reach a dead node and no
-backend needs to know about tombstones.  A removed node takes with it every
-ancestor left without a live child (a parent exists to summarise children; a
-childless one would end a greedy path on a non-leaf), and the levels of the
-surviving ancestors are recomputed, so the live part of the tree is exactly
-the tree one would build from the live nodes alone.  Removing a node that
-still has live children is an error unless ``cascade=True`` (then its live
-descendants go too); removing a non-root child never turns its siblings into
-roots.  :meth:`CosineTree.compact` drops the tombstones: it renumbers live
-nodes in id order -- which keeps every CSR child run ascending, so children
-stay chronological -- and returns the old -> new id map (-1 for removed
-nodes); searches give the same results before and after, up to that
-renumbering.  Save/load round-trips the tombstone mask.
+Every embedding is checked finite and normalised on insertion (and on :meth:`CosineTree.load`), so
+a search checks only its queries.  Node ids are append-only and stable until
+:meth:`CosineTree.compact`.  ``docs/ops/tree.md`` describes the design (removal and compaction,
+the snapshot a search reads, memory).
 """
 from __future__ import annotations
 
-import ctypes
 import functools
-import mmap
-import sys
 import threading
-import zlib
 from typing import Callable
 
 import numpy as np
 import torch
 
-from .scoring import FLOAT_INPUTS as _FLOAT_INPUTS
-from .scoring import INT_INPUTS as _INT_INPUTS
-from .scoring import MAX_DIM, MAX_NODES, MAX_TABLE, check_size
-from .scoring import unit_rows as _unit_rows
 from ..runtime.validate import as_tensor, check_dtype, check_finite, check_int, check_nonempty, check_rank
+from .persistence import FORMAT, FORMAT_VERSION, checksum, read_state
+from .reference import FLOAT_INPUTS as _FLOAT_INPUTS
+from .reference import INT_INPUTS as _INT_INPUTS
+from .reference import MAX_DIM, MAX_NODES, MAX_TABLE, check_size
+from .reference import unit_rows as _unit_rows
+from .storage import SearchArrays, allocate, half_copy_module, longest_run, removal_closure, write_half_copy
 
 __all__ = ["CosineTree"]
-
-_FORMAT = "streammem.CosineTree"
-# Version 2 adds the tombstone mask "alive"; version 1 files (no removals) still load.
-# Version 3 adds a CRC32 of the arrays ("checksum"); files without one are validated structurally.
-_FORMAT_VERSION = 3
-
-
-class SearchArrays:
-    """A consistent snapshot of what a search reads of a tree: data pointers of the used prefixes,
-    the sizes, and the tensors themselves (``tensors``: embeddings, child_ptr, child_idx, roots,
-    level, utility, each the used prefix), which it keeps alive.
-
-    Built under the tree's lock and never mutated structurally afterwards (writers that rewrite
-    the CSR or the levels do so in fresh tensors, see :class:`CosineTree`), so a search that holds
-    one stays in bounds whatever other threads do to the tree.  ``native`` holds what a search backend derives from the
-    snapshot once (the C++ backend's ``TreeView``, see :mod:`~streammem_kernels.traversal`), None
-    until then.  ``scan_tensor`` is the used prefix of the tree's half-precision scan copy (None
-    without one), ``scan`` its address (0 without one), ``scan_norm`` and ``scan_err`` upper bounds
-    on the largest embedding norm and on the largest L2 distance of an embedding to its copy.
-    """
-
-    __slots__ = ("embeddings", "dim", "child_ptr", "child_idx", "roots", "num_roots", "level", "utility", "height",
-                 "tensors", "fanout", "num_live", "native", "scan_tensor", "scan", "scan_norm", "scan_err")
-
-    def __init__(self, tensors: tuple, dim: int, height: int, fanout: int, num_live: int,
-                 scan: tuple | None = None):
-        self.tensors = tensors
-        emb, ptr, kids, roots, level, utility = tensors
-        self.embeddings, self.dim, self.child_ptr, self.child_idx = emb.data_ptr(), dim, ptr.data_ptr(), kids.data_ptr()
-        self.roots, self.num_roots, self.level, self.utility = roots.data_ptr(), roots.numel(), level.data_ptr(), \
-            utility.data_ptr()
-        self.height, self.fanout, self.num_live = height, fanout, num_live
-        # The half-precision scan copy (CosineTree(half_scan=True)): its used prefix (kept alive), its
-        # address (0 without one) and the bounds the C++ beam search derives its error bound from.
-        self.scan_tensor, self.scan_norm, self.scan_err = scan if scan is not None else (None, 0.0, 0.0)
-        self.scan = 0 if self.scan_tensor is None else self.scan_tensor.data_ptr()
-        self.native = None
-
 
 def _writer(method):
     """Run a mutating method under the tree's lock (writers are serialised)."""
@@ -184,7 +109,7 @@ class CosineTree:
             if self._device.type != "cpu":
                 raise ValueError(f"half_scan=True needs a CPU tree (the copy serves the C++ beam search), got "
                                  f"device {self._device}")
-            _half_copy_fn()  # ValueError now, not at the first insertion, when the C++ module is missing
+            half_copy_module()  # ValueError now, not at the first insertion, when the C++ module is missing
         self._half_scan = half_scan
         # Upper bounds on the largest embedding norm and on the largest distance of an embedding to
         # its scan copy, over every row ever written (they only grow: still bounds after removals).
@@ -196,7 +121,7 @@ class CosineTree:
         # to (updated by every mutation, so a search never asks the device for it).
         self._max_fanout = 0
         self._alloc_nodes(capacity)
-        self._child_idx = _storage((capacity,), torch.int64, None, self._device)
+        self._child_idx = allocate((capacity,), torch.int64, None, self._device)
         # Current roots per level, in insertion (= ascending id) order; dicts
         # give O(1) removal and ordered iteration for grow()'s "oldest g".
         self._roots_by_level: list[dict[int, None]] = []
@@ -236,7 +161,7 @@ class CosineTree:
         taken earlier (:meth:`search_arrays`, searches running in other threads) keep theirs."""
         for name in names:
             old = getattr(self, name)
-            new = _storage(tuple(old.shape), old.dtype, None, old.device)  # huge pages, as allocated
+            new = allocate(tuple(old.shape), old.dtype, None, old.device)  # huge pages, as allocated
             new.copy_(old)
             setattr(self, name, new)
         self._invalidate()
@@ -244,8 +169,7 @@ class CosineTree:
     def _write_scan(self, lo: int, hi: int) -> None:
         """Copy embedding rows [lo, hi) into the scan copy (when the tree keeps one)."""
         if self._scan is not None and hi > lo:
-            self._raise_scan_bounds(_half_copy_fn()(self._emb[lo].data_ptr(), self._scan[lo].data_ptr(), hi - lo,
-                                                    self._dim))
+            self._raise_scan_bounds(write_half_copy(self._emb[lo:hi], self._scan[lo:hi]))
 
     def _raise_scan_bounds(self, bounds: tuple) -> None:
         norm, err = max(self._scan_bounds[0], bounds[0]), max(self._scan_bounds[1], bounds[1])
@@ -255,11 +179,11 @@ class CosineTree:
 
     def _alloc_nodes(self, capacity: int) -> None:
         dev = self._device
-        self._emb = _storage((capacity, self._dim), torch.float32, 0, dev)
-        self._scan = _storage((capacity, self._dim), torch.float16, None, dev) if self._half_scan else None
-        self._level = _storage((capacity,), torch.int64, 0, dev)
+        self._emb = allocate((capacity, self._dim), torch.float32, 0, dev)
+        self._scan = allocate((capacity, self._dim), torch.float16, None, dev) if self._half_scan else None
+        self._level = allocate((capacity,), torch.int64, 0, dev)
         self._parent = torch.full((capacity,), -1, dtype=torch.int64, device=dev)
-        self._child_ptr = _storage((capacity + 1,), torch.int64, 0, dev)
+        self._child_ptr = allocate((capacity + 1,), torch.int64, 0, dev)
         self._utility = torch.ones(capacity, dtype=torch.float32, device=dev)
         self._payload = torch.full((capacity,), -1, dtype=torch.int64, device=dev)
         self._alive = torch.ones(capacity, dtype=torch.bool, device=dev)
@@ -281,7 +205,7 @@ class CosineTree:
             self._child_ptr[: n + 1] = old[-1][: n + 1]  # CSR offsets have one more entry than nodes
         need_e = self._n_edges + extra_edges
         if need_e > self._child_idx.shape[0]:
-            grown = _storage((max(need_e, 2 * self._child_idx.shape[0]),), torch.int64, None, self._device)
+            grown = allocate((max(need_e, 2 * self._child_idx.shape[0]),), torch.int64, None, self._device)
             grown[: self._n_edges] = self._child_idx[: self._n_edges]
             self._child_idx = grown
         self._invalidate()
@@ -628,7 +552,7 @@ class CosineTree:
             if self._scan is not None:
                 copy = torch.empty(rows.shape, dtype=torch.float16)
                 rows = rows.contiguous()
-                self._raise_scan_bounds(_half_copy_fn()(rows.data_ptr(), copy.data_ptr(), rows.shape[0], self._dim))
+                self._raise_scan_bounds(write_half_copy(rows, copy))
                 self._scan[idx] = copy
 
     def _prepare_ids(self, ids, name: str) -> list[int]:
@@ -688,40 +612,7 @@ class CosineTree:
         kids = self._child_idx[: self._n_edges].tolist()
         parent = self._parent[:n].tolist()
         level = self._level[:n].tolist()
-        dead = set(targets)
-        # Descendants: CSR runs hold live children only, so a walk reaches live nodes only.
-        stack = list(targets)
-        while stack:
-            node = stack.pop()
-            for c in kids[ptr[node] : ptr[node + 1]]:
-                if c in dead:
-                    continue
-                if not cascade:
-                    raise ValueError(
-                        f"ids must not hold a node with live children unless cascade=True; node {node} "
-                        f"has live child {c}"
-                    )
-                dead.add(c)
-                stack.append(c)
-        # Ancestors: a parent whose live children are all removed goes too;
-        # the others get their level recomputed from the surviving children.
-        touched = {parent[i] for i in dead if parent[i] >= 0 and parent[i] not in dead}
-        new_level: dict[int, int] = {}
-        while touched:
-            # Deepest first, so a node's children are settled before it.
-            node = min(touched, key=lambda i: level[i])
-            touched.discard(node)
-            live = [c for c in kids[ptr[node] : ptr[node + 1]] if c not in dead]
-            if not live:
-                dead.add(node)
-            else:
-                lvl = 1 + max(new_level.get(c, level[c]) for c in live)
-                if lvl == level[node] and node not in new_level:
-                    continue
-                new_level[node] = lvl
-            if parent[node] >= 0 and parent[node] not in dead:
-                touched.add(parent[node])
-        removed = sorted(dead)
+        removed, new_level = removal_closure(targets, ptr, kids, parent, level, cascade)
         dev = self._device
         # Snapshots of running searches keep the old CSR and levels.
         self._copy_on_write("_child_ptr", "_child_idx", "_level")
@@ -739,7 +630,7 @@ class CosineTree:
             kept = edges[keep]
             self._child_idx[: kept.numel()] = kept
             self._n_edges = kept.numel()
-            self._max_fanout = _max_run(self._child_ptr[: n + 1])
+            self._max_fanout = longest_run(self._child_ptr[: n + 1])
         for node in removed:
             if parent[node] == -1:
                 self._roots_by_level[level[node]].pop(node, None)
@@ -803,8 +694,8 @@ class CosineTree:
     @_writer
     def state_dict(self) -> dict:
         return {
-            "format": _FORMAT,
-            "version": _FORMAT_VERSION,
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
             "dim": self._dim,
             "embeddings": self.embeddings.cpu().clone(),
             "level": self.level.cpu().clone(),
@@ -819,7 +710,7 @@ class CosineTree:
     def save(self, path) -> None:
         """Write the tree to one file (``torch.save`` of its tensors and a CRC32 of them)."""
         state = self.state_dict()
-        state["checksum"] = _checksum(state)
+        state["checksum"] = checksum(state)
         torch.save(state, path)
 
     @classmethod
@@ -838,23 +729,7 @@ class CosineTree:
         ``1 + max(level of children)`` (0 for leaves), and finite embeddings of unit
         norm (or zero rows).  A missing or unreadable path raises the OS error.
         """
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except (FileNotFoundError, IsADirectoryError, PermissionError):
-            raise
-        except Exception as exc:  # truncated/corrupt archive, hostile pickle, absurd sizes
-            raise ValueError(f"path does not hold a readable saved CosineTree ({type(exc).__name__}: "
-                             f"{str(exc)[:200]}): {path}") from None
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
-            raise ValueError(f"path does not hold a saved CosineTree: {path}")
-        version = state.get("version")
-        if type(version) is not int or version not in (1, 2, _FORMAT_VERSION):
-            raise ValueError(f"path holds an unsupported CosineTree format version {version!r}: {path}")
-        if "alive" not in state and version == 1:
-            emb = state.get("embeddings")
-            n = emb.shape[0] if isinstance(emb, torch.Tensor) and emb.dim() >= 1 else 0
-            state["alive"] = torch.ones(n, dtype=torch.bool)
-        _validate_saved_state(state, path)
+        state = read_state(path)
         n = state["embeddings"].shape[0]
         n_edges = state["child_idx"].shape[0]
         tree = cls(state["dim"], capacity=max(n, 1), device=device, half_scan=half_scan)
@@ -871,7 +746,7 @@ class CosineTree:
         tree._alive[:n] = state["alive"].to(dev)
         tree._n, tree._n_edges = n, n_edges
         tree._n_dead = int((~state["alive"]).sum())
-        tree._max_fanout = _max_run(state["child_ptr"])
+        tree._max_fanout = longest_run(state["child_ptr"])
         parent = state["parent"].tolist()
         level = state["level"].tolist()
         alive = state["alive"].tolist()
@@ -897,156 +772,3 @@ class CosineTree:
     def __repr__(self) -> str:
         return (f"CosineTree(dim={self._dim}, num_nodes={self._n}, roots={len(self.roots)}, "
                 f"height={self.height}, device={self._device})")
-
-
-# Tables a search reads at random (embeddings, levels, CSR) from this size up ask Linux for
-# 2 MB pages (transparent huge pages, "madvise" mode): a search at 10^6 leaves touches rows
-# scattered over a 1.7 GB table, and with 4 KB pages nearly every row also costs a TLB miss
-# (measured: beam (5, 10) 52.3 -> 48.8 us native, bench/RESULTS.md, issue 15).
-_HUGE_PAGE_MIN_BYTES = 4 << 20
-_MADV_HUGEPAGE = 14  # <sys/mman.h>, Linux
-
-
-@functools.cache
-def _madvise():
-    """libc's ``madvise``, or None where there is none (not Linux, no libc)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def _storage(shape: tuple, dtype: torch.dtype, fill, device: torch.device) -> torch.Tensor:
-    """A new tensor filled with ``fill`` (None: uninitialised); large CPU ones are advised to huge
-    pages before their first touch, which is what decides the page size.  The advice is a hint:
-    refused (another OS, THP disabled), the tensor is the same, on 4 KB pages."""
-    t = torch.empty(shape, dtype=dtype, device=device)
-    nbytes = t.numel() * t.element_size()
-    madvise = _madvise() if device.type == "cpu" and nbytes >= _HUGE_PAGE_MIN_BYTES else None
-    if madvise is not None:
-        page = mmap.PAGESIZE
-        lo, hi = (t.data_ptr() + page - 1) // page * page, (t.data_ptr() + nbytes) // page * page
-        madvise(lo, hi - lo, _MADV_HUGEPAGE)
-    if fill is not None:
-        t.fill_(fill)
-    return t
-
-
-def _half_copy_fn():
-    """The C++ ``half_copy(src, dst, rows, dim) -> (norm bound, error bound)`` that writes the scan
-    copy; ValueError when the C++ module is not built (only its search reads the copy)."""
-    from ..runtime.dispatch import load_native
-
-    module, reason = load_native("cpu", "tree")
-    if module is None:
-        raise ValueError(f"half_scan=True needs the C++ module streammem_kernels._cpu_tree, which the half-precision "
-                         f"beam search runs in: {reason}")
-    return module.half_copy
-
-
-def _max_run(child_ptr: torch.Tensor) -> int:
-    """Longest CSR run (most children of a node); a host read, done once per mutation."""
-    return int((child_ptr[1:] - child_ptr[:-1]).max()) if child_ptr.numel() > 1 else 0
-
-
-# Saved arrays: name -> (dtype, shape as a function of (n, n_edges, dim)).
-_SAVED_ARRAYS = {
-    "embeddings": (torch.float32, lambda n, e, d: (n, d)),
-    "level": (torch.int64, lambda n, e, d: (n,)),
-    "parent": (torch.int64, lambda n, e, d: (n,)),
-    "child_ptr": (torch.int64, lambda n, e, d: (n + 1,)),
-    "child_idx": (torch.int64, lambda n, e, d: (e,)),
-    "utility": (torch.float32, lambda n, e, d: (n,)),
-    "payload": (torch.int64, lambda n, e, d: (n,)),
-    "alive": (torch.bool, lambda n, e, d: (n,)),
-}
-# |norm - 1| of a saved unit row: float32 normalisation leaves a few ulps; 1e-4 also accepts
-# rows saved from float64 stores, and rejects any corrupted exponent or sign-flipped component
-# of weight.
-_UNIT_TOLERANCE = 1e-4
-
-
-def _checksum(state: dict) -> int:
-    """CRC32 of the dimension, then each saved array's shape and bytes (in _SAVED_ARRAYS order)."""
-    crc = zlib.crc32(str(int(state["dim"])).encode())
-    for name in _SAVED_ARRAYS:
-        t = state[name].contiguous()
-        crc = zlib.crc32(repr((name, tuple(t.shape))).encode(), crc)
-        if t.numel():
-            crc = zlib.crc32(t.numpy().reshape(-1).view(np.uint8), crc)
-    return crc
-
-
-def _validate_saved_state(state: dict, path) -> None:
-    """ValueError naming the first problem of a loaded state (see :meth:`CosineTree.load`)."""
-    def bad(what: str) -> ValueError:
-        return ValueError(f"path holds an invalid CosineTree ({what}): {path}")
-
-    dim = state.get("dim")
-    if type(dim) is not int or not 1 <= dim <= MAX_DIM:
-        raise bad(f"dim must be an int in [1, {MAX_DIM}], got {dim!r}")
-    for name, (dtype, _) in _SAVED_ARRAYS.items():
-        t = state.get(name)
-        if not isinstance(t, torch.Tensor):
-            raise bad(f"'{name}' missing or not a tensor")
-        if t.dtype != dtype or t.layout != torch.strided or t.device.type != "cpu":
-            raise bad(f"'{name}' must be a dense {dtype} tensor, got {t.dtype} {t.layout}")
-        if not t.is_contiguous() or any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape)):
-            raise bad(f"'{name}' must be contiguous (no stride-0 or strided views)")
-    emb = state["embeddings"]
-    if emb.dim() != 2:
-        raise bad(f"'embeddings' must be (num_nodes, dim), got shape {tuple(emb.shape)}")
-    n, n_edges = emb.shape[0], state["child_idx"].shape[0] if state["child_idx"].dim() == 1 else -1
-    for name, (_, shape) in _SAVED_ARRAYS.items():
-        if tuple(state[name].shape) != shape(n, max(n_edges, 0), dim):
-            raise bad(f"shape of '{name}' is {tuple(state[name].shape)}, expected {shape(n, max(n_edges, 0), dim)} "
-                      f"for {n} nodes, {n_edges} edges and dim {dim} (mismatched lengths)")
-    if n > MAX_NODES or n * dim > MAX_TABLE:
-        raise bad(f"{n} nodes of dim {dim} exceed the bounds (<= {MAX_NODES} nodes, <= {MAX_TABLE} floats)")
-    if "checksum" in state:
-        if type(state["checksum"]) is not int or state["checksum"] != _checksum(state):
-            raise bad("checksum mismatch: the file was modified or corrupted after it was saved")
-    if not bool(torch.isfinite(emb).all()):
-        raise bad("non-finite embeddings")
-    norms = torch.linalg.vector_norm(emb, dim=1)
-    if not bool(((norms == 0) | ((norms - 1).abs() <= _UNIT_TOLERANCE)).all()):
-        raise bad("embeddings must be unit-norm rows (or zero rows)")
-    if not bool(torch.isfinite(state["utility"]).all()):
-        raise bad("non-finite utility")
-    ptr, kids, parent, level, alive = (state[k] for k in ("child_ptr", "child_idx", "parent", "level", "alive"))
-    if int(ptr[0]) != 0 or int(ptr[-1]) != n_edges or not bool((ptr[1:] >= ptr[:-1]).all()):
-        raise bad("inconsistent arrays: child_ptr must rise from 0 to the number of edges")
-    if not bool(((kids >= 0) & (kids < n)).all()):
-        raise bad("inconsistent arrays: child_idx must hold node ids in [0, num_nodes)")
-    if not bool(((parent >= -1) & (parent < n)).all()):
-        raise bad("inconsistent arrays: parent must hold -1 or node ids in [0, num_nodes)")
-    ids = torch.arange(n)
-    if not bool(((parent == -1) | (parent > ids)).all()):
-        raise bad("inconsistent arrays: every parent must come after its children (a cycle or a forward link)")
-    if not bool(((level >= 0) & (level < max(n, 1))).all()):
-        raise bad("levels must lie in [0, num_nodes)")
-    # Kernels follow child_idx from live roots: a dead id there would be searched.
-    if not bool(alive[kids].all()):
-        raise bad("inconsistent arrays: child runs must hold live nodes only")
-    runs = ptr[1:] - ptr[:-1]
-    owner = torch.repeat_interleave(ids, runs)
-    if not bool((parent[kids] == owner).all()):
-        raise bad("inconsistent arrays: child runs and parent disagree")
-    if int(((parent >= 0) & alive).sum()) != n_edges:
-        raise bad("inconsistent arrays: a node with a parent is missing from its parent's child run")
-    same_run = owner[1:] == owner[:-1]
-    if not bool((~same_run | (kids[1:] > kids[:-1])).all()):
-        raise bad("inconsistent arrays: child runs must be ascending (chronological)")
-    dead = ~alive
-    if not bool((parent[dead] == -1).all()) or not bool((runs[dead] == 0).all()):
-        raise bad("inconsistent arrays: removed nodes must have no parent and no children")
-    expect = torch.zeros(n, dtype=torch.int64)
-    if n_edges:
-        expect.scatter_reduce_(0, owner, level[kids] + 1, reduce="amax", include_self=True)
-    if not bool((level[alive] == expect[alive]).all()):
-        raise bad("inconsistent levels: a node's level must be 1 + the largest level of its children (0 for leaves)")

@@ -13,6 +13,7 @@ import torch
 
 import streammem_kernels.runtime.dispatch as dispatch
 from streammem_kernels import CosineTree, tree_search
+from streammem_kernels.runtime.native import view
 
 _tree_module = dispatch.load_native("cpu", "tree")[0]
 pytestmark = pytest.mark.skipif(_tree_module is None,
@@ -259,7 +260,9 @@ def test_half_copy_conversion():
     x[0, :8] = torch.tensor([HALF_TINY, -HALF_TINY, HALF_TINY * 0.999, 65504.0, 65519.0, 1 + 2**-11, 1 + 3 * 2**-11,
                              2.0**-24])
     dst = torch.empty(x.shape, dtype=torch.float16)
-    norm, err = mod.half_copy(x.data_ptr(), dst.data_ptr(), x.shape[0], x.shape[1])
+    bounds = torch.empty(2, dtype=torch.float64)
+    assert mod.half_copy(view(x), view(dst), view(bounds)) == 0
+    norm, err = bounds.tolist()
     np.testing.assert_array_equal(dst.float().numpy(), reference_copy(x))
     assert dst[0, 5].item() == 1.0 and dst[0, 6].item() == 1 + 4 * 2**-11  # ties to even
     x64 = x.double()
@@ -297,7 +300,8 @@ def test_half_dot_kernel(dim):
     rows = torch.randn(50, dim, generator=g).half()
     rows[0] = 0.0
     rows[1, : (dim + 1) // 2] = 2.0**-20  # float16 subnormals convert exactly too
-    got = torch.from_numpy(mod.half_dots(q.numpy(), rows.view(torch.int16).numpy().view(np.uint16)))
+    got = torch.empty(rows.shape[0])
+    assert mod.half_dots(view(q), view(rows), view(got)) == 0
     exact = rows.double() @ q.double()
     bound = dim * 2.0**-24 / (1 - dim * 2.0**-24) * (rows.double().abs() @ q.double().abs())
     assert bool(((got.double() - exact).abs() <= bound).all())

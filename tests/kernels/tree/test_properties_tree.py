@@ -1,4 +1,4 @@
-"""Property-based suite (Hypothesis) for the cosine top-k and the tree search (issue 17).
+"""Property-based suite (Hypothesis) for the cosine top-k and the tree search.
 
 Generated shapes (size 1 and odd sizes), dtypes, layouts (contiguous, transposed, sliced), magnitudes
 (ordinary, tiny and huge: squares that underflow or overflow float32), NaN/Inf, ranges, duplicate keys,

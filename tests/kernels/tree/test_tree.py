@@ -16,7 +16,8 @@ from conftest import cpu_backends
 from device_checks import DEVICES, HAS_CUDA, capture_in_cuda_graph, device_backends, guard_backend
 from streammem_kernels import CosineTree, cosine_topk, tree_search
 from streammem_kernels.runtime.launch import recording_gpu_launches
-from streammem_kernels.tree.scoring import unit_rows as _unit_rows
+from streammem_kernels.runtime.native import view
+from streammem_kernels.tree.reference import unit_rows as _unit_rows
 from streammem_kernels.tree.topk import COSINE_TOPK, _cosine_topk_cpp_blas, _cosine_topk_cpp_fused, cosine_topk_uses_blas
 from streammem_kernels.tree.search import TREE_SEARCH
 
@@ -759,18 +760,16 @@ def test_searches_capture_in_cuda_graph(backend):
 # that validates and normalises itself): same results and same errors as the general path
 # --------------------------------------------------------------------------
 def _require_fast_path(monkeypatch):
-    """Make the general path of both public functions fail, so a passing call proves the fast path ran."""
-    import streammem_kernels.tree.topk as topk_mod
-    import streammem_kernels.tree.search as traversal_mod
-
+    """Make the general path of both public functions fail (it is the one that selects a backend), so
+    a passing call proves that the latency path ran."""
     if "cpp" not in TREE_BACKENDS:
         pytest.skip("the C++ backend is not built")
 
-    def general(*args):
+    def general(*args, **kwargs):
         raise AssertionError("the general path ran")
 
-    monkeypatch.setattr(traversal_mod, "_tree_search_general", general)
-    monkeypatch.setattr(topk_mod, "_cosine_topk_general", general)
+    monkeypatch.setattr(TREE_SEARCH, "select", general)
+    monkeypatch.setattr(COSINE_TOPK, "select", general)
 
 
 def test_fast_paths_match_the_reference(monkeypatch):
@@ -854,54 +853,52 @@ def test_topk_cpp_paths_validate_values_alike():
 
 
 def test_topk_fast_path_declines_what_it_does_not_read_in_place():
-    """The C++ fast path of cosine_topk (tensors read in C++) takes only plain float32 contiguous CPU
-    tensors, Q < 8 and an int k: every other input goes through the general path, same answer."""
+    """The latency path of cosine_topk (COSINE_TOPK.fast) takes only plain float32 contiguous CPU
+    tensors, Q < 8, an int k and no ranges: every other input goes through the general path, same answer."""
     if "cpp" not in TOPK_BACKENDS:
         pytest.skip("the C++ backend is not built")
-    mod = COSINE_TOPK.cpp_module("cpp")
+    mod, fast = COSINE_TOPK.cpp_module("cpp"), COSINE_TOPK.fast
     g = torch.Generator().manual_seed(21)
     keys, q = torch.randn(33, 12, generator=g), torch.randn(2, 12, generator=g)
-    assert mod.cosine_topk_tensors(q, keys, 4, 8, 1000) is not None
+    assert fast(mod, q, keys, 4, None) is not None
     declined = {
         "float64": (q.double(), keys, 4), "non-contiguous keys": (q, keys.T.contiguous().T, 4),
         "Parameter": (q, torch.nn.Parameter(keys), 4), "requires_grad": (q.clone().requires_grad_(), keys, 4),
         "Q = 8": (q.repeat(4, 1), keys, 4), "bool k": (q, keys, True), "k = 0": (q, keys, 0),
-        "k too large": (q, keys, 1001), "k beyond int64": (q, keys, 2**64), "1-D queries": (q[0], keys, 4),
-        "D mismatch": (q[:, :5], keys, 4), "numpy": (q.numpy(), keys, 4),
+        "k too large": (q, keys, 2**25 + 1), "k beyond int64": (q, keys, 2**64), "1-D queries": (q[0], keys, 4),
+        "D mismatch": (q[:, :5], keys, 4), "numpy": (q.numpy(), keys, 4), "no keys": (q, keys[:0], 4),
     }
     for name, (qq, kk, k) in declined.items():
-        assert mod.cosine_topk_tensors(qq, kk, k, 8, 1000) is None, name
+        assert fast(mod, qq, kk, k, None) is None, name
+    assert fast(mod, q, keys, 4, torch.tensor([[0, 33], [0, 33]])) is None, "ranges"
     for name in ("float64", "non-contiguous keys", "Parameter", "requires_grad", "Q = 8", "numpy"):
         qq, kk, k = declined[name]
         got = cosine_topk(qq, kk, k)
         want = cosine_topk(torch.as_tensor(qq).detach().float(), kk.detach().contiguous(), k, backend="torch")
         assert torch.equal(got.ids, want.ids), name
         torch.testing.assert_close(got.scores, want.scores, atol=SCORE_ATOL, rtol=0)
-    for name, match in (("bool k", "k must be an int"), ("k = 0", "k must be >= 1"), ("D mismatch", "D=12")):
+    for name, match in (("bool k", "k must be an int"), ("k = 0", "k must be >= 1"), ("D mismatch", "D=12"),
+                        ("no keys", "at least one key")):
         qq, kk, k = declined[name]
         with pytest.raises(ValueError, match=match):
             cosine_topk(qq, kk, k)
 
 
 def _tree_fast_path(tree):
-    """The C++ module and the tree's current TreeView (the fast path's inputs), or skip."""
-    import streammem_kernels.tree.search as traversal_mod
-
+    """The C++ module and tree_search's latency path on ``tree`` (``fast(queries, beam, k, min_score,
+    use_utility, from_every_root)``), or skip."""
     if "cpp" not in TREE_BACKENDS:
         pytest.skip("the C++ backend is not built")
     mod = TREE_SEARCH.cpp_module("cpp")
-    return mod, traversal_mod._tree_view(tree.search_arrays(), mod)
+    return mod, lambda queries, *args: TREE_SEARCH.fast(mod, tree, queries, *args)
 
 
-def test_tree_fast_path_equals_the_general_path_bit_for_bit():
-    """tree_search's native fast path (search_tensors on the snapshot's TreeView) takes every
-    argument form the general path accepts unchanged and returns the general C++ path's tensors
-    bit for bit, as fresh memory."""
-    import streammem_kernels.tree.search as traversal_mod
-
+def test_tree_fast_path_equals_the_general_path_bit_for_bit(monkeypatch):
+    """tree_search's latency path takes every argument form the general path accepts unchanged and
+    returns the general C++ path's tensors bit for bit, as fresh memory."""
     tree = build_tree(300, 5, 24, seed=7, leftover=4)
     tree.set_utility(torch.arange(0, tree.num_nodes, 3), torch.full((len(range(0, tree.num_nodes, 3)),), 0.5))
-    mod, view = _tree_fast_path(tree)
+    mod, fast = _tree_fast_path(tree)
     g = torch.Generator().manual_seed(8)
     queries = torch.randn(5, 24, generator=g)
     queries[3] = 0.0
@@ -912,15 +909,17 @@ def test_tree_fast_path_equals_the_general_path_bit_for_bit():
         for kw in cases:
             args = (kw.get("beam", 1), kw.get("k", 1), kw.get("min_score"), kw.get("use_utility", False),
                     kw.get("from_every_root", False))
-            fast = mod.search_tensors(view, q, *args)
-            assert fast is not None, kw
+            fast_out = fast(q, *args)
+            assert fast_out is not None, kw
             public = tree_search(tree, q, **kw)
-            general = traversal_mod._tree_search_general(tree, q, *args, "cpp")
-            assert type(public) is type(general), kw
-            for a, b, c in zip(fast, public, general):
+            with monkeypatch.context() as m:
+                m.setattr(TREE_SEARCH, "fast", None)  # the general path, C++ backend
+                general = tree_search(tree, q, **kw, backend="cpp")
+            assert type(public) is type(general) is type(fast_out), kw
+            for a, b, c in zip(fast_out, public, general):
                 assert a.dtype == c.dtype and a.shape == c.shape and a.is_contiguous(), kw
                 assert torch.equal(a, c) and torch.equal(b, c), kw
-            assert fast[0].data_ptr() != public[0].data_ptr(), "each call returns new memory"
+            assert fast_out[0].data_ptr() != public[0].data_ptr(), "each call returns new memory"
     want = tree_search(tree, queries, beam=(2, 6), k=9, backend="torch")
     got = tree_search(tree, queries, beam=(2, 6), k=9)
     assert torch.equal(got.ids, want.ids)
@@ -928,18 +927,16 @@ def test_tree_fast_path_equals_the_general_path_bit_for_bit():
 
 
 def test_tree_fast_path_declines_what_the_general_path_must_explain():
-    """search_tensors returns None for every input it does not take as is (the general path then
+    """The latency path returns None for every input it does not take as is (the general path then
     converts it or raises the ValueError naming the argument); the public answer is unchanged."""
-    import streammem_kernels.tree.search as traversal_mod
-
     tree = build_tree(60, 4, 12, seed=4)
-    mod, view = _tree_fast_path(tree)
+    mod, fast = _tree_fast_path(tree)
     g = torch.Generator().manual_seed(9)
     q = torch.randn(2, 12, generator=g)
     base = dict(beam=3, k=2, min_score=None, use_utility=False, from_every_root=False)
     greedy = dict(base, beam=1, k=1)
-    assert mod.search_tensors(view, q, *base.values()) is not None
-    assert mod.search_tensors(view, q, *greedy.values()) is not None
+    assert fast(q, *base.values()) is not None
+    assert fast(q, *greedy.values()) is not None
     converted = {  # the general path takes these (converting them): same answer as the reference
         "float64": (q.double(), base),
         "non-contiguous": (q.T.contiguous().T, base),
@@ -953,7 +950,7 @@ def test_tree_fast_path_declines_what_the_general_path_must_explain():
         "numpy greedy beam": (q, dict(greedy, beam=np.int64(1))),
     }
     for name, (qq, kw) in converted.items():
-        assert mod.search_tensors(view, qq, *kw.values()) is None, name
+        assert fast(qq, *kw.values()) is None, name
         got = tree_search(tree, qq, **kw)
         want = tree_search(tree, torch.as_tensor(qq).detach().float(), **dict(kw, backend="torch"))
         for a, b in zip(got, want):
@@ -978,6 +975,7 @@ def test_tree_fast_path_declines_what_the_general_path_must_explain():
         "beam[1] = 0": (q, dict(base, beam=(2, 0)), r"beam\[1\]"),
         "beam too wide": (q, dict(base, beam=2**31), "beam"),
         "float beam": (q, dict(base, beam=2.0), "beam"),
+        "tensor beam": (q, dict(base, beam=torch.tensor([3, 4])), "beam"),
         "NaN min_score": (q, dict(base, min_score=float("nan")), "min_score"),
         "inf min_score": (q, dict(base, min_score=float("inf")), "min_score"),
         "huge int min_score": (q, dict(base, min_score=10**400), "min_score"),
@@ -991,10 +989,10 @@ def test_tree_fast_path_declines_what_the_general_path_must_explain():
         "beam from_every_root": (q, dict(base, from_every_root=True), "from_every_root applies"),
     }
     for name, (qq, kw, match) in rejected.items():
-        assert mod.search_tensors(view, qq, *kw.values()) is None, name
+        assert fast(qq, *kw.values()) is None, name
         with pytest.raises(ValueError, match=match):
             tree_search(tree, qq, **kw)
-    assert traversal_mod._tree_view(tree.search_arrays(), mod) is not None
+    assert tree.search_arrays().native
     with pytest.raises(ValueError, match="tree must not be empty"):
         t = CosineTree(12)
         t.add_leaves(q)
@@ -1005,31 +1003,55 @@ def test_tree_fast_path_declines_what_the_general_path_must_explain():
 
 
 def test_tree_fast_path_keeps_its_snapshot():
-    """A TreeView belongs to one snapshot and keeps its tensors alive: a search holding it returns
-    the tree as it was, whatever mutations (appends that reallocate, removal, compaction) came
-    after; the next search sees the new tree through a new view."""
+    """The C++ views of a snapshot (made once, kept on it) keep its tensors alive: a search through
+    them returns the tree as it was, whatever mutations (appends that reallocate, removal,
+    compaction) came after; the next search sees the new tree through new views."""
     tree = build_tree(40, 4, 8, seed=5)
-    mod, view = _tree_fast_path(tree)
+    mod, fast = _tree_fast_path(tree)
     q = torch.randn(3, 8, generator=torch.Generator().manual_seed(6))
-    args = ((2, 4), 5, None, False, False)
-    before = [t.clone() for t in mod.search_tensors(view, q, *args)]
-    before_greedy = [t.clone() for t in mod.search_tensors(view, q, 1, 1, None, False, False)]
-    assert tree.search_arrays().native is view
+    before = [t.clone() for t in fast(q, (2, 4), 5, None, False, False)]
+    before_greedy = [t.clone() for t in fast(q, 1, 1, None, False, False)]
+    snap = tree.search_arrays()
+    views, height = snap.native, snap.height
+    assert views and height >= 2
+    widths = view(torch.tensor([2] + [4] * (height - 1)))
+    del snap  # the views alone keep the snapshot's tensors alive
     tree.add_leaves(torch.randn(500, 8))  # reallocates every table
     tree.grow(4)
     tree.remove(tree.roots[:2], cascade=True)
     tree.compact()
     tree.set_utility(torch.arange(5), torch.zeros(5))  # a new snapshot's values only
-    for got, want in zip(mod.search_tensors(view, q, *args), before):
+    ids, scores = torch.empty((3, 5), dtype=torch.int64), torch.empty((3, 5))
+    assert mod.beam(*views[1], view(q), widths, float("-inf"), False, view(ids), view(scores), None, 0.0, 0.0) == 0
+    assert torch.equal(ids, before[0]) and torch.equal(scores, before[1])
+    greedy = (torch.empty((3, height + 1), dtype=torch.int64), torch.empty((3, height + 1)),
+              torch.empty(3, dtype=torch.int64), torch.empty(3))
+    assert mod.greedy(*views[0], view(q), False, *map(view, greedy)) == 0
+    for got, want in zip(greedy, before_greedy):
         assert torch.equal(got, want)
-    for got, want in zip(mod.search_tensors(view, q, 1, 1, None, False, False), before_greedy):
-        assert torch.equal(got, want)
-    assert tree.search_arrays().native is not view
     got = tree_search(tree, q, beam=(2, 4), k=5)
     want = tree_search(tree, q, beam=(2, 4), k=5, backend="torch")
-    assert tree.search_arrays().native not in (None, view)
+    assert tree.search_arrays().native not in (None, views)
     assert torch.equal(got.ids, want.ids)
     assert_same_path(tree_search(tree, q), tree_search(tree, q, backend="torch"))
+
+
+def test_fast_path_beam_widths_follow_the_tree_height():
+    """The latency path derives a beam's widths once per (beam, height): the same beam on a tree that
+    grew a level, and beams that hash alike (5 and 5.0, True and 1), give the reference's answers."""
+    tree = build_tree(60, 4, 10, seed=12)
+    q = torch.randn(2, 10, generator=torch.Generator().manual_seed(13))
+    for _ in range(2):
+        for beam in ((2, 3), 3, (1, 4, 2)):
+            got = tree_search(tree, q, beam=beam, k=4)
+            want = tree_search(tree, q, beam=beam, k=4, backend="torch")
+            assert torch.equal(got.ids, want.ids), (beam, tree.height)
+        tree.add_leaves(torch.randn(200, 10, generator=torch.Generator().manual_seed(14)))
+        tree.grow(4)  # one more level: the cached widths of the old height must not be reused
+    with pytest.raises(ValueError, match="beam"):
+        tree_search(tree, q, beam=(2, 3.0), k=4)
+    with pytest.raises(ValueError, match="beam"):
+        tree_search(tree, q, beam=(True, 3), k=4)
 
 
 def test_greedy_k_must_be_the_int_one_on_every_path():

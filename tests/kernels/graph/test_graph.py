@@ -17,7 +17,7 @@ import streammem_kernels as sk
 from conftest import cpu_backends
 from device_checks import DEVICES, HostSync, capture_in_cuda_graph, device_backends, guard_backend, no_host_sync
 from streammem_kernels import CSRGraph, cosine_topk, graph_retrieve, khop_neighbourhood, neighbourhood_chunks
-from streammem_kernels.graph import GRAPH, NO_CAP
+from streammem_kernels.graph import GRAPH, GRAPH_RETRIEVE, NO_CAP
 
 BACKENDS = cpu_backends(GRAPH)
 CUDA = DEVICES[1].marks[0]  # skipped without a GPU
@@ -158,9 +158,8 @@ def test_random_sweep_every_backend_equals_the_plain_bfs(backend):
 
 @pytest.mark.skipif("cpp" not in BACKENDS, reason="the C++ backend is not built")
 def test_cpu_fast_path_equals_the_general_path():
-    # int64 C-contiguous seeds take one native call (graph._khop_fast); int32 seeds the general path.
-    from streammem_kernels.graph import _khop_fast
-
+    # int64 C-contiguous seeds take one native call (GRAPH's latency path); int32 seeds the general path.
+    mod = GRAPH.cpp_module("cpp")
     rng = random.Random(11)
     for trial in range(40):
         n = rng.randint(1, 40)
@@ -170,7 +169,7 @@ def test_cpu_fast_path_equals_the_general_path():
                               generator=torch.Generator().manual_seed(trial))
         hops, capacity = rng.choice([0, 1, 3, 10**9]), rng.choice([1, 3, 8, 50])
         fanout, frontier = rng.choice([None, 1, 5, 2**40]), rng.choice([None, 1, 3])
-        fast = _khop_fast(graph, seeds, hops, capacity, fanout, frontier, "auto")
+        fast = GRAPH.fast(mod, graph, seeds, hops, capacity, fanout, frontier)
         assert fast is not None
         general = khop_neighbourhood(graph, seeds.to(torch.int32), hops, capacity=capacity, max_fanout=fanout,
                                      max_frontier=frontier, backend="cpp")
@@ -403,11 +402,9 @@ def test_graph_retrieve_fused_call_equals_the_general_path(monkeypatch):
     cosine_topk + the expansion return, and runs for the plain float32 call only."""
     if "cpp" not in BACKENDS:
         pytest.skip("the C++ backend is not built")
-    import streammem_kernels.graph as graph_mod
-
     ran = []
-    fused = graph_mod._retrieve_fast
-    monkeypatch.setattr(graph_mod, "_retrieve_fast", lambda *a: ran.append(1) or fused(*a))
+    fused = GRAPH_RETRIEVE.fast
+    monkeypatch.setattr(GRAPH_RETRIEVE, "fast", lambda *a: ran.append(1) or fused(*a))
     graph, emb, _, queries = memory(n=53, dim=20, seed=4)
     emb[7] = 0.0  # a zero node scores 0
     emb[30] = emb[11] * 8  # parallel rows tie: the lower id first
@@ -443,10 +440,27 @@ def test_graph_retrieve_fused_call_equals_the_general_path(monkeypatch):
     # Declined, same answer: Q >= 8, non-contiguous embeddings, a chunk map, numpy input.
     mod = GRAPH.cpp_module("cpp")
     for q, e in ((queries.repeat(4, 1), emb), (queries, emb.T.contiguous().T), (queries.numpy(), emb)):
-        assert mod.retrieve(q, e, 4, graph_mod._TOPK_INTO[0], graph.row_ptr.data_ptr(), 53, graph.col_idx.data_ptr(),
-                            2, 30, NO_CAP, NO_CAP, False, 0.0, 8, 1 << 25) is None
+        assert fused(mod, q, e, graph, 4, 2, 30, None, None, None) is None
         got = graph_retrieve(q, e, graph, k=4, hops=2, capacity=30)
         want = graph_retrieve(torch.as_tensor(q).double(), e, graph, k=4, hops=2, capacity=30)
+        assert torch.equal(got.seeds, want.seeds) and torch.equal(got.neighbourhood.nodes, want.neighbourhood.nodes)
+
+
+def test_graph_keeps_its_native_views_out_of_copies():
+    """A graph's latency path keeps the C++ views of its CSR on the graph, made once; copies and pickles
+    leave them behind (capsules do not pickle) and make their own."""
+    import copy
+    import pickle
+
+    graph, emb, _, queries = memory(n=30, dim=8, seed=9)
+    seeds = torch.tensor([[0, 4, 7]])
+    first = khop_neighbourhood(graph, seeds, 2, capacity=20)
+    for clone in (copy.deepcopy(graph), pickle.loads(pickle.dumps(graph)), graph.to("cpu")):
+        again = khop_neighbourhood(clone, seeds, 2, capacity=20)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+        got = graph_retrieve(queries, emb, clone, k=3, hops=1, capacity=12)
+        want = graph_retrieve(queries, emb, graph, k=3, hops=1, capacity=12)
         assert torch.equal(got.seeds, want.seeds) and torch.equal(got.neighbourhood.nodes, want.neighbourhood.nodes)
 
 

@@ -1,0 +1,301 @@
+// The cosine scoring rules in C++ and the exact top-k scan built on them, shared by the modules that
+// score embeddings: _cpu_tree (cosine_topk, tree_search) and _cpu_graph (graph_retrieve's seeds).
+//
+// The rules are those of streammem_kernels/tree/reference.py (the spec):
+// * a score is dot(q / |q|, v / |v|) in float32; rows whose squared norm over- or underflows float32
+//   are scaled by a power of two first (exact), as the reference's unit_rows scales every row, so
+//   both routes agree on ordinary rows; an all-zero row scores 0 against everything;
+// * a dot product is simd::dot (four 8-lane accumulators, a fixed lane layout), so a row scores the
+//   same wherever it lies and identical rows tie exactly;
+// * a ranking orders by (score desc, id asc).
+//
+// Everything here has internal linkage: each translation unit that includes the header compiles its
+// own copy (the hot loops are cloned per ISA, STREAMMEM_HOT), and no function address crosses a
+// module boundary.  Value checks are reported as statuses (ScanStatus), never thrown: each module
+// maps them to its caller's declared checks (runtime/native.py, NativeChecks).
+#pragma once
+
+#include "common.h"
+#include "simd.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace streammem {
+namespace cosine {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+// Queries sharing one pass over a key row (the row stays in L1 for all of them).
+constexpr int64_t kQueryBlock = 8;
+
+STREAMMEM_HOT inline float dot(const float* __restrict a, const float* __restrict b, int64_t d) {
+  return simd::dot(a, b, d);
+}
+
+// Validation pass without a boolean temporary: x - x is 0 for finite x and NaN for NaN/Inf, so
+// one sum per chunk detects both.
+STREAMMEM_HOT inline bool chunk_finite(const float* __restrict x, int64_t n) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += x[i] - x[i];
+  return acc == 0.f;
+}
+
+inline bool finite_values(const float* x, int64_t n) {
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (n >= (int64_t(1) << 20))
+  for (int64_t c = 0; c < chunks; ++c)
+    if (!chunk_finite(x + c * kChunk, std::min(kChunk, n - c * kChunk))) bad |= 1;
+  return bad == 0;
+}
+
+// Squared norms in [kLowSquare, inf) are computed without loss by the plain dot product; rows
+// outside (a norm above 1.8e19 overflows the square, one below ~1e-19 underflows it) are scaled
+// by a power of two first (scaled_row).  Subnormal squares in a row whose squared norm is >= 2^-100
+// weigh at most D * 2^-49 of it.
+constexpr float kLowSquare = 7.888609052210118e-31f;  // 2^-100
+constexpr int kScaleExponent = 126;                   // reference.POW2_SCALE_EXPONENT
+
+inline bool plain_square(float sq) { return sq >= kLowSquare && sq < kInf; }
+
+// out = row * 2^-e with 2^e the power of two bringing max |row| into [0.5, 1) (exponent clamped
+// to +-126); returns the norm of out (0 for an all-zero row, whose out is zero).
+inline float scaled_row(const float* row, int64_t D, float* out) {
+  float m = 0.f;
+  for (int64_t d = 0; d < D; ++d) m = std::max(m, std::fabs(row[d]));
+  if (m == 0.f) {
+    std::fill(out, out + D, 0.f);
+    return 0.f;
+  }
+  int e;
+  std::frexp(m, &e);
+  const float scale = std::ldexp(1.0f, -std::clamp(e, -kScaleExponent, kScaleExponent));
+  for (int64_t d = 0; d < D; ++d) out[d] = row[d] * scale;
+  return std::sqrt(dot(out, out, D));
+}
+
+// Rows q (Q, D) scaled to unit L2 norm in float32 into out (Q, D), as the reference's unit_rows
+// does: q / max(|q|, the smallest normal float), so a zero row stays zero; rows whose squared norm
+// over- or underflows go through scaled_row.  False when a row holds NaN/Inf (a finite |q|^2 proves
+// the row finite; otherwise the row is checked, since squares of large finite values overflow too).
+inline bool unit_rows_into(const float* q, int64_t Q, int64_t D, float* out) {
+  constexpr float kTiny = std::numeric_limits<float>::min();
+  for (int64_t r = 0; r < Q; ++r) {
+    const float* row = q + r * D;
+    float* o = out + r * D;
+    const float sq = dot(row, row, D);
+    if (!std::isfinite(sq) && !chunk_finite(row, D)) return false;
+    if (plain_square(sq)) {
+      const float norm = std::sqrt(sq);
+      for (int64_t d = 0; d < D; ++d) o[d] = row[d] / norm;
+    } else {
+      const float norm = std::max(scaled_row(row, D, o), kTiny);
+      for (int64_t d = 0; d < D; ++d) o[d] /= norm;
+    }
+  }
+  return true;
+}
+
+inline bool better(float s1, int64_t i1, float s2, int64_t i2) { return s1 > s2 || (s1 == s2 && i1 < i2); }
+
+// Sorted top-k of one query living in caller memory (ids -1 / scores -inf = empty).  k is small
+// (<= a few hundred) and, after the first few hundred keys, almost every candidate fails the one
+// comparison with the current k-th.
+struct TopK {
+  float* score;
+  int64_t* id;
+  int64_t k;
+  int64_t count;
+
+  TopK() = default;
+  TopK(float* s, int64_t* i, int64_t k_) : score(s), id(i), k(k_), count(0) {
+    while (count < k && id[count] >= 0) ++count;
+  }
+  bool admits(float s, int64_t i) const { return count < k || better(s, i, score[k - 1], id[k - 1]); }
+  void push(float s, int64_t i) {
+    if (!admits(s, i)) return;
+    int64_t p = count < k ? count : k - 1;
+    while (p > 0 && better(s, i, score[p - 1], id[p - 1])) {
+      score[p] = score[p - 1];
+      id[p] = id[p - 1];
+      --p;
+    }
+    score[p] = s;
+    id[p] = i;
+    if (count < k) ++count;
+  }
+};
+
+// Scans keys [k_lo, k_hi) for the unit queries [q_lo, q_hi), each restricted to its range, folding
+// into the running top-k arrays (row stride k).  Sets *bad when a scanned key holds NaN/Inf (its
+// squared norm is then not finite; a finite one proves the row finite, and only a non-finite one,
+// NaN/Inf or an overflow of huge finite values, has its row checked).
+STREAMMEM_HOT inline void scan_keys(const float* __restrict Qm, const float* __restrict K, int64_t D, int64_t q_lo,
+                                    int64_t q_hi, int64_t k_lo, int64_t k_hi, const int64_t* __restrict ranges,
+                                    float* top_score, int64_t* top_id, int64_t k, int* bad) {
+  for (int64_t qb = q_lo; qb < q_hi; qb += kQueryBlock) {
+    const int64_t qe = std::min(q_hi, qb + kQueryBlock);
+    int64_t lo = k_hi, hi = k_lo;
+    for (int64_t q = qb; q < qe; ++q) {
+      lo = std::min(lo, std::max(k_lo, ranges[2 * q]));
+      hi = std::max(hi, std::min(k_hi, ranges[2 * q + 1]));
+    }
+    TopK tops[kQueryBlock];
+    for (int64_t q = qb; q < qe; ++q) tops[q - qb] = TopK(top_score + q * k, top_id + q * k, k);
+    const bool single = qe - qb == 1;
+    int found_bad = 0;
+    std::vector<float> scaled;  // a key whose squared norm over/underflows, scaled (rare)
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* key = K + i * D;
+      float nsq, first = 0.f;
+      // One query: its dot product and the key's squared norm in one pass (same bits as two dots).
+      if (single)
+        simd::dot_and_square(Qm + qb * D, key, D, &first, &nsq);
+      else
+        nsq = dot(key, key, D);
+      const bool plain = plain_square(nsq);
+      float norm;
+      if (plain) {
+        // Divide (not multiply by 1/norm) so that a key parallel to the query
+        // scores exactly like its normalised copy in the reference.
+        norm = std::sqrt(nsq);
+      } else {
+        if (!std::isfinite(nsq) && !chunk_finite(key, D)) {
+          found_bad = 1;
+          continue;
+        }
+        // Huge or tiny key: score its exactly scaled copy (an all-zero key scores 0).
+        scaled.resize(static_cast<size_t>(D));
+        norm = scaled_row(key, D, scaled.data());
+        key = scaled.data();
+      }
+      for (int64_t q = qb; q < qe; ++q) {
+        if (i < ranges[2 * q] || i >= ranges[2 * q + 1]) continue;
+        const float s = norm > 0.f ? (single && plain ? first : dot(Qm + q * D, key, D)) / norm : 0.f;
+        TopK& t = tops[q - qb];
+        if (t.admits(s, i)) t.push(s, i);
+      }
+    }
+    if (found_bad) {
+#pragma omp atomic write
+      *bad = 1;
+    }
+  }
+}
+
+// A copy of float rows at a 64-byte aligned address: the scan reads every query row once per key,
+// 8 floats at a time, and from an aligned copy no read straddles two cache lines.
+// The rows of a few queries live in the object itself (no allocation on the single-item path).
+class AlignedRows {
+ public:
+  explicit AlignedRows(size_t count) {
+    if (count > kInline) heap_.resize(count + kPad);
+    float* base = count > kInline ? heap_.data() : inline_;
+    const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(base);
+    start_ = base + ((64 - at % 64) % 64) / sizeof(float);
+  }
+  AlignedRows(const AlignedRows&) = delete;
+  AlignedRows& operator=(const AlignedRows&) = delete;
+  float* data() { return start_; }
+  const float* data() const { return start_; }
+
+ private:
+  static constexpr size_t kPad = 64 / sizeof(float);
+  static constexpr size_t kInline = 1024;  // one query of D <= 1024
+  float inline_[kInline + kPad];
+  std::vector<float> heap_;
+  float* start_;
+};
+
+// The value checks of the scan, in the order of the statuses its callers declare.
+enum ScanStatus : int { kScanOk = 0, kQueriesNotFinite = 1, kKeysNotFinite = 2, kRangesOutside = 3 };
+
+// The exact top-k of Q raw queries against the raw keys K (N, D), into I / S (Q, k) (filled here),
+// each query restricted to its range (ranges (Q, 2), or nullptr for all keys; with ranges, every key
+// is still checked finite, as the contract covers all keys).  Q, N, D, k >= 1.  Small scans keep the
+// GIL and one thread; larger ones release it and split the queries, or for few queries the keys,
+// across threads.  Call with the GIL held.
+inline int cosine_topk_into(const float* queries, int64_t Q, const float* K, int64_t N, int64_t D, int64_t k,
+                            const int64_t* ranges, int64_t* I, float* S) {
+  AlignedRows unit(static_cast<size_t>(Q * D));
+  if (!unit_rows_into(queries, Q, D, unit.data())) return kQueriesNotFinite;
+  int64_t whole_inline[2 * kQueryBlock];
+  std::vector<int64_t> whole_heap;
+  const int64_t* rg = ranges;
+  if (ranges == nullptr) {  // every query scans every key: the scan proves every key finite
+    if (Q > kQueryBlock) whole_heap.resize(2 * Q);
+    int64_t* whole = Q > kQueryBlock ? whole_heap.data() : whole_inline;
+    for (int64_t q = 0; q < Q; ++q) {
+      whole[2 * q] = 0;
+      whole[2 * q + 1] = N;
+    }
+    rg = whole;
+  } else {  // keys outside every range are not scanned, but the contract covers all keys
+    for (int64_t q = 0; q < Q; ++q)
+      if (!(rg[2 * q] >= 0 && rg[2 * q] <= rg[2 * q + 1] && rg[2 * q + 1] <= N)) return kRangesOutside;
+    bool ok;
+    {
+      py::gil_scoped_release nogil;
+      ok = finite_values(K, N * D);
+    }
+    if (!ok) return kKeysNotFinite;
+  }
+  std::fill(I, I + Q * k, int64_t(-1));
+  std::fill(S, S + Q * k, kNegInf);
+  const float* Qm = unit.data();
+  const int threads = max_threads();
+  int bad = 0;
+  if (Q * N * D < (int64_t(1) << 20)) {
+    // Up to about 100 us of work (one query against 2,700 keys of D = 384): one thread, and the
+    // GIL kept, since handing it back and taking it again costs about 1 us, 3% of a scan of 1,000
+    // keys (Python's switch interval, 5 ms, is far longer than this).
+    for (int64_t b = 0; b < Q; b += kQueryBlock)
+      scan_keys(Qm, K, D, b, std::min(Q, b + kQueryBlock), 0, N, rg, S, I, k, &bad);
+  } else {
+    py::gil_scoped_release nogil;
+    if (Q >= 2 * int64_t(threads) * kQueryBlock || threads == 1) {
+      // Enough query blocks to keep every thread busy.
+      const int64_t blocks = (Q + kQueryBlock - 1) / kQueryBlock;
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int64_t b = 0; b < blocks; ++b)
+        scan_keys(Qm, K, D, b * kQueryBlock, std::min(Q, (b + 1) * kQueryBlock), 0, N, rg, S, I, k, &bad);
+    } else {
+      // Few queries: split the keys across threads, then merge the partial top-k.
+      std::vector<float> part_s(size_t(threads) * Q * k, kNegInf);
+      std::vector<int64_t> part_i(size_t(threads) * Q * k, -1);
+#pragma omp parallel num_threads(threads)
+      {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        const int64_t lo = N * t / nt, hi = N * (t + 1) / nt;
+        scan_keys(Qm, K, D, 0, Q, lo, hi, rg, part_s.data() + size_t(t) * Q * k, part_i.data() + size_t(t) * Q * k,
+                  k, &bad);
+      }
+      for (int64_t q = 0; q < Q; ++q) {
+        TopK top(S + q * k, I + q * k, k);
+        for (int t = 0; t < threads; ++t)
+          for (int64_t j = 0; j < k; ++j) {
+            const size_t at = (size_t(t) * Q + q) * k + j;
+            if (part_i[at] < 0) break;
+            top.push(part_s[at], part_i[at]);
+          }
+      }
+    }
+  }
+  return bad ? kKeysNotFinite : kScanOk;
+}
+
+}  // namespace
+}  // namespace cosine
+}  // namespace streammem
