@@ -48,7 +48,9 @@ _BLOCK_E = 32
 _NUM_WARPS = 4
 
 # hot: the expansion is the op's whole GPU path.  exact: integer work only (no floating point at all).
-KERNEL_CONTRACTS = {"_expand_kernel": {"hot": True, "exact": True}}
+# "spills": bytes (stored + loaded) that Triton 3.6 (the GPU image's compiler) spills on sm_90 where
+# Triton 3.9 spills none; allowed until a GPU run measures their cost (bench/gpu.sh).
+KERNEL_CONTRACTS = {"_expand_kernel": {"hot": True, "exact": True, "spills": {"3.6": 40}}}
 
 
 @triton.jit

@@ -45,11 +45,13 @@ import triton.language as tl
 from .reference import pow2_row_scale
 from ..runtime.launch import gpu_launch, multiprocessors
 
+# "spills": bytes (stored + loaded) that Triton 3.6 (the GPU image's compiler) spills on sm_80 where
+# Triton 3.9 spills none; allowed until a GPU run measures their cost (bench/gpu.sh).
 KERNEL_CONTRACTS = {
-    "_greedy_kernel": {"hot": True, "exact": False},
+    "_greedy_kernel": {"hot": True, "exact": False, "spills": {"3.6": 8}},
     "_gather_dot_kernel": {"hot": True, "exact": False},
     # Scores divide by the key norm with correctly rounded sqrt/division, as the reference normalises.
-    "_cosine_topk_kernel": {"hot": True, "exact": True},
+    "_cosine_topk_kernel": {"hot": True, "exact": True, "spills": {"3.6": 16}},
 }
 
 _NUM_WARPS = 8
