@@ -149,7 +149,7 @@ def _triton_import_reason():
         except Exception as exc:  # ImportError, or a broken install
             _IMPORTS[key] = f"Triton is not importable ({exc}); pip install triton"
         if _IMPORTS[key] is None and triton_interpreting():
-            from .launch import fix_interpreter_scalar_index
+            from .interpreter import fix_interpreter_scalar_index
 
             fix_interpreter_scalar_index()
     return _IMPORTS[key]

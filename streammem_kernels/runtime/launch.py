@@ -10,10 +10,7 @@ What legitimately differs is asked here, in one place:
   (``streammem_kernels.runtime.aot``) records launches to replay them for sm_80/sm_90;
 * :func:`multiprocessors` -- streaming multiprocessors to fill (work splitting);
 * :func:`interpreted_bf16` -- the interpreter computes bfloat16 arithmetic
-  wrongly, so bfloat16 tiles are upcast to float32 there (and only there);
-* :func:`fix_interpreter_scalar_index` -- the interpreter of some Triton
-  releases cannot loop over a scalar argument (``range(window)``) under
-  numpy >= 2.4; dispatch applies it before any interpreted launch.
+  wrongly, so bfloat16 tiles are upcast to float32 there (and only there).
 """
 from __future__ import annotations
 
@@ -64,29 +61,3 @@ def interpreted_bf16(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and triton_interpreting() and not _RECORDING.get()
 
 
-def fix_interpreter_scalar_index() -> bool:
-    """Let interpreted kernels use a scalar argument as an index (``range(window)``) under numpy >= 2.4.
-
-    The interpreter holds a scalar argument as a 1-element array and converts it to an index
-    with ``int()`` of that array (Triton 3.6), which numpy >= 2.4 refuses; this makes it take
-    the single element first, as newer Triton releases do.  The result is the same number on
-    every numpy.  Returns False (and changes nothing) where Triton's internals differ.
-    """
-    try:
-        from triton.runtime import interpreter
-    except ImportError:
-        return False
-    patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
-    if patch_tensor is None:
-        return False
-    if getattr(patch_tensor, "_streammem_scalar_index", False):
-        return True
-
-    def patch_lang_tensor(tensor, scope, *args, **kwargs):
-        patch_tensor(tensor, scope, *args, **kwargs)
-        # Through the scope, so the launch's end restores Triton's own method as well.
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-
-    patch_lang_tensor._streammem_scalar_index = True
-    interpreter._patch_lang_tensor = patch_lang_tensor
-    return True
