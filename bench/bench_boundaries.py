@@ -172,7 +172,7 @@ def test_offline_ours_cpp_segmentation_only(benchmark, offline_features):
     sims = adjacent_cosine(offline_features, backend="cpp")
 
     def run():
-        choices = torch.ops.streammem.window_choices(sims, 8, 0.7, 0.2, 0, "cpp")
+        choices = torch.ops.streammem.window_choices(sims, 8, 0.7, 0.2, 0, 3, "cpp")
         return torch.ops.streammem.scan_events(sims, choices, 8, 0, float("nan"), "cpp")
 
     benchmark.group = "offline"

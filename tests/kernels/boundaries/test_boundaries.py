@@ -77,8 +77,9 @@ def python_depths(s, peak="climb"):
     return depths
 
 
-def python_segment(sims, T, window=8, tau=0.7, min_depth=0.2, peak="climb", max_event=None, drift=None):
+def python_segment(sims, T, window=8, tau=0.7, min_depth=0.2, peak="climb", max_event=None, drift=None, flash=None):
     """Literal reading of the rule: keep the list of frames in the window."""
+    flash = min(3, (window - 1) // 2) if flash is None else flash
     events, last_end, win = [], -1, []
     for t in range(T):
         win.append(t)
@@ -94,10 +95,20 @@ def python_segment(sims, T, window=8, tau=0.7, min_depth=0.2, peak="climb", max_
                     cands = [j for j, x in enumerate(d) if x > mu + tau * sigma and x > min_depth]
                     if cands:
                         j = max(cands, key=lambda j: (d[j], -j))
-                        b = win[j]
-                        events.append((last_end + 1, b))
-                        last_end = b
-                        win = [f for f in win if f > b]
+                        # The flash rule: wait for `flash` similarities after j; a drop within `flash`
+                        # of j below s_j + d_j / 2 makes j an edge of a transient: no boundary, and
+                        # the window restarts after the transient's last edge.
+                        edges = [k for k in range(j - flash, j + flash + 1)
+                                 if 0 <= k < window and k != j and s[k] < s[j] + 0.5 * d[j]]
+                        if j > window - 1 - flash:
+                            pass
+                        elif edges:
+                            win = [f for f in win if f > win[max(edges + [j])]]
+                        else:
+                            b = win[j]
+                            events.append((last_end + 1, b))
+                            last_end = b
+                            win = [f for f in win if f > b]
         elif len(win) >= 2 and sims[t - 1] < drift:
             events.append((last_end + 1, t - 1))
             last_end = t - 1
@@ -140,7 +151,12 @@ def adversarial_batch(T=40, D=6, seed=0):
     steps = torch.cat([a + 0.01 * torch.randn(half, D, generator=g), b + 0.01 * torch.randn(T - half, D, generator=g)])
     zeros = torch.cat([torch.zeros(5, D), a.expand(T - 5, D)])  # zero vectors give similarity 0
     noise = torch.randn(T, D, generator=g)
-    return torch.stack([constant, alternating, ties, ramp, steps, zeros, noise])
+    # Transients of 1, 2 and 3 frames (flashes) in a steady shot, then a cut: the flash rule's cases.
+    flashes = a + 0.01 * torch.randn(T, D, generator=g)
+    for start, length in ((T // 6, 1), (T // 3, 2), (T // 2, 3)):
+        flashes[start:start + length] = b
+    flashes[2 * T // 3:] = -a + 0.01 * torch.randn(T - 2 * T // 3, D, generator=g)
+    return torch.stack([constant, alternating, ties, ramp, steps, zeros, noise, flashes])
 
 
 def f1_score(pred, truth, tol):
@@ -265,6 +281,9 @@ PARAM_GRID = [
     dict(min_depth=0.02, max_event=11, window=5),
     dict(drift=0.2),
     dict(drift=0.5, max_event=4),
+    dict(flash=0),
+    dict(flash=1, window=4, min_depth=0.0),
+    dict(flash=2, max_event=9, peak="max"),
 ]
 
 
@@ -763,10 +782,10 @@ def test_inputs_not_mutated():
 def test_opcheck(backend):
     x = torch.randn(3, 20, 7)
     sims = torch.ops.streammem.adjacent_cosine(x, backend)
-    choices = torch.ops.streammem.window_choices(sims, 4, 0.7, 0.0, 0, backend)
+    choices = torch.ops.streammem.window_choices(sims, 4, 0.7, 0.0, 0, 1, backend)
     torch.library.opcheck(torch.ops.streammem.adjacent_cosine, (x, backend))
     torch.library.opcheck(torch.ops.streammem.window_depth, (sims, 0, backend))
-    torch.library.opcheck(torch.ops.streammem.window_choices, (sims, 4, 0.7, 0.0, 1, backend))
+    torch.library.opcheck(torch.ops.streammem.window_choices, (sims, 4, 0.7, 0.0, 1, 1, backend))
     torch.library.opcheck(torch.ops.streammem.scan_events, (sims, choices, 4, 5, float("nan"), backend))
     torch.library.opcheck(torch.ops.streammem.scan_events, (sims, choices[:, :0], 4, 0, 0.5, backend))
 
@@ -981,7 +1000,7 @@ def test_event_ends_equals_the_reference_and_checks_features(backend):
     g = torch.Generator().manual_seed(31)
     x = torch.cat([torch.randn(3, 45, 10, generator=g), adversarial_batch(T=45, D=10)])
     for params in (dict(), dict(window=3, min_depth=0.0, max_event=5), dict(peak="max"), dict(drift=0.3),
-                   dict(drift=-1.0, max_event=2), dict(window=50)):
+                   dict(drift=-1.0, max_event=2), dict(window=50), dict(flash=0), dict(window=50, flash=24)):
         want = event_ends(x, backend="torch", **params)
         assert torch.equal(event_ends(x, backend=backend, **params), want), params
         assert torch.equal(event_ends(x[2], backend=backend, **params), want[2]), params
@@ -991,8 +1010,9 @@ def test_event_ends_equals_the_reference_and_checks_features(backend):
     with pytest.raises(ValueError, match="features must be finite, found NaN or Inf"):
         event_ends(broken, backend=backend)
     torch.library.opcheck(torch.ops.streammem.event_ends, (x[:, :20].contiguous(), 4, 0.7, 0.0, 0, 5, float("nan"),
+                                                           1, backend))
+    torch.library.opcheck(torch.ops.streammem.event_ends, (x[:, :20].contiguous(), 4, 0.7, 0.0, 1, 0, 0.5, 0,
                                                            backend))
-    torch.library.opcheck(torch.ops.streammem.event_ends, (x[:, :20].contiguous(), 4, 0.7, 0.0, 1, 0, 0.5, backend))
 
 
 def test_native_entries_refuse_a_broken_border_contract():
