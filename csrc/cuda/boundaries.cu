@@ -31,8 +31,9 @@ __device__ __forceinline__ double warp_sum_f64(double v) {
 
 // The window rule on one stream's `window` similarities (float32, oldest first), encoded as
 // window_choices_torch does: j >= 0 a boundary, -1 none, -2 - r a transient whose last edge is r.
-// `depth` is float64 scratch of `window`.
-__device__ int64_t window_choice(const float* __restrict__ s32, int window, double tau, double min_depth,
+// `depth` is float64 scratch of `window`.  Not inlined: inlined into the kernel, ptxas spilled
+// registers around the float64 division and square root (sm_80), and a spill-free build is the rule here.
+__device__ __noinline__ int64_t window_choice(const float* __restrict__ s32, int window, double tau, double min_depth,
                                  int peak_code, int flash, double* __restrict__ depth) {
   // Left peaks into depth[], then the right sweep turns them into depth scores.
   double peak = static_cast<double>(s32[0]);
