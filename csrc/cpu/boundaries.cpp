@@ -5,20 +5,22 @@
 //   adjacent_cosine(features (B, T, D) float32, out (B, T-1) float32) -> Status (always 0; NaN marks a pair
 //                   holding NaN/Inf, the caller raises)
 //   depth_scores(sim (B, M) float32, peak, out (B, M) float64) -> Status (0)
-//   window_choices(sim (B, M) float32, window, tau, min_depth, peak, out (B, M-window+1) int64) -> Status (0)
+//   window_choices(sim (B, M) float32, window, tau, min_depth, peak, out (B, M-window+1) int64, flash = 0)
+//                   -> Status (0); a choice is j >= 0 (boundary), -1 (none) or -2 - r (a transient ending at r)
 //   scan_events(sims (B, M) float32, choices (B, P) int64, window, max_event, drift, ends (B, M+1) bool)
 //                   -> Status (0)
 //   event_ends(features (B, T, D) or (T, D) float32, window, tau, min_depth, peak, max_event, drift,
-//              ends (B, T) bool, or flat) -> Status
+//              ends (B, T) bool, or flat, flash = 0) -> Status
 //       the three passes above fused (the offline pass);  1: features hold NaN or Inf.
 //   stream_step(last_frame (B, D) float32, last_norm (B,) float64, window_sims (B, window) float32,
 //               frames_in_window (B,) int64, last_end (B,) int64, events (2B, 3) int64, num_events (1,) int64,
-//               window, tau, min_depth, peak, max_event, drift, frame (B, D) (or (D,)) float32, t) -> Status
+//               window, tau, min_depth, peak, max_event, drift, flash, frame (B, D) (or (D,)) float32, t) -> Status
 //       one push for B streams, the state updated in place, the closed events written as rows
 //       (stream, start, end) sorted by stream then start, their number in num_events;
 //       1: the frame holds NaN or Inf (nothing is updated).  The state and parameters come first so that
 //       the segmenter binds them once.
-// peak: 0 = climb, 1 = max; max_event: 0 = none; drift: NaN outside drift mode.
+// peak: 0 = climb, 1 = max; max_event: 0 = none; drift: NaN outside drift mode; flash: 0 = no flash rule
+// (the callers pass the resolved value, at most (window - 1) / 2).
 //
 // adjacent_cosine is one pass over the features: frame t+1's squared norm and
 // its dot with frame t are accumulated in the same loop (frame t is still in L1),
@@ -180,8 +182,10 @@ void depth_row(const float* s, int64_t M, int peak, double* left, double* right,
   }
 }
 
-// The window rule on one full window of `w` similarities: relative index or -1.
-int64_t window_choice(const float* s, int64_t w, double tau, double min_depth, int peak, double* scratch) {
+// The window rule on one full window of `w` similarities: the decision as window_choices_torch encodes
+// it (j >= 0 a boundary, -1 none, -2 - r a transient whose last edge is r).
+int64_t window_choice(const float* s, int64_t w, double tau, double min_depth, int peak, int64_t flash,
+                      double* scratch) {
   double* left = scratch;
   double* right = scratch + w;
   double* d = scratch + 2 * w;
@@ -207,7 +211,21 @@ int64_t window_choice(const float* s, int64_t w, double tau, double min_depth, i
   for (int64_t i = 0; i < w; ++i) {
     if (d[i] > threshold && d[i] > min_depth && (best < 0 || d[i] > d[best])) best = i;
   }
-  return best;
+  if (best < 0 || flash == 0) return best;
+  // The flash rule: decided once `flash` similarities follow the best candidate; a drop within
+  // `flash` of it at least half as deep (below s_j + d_j / 2) makes it an edge of a transient.
+  if (best > w - 1 - flash) return -1;
+  const double half = 0.5 * d[best];
+  const double level = static_cast<double>(s[best]) + half;
+  int64_t last_edge = best;
+  bool transient = false;
+  for (int64_t i = std::max<int64_t>(0, best - flash); i <= std::min<int64_t>(w - 1, best + flash); ++i) {
+    if (i != best && static_cast<double>(s[i]) < level) {
+      transient = true;
+      last_edge = std::max(last_edge, i);
+    }
+  }
+  return transient ? -2 - last_edge : best;
 }
 
 Status depth_scores(TensorView sim, int64_t peak, TensorView out) {
@@ -232,7 +250,7 @@ Status depth_scores(TensorView sim, int64_t peak, TensorView out) {
 
 // Window choices of every full window of (B, M) similarities into `o` (B, M - window + 1).
 void window_choices_into(const float* s, int64_t B, int64_t M, int64_t window, double tau, double min_depth,
-                         int peak, int64_t* o) {
+                         int peak, int64_t flash, int64_t* o) {
   const int64_t P = std::max<int64_t>(M - window + 1, 0);
   if (P == 0 || B == 0) return;
   py::gil_scoped_release release;
@@ -242,21 +260,24 @@ void window_choices_into(const float* s, int64_t B, int64_t M, int64_t window, d
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < B * P; ++item) {
       const int64_t b = item / P, p = item % P;
-      o[item] = window_choice(s + b * M + p, window, tau, min_depth, peak, scratch.data());
+      o[item] = window_choice(s + b * M + p, window, tau, min_depth, peak, flash, scratch.data());
     }
   }
 }
 
-Status window_choices(TensorView sim, int64_t window, double tau, double min_depth, int64_t peak, TensorView out) {
+Status window_choices(TensorView sim, int64_t window, double tau, double min_depth, int64_t peak, TensorView out,
+                      int64_t flash) {
   constexpr const char* entry = "window_choices";
   expect_tensor(sim, DType::kFloat32, 2, entry, "sim");
   // Bounded before the per-thread scratch is allocated: an allocation failure inside an OpenMP
   // region cannot be caught and aborts the process.
   expect(window >= 2 && window <= kMaxWindow, entry, "window must lie in [2, 65536]");
   expect(peak == 0 || peak == 1, entry, "peak must be 0 (climb) or 1 (max)");
+  expect(flash >= 0 && flash <= (window - 1) / 2, entry, "flash must lie in [0, (window - 1) / 2]");
   const int64_t B = sim.size(0), M = sim.size(1);
   expect_sizes(out, DType::kInt64, {B, std::max<int64_t>(M - window + 1, 0)}, entry, "out");
-  window_choices_into(sim.ptr<const float>(), B, M, window, tau, min_depth, static_cast<int>(peak), out.ptr<int64_t>());
+  window_choices_into(sim.ptr<const float>(), B, M, window, tau, min_depth, static_cast<int>(peak), flash,
+                      out.ptr<int64_t>());
   return kOk;
 }
 
@@ -268,13 +289,15 @@ Status window_choices(TensorView sim, int64_t window, double tau, double min_dep
 // the similarity needs anyway; on a non-finite frame nothing is updated (status 1).
 Status stream_step(TensorView last_frame, TensorView last_norm, TensorView window_sims, TensorView frames_in_window,
                    TensorView last_end, TensorView events, TensorView num_events, int64_t window, double tau,
-                   double min_depth, int64_t peak, int64_t max_event, double drift, TensorView frame, int64_t t) {
+                   double min_depth, int64_t peak, int64_t max_event, double drift, int64_t flash, TensorView frame,
+                   int64_t t) {
   constexpr const char* entry = "stream_step";
   expect_tensor(last_frame, DType::kFloat32, 2, entry, "last_frame");
   // Bounded before the per-thread scratch below is allocated: an allocation failure inside an
   // OpenMP region cannot be caught and aborts the process.
   expect(window >= 2 && window <= kMaxWindow, entry, "window must lie in [2, 65536]");
   expect(peak == 0 || peak == 1, entry, "peak must be 0 (climb) or 1 (max)");
+  expect(flash >= 0 && flash <= (window - 1) / 2, entry, "flash must lie in [0, (window - 1) / 2]");
   const int64_t B = last_frame.size(0), D = last_frame.size(1);
   expect(B >= 1 && D >= 1 && t >= 0, entry, "the state must hold a non-empty (B, D) frame and t >= 0");
   // (B, D), or (D,) for a single stream.
@@ -332,13 +355,16 @@ Status stream_step(TensorView last_frame, TensorView last_norm, TensorView windo
                 std::memmove(buf, buf + 1, sizeof(float) * (window - 1));
                 buf[window - 1] = sim;
                 if (fiw == window + 1) {
-                  const int64_t c = window_choice(buf, window, tau, min_depth, static_cast<int>(peak), scratch.data());
+                  const int64_t c =
+                      window_choice(buf, window, tau, min_depth, static_cast<int>(peak), flash, scratch.data());
                   if (c >= 0) {
                     const int64_t boundary = t - window + c;
                     ev[0] = ends[b] + 1;
                     ev[1] = boundary;
                     ends[b] = boundary;
                     fiw = t - boundary;
+                  } else if (c <= -2) {  // a transient: the window restarts after its last edge, no event
+                    fiw = t - (t - window + (-2 - c));
                   }
                 }
               }
@@ -409,6 +435,8 @@ void scan_events_into(const float* s, const int64_t* ch, int64_t B, int64_t M, i
           ends[boundary] = 1;
           last_end = boundary;
           in_window = t - boundary;
+        } else if (c <= -2) {  // a transient: the window restarts after its last edge, no event
+          in_window = t - (t - window + (-2 - c));
         }
       }
       if (max_event > 0 && t - last_end >= max_event) {
@@ -441,12 +469,13 @@ Status scan_events(TensorView sims, TensorView choices, int64_t window, int64_t 
 // adjacent_cosine, window_choices and scan_events above, so the ends are those of the three
 // calls.  A NaN/Inf input makes its pair's cosine NaN (status 1); a single frame is scanned.
 Status event_ends(TensorView features, int64_t window, double tau, double min_depth, int64_t peak, int64_t max_event,
-                  double drift, TensorView ends) {
+                  double drift, TensorView ends, int64_t flash) {
   constexpr const char* entry = "event_ends";
   expect(features.ndim == 2 || features.ndim == 3, entry, "features must be (T, D) or (B, T, D)");
   expect_tensor(features, DType::kFloat32, features.ndim, entry, "features");
   expect(window >= 2 && window <= kMaxWindow, entry, "window must lie in [2, 65536]");
   expect(peak == 0 || peak == 1, entry, "peak must be 0 (climb) or 1 (max)");
+  expect(flash >= 0 && flash <= (window - 1) / 2, entry, "flash must lie in [0, (window - 1) / 2]");
   const int64_t B = features.ndim == 3 ? features.size(0) : 1;
   const int64_t T = features.size(features.ndim - 2), D = features.size(features.ndim - 1);
   expect(B >= 1 && T >= 1 && D >= 1, entry, "features must be a non-empty block");
@@ -467,7 +496,7 @@ Status event_ends(TensorView features, int64_t window, double tau, double min_de
   }
   if (!finite) return 1;
   if (!drift_mode)
-    window_choices_into(sims.data(), B, M, window, tau, min_depth, static_cast<int>(peak), choices.data());
+    window_choices_into(sims.data(), B, M, window, tau, min_depth, static_cast<int>(peak), flash, choices.data());
   scan_events_into(sims.data(), choices.data(), B, M, P, window, max_event, drift, ends.ptr<uint8_t>());
   return kOk;
 }
@@ -483,18 +512,18 @@ PYBIND11_MODULE(_cpu_boundaries, m) {
   m.def("depth_scores", &streammem::depth_scores, py::arg("sim"), py::arg("peak"), py::arg("out"),
         "(B,M) float32 -> out (B,M) float64 depth scores (peak 0 = climb, 1 = max); status 0");
   m.def("window_choices", &streammem::window_choices, py::arg("sim"), py::arg("window"), py::arg("tau"),
-        py::arg("min_depth"), py::arg("peak"), py::arg("out"),
-        "(B,M) -> out (B,M-window+1) int64 window-relative choice or -1; status 0");
+        py::arg("min_depth"), py::arg("peak"), py::arg("out"), py::arg("flash") = 0,
+        "(B,M) -> out (B,M-window+1) int64 window-relative choice: j boundary, -1 none, -2-r transient; status 0");
   m.def("scan_events", &streammem::scan_events, py::arg("sims"), py::arg("choices"), py::arg("window"),
         py::arg("max_event"), py::arg("drift"), py::arg("ends"),
         "sequential event scan -> ends (B,M+1) bool; status 0");
   m.def("event_ends", &streammem::event_ends, py::arg("features"), py::arg("window"), py::arg("tau"),
         py::arg("min_depth"), py::arg("peak"), py::arg("max_event"), py::arg("drift"), py::arg("ends"),
-        "the offline pass on (B,T,D) or (T,D) float32 features -> ends (B,T) bool; status 1: NaN/Inf features");
+        py::arg("flash") = 0, "the offline pass on (B,T,D) or (T,D) float32 features -> ends (B,T) bool; status 1: NaN/Inf features");
   m.def("stream_step", &streammem::stream_step, py::arg("last_frame"), py::arg("last_norm"), py::arg("window_sims"),
         py::arg("frames_in_window"), py::arg("last_end"), py::arg("events"), py::arg("num_events"), py::arg("window"),
         py::arg("tau"), py::arg("min_depth"), py::arg("peak"), py::arg("max_event"), py::arg("drift"),
-        py::arg("frame"), py::arg("t"),
+        py::arg("flash"), py::arg("frame"), py::arg("t"),
         "one streaming push for B streams, state updated in place -> events (2B,3) int64 rows (stream, start, "
         "end), num_events (1,); status 1: NaN/Inf frame");
 }

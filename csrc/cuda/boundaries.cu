@@ -29,10 +29,12 @@ __device__ __forceinline__ double warp_sum_f64(double v) {
   return v;
 }
 
-// The window rule on one stream's `window` similarities (float32, oldest first):
-// the index of the chosen similarity, or -1.  `depth` is float64 scratch of `window`.
-__device__ int64_t window_choice(const float* __restrict__ s32, int window, double tau, double min_depth,
-                                 int peak_code, double* __restrict__ depth) {
+// The window rule on one stream's `window` similarities (float32, oldest first), encoded as
+// window_choices_torch does: j >= 0 a boundary, -1 none, -2 - r a transient whose last edge is r.
+// `depth` is float64 scratch of `window`.  Not inlined: inlined into the kernel, ptxas spilled
+// registers around the float64 division and square root (sm_80), and a spill-free build is the rule here.
+__device__ __noinline__ int64_t window_choice(const float* __restrict__ s32, int window, double tau, double min_depth,
+                                 int peak_code, int flash, double* __restrict__ depth) {
   // Left peaks into depth[], then the right sweep turns them into depth scores.
   double peak = static_cast<double>(s32[0]);
   double prev = peak;
@@ -77,14 +79,30 @@ __device__ int64_t window_choice(const float* __restrict__ s32, int window, doub
       best_i = i;
     }
   }
-  return best_i;
+  if (best_i < 0 || flash == 0) return best_i;
+  // The flash rule: decided once `flash` similarities follow the best candidate; a drop within
+  // `flash` of it at least half as deep (below s_j + d_j / 2) makes it an edge of a transient.
+  if (best_i > window - 1 - flash) return -1;
+  const double level = static_cast<double>(s32[best_i]) + 0.5 * best;
+  int64_t last_edge = best_i;
+  bool transient = false;
+  const int lo_i = best_i - flash > 0 ? static_cast<int>(best_i) - flash : 0;
+  const int hi_i = best_i + flash < window - 1 ? static_cast<int>(best_i) + flash : window - 1;
+  for (int i = lo_i; i <= hi_i; ++i) {
+    if (i != best_i && static_cast<double>(s32[i]) < level) {
+      transient = true;
+      last_edge = i > last_edge ? i : last_edge;
+    }
+  }
+  return transient ? -2 - last_edge : best_i;
 }
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) stream_step_kernel(
     const float* __restrict__ x, float* __restrict__ last_frame, float* __restrict__ window_sims,
     double* __restrict__ scratch, int64_t* __restrict__ frames_in_window, int64_t* __restrict__ last_end,
     int64_t* __restrict__ out_start, int64_t* __restrict__ out_end, int64_t B, int64_t D, int64_t t, int window,
-    double tau, double min_depth, int peak_code, int64_t max_event, double drift, int drift_mode, int has_last) {
+    double tau, double min_depth, int peak_code, int64_t max_event, double drift, int drift_mode, int flash,
+    int has_last) {
   const int64_t stream = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (stream >= B) return;
@@ -116,27 +134,33 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) stream_step_kernel(
     const bool finite = isfinite(dot) && isfinite(norm_a) && isfinite(norm_b);
     const float sim = finite ? static_cast<float>(cos) : NAN;
     const bool in_window = fiw >= 2;  // frame t-1 is after the last boundary
-    bool cut = false;
-    int64_t boundary = -1;
+    bool cut = false, restarts = false;
+    int64_t boundary = -1, restart = -1;
     if (!drift_mode) {
       float* row = window_sims + stream * window;
       if (in_window) {
         for (int i = 0; i + 1 < window; ++i) row[i] = row[i + 1];
         row[window - 1] = sim;
       }
-      const int64_t choice = window_choice(row, window, tau, min_depth, peak_code, scratch + stream * window);
+      const int64_t choice =
+          window_choice(row, window, tau, min_depth, peak_code, flash, scratch + stream * window);
       cut = fiw == window + 1 && choice >= 0;
       boundary = t - window + choice;  // left frame of the chosen similarity
+      // A transient (choice -2 - r) restarts the window after its last edge r, closing nothing.
+      restarts = fiw == window + 1 && choice != -1;
+      restart = choice <= -2 ? t - window + (-2 - choice) : boundary;
     } else {
       cut = in_window && static_cast<double>(sim) < drift;
       boundary = t - 1;
+      restarts = cut;
+      restart = boundary;
     }
     if (cut) {
       rule_start = le + 1;
       rule_end = boundary;
       le = boundary;
-      fiw = t - boundary;
     }
+    if (restarts) fiw = t - restart;
   }
   if (max_event > 0 && t - le >= max_event) {
     cap_start = le + 1;
@@ -157,20 +181,21 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) stream_step_kernel(
 // One push of B streams.  x (B, D) float32; state, updated in place: last_frame (B, D) float32,
 // window_sims (B, window) float32, frames_in_window (B,) int64, last_end (B,) int64; scratch (B, window)
 // float64.  Outputs: start, end (B, 2) int64 (slot 0: window/drift rule, slot 1: max_event; -1: none).
-// t is the frame index of this push; max_event 0 means none; drift_mode 0 ignores `drift`.
+// t is the frame index of this push; max_event 0 means none; drift_mode 0 ignores `drift`; flash 0 turns the
+// flash rule off (else at most (window - 1) / 2).
 STREAMMEM_EXPORT int streammem_boundaries_stream_step(const float* x, float* last_frame, float* window_sims,
                                                       double* scratch, int64_t* frames_in_window, int64_t* last_end,
                                                       int64_t* out_start, int64_t* out_end, int64_t B, int64_t D,
                                                       int64_t t, int64_t window, double tau, double min_depth,
                                                       int peak_code, int64_t max_event, double drift, int drift_mode,
-                                                      int has_last, void* stream) {
+                                                      int flash, int has_last, void* stream) {
   if (B <= 0) return 0;
   const int64_t blocks = (B + streammem::kWarpsPerBlock - 1) / streammem::kWarpsPerBlock;
-  if (blocks > 0x7fffffffLL || window < 2 || window > 0x7fffffffLL)
+  if (blocks > 0x7fffffffLL || window < 2 || window > 0x7fffffffLL || flash < 0 || flash > (window - 1) / 2)
     return static_cast<int>(cudaErrorInvalidConfiguration);
   streammem::stream_step_kernel<<<static_cast<unsigned>(blocks), streammem::kWarpsPerBlock * 32, 0,
                                   static_cast<cudaStream_t>(stream)>>>(
       x, last_frame, window_sims, scratch, frames_in_window, last_end, out_start, out_end, B, D, t,
-      static_cast<int>(window), tau, min_depth, peak_code, max_event, drift, drift_mode, has_last);
+      static_cast<int>(window), tau, min_depth, peak_code, max_event, drift, drift_mode, flash, has_last);
   return static_cast<int>(cudaGetLastError());
 }

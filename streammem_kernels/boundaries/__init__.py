@@ -2,7 +2,8 @@
 
 Frames ``v_0 .. v_{T-1}`` of each stream are cut into events, inclusive ranges ``(start, end)`` of frame
 indices, by the depth scores of the adjacent cosine similarities inside a sliding window (or, in drift
-mode, by a cosine threshold), optionally capped at ``max_event`` frames.  :func:`detect_boundaries`
+mode, by a cosine threshold), optionally capped at ``max_event`` frames; transients of up to ``flash`` frames
+(a camera flash, a black frame, a burst of glitched frames) are not boundaries.  :func:`detect_boundaries`
 (offline) and :class:`~streammem_kernels.boundaries.streaming.StreamingSegmenter` (one push per frame)
 emit the same events; ``docs/ops/boundaries.md`` states the rule and its numerics, and
 ``reference.py`` is the spec every backend is tested against.
@@ -21,7 +22,7 @@ from ..runtime.dispatch import Op, call_op, load_native
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_nonempty, check_rank, check_values,
                                 cpu_fast_path)
-from .reference import (FEATURE_DTYPES, MAX_WINDOW, PEAK_CODE, Event, Params, SegmentStep, adjacent_cosine_torch,
+from .reference import (DEFAULT_FLASH, FEATURE_DTYPES, MAX_WINDOW, PEAK_CODE, Event, Params, SegmentStep, adjacent_cosine_torch,
                         check_params, check_peak, scan_events_torch, to_kernel_dtype, window_choices_torch,
                         window_depth_torch)
 
@@ -95,14 +96,14 @@ def depth_scores(sim, *, peak: str = "climb", backend: str = "auto") -> torch.Te
 
 def detect_boundaries(features, *, window: int = 8, tau: float = 0.7, min_depth: float = 0.2,
                       peak: str = "climb", max_event: int | None = None, drift: float | None = None,
-                      backend: str = "auto") -> list[Event]:
+                      flash: int | None = None, backend: str = "auto") -> list[Event]:
     """Offline event segmentation: exactly the events :class:`StreamingSegmenter`
     emits when the same frames are pushed one at a time and then flushed.
 
     Parameters
     ----------
     features : (T, D) or (B, T, D) tensor or array, floating, T >= 1
-    window, tau, min_depth, peak, max_event, drift
+    window, tau, min_depth, peak, max_event, drift, flash
         As for :class:`StreamingSegmenter`.
     backend : {"auto", "torch", "cpp", "triton"}
 
@@ -118,14 +119,15 @@ def detect_boundaries(features, *, window: int = 8, tau: float = 0.7, min_depth:
     ValueError
         A parameter out of its range, ``features`` of the wrong rank or dtype, empty, or holding NaN/Inf.
     """
-    fast = EVENT_ENDS.run_fast(backend, features, window, tau, min_depth, peak, max_event, drift)
+    fast = EVENT_ENDS.run_fast(backend, features, window, tau, min_depth, peak, max_event, drift, flash)
     if fast is not None:
         return fast
-    return _events_from_ends(_event_ends(features, window, tau, min_depth, peak, max_event, drift, backend))
+    return _events_from_ends(_event_ends(features, window, tau, min_depth, peak, max_event, drift, flash, backend))
 
 
 def event_ends(features, *, window: int = 8, tau: float = 0.7, min_depth: float = 0.2, peak: str = "climb",
-               max_event: int | None = None, drift: float | None = None, backend: str = "auto") -> torch.Tensor:
+               max_event: int | None = None, drift: float | None = None, flash: int | None = None,
+               backend: str = "auto") -> torch.Tensor:
     """Device-resident :func:`detect_boundaries`: which frames end an event.
 
     Parameters are those of :func:`detect_boundaries`.
@@ -138,12 +140,12 @@ def event_ends(features, *, window: int = 8, tau: float = 0.7, min_depth: float 
     tensors nothing synchronises with the host (the finiteness check is a
     device-side assertion), so this can run inside a CUDA graph.
     """
-    ends = _event_ends(features, window, tau, min_depth, peak, max_event, drift, backend)
+    ends = _event_ends(features, window, tau, min_depth, peak, max_event, drift, flash, backend)
     return ends if as_tensor(features, "features").dim() == 3 else ends[0]
 
 
-def _event_ends(features, window, tau, min_depth, peak, max_event, drift, backend) -> torch.Tensor:
-    params = check_params(window, tau, min_depth, peak, max_event, drift)
+def _event_ends(features, window, tau, min_depth, peak, max_event, drift, flash, backend) -> torch.Tensor:
+    params = check_params(window, tau, min_depth, peak, max_event, drift, flash)
     x, _ = _prepare_features(features, "features")
     return _detect_ends(x, params, _select(backend, x))
 
@@ -189,7 +191,7 @@ def _detect_ends(x: torch.Tensor, p: Params, name: str) -> torch.Tensor:
     """(B, T) bool: frame t ends an event (the last frame always does)."""
     drift = float("nan") if p.drift is None else p.drift
     return call_op(torch.ops.streammem.event_ends, EVENT_ENDS.impls, name, x, p.window, p.tau, p.min_depth,
-                   p.peak_code, p.max_event or 0, drift)
+                   p.peak_code, p.max_event or 0, drift, p.flash)
 
 
 def _events_from_ends(ends: torch.Tensor) -> list[Event]:
@@ -239,19 +241,20 @@ def _(sim, peak_code, backend):
 
 
 @torch.library.custom_op("streammem::window_choices", mutates_args=())
-def _window_choices_op(sim: torch.Tensor, window: int, tau: float, min_depth: float, peak_code: int,
+def _window_choices_op(sim: torch.Tensor, window: int, tau: float, min_depth: float, peak_code: int, flash: int,
                        backend: str) -> torch.Tensor:
     """sim: (B, M) float32 -> (B, max(M - window + 1, 0)) int64.
 
     Entry p decides the full window of similarities ``p .. p+window-1`` (frames
     p .. p+window, complete when frame p+window is pushed): the window-relative
-    index of the chosen similarity, or -1 for no boundary.
+    index j of the chosen similarity (a boundary), -1 for none, or ``-2 - r``
+    for a transient whose last edge is similarity r (``window_choices_torch``).
     """
-    return WINDOW_CHOICES.impls[backend](sim, window, tau, min_depth, peak_code)
+    return WINDOW_CHOICES.impls[backend](sim, window, tau, min_depth, peak_code, flash)
 
 
 @_window_choices_op.register_fake
-def _(sim, window, tau, min_depth, peak_code, backend):
+def _(sim, window, tau, min_depth, peak_code, flash, backend):
     return sim.new_empty((sim.shape[0], max(sim.shape[1] - window + 1, 0)), dtype=torch.int64)
 
 
@@ -273,15 +276,15 @@ def _(sims, choices, window, max_event, drift, backend):
 
 @torch.library.custom_op("streammem::event_ends", mutates_args=())
 def _event_ends_op(x: torch.Tensor, window: int, tau: float, min_depth: float, peak_code: int, max_event: int,
-                   drift: float, backend: str) -> torch.Tensor:
+                   drift: float, flash: int, backend: str) -> torch.Tensor:
     """The offline pass: contiguous (B, T, D) float32 features -> (B, T) bool event ends; ValueError when
     the features hold NaN/Inf (a device-side assertion on CUDA).  ``max_event`` 0 means none, ``drift``
-    NaN means the window rule."""
-    return EVENT_ENDS.impls[backend](x, window, tau, min_depth, peak_code, max_event, drift)
+    NaN means the window rule, ``flash`` 0 turns the flash rule off."""
+    return EVENT_ENDS.impls[backend](x, window, tau, min_depth, peak_code, max_event, drift, flash)
 
 
 @_event_ends_op.register_fake
-def _(x, window, tau, min_depth, peak_code, max_event, drift, backend):
+def _(x, window, tau, min_depth, peak_code, max_event, drift, flash, backend):
     return x.new_empty((x.shape[0], x.shape[1]), dtype=torch.bool)
 
 
@@ -291,11 +294,11 @@ def _(x, window, tau, min_depth, peak_code, max_event, drift, backend):
 def _composed_event_ends(backend: str):
     """The offline pass of ``backend`` from its core steps: cosines (checked), window choices, scan."""
 
-    def event_ends_of(x, window, tau, min_depth, peak_code, max_event, drift):
+    def event_ends_of(x, window, tau, min_depth, peak_code, max_event, drift, flash):
         sims = _checked_cosines(x, backend, "features")
         if drift != drift:  # NaN: the window rule
             choices = call_op(torch.ops.streammem.window_choices, WINDOW_CHOICES.impls, backend, sims, window, tau,
-                              min_depth, peak_code)
+                              min_depth, peak_code, flash)
         else:
             choices = sims.new_empty((sims.shape[0], 0), dtype=torch.int64)
         return call_op(torch.ops.streammem.scan_events, SCAN_EVENTS.impls, backend, sims, choices, window, max_event,
@@ -317,10 +320,10 @@ def _window_depth_triton(sim, peak_code):
     return window_depth_triton(sim, peak_code)
 
 
-def _window_choices_triton(sim, window, tau, min_depth, peak_code):
+def _window_choices_triton(sim, window, tau, min_depth, peak_code, flash):
     from ._triton import window_choices_triton
 
-    return window_choices_triton(sim, window, tau, min_depth, peak_code)
+    return window_choices_triton(sim, window, tau, min_depth, peak_code, flash)
 
 
 def _scan_events_triton(sims, choices, window, max_event, drift):
@@ -350,11 +353,11 @@ def _window_depth_cpp(sim: torch.Tensor, peak_code: int) -> torch.Tensor:
     return out
 
 
-def _window_choices_cpp(sim, window, tau, min_depth, peak_code):
+def _window_choices_cpp(sim, window, tau, min_depth, peak_code, flash):
     sim = sim.contiguous()
     out = torch.empty((sim.shape[0], max(sim.shape[1] - window + 1, 0)), dtype=torch.int64)
     _NO_CHECKS.raise_for(_module().window_choices(view(sim), int(window), float(tau), float(min_depth),
-                                                  int(peak_code), view(out)))
+                                                  int(peak_code), view(out), flash=int(flash)))
     return out
 
 
@@ -366,10 +369,10 @@ def _scan_events_cpp(sims, choices, window, max_event, drift):
     return ends
 
 
-def _event_ends_cpp(x, window, tau, min_depth, peak_code, max_event, drift):
+def _event_ends_cpp(x, window, tau, min_depth, peak_code, max_event, drift, flash):
     ends = torch.empty((x.shape[0], x.shape[1]), dtype=torch.bool)
     _FEATURE_CHECKS.raise_for(_module().event_ends(view(x), int(window), float(tau), float(min_depth), int(peak_code),
-                                                   int(max_event), float(drift), view(ends)))
+                                                   int(max_event), float(drift), view(ends), int(flash)))
     return ends
 
 
@@ -377,16 +380,17 @@ _INF, _NAN = float("inf"), float("nan")
 _np_empty, _NP_BOOL = np.empty, np.bool_
 
 
-def _plain_params(window, tau, min_depth, peak, max_event, drift) -> bool:
+def _plain_params(window, tau, min_depth, peak, max_event, drift, flash) -> bool:
     """Parameters of the plain types and ranges :func:`check_params` accepts (anything else goes through
     ``check_params``, which names what is wrong)."""
     return (type(window) is int and 2 <= window <= MAX_WINDOW and type(tau) is float and 0.0 <= tau < _INF
             and type(min_depth) is float and 0.0 <= min_depth < _INF and type(peak) is str and peak in PEAK_CODE
             and (max_event is None or (type(max_event) is int and max_event >= 1))
-            and (drift is None or (type(drift) is float and -1.0 <= drift <= 1.0)))
+            and (drift is None or (type(drift) is float and -1.0 <= drift <= 1.0))
+            and (flash is None or (type(flash) is int and 0 <= flash <= (window - 1) // 2)))
 
 
-def _detect_boundaries_fast(mod, features, window, tau, min_depth, peak, max_event, drift):
+def _detect_boundaries_fast(mod, features, window, tau, min_depth, peak, max_event, drift, flash):
     """detect_boundaries on C-contiguous float32 CPU features and plain parameters: the C++ backend's
     ``event_ends`` entry, which also checks the features (same ValueError).  None for anything else."""
     if not cpu_fast_path(features):
@@ -394,14 +398,14 @@ def _detect_boundaries_fast(mod, features, window, tau, min_depth, peak, max_eve
     shape = features.shape
     nd = len(shape)
     if not ((nd == 2 or nd == 3) and features.numel() and _plain_params(window, tau, min_depth, peak, max_event,
-                                                                         drift)):
+                                                                         drift, flash)):
         return None
     # Read by Python only, so a numpy array (numpy speaks DLPack too) rather than a tensor.
     frames = shape[-2]
     ends = _np_empty(shape[0] * frames if nd == 3 else frames, _NP_BOOL)
     status = mod.event_ends(view(features), window, tau, min_depth, PEAK_CODE[peak],
                             0 if max_event is None else min(max_event, 1 << 62), _NAN if drift is None else drift,
-                            ends.__dlpack__())
+                            ends.__dlpack__(), min(DEFAULT_FLASH, (window - 1) // 2) if flash is None else flash)
     if status:
         _FEATURE_CHECKS.raise_for(status)
     return _events_of(ends, frames)

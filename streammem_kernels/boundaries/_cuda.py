@@ -15,7 +15,7 @@ from ..runtime.dispatch import load_native
 # a build exports exactly these).
 PROTOTYPES = {
     "streammem_boundaries_stream_step": (I32, (P, P, P, P, P, P, P, P, I64, I64, I64, I64, F64,
-                                                F64, I32, I64, F64, I32, I32, P)),
+                                                F64, I32, I64, F64, I32, I32, I32, P)),
 }
 
 
@@ -35,5 +35,5 @@ def stream_step_cuda(x, last_frame, window_sims, depth_scratch, frames_in_window
                  depth_scratch.data_ptr(), frames_in_window.data_ptr(), last_end.data_ptr(), start.data_ptr(),
                  end.data_ptr(), B, D, int(t), params.window, float(params.tau), float(params.min_depth),
                  params.peak_code, params.max_event or 0, float(params.drift) if drift_mode else 0.0,
-                 int(drift_mode), int(has_last), native_cuda.stream_handle(x.device))
+                 int(drift_mode), int(params.flash), int(has_last), native_cuda.stream_handle(x.device))
     return start, end

@@ -93,7 +93,7 @@ def _window_column(tile, i, k):
 
 
 @triton.jit
-def _window_choices_kernel(sim_ptr, out_ptr, M, P, n_windows, tau: tl.float64, min_depth: tl.float64,
+def _window_choices_kernel(sim_ptr, out_ptr, M, P, n_windows, tau: tl.float64, min_depth: tl.float64, flash,
                            WINDOW: tl.constexpr, W_PAD: tl.constexpr, CLIMB: tl.constexpr,
                            BLOCK_P: tl.constexpr):
     # Windows of all streams are one flat index (stream * P + p), so a
@@ -143,11 +143,20 @@ def _window_choices_kernel(sim_ptr, out_ptr, M, P, n_windows, tau: tl.float64, m
     score = tl.where(cand, depth, -1.0)
     best = tl.max(score, axis=1)
     first = tl.min(tl.where(cand & (score == best[:, None]), i[None, :], W_PAD), axis=1)
-    choice = tl.where(best >= 0.0, first, -1).to(tl.int64)
+    # The flash rule (flash = 0 leaves `first`): decided once `flash` similarities follow the best
+    # candidate; a drop within `flash` of it below s_j + d_j / 2 makes it an edge of a transient.
+    s_best = tl.sum(tl.where(i[None, :] == first[:, None], s, 0.0), axis=1)  # one value and zeros: exact
+    level = s_best + tl.full((BLOCK_P,), 0.5, tl.float64) * best
+    near = valid & (tl.abs(i[None, :] - first[:, None]) <= flash) & (i[None, :] != first[:, None]) & \
+        (s < level[:, None])
+    last_edge = tl.max(tl.where(near | (i[None, :] == first[:, None]), i[None, :], -1), axis=1)
+    transient = tl.max(near.to(tl.int32), axis=1) > 0
+    decided = tl.where(first > WINDOW - 1 - flash, -1, tl.where(transient, -2 - last_edge, first))
+    choice = tl.where(best >= 0.0, decided, -1).to(tl.int64)
     tl.store(out_ptr + window_id, choice, mask=p_ok)
 
 
-def window_choices_triton(sim: torch.Tensor, window: int, tau: float, min_depth: float, peak_code: int):
+def window_choices_triton(sim: torch.Tensor, window: int, tau: float, min_depth: float, peak_code: int, flash: int):
     B, M = sim.shape
     P = max(M - window + 1, 0)
     out = torch.empty((B, P), dtype=torch.int64, device=sim.device)
@@ -155,7 +164,7 @@ def window_choices_triton(sim: torch.Tensor, window: int, tau: float, min_depth:
         return out
     sim = sim.contiguous()
     grid = (triton.cdiv(B * P, _CHOICE_BLOCK_P),)
-    _window_choices_kernel[grid](sim, out, M, P, B * P, float(tau), float(min_depth), WINDOW=window,
+    _window_choices_kernel[grid](sim, out, M, P, B * P, float(tau), float(min_depth), int(flash), WINDOW=window,
                                  W_PAD=triton.next_power_of_2(window), CLIMB=peak_code == 0,
                                  BLOCK_P=_CHOICE_BLOCK_P, num_warps=_WARPS, enable_fp_fusion=False)
     return out
@@ -224,11 +233,14 @@ def _scan_events_kernel(sims_ptr, choices_ptr, ends_ptr, B, T, P, window, max_ev
         else:
             if t >= window:
                 choice = tl.load(choices_ptr + rows64 * P + (t - window), mask=ok, other=-1)
-                cut = ok & (in_window == window + 1) & (choice >= 0)
+                full = ok & (in_window == window + 1)
+                cut = full & (choice >= 0)
                 boundary = t - window + choice
                 tl.store(ends_ptr + rows64 * T + boundary, tl.full((BLOCK_B,), 1, tl.int8), mask=cut)
                 last_end = tl.where(cut, boundary, last_end)
-                in_window = tl.where(cut, t - boundary, in_window)
+                # A transient (choice -2 - r) restarts the window after its last edge r, closing nothing.
+                restart = tl.where(choice <= -2, t - window + (-2 - choice), boundary)
+                in_window = tl.where(full & (choice != -1), t - restart, in_window)
         if max_event > 0:
             cap = ok & ((t - last_end) >= max_event)
             tl.store(ends_ptr + rows64 * T + t, tl.full((BLOCK_B,), 1, tl.int8), mask=cap)

@@ -3,8 +3,8 @@
 ``docs/ops/boundaries.md`` states the rule in prose (similarities, depth scores, the window rule,
 ``max_event``, drift mode) and says why every backend makes the same decisions bit for bit.
 Here: the rule's parameters and their domain, the event types, and the four core steps in torch
-(adjacent cosines, depth scores, the window choices, the sequential event scan).  Imports nothing
-of the op.
+(adjacent cosines, depth scores, the window choices with the flash rule, the sequential event scan).
+Imports nothing of the op.
 """
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ PEAK_CODE = {"climb": 0, "max": 1}
 # window beyond this is a mistake rather than a configuration (StreamRAG uses 8); checked before any
 # state or native scratch is allocated.
 MAX_WINDOW = 1 << 16
+# The default flash length (similarities): transients of up to 3 frames (a camera flash, a black or
+# dropped frame, a burst of blocky frames) are not boundaries.  ``flash=None`` takes this, capped at the
+# most the window can check, (window - 1) // 2.
+DEFAULT_FLASH = 3
 
 
 class Event(NamedTuple):
@@ -63,6 +67,7 @@ class Params(NamedTuple):
     peak_code: int
     max_event: int | None
     drift: float | None
+    flash: int
 
 
 def check_peak(peak) -> str:
@@ -71,8 +76,16 @@ def check_peak(peak) -> str:
     return peak
 
 
-def check_params(window, tau, min_depth, peak, max_event, drift) -> Params:
-    """The parameters of :class:`StreamingSegmenter` and :func:`detect_boundaries`, or ValueError naming one."""
+def max_flash(window: int) -> int:
+    """The longest transient a window of ``window`` similarities can check: both edges of the transient
+    must be inside the window when the later one has ``flash`` similarities after it."""
+    return (window - 1) // 2
+
+
+def check_params(window, tau, min_depth, peak, max_event, drift, flash=None) -> Params:
+    """The parameters of :class:`StreamingSegmenter` and :func:`detect_boundaries`, or ValueError naming one.
+
+    ``flash=None`` resolves to ``min(DEFAULT_FLASH, max_flash(window))``."""
     window = check_int(window, "window", minimum=2)
     if window > MAX_WINDOW:
         raise ValueError(f"window must be <= {MAX_WINDOW} (similarities per analysis window), got {window}")
@@ -84,7 +97,14 @@ def check_params(window, tau, min_depth, peak, max_event, drift) -> Params:
         max_event = min(check_int(max_event, "max_event", minimum=1), 1 << 62)
     if drift is not None:
         drift = check_float(drift, "drift", low=-1.0, high=1.0)
-    return Params(window, tau, min_depth, peak, PEAK_CODE[peak], max_event, drift)
+    if flash is None:
+        flash = min(DEFAULT_FLASH, max_flash(window))
+    else:
+        flash = check_int(flash, "flash", minimum=0)
+        if flash > max_flash(window):
+            raise ValueError(f"flash must be <= (window - 1) // 2 = {max_flash(window)} for window={window} "
+                             f"(both edges of a transient must fit in the window), got {flash}")
+    return Params(window, tau, min_depth, peak, PEAK_CODE[peak], max_event, drift, flash)
 
 
 def to_kernel_dtype(x: torch.Tensor) -> torch.Tensor:
@@ -133,9 +153,11 @@ def window_depth_torch(sim: torch.Tensor, peak_code: int) -> torch.Tensor:
 
 
 def window_choices_torch(sim: torch.Tensor, window: int, tau: float, min_depth: float,
-                         peak_code: int) -> torch.Tensor:
+                         peak_code: int, flash: int) -> torch.Tensor:
     """(B, M) float32 -> (B, max(M - window + 1, 0)) int64: for every full window of similarities
-    ``p .. p+window-1``, the window-relative index of the chosen similarity, or -1 for no boundary."""
+    ``p .. p+window-1`` the decision, as a window-relative index: ``j >= 0`` a boundary at similarity j,
+    ``-1`` none (no candidate, or the best one still waits for ``flash`` similarities after it),
+    ``-2 - r`` a transient whose last edge is similarity r (the window restarts after it, no boundary)."""
     B, M = sim.shape
     P = max(M - window + 1, 0)
     if P == 0:
@@ -157,14 +179,28 @@ def window_choices_torch(sim: torch.Tensor, window: int, tau: float, min_depth: 
     best = score.amax(-1, keepdim=True)
     index = torch.arange(window, device=sim.device).expand_as(d)
     first_best = torch.where(candidate & (score == best), index, torch.full_like(index, window)).amin(-1)
-    return torch.where(candidate.any(-1), first_best, torch.full_like(first_best, -1))
+    choice = torch.where(candidate.any(-1), first_best, torch.full_like(first_best, -1))
+    if flash == 0:
+        return choice
+    # The flash rule: the best candidate j is decided once `flash` similarities follow it in the window;
+    # a similarity within `flash` of j below s_j + d_j / 2 (a second drop at least half as deep) makes
+    # j an edge of a transient, and the window restarts after the transient's last edge.
+    j = first_best.clamp(max=window - 1)[..., None]
+    s = windows
+    s_j, d_j = s.gather(-1, j), d.gather(-1, j)
+    near = ((index - j).abs() <= flash) & (index != j) & (s < s_j + 0.5 * d_j)
+    last_edge = torch.where(near | (index == j), index, torch.full_like(index, -1)).amax(-1)
+    waits = first_best > window - 1 - flash
+    decided = torch.where(near.any(-1), -2 - last_edge, first_best)
+    return torch.where((choice >= 0) & ~waits, decided, torch.where(choice >= 0, -1, choice))
 
 
 def scan_events_torch(sims: torch.Tensor, choices: torch.Tensor, window: int, max_event: int,
                       drift: float) -> torch.Tensor:
     """The streaming state machine, run over all frames (vectorised over streams): (B, T) bool event ends
     from (B, T-1) similarities and the window choices (ignored in drift mode, i.e. when ``drift`` is not
-    NaN); ``max_event`` 0 means none."""
+    NaN; a choice ``-2 - r`` restarts the window after similarity r without a boundary); ``max_event`` 0
+    means none."""
     B, T = sims.shape[0], sims.shape[1] + 1
     drift_mode = drift == drift  # not NaN
     ends = torch.zeros((B, T), dtype=torch.bool, device=sims.device)
@@ -182,11 +218,13 @@ def scan_events_torch(sims: torch.Tensor, choices: torch.Tensor, window: int, ma
                 frames_in_window = torch.where(cut, 1, frames_in_window)
         elif t >= window:
             choice = choices[:, t - window]
-            cut = (frames_in_window == window + 1) & (choice >= 0)
+            full = frames_in_window == window + 1
+            cut = full & (choice >= 0)
             boundary = t - window + choice
             ends[streams, boundary.clamp(min=0)] |= cut
             last_end = torch.where(cut, boundary, last_end)
-            frames_in_window = torch.where(cut, t - boundary, frames_in_window)
+            restart = torch.where(choice <= -2, t - window + (-2 - choice), boundary)  # left frame of the edge
+            frames_in_window = torch.where(full & (choice != -1), t - restart, frames_in_window)
         if max_event > 0:
             cap = (t - last_end) >= max_event
             ends[:, t] |= cap

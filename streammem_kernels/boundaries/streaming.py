@@ -59,6 +59,13 @@ class StreamingSegmenter:
     drift : float in [-1, 1], optional
         ProStream mode: cut after frame t-1 when ``cos(v_t, v_{t-1}) < drift``
         (replaces the window rule).
+    flash : int in [0, (window - 1) // 2], optional
+        The flash rule of the window rule: a drop of similarity followed within
+        ``flash`` similarities by a second drop at least half as deep is a
+        transient (a camera flash, a black frame, a burst of glitched frames),
+        not a boundary; the best candidate is decided once ``flash``
+        similarities follow it.  0 turns the rule off; None (the default) is
+        ``min(3, (window - 1) // 2)``.  Ignored in drift mode.
     backend : {"auto", "torch", "cpp", "triton", "cuda"}
         ``cuda``: one fused launch per push for all streams (CUDA tensors).
 
@@ -90,8 +97,9 @@ class StreamingSegmenter:
     _backend_name = _state_field("_backend_name")
 
     def __init__(self, window: int = 8, tau: float = 0.7, min_depth: float = 0.2, peak: str = "climb",
-                 max_event: int | None = None, drift: float | None = None, *, backend: str = "auto"):
-        self.params = check_params(window, tau, min_depth, peak, max_event, drift)
+                 max_event: int | None = None, drift: float | None = None, flash: int | None = None, *,
+                 backend: str = "auto"):
+        self.params = check_params(window, tau, min_depth, peak, max_event, drift, flash)
         if backend is not None and (not isinstance(backend, str)):
             raise ValueError(f"backend must be a string, got {backend!r}")
         self.backend = backend
@@ -203,16 +211,21 @@ class StreamingSegmenter:
                 self._window_sims = torch.where(in_window[:, None], shifted, self._window_sims)
                 # Every stream's window is decided; only the full ones count.
                 choice = call_op(torch.ops.streammem.window_choices, WINDOW_CHOICES.impls, name,
-                                 self._window_sims, p.window, p.tau, p.min_depth, p.peak_code)[:, 0]
-                cut = (fiw == p.window + 1) & (choice >= 0)
+                                 self._window_sims, p.window, p.tau, p.min_depth, p.peak_code, p.flash)[:, 0]
+                full = fiw == p.window + 1
+                cut = full & (choice >= 0)
                 boundary = t - p.window + choice  # left frame of the chosen similarity
+                # A transient (choice -2 - r) restarts the window after its last edge r, closing nothing.
+                restart = torch.where(choice <= -2, t - p.window + (-2 - choice), boundary)
+                restarts = full & (choice != -1)
             else:
                 cut = in_window & (sim.double() < p.drift)
                 boundary = none + t  # frame t - 1
+                restart, restarts = boundary, cut
             rule_start = torch.where(cut, last_end + 1, none)
             rule_end = torch.where(cut, boundary, none)
             last_end = torch.where(cut, boundary, last_end)
-            fiw = torch.where(cut, t - boundary, fiw)
+            fiw = torch.where(restarts, t - restart, fiw)
         cap_start, cap_end = none, none
         if p.max_event is not None:
             cap = (t - last_end) >= p.max_event
@@ -273,7 +286,7 @@ class StreamingSegmenter:
         module = load_native("cpu", "boundaries")[0]
         self._fast_step = functools.partial(module.stream_step, *state, self._events.__dlpack__(),
                                             self._num_events.__dlpack__(), p.window, p.tau, p.min_depth, p.peak_code,
-                                            p.max_event or 0, float("nan") if p.drift is None else p.drift)
+                                            p.max_event or 0, float("nan") if p.drift is None else p.drift, p.flash)
         self._fast_shape = (B, D) if self._batched else (D,)
 
     def _push_cpp(self, x: torch.Tensor) -> list[Event]:
@@ -351,7 +364,8 @@ class StreamingSegmenter:
         p = first.params
         common = max(seg.frames_seen for seg in segs)
         shift = torch.tensor([common - seg.frames_seen for seg in segs], dtype=torch.int64)
-        batch = StreamingSegmenter(p.window, p.tau, p.min_depth, p.peak, p.max_event, p.drift, backend=first.backend)
+        batch = StreamingSegmenter(p.window, p.tau, p.min_depth, p.peak, p.max_event, p.drift, p.flash,
+                                   backend=first.backend)
         batch._batched = True
         batch._backend_name = name
         batch.frames_seen = common

@@ -77,8 +77,9 @@ def python_depths(s, peak="climb"):
     return depths
 
 
-def python_segment(sims, T, window=8, tau=0.7, min_depth=0.2, peak="climb", max_event=None, drift=None):
+def python_segment(sims, T, window=8, tau=0.7, min_depth=0.2, peak="climb", max_event=None, drift=None, flash=None):
     """Literal reading of the rule: keep the list of frames in the window."""
+    flash = min(3, (window - 1) // 2) if flash is None else flash
     events, last_end, win = [], -1, []
     for t in range(T):
         win.append(t)
@@ -94,10 +95,20 @@ def python_segment(sims, T, window=8, tau=0.7, min_depth=0.2, peak="climb", max_
                     cands = [j for j, x in enumerate(d) if x > mu + tau * sigma and x > min_depth]
                     if cands:
                         j = max(cands, key=lambda j: (d[j], -j))
-                        b = win[j]
-                        events.append((last_end + 1, b))
-                        last_end = b
-                        win = [f for f in win if f > b]
+                        # The flash rule: wait for `flash` similarities after j; a drop within `flash`
+                        # of j below s_j + d_j / 2 makes j an edge of a transient: no boundary, and
+                        # the window restarts after the transient's last edge.
+                        edges = [k for k in range(j - flash, j + flash + 1)
+                                 if 0 <= k < window and k != j and s[k] < s[j] + 0.5 * d[j]]
+                        if j > window - 1 - flash:
+                            pass
+                        elif edges:
+                            win = [f for f in win if f > win[max(edges + [j])]]
+                        else:
+                            b = win[j]
+                            events.append((last_end + 1, b))
+                            last_end = b
+                            win = [f for f in win if f > b]
         elif len(win) >= 2 and sims[t - 1] < drift:
             events.append((last_end + 1, t - 1))
             last_end = t - 1
@@ -140,7 +151,12 @@ def adversarial_batch(T=40, D=6, seed=0):
     steps = torch.cat([a + 0.01 * torch.randn(half, D, generator=g), b + 0.01 * torch.randn(T - half, D, generator=g)])
     zeros = torch.cat([torch.zeros(5, D), a.expand(T - 5, D)])  # zero vectors give similarity 0
     noise = torch.randn(T, D, generator=g)
-    return torch.stack([constant, alternating, ties, ramp, steps, zeros, noise])
+    # Transients of 1, 2 and 3 frames (flashes) in a steady shot, then a cut: the flash rule's cases.
+    flashes = a + 0.01 * torch.randn(T, D, generator=g)
+    for start, length in ((T // 6, 1), (T // 3, 2), (T // 2, 3)):
+        flashes[start:start + length] = b
+    flashes[2 * T // 3:] = -a + 0.01 * torch.randn(T - 2 * T // 3, D, generator=g)
+    return torch.stack([constant, alternating, ties, ramp, steps, zeros, noise, flashes])
 
 
 def f1_score(pred, truth, tol):
@@ -235,6 +251,39 @@ def test_nothing_decided_before_window_is_full_and_t_below_window():
         assert detect_boundaries(x, window=6, backend=backend) == [Event(0, 0, 1), Event(0, 2, 6)]
 
 
+def test_flash_rule_hand_worked():
+    # A one-frame flash at frame 9 drops the similarity into it (s_8) and out of it (s_9); a cut follows at
+    # frame 19|20.  window=8, flash=3: the window [s_2..s_9] has depths 0.7 at s_8 and 0.325 at s_9
+    # (climbing peaks: s_9's left walk stops at once); the best, s_8, waits until s_11 is in, then s_9 = 0.3 < s_8 + d_8 / 2 = 0.6 makes it
+    # a transient: no event, the window restarts after frame 9.  The cut at s_19 is alone: frame 19.
+    sims = [0.95] * 8 + [0.25, 0.3] + [0.95] * 9 + [0.2] + [0.95] * 10
+    x = features_from_sims(np.array(sims))
+    T = x.shape[0]
+    for backend in FAST_BACKENDS:
+        assert detect_boundaries(x, backend=backend) == [Event(0, 0, 19), Event(0, 20, T - 1)]
+        # Without the rule the flash's edges are two cuts.
+        assert detect_boundaries(x, flash=0, backend=backend)[:2] == [Event(0, 0, 8), Event(0, 9, 9)]
+        seg = StreamingSegmenter(backend=backend)
+        closed = [seg.push(x[t]) for t in range(T)]
+        # The cut is decided once flash=3 similarities follow it (frame 23), not when first a candidate.
+        assert [t for t, c in enumerate(closed) if c] == [23] and closed[23] == [Event(0, 0, 19)]
+    assert python_segment(sims, T) == [(0, 19), (20, T - 1)]
+
+
+def test_flash_must_fit_the_window():
+    x = torch.randn(12, 4)
+    assert detect_boundaries(x, window=4) == detect_boundaries(x, window=4, flash=1)  # None: (4 - 1) // 2
+    assert detect_boundaries(x, window=2) == detect_boundaries(x, window=2, flash=0)
+    for bad, message in ((4, "flash must be <= \\(window - 1\\) // 2 = 3"), (-1, "flash must be >= 0"),
+                         (1.5, "flash must be an int"), (True, "flash must be an int")):
+        with pytest.raises(ValueError, match=message):
+            detect_boundaries(x, flash=bad)
+        with pytest.raises(ValueError, match=message):
+            StreamingSegmenter(flash=bad)
+        with pytest.raises(ValueError, match=message):
+            event_ends(x, flash=bad)
+
+
 def test_drift_and_max_event_hand_worked():
     x = features_from_sims(np.array([0.9, 0.5, 0.9, 0.9]))
     for backend in FAST_BACKENDS:
@@ -265,6 +314,9 @@ PARAM_GRID = [
     dict(min_depth=0.02, max_event=11, window=5),
     dict(drift=0.2),
     dict(drift=0.5, max_event=4),
+    dict(flash=0),
+    dict(flash=1, window=4, min_depth=0.0),
+    dict(flash=2, max_event=9, peak="max"),
 ]
 
 
@@ -763,10 +815,10 @@ def test_inputs_not_mutated():
 def test_opcheck(backend):
     x = torch.randn(3, 20, 7)
     sims = torch.ops.streammem.adjacent_cosine(x, backend)
-    choices = torch.ops.streammem.window_choices(sims, 4, 0.7, 0.0, 0, backend)
+    choices = torch.ops.streammem.window_choices(sims, 4, 0.7, 0.0, 0, 1, backend)
     torch.library.opcheck(torch.ops.streammem.adjacent_cosine, (x, backend))
     torch.library.opcheck(torch.ops.streammem.window_depth, (sims, 0, backend))
-    torch.library.opcheck(torch.ops.streammem.window_choices, (sims, 4, 0.7, 0.0, 1, backend))
+    torch.library.opcheck(torch.ops.streammem.window_choices, (sims, 4, 0.7, 0.0, 1, 1, backend))
     torch.library.opcheck(torch.ops.streammem.scan_events, (sims, choices, 4, 5, float("nan"), backend))
     torch.library.opcheck(torch.ops.streammem.scan_events, (sims, choices[:, :0], 4, 0, 0.5, backend))
 
@@ -981,7 +1033,7 @@ def test_event_ends_equals_the_reference_and_checks_features(backend):
     g = torch.Generator().manual_seed(31)
     x = torch.cat([torch.randn(3, 45, 10, generator=g), adversarial_batch(T=45, D=10)])
     for params in (dict(), dict(window=3, min_depth=0.0, max_event=5), dict(peak="max"), dict(drift=0.3),
-                   dict(drift=-1.0, max_event=2), dict(window=50)):
+                   dict(drift=-1.0, max_event=2), dict(window=50), dict(flash=0), dict(window=50, flash=24)):
         want = event_ends(x, backend="torch", **params)
         assert torch.equal(event_ends(x, backend=backend, **params), want), params
         assert torch.equal(event_ends(x[2], backend=backend, **params), want[2]), params
@@ -991,8 +1043,9 @@ def test_event_ends_equals_the_reference_and_checks_features(backend):
     with pytest.raises(ValueError, match="features must be finite, found NaN or Inf"):
         event_ends(broken, backend=backend)
     torch.library.opcheck(torch.ops.streammem.event_ends, (x[:, :20].contiguous(), 4, 0.7, 0.0, 0, 5, float("nan"),
+                                                           1, backend))
+    torch.library.opcheck(torch.ops.streammem.event_ends, (x[:, :20].contiguous(), 4, 0.7, 0.0, 1, 0, 0.5, 0,
                                                            backend))
-    torch.library.opcheck(torch.ops.streammem.event_ends, (x[:, :20].contiguous(), 4, 0.7, 0.0, 1, 0, 0.5, backend))
 
 
 def test_native_entries_refuse_a_broken_border_contract():
