@@ -317,9 +317,9 @@ class LongTermMemory:
 
         k = min(k, points.shape[0])
         t0 = time.perf_counter()
-        res = batched_kmeans(points, k, iters=self.kmeans_iters, seed=self.seed, backend=self.backend)
+        res = batched_kmeans(points, k, iters=self.kmeans_iters, random_state=self.seed, backend=self.backend)
         self.timings["kmeans"] += time.perf_counter() - t0
-        return res.centroids[0]
+        return res.centroids
 
     def _embed(self, caption: str) -> torch.Tensor:
         t0 = time.perf_counter()
