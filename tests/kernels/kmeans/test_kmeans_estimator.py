@@ -51,7 +51,7 @@ def _recovery(n, d, k, std, box, n_init, runs=60):
 
 def test_finds_the_true_clusters_as_often_as_scikit_learn_with_one_init(one_thread_each):
     # Separated blobs (12 clusters in 8-d): scikit-learn's greedy k-means++ finds them in every run with one
-    # initialisation; so does ours, where the plain one-candidate variant misses some (43 of 60 when written).
+    # initialisation; so does ours, where the plain one-candidate variant misses some (38 of 60 when written).
     found, ratios = _recovery(400, 8, 12, 1.0, (-20.0, 20.0), n_init=1)
     assert found["sklearn"] == 60 and found["ours"] == 60, found
     assert found["plain"] < 60, found  # the case can tell the variants apart
@@ -61,11 +61,11 @@ def test_finds_the_true_clusters_as_often_as_scikit_learn_with_one_init(one_thre
 
 def test_finds_the_true_clusters_as_often_as_scikit_learn_with_three_inits(one_thread_each):
     # Overlapping blobs where one run can fail: with n_init=3 each, ours finds the clusters at least as often
-    # (53 and 53 of 60 when written; a margin of 3 runs for the two generators' sampling noise) and far more
-    # often than the plain variant with the same seeds (40).
+    # (53 and 53 of 60 when written; a margin of 3 runs for the two generators' sampling noise) and more
+    # often than the plain variant with the same seeds (44).
     found, ratios = _recovery(300, 5, 8, 1.0, (-10.0, 10.0), n_init=3)
     assert found["ours"] >= found["sklearn"] - 3, found
-    assert found["ours"] >= found["plain"] + 8, found
+    assert found["ours"] >= found["plain"] + 5, found
     assert np.abs(ratios - 1).max() < 1e-5
 
 
