@@ -427,12 +427,12 @@ int64_t inverse_cdf(const std::vector<double>& running, double target) {
 
 // Greedy k-means++ of one unweighted problem (reference.kmeans_plus_plus, metric l2): the first pick
 // from the N exponentials at `first`, step s's `trials` uniforms at uniform[(s - 1) * stride].  Running
-// sums and potentials are float64, summed in point order.
+// sums and potentials are float64, summed in point order.  Scratch: three rows of N (the nearest distances,
+// the best candidate's and the current candidate's), whatever the number of trials.
 void seed_problem(const float* x, int64_t N, int64_t D, int64_t k, int64_t trials, const double* first,
                   const double* uniform, int64_t stride, float* centres) {
   std::vector<double> nearest(static_cast<size_t>(N)), running(static_cast<size_t>(N));
-  std::vector<double> trial(static_cast<size_t>(trials * N));
-  std::vector<int64_t> candidates(static_cast<size_t>(trials));
+  std::vector<double> best_row(static_cast<size_t>(N)), row(static_cast<size_t>(N));
   const int64_t pick = first_draw(first, N);
   std::memcpy(centres, x + pick * D, sizeof(float) * D);
   for (int64_t i = 0; i < N; ++i) nearest[i] = squared_distance(x + i * D, centres, D);
@@ -444,24 +444,24 @@ void seed_problem(const float* x, int64_t N, int64_t D, int64_t k, int64_t trial
       total = static_cast<double>(N);
     }
     const double* u = uniform + (s - 1) * stride;
-    int64_t best = 0;
-    double best_potential = std::numeric_limits<double>::infinity();
+    int64_t best = -1;
+    double best_potential = 0.0;
     for (int64_t t = 0; t < trials; ++t) {
-      candidates[t] = inverse_cdf(running, u[t] * total);
-      const float* c = x + candidates[t] * D;
-      double* row = trial.data() + t * N;
+      const int64_t candidate = inverse_cdf(running, u[t] * total);
+      const float* c = x + candidate * D;
       double potential = 0.0;
       for (int64_t i = 0; i < N; ++i) {
         row[i] = std::min(nearest[i], squared_distance(x + i * D, c, D));
         potential += row[i];
       }
-      if (potential < best_potential) {  // the first candidate on ties, as torch.argmin
+      if (best < 0 || potential < best_potential) {  // the first candidate on ties, as torch.argmin
         best_potential = potential;
-        best = t;
+        best = candidate;
+        best_row.swap(row);
       }
     }
-    std::memcpy(nearest.data(), trial.data() + best * N, sizeof(double) * N);
-    std::memcpy(centres + s * D, x + candidates[best] * D, sizeof(float) * D);
+    nearest.swap(best_row);
+    std::memcpy(centres + s * D, x + best * D, sizeof(float) * D);
   }
 }
 

@@ -112,9 +112,9 @@ def batched_kmeans(x, k: int, *, iters: int = 10, tol: float = 1e-4, init="k-mea
         potential most kept), k distinct points drawn uniformly, the first k
         points, or given centres ((k, D) for a 2-d ``x``).
     n_local_trials : int, optional
-        Candidates per k-means++ step (>= 1, drawn with replacement); default
-        ``2 + floor(ln k)`` (scikit-learn's).  1 is the standard (non-greedy)
-        D^2 sampling.
+        Candidates per k-means++ step, ``1 <= n_local_trials <= N`` (drawn
+        with replacement); default ``2 + floor(ln k)`` (scikit-learn's).  1 is
+        the standard (non-greedy) D^2 sampling.
     metric : {"l2", "cosine"}
         Squared Euclidean, or spherical k-means (points and centres
         L2-normalised, assignment by largest dot product).
@@ -386,6 +386,8 @@ def initial_centres(points, k, init, weights, lengths, random_state, cosine, sca
     B, N, D = points.shape
     if n_local_trials is not None:
         n_local_trials = check_int(n_local_trials, "n_local_trials", minimum=1)
+        if n_local_trials > N:  # drawn with replacement: more candidates than points only repeat them
+            raise ValueError(f"n_local_trials must be <= the number of points ({N}), got {n_local_trials}")
     valid = torch.arange(N, device=points.device)[None, :] < lengths[:, None]
     if isinstance(init, str):
         if init not in _INITS:
@@ -497,7 +499,7 @@ def _kmeans_pp_fast(mod, x, k, iters, tol, init, n_local_trials, metric, weights
         return None
     if n_local_trials is None:
         trials = _default_trials(k) if k >= 1 else 0
-    elif type(n_local_trials) is int:
+    elif type(n_local_trials) is int and n_local_trials <= shape[-2]:
         trials = n_local_trials
     else:
         return None

@@ -815,6 +815,7 @@ _X = torch.zeros(2, 5, 3)
         ((_X, 2), {"random_state": 2**64}, "random_state must lie in"),
         ((_X, 2), {"n_local_trials": 0}, "n_local_trials must be >= 1"),
         ((_X, 2), {"n_local_trials": 2.0}, "n_local_trials must be an int"),
+        ((_X, 2), {"n_local_trials": 6}, "n_local_trials must be <= the number of points"),
         ((_X, 2), {"backend": "fortran"}, "backend must be one of"),
     ],
 )
