@@ -23,6 +23,7 @@ __all__ = ["KMeans", "NotFittedError"]
 
 _X_SHAPES = "(n_samples, n_features) or (B, n_samples, n_features)"
 _FITTED = ("cluster_centers_", "labels_", "inertia_", "n_iter_")
+_RANDOM_STATE_TYPES = "random_state must be None, an int, or a numpy RandomState or Generator"
 
 
 class NotFittedError(ValueError, AttributeError):
@@ -285,7 +286,7 @@ def _seeds(random_state, n_init: int) -> list[int]:
     if random_state is None:
         return [int(s) for s in np.random.randint(np.iinfo(np.int32).max, size=n_init)]
     if isinstance(random_state, (bool, np.bool_)):
-        raise ValueError(f"random_state must be None, an int, or a numpy RandomState or Generator, got {random_state!r}")
+        raise ValueError(f"{_RANDOM_STATE_TYPES}, got {random_state!r}")
     if isinstance(random_state, (int, np.integer)):
         if not 0 <= random_state < 2**32:
             raise ValueError(f"random_state must lie in [0, 2**32) (a numpy seed), got {random_state}")
@@ -294,7 +295,7 @@ def _seeds(random_state, n_init: int) -> list[int]:
         return [int(s) for s in random_state.randint(np.iinfo(np.int32).max, size=n_init)]
     if isinstance(random_state, np.random.Generator):
         return [int(s) for s in random_state.integers(np.iinfo(np.int32).max, size=n_init)]
-    raise ValueError(f"random_state must be None, an int, or a numpy RandomState or Generator, got {random_state!r}")
+    raise ValueError(f"{_RANDOM_STATE_TYPES}, got {random_state!r}")
 
 
 def _nearest_centre(x: torch.Tensor, centres: torch.Tensor, cosine: bool) -> torch.Tensor:

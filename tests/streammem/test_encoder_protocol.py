@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import streammem as sm
-from streammem import EncodedFrames, HashingTextEncoder, MemoryConfig, PixelEncoder, Preset, StreamMemory, SyntheticVideo
+from streammem import (EncodedFrames, HashingTextEncoder, MemoryConfig, PixelEncoder, Preset, StreamMemory,
+                       SyntheticVideo)
 from streammem.models import encoders
 from streammem.models.encoders import encode_frames, encode_texts
 

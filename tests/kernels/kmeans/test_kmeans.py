@@ -507,7 +507,8 @@ def test_inputs_outside_the_fast_path_give_the_same_result():
     fast = batched_kmeans(x, 3, random_state=4)
     wide = torch.stack([x, x], dim=3).reshape(2, 40, 12)[:, :, ::2]  # non-contiguous view of x's values
     assert torch.equal(wide, x) and not wide.is_contiguous()
-    for other in (batched_kmeans(wide, 3, random_state=4), batched_kmeans(x.clone().requires_grad_(), 3, random_state=4),
+    for other in (batched_kmeans(wide, 3, random_state=4),
+                  batched_kmeans(x.clone().requires_grad_(), 3, random_state=4),
                   batched_kmeans(x, 3, random_state=4, backend="torch")):
         assert torch.equal(other.labels, fast.labels) and torch.equal(other.n_iter, fast.n_iter)
         torch.testing.assert_close(other.centroids, fast.centroids, atol=1e-5, rtol=1e-5)
