@@ -1,4 +1,5 @@
-"""Batched k-means vs faiss, scikit-learn and fast-pytorch-kmeans (issue regimes a, b, c).
+"""Batched k-means vs faiss, scikit-learn and fast-pytorch-kmeans (regimes a, b, c), and the KMeans estimator
+vs scikit-learn's.
 
 Run:  .venv/bin/python -m pytest bench/bench_kmeans.py --benchmark-json bench/results/kmeans.json
 Table: .venv/bin/python bench/bench_kmeans.py bench/results/kmeans.json
@@ -22,6 +23,13 @@ Scaling (``kmeans-vs-<axis>-<value>`` groups): time per call as one of B, N, D
 grows while the others stay at B=64, N=256, D=64 (k=8, Gaussian blobs), ours
 (auto) next to the faiss loop and fast-pytorch-kmeans on the same data.
 
+The estimator (``kmeans-estimator-<case>`` groups): ``streammem_kernels.KMeans`` against scikit-learn's
+``KMeans`` on the same float64 numpy blobs (numpy's default dtype, what a scikit-learn user passes) with
+the same ``n_init``, ``max_iter=300`` and ``tol=1e-4``, each from its own k-means++ seeding
+(``random_state=0``): one problem of 20,000 points, and a batch of 64 problems (ours: one batched fit;
+scikit-learn: a loop).  ``extra_info`` holds each side's own reported inertia (summed over problems),
+the mean iterations and ``recovered``, the problems whose generating clusters were found exactly.
+
 In a GPU run (``STREAMMEM_BENCH_DEVICE=cuda``, bench/_device.py) the
 ``kmeans-gpu-<regime>`` groups time ours (auto, triton, and triton replayed
 from a CUDA graph) and fast-pytorch-kmeans on CUDA tensors, and the faiss loop
@@ -39,7 +47,7 @@ import pytest
 import torch
 
 from _device import faiss_gpu_resources, gpu_params, require_gpu, synced
-from streammem_kernels import batched_kmeans
+from streammem_kernels import KMeans, batched_kmeans
 from streammem_kernels.kmeans import assign_torch, distance_to_own_centre, initial_centres, select_backend
 
 QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
@@ -223,6 +231,69 @@ def test_scale_fast_pytorch_kmeans(benchmark, scale_case):
 
 
 # --------------------------------------------------------------------------
+# The estimator: KMeans vs scikit-learn's KMeans (same data, n_init, max_iter, tol)
+# --------------------------------------------------------------------------
+ESTIMATOR_CASES = {
+    "one-n_init1": dict(B=1, N=4000 if QUICK else 20_000, D=16, k=16, n_init=1),
+    "one-n_init10": dict(B=1, N=4000 if QUICK else 20_000, D=16, k=16, n_init=10),
+    "batch-n_init3": dict(B=16 if QUICK else 64, N=256, D=32, k=8, n_init=3),
+}
+
+
+@pytest.fixture(scope="module", params=list(ESTIMATOR_CASES), ids=list(ESTIMATOR_CASES))
+def estimator_case(request):
+    """Float64 numpy blobs (B, N, D), uniform centres in [-10, 10]^D, unit spread, and the generating labels."""
+    p = ESTIMATOR_CASES[request.param]
+    rng = np.random.default_rng(0)
+    centres = rng.uniform(-10.0, 10.0, (p["B"], p["k"], p["D"]))
+    truth = rng.integers(0, p["k"], (p["B"], p["N"]))
+    x = np.take_along_axis(centres, truth[..., None], axis=1) + rng.standard_normal((p["B"], p["N"], p["D"]))
+    return request.param, p, x, truth
+
+
+def _recovered(truth, labels) -> int:
+    """Problems whose labels are the generating partition (a bijection between the two label sets)."""
+    return sum(len(set(zip(t.tolist(), lab.tolist()))) == len(set(t.tolist())) == len(set(lab.tolist()))
+               for t, lab in zip(truth, labels))
+
+
+def _estimator_run(benchmark, case, fit, provider):
+    name, p, x, truth = case
+    benchmark.group = f"kmeans-estimator-{name}"
+    out = {}
+
+    def call():
+        out["labels"], out["inertia"], out["n_iter"] = fit(x, p)
+
+    rounds = 1 if p["n_init"] >= 10 and not QUICK else 3
+    benchmark.pedantic(call, rounds=rounds, iterations=1, warmup_rounds=1 if rounds > 1 else 0)
+    benchmark.extra_info.update(provider=provider, problems=p["B"], N=p["N"], D=p["D"], k=p["k"], n_init=p["n_init"],
+                                max_iters=300, mean_iters=float(np.mean(out["n_iter"])),
+                                inertia=float(np.sum(out["inertia"])), recovered=_recovered(truth, out["labels"]),
+                                quick=QUICK, torch_threads=torch.get_num_threads())
+
+
+def test_estimator_ours(benchmark, estimator_case):
+    def fit(x, p):
+        km = KMeans(p["k"], n_init=p["n_init"], random_state=0).fit(x[0] if p["B"] == 1 else x)
+        labels = km.labels_[None] if p["B"] == 1 else km.labels_
+        return labels, np.atleast_1d(km.inertia_), np.atleast_1d(km.n_iter_)
+
+    _estimator_run(benchmark, estimator_case, fit, "ours-KMeans")
+
+
+def test_estimator_sklearn(benchmark, estimator_case):
+    cluster = pytest.importorskip("sklearn.cluster")
+
+    def fit(x, p):
+        fits = [cluster.KMeans(p["k"], n_init=p["n_init"], random_state=0).fit(problem) for problem in x]
+        return (np.stack([f.labels_ for f in fits]), np.array([f.inertia_ for f in fits]),
+                np.array([f.n_iter_ for f in fits]))
+
+    _estimator_run(benchmark, estimator_case, fit, "sklearn-KMeans")
+
+
+# --------------------------------------------------------------------------
 # GPU: the regimes on CUDA tensors (GPU runs only)
 # --------------------------------------------------------------------------
 def _graphed(call):
@@ -308,17 +379,19 @@ def markdown_table(path):
         # Ratios against ours-auto, or against the first entry in groups without it.
         ours = next((s["mean"] for i, s in entries if i["provider"] == "ours-auto"), entries[0][1]["mean"])
         info0 = entries[0][0]
-        lines.append(f"\n**{group}** (B={info0['problems']}, N={info0['N']}, D={info0['D']}, k={info0['k']}, "
-                     f"max {info0['max_iters']} iterations)\n")
+        n_init = f", n_init={info0['n_init']}" if "n_init" in info0 else ""
+        recovered = "recovered" in info0
+        lines.append(f"\n**{group}** (B={info0['problems']}, N={info0['N']}, D={info0['D']}, k={info0['k']}"
+                     f"{n_init}, max {info0['max_iters']} iterations)\n")
         lines.append("| provider | mean s (rounds) | problems/s | mean iterations | point-iterations/s "
-                     "| time / ours-auto | final inertia |")
-        lines.append("|---|---|---|---|---|---|---|")
+                     "| time / ours-auto | final inertia |" + (" problems recovered |" if recovered else ""))
+        lines.append("|---|---|---|---|---|---|---|" + ("---|" if recovered else ""))
         for info, s in sorted(entries, key=lambda e: e[1]["mean"]):
             name = info["provider"] + (f" ({info['backend_used']})" if "backend_used" in info else "")
             pits = info["problems"] * info["N"] * info["mean_iters"] / s["mean"]
             lines.append(f"| {name} | {s['mean']:.3f} ({s['rounds']}) | {info['problems'] / s['mean']:.1f} "
                          f"| {info['mean_iters']:.2f} | {pits:.3g} | {s['mean'] / ours:.2f}x "
-                         f"| {info['inertia']:.6g} |")
+                         f"| {info['inertia']:.6g} |" + (f" {info['recovered']} |" if recovered else ""))
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ from .boundaries.streaming import StreamingSegmenter
 from .graph import (CSRGraph, GraphRetrieval, Neighbourhood, SourceChunks, graph_retrieve, khop_neighbourhood,
                     neighbourhood_chunks)
 from .kmeans import KMeansResult, batched_kmeans, kmeans_frames
+from .kmeans.estimator import KMeans, NotFittedError
 from .logprobs import divergence_point, linear_token_logprobs, token_logprobs
 from .motion import MotionResult, motion_magnitude, select_frames, select_frames_mask
 from .motion.streaming import StreamingMotionGate
@@ -30,7 +31,9 @@ __all__ = [
     "depth_scores",
     "detect_boundaries",
     "event_ends",
+    "KMeans",
     "KMeansResult",
+    "NotFittedError",
     "batched_kmeans",
     "kmeans_frames",
     "MotionResult",

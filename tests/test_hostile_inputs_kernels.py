@@ -43,7 +43,7 @@ def test_absurd_sizes_raise_value_error_before_allocating_in_a_subprocess():
             "window ": lambda: sk.detect_boundaries(x, window=2**40, backend="cpp"),
             "k": lambda: sk.batched_kmeans(torch.randn(2, 50, 8), 10**9, lengths=torch.tensor([50, 50])),
             "iters": lambda: sk.batched_kmeans(x, 3, iters=2**40, backend="triton"),
-            "seed": lambda: sk.batched_kmeans(x, 3, seed=2**70),
+            "random_state": lambda: sk.batched_kmeans(x, 3, random_state=2**70),
         }
         for arg, call in cases.items():
             print("start", arg, flush=True)

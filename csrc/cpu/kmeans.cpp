@@ -3,14 +3,17 @@
 // Entries (the border of csrc/cpu/tensor_view.h; the spec is streammem_kernels/kmeans/reference.py).
 // Every tensor is a C-contiguous CPU tensor the caller validated and, for outputs, allocated:
 //   lloyd(points (B, N, D) or (N, D) float32, weights (B, N) float32 or None (all 1),
-//         lengths (B,) int64 in [k, N] or None (all N), centroids (B, k, D) float32 (in: the initial
-//         centres, out: the final ones), init_seed, tol (relative: x the mean feature variance), iters,
-//         cosine, labels (B, N) int64, inertia (B,) float32 or float64, n_iter (B,) int64) -> Status
+//         lengths (B,) int64 in [k, N] or None (all N), centroids (B, k, D), or (k, D) for (N, D) points,
+//         float32 (in: the initial centres, out: the final ones), init_seed, n_local_trials, tol (relative:
+//         x the mean feature variance), iters, cosine, labels B * N int64, inertia B float32 or float64,
+//         n_iter B int64) -> Status
 //       init_seed < 0: Lloyd from the centres given (status 0).  init_seed in [0, 2^32) (batched_kmeans'
-//       latency path; unweighted l2 only): the centres are first seeded by k-means++ on the generator
-//       stream of torch.manual_seed(init_seed);  1: the points hold NaN or Inf;  2: a problem's largest
-//       magnitude lies outside [2^-40, 2^40] (the caller rescales it; nothing is written).
-//   exponential_noise(seed (32 bits), out (n,) float64) -> Status (0): torch's CPU exponential_(1) stream.
+//       latency path; unweighted l2 only): the centres are first seeded by greedy k-means++ with
+//       n_local_trials candidates per step, on the generator stream of torch.manual_seed(init_seed);
+//       1: the points hold NaN or Inf;  2: a problem's largest magnitude lies outside [2^-40, 2^40]
+//       (the caller rescales it; nothing is written).
+//   seeding_noise(seed (32 bits), exponential (n,) float64, uniform (m,) float64) -> Status (0): torch's
+//       CPU exponential_(1) then rand(dtype=float64) draws of one generator (tests).
 //
 // One Lloyd iteration is ONE pass over the points: each point's scores against
 // all centres (||c||^2 - 2 x.c, or -x.c for cosine) are computed, the argmin
@@ -337,21 +340,26 @@ void solve_all(const float* x, const float* w, const int64_t* len, int64_t B, in
   }
 }
 
-// ---- k-means++ seeding (batched_kmeans' latency path) ---------------------------------------------
+// ---- greedy k-means++ seeding (batched_kmeans' latency path) ---------------------------------------
 //
-// The noise of torch.multinomial(p, 1, generator=g) on CPU: it draws q = empty_like(p).exponential_(1, g)
-// and returns argmax(p / q).  exponential_ on a CPU float64 tensor is a serial loop of
-// -log1p(-u), u = the low 53 bits of one 64-bit draw (two mt19937 outputs, the first the high word)
-// x 2^-53, from the mt19937 that manual_seed(seed) seeds with the low 32 bits of the seed.  Drawing
-// the k steps' (B, N) tensors here in the same order gives the same values bit for bit
-// (the kmeans tests check it against torch), so the picks follow the reference's generator.
-void exponential_noise(uint32_t seed, int64_t n, double* out) {
+// The reference (reference.kmeans_plus_plus) draws from one torch CPU generator: the first centre by
+// torch.multinomial(w, 1) over the (B, N) weights, which draws q = empty_like(w).exponential_(1) and
+// returns argmax(w / q); then each next step draws torch.rand((B, trials), float64).  Both are serial
+// loops over 64-bit draws (two mt19937 outputs, the first the high word) of the mt19937 that
+// manual_seed(seed) seeds with the low 32 bits of the seed, keeping the low 53 bits x 2^-53 = u:
+// exponential_ returns -log1p(-u), rand returns u.  Drawing the same counts here in the same order gives
+// the same values bit for bit (the kmeans tests check it against torch), so the picks follow the
+// reference's generator.
+uint64_t draw64(std::mt19937& engine) {
+  const uint64_t hi = engine(), lo = engine();
+  return ((hi << 32) | lo) & ((uint64_t{1} << 53) - 1);
+}
+
+void seeding_noise(uint32_t seed, int64_t n_exponential, double* exponential, int64_t n_uniform, double* uniform) {
   std::mt19937 engine(seed);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t hi = engine(), lo = engine();
-    const uint64_t bits = ((hi << 32) | lo) & ((uint64_t{1} << 53) - 1);
-    out[i] = -std::log1p(-static_cast<double>(bits) * 0x1p-53);
-  }
+  for (int64_t i = 0; i < n_exponential; ++i)
+    exponential[i] = -std::log1p(-static_cast<double>(draw64(engine)) * 0x1p-53);
+  for (int64_t i = 0; i < n_uniform; ++i) uniform[i] = static_cast<double>(draw64(engine)) * 0x1p-53;
 }
 
 // Largest |x| of n floats into *amax; false when one is NaN or +-Inf.  One branch-free pass.
@@ -368,12 +376,12 @@ STREAMMEM_HOT bool largest_magnitude(const float* __restrict x, int64_t n, float
   return nonfinite == 0;
 }
 
-// torch.argmax of mass / q over n entries: the first maximum, a NaN (0/0) counting as the largest.
-int64_t draw(const double* mass, const double* q, int64_t n) {
+// torch.argmax of 1 / q over n entries (multinomial by equal weights): the first maximum.
+int64_t first_draw(const double* q, int64_t n) {
   int64_t best = 0;
   double top = -std::numeric_limits<double>::infinity();
   for (int64_t i = 0; i < n; ++i) {
-    const double v = mass[i] / q[i];
+    const double v = 1.0 / q[i];
     if (std::isnan(v)) return i;
     if (v > top || i == 0) {
       top = v;
@@ -383,32 +391,77 @@ int64_t draw(const double* mass, const double* q, int64_t n) {
   return best;
 }
 
-// D^2 seeding of one unweighted problem (reference.kmeans_plus_plus, metric l2), the k draws' noise in
-// `noise` (step s at noise[s * stride]).  D^2 is the direct float64 ||x - c||^2 (the reference: float32
-// ||x||^2 - 2 x.c + ||c||^2, which can leave rounding noise, not 0, on a duplicate of a chosen centre).
-STREAMMEM_HOT void seed_problem(const float* x, int64_t N, int64_t D, int64_t k, const double* noise, int64_t stride,
-                  float* centres) {
-  std::vector<double> ones(static_cast<size_t>(N), 1.0), nearest(static_cast<size_t>(N)), mass(static_cast<size_t>(N));
-  int64_t pick = draw(ones.data(), noise, N);
-  std::memcpy(centres, x + pick * D, sizeof(float) * D);
-  for (int64_t s = 1; s < k; ++s) {
-    const float* c = centres + (s - 1) * D;
-    double total = 0.0;
-    for (int64_t i = 0; i < N; ++i) {
-      const float* row = x + i * D;
-      double acc = 0.0;
-#pragma omp simd reduction(+ : acc)
-      for (int64_t d = 0; d < D; ++d) {
-        const double diff = static_cast<double>(row[d]) - static_cast<double>(c[d]);
-        acc += diff * diff;
-      }
-      nearest[i] = s == 1 ? acc : std::min(nearest[i], acc);
-      mass[i] = nearest[i];
-      total += mass[i];
+// ||a - b||^2 over n features: float32 differences and squares in four 8-lane accumulators per block of
+// kAccumBlock features, the blocks added in float64.  Exactly 0 for a duplicate (the reference's
+// expanded float32 form leaves rounding noise there); elsewhere within float32 rounding of it.
+STREAMMEM_HOT double squared_distance(const float* __restrict a, const float* __restrict b, int64_t n) {
+  double total = 0.0;
+  for (int64_t d0 = 0; d0 < n; d0 += kAccumBlock) {
+    const int64_t d1 = std::min(n, d0 + kAccumBlock);
+    v8f s0 = {}, s1 = {}, s2 = {}, s3 = {};
+    int64_t d = d0;
+    for (; d + 32 <= d1; d += 32) {
+      const v8f e0 = simd::load8(a + d) - simd::load8(b + d), e1 = simd::load8(a + d + 8) - simd::load8(b + d + 8);
+      const v8f e2 = simd::load8(a + d + 16) - simd::load8(b + d + 16);
+      const v8f e3 = simd::load8(a + d + 24) - simd::load8(b + d + 24);
+      s0 += e0 * e0;
+      s1 += e1 * e1;
+      s2 += e2 * e2;
+      s3 += e3 * e3;
     }
-    // Every point on a chosen centre: draw by weight again (the duplicate becomes an empty cluster).
-    pick = draw(total > 0.0 ? mass.data() : ones.data(), noise + s * stride, N);
-    std::memcpy(centres + s * D, x + pick * D, sizeof(float) * D);
+    float block = simd::lanes_sum((s0 + s1) + (s2 + s3));
+    for (; d < d1; ++d) {
+      const float e = a[d] - b[d];
+      block += e * e;
+    }
+    total += block;
+  }
+  return total;
+}
+
+// The first index whose running sum exceeds target (std::upper_bound), at most n - 1.
+int64_t inverse_cdf(const std::vector<double>& running, double target) {
+  const auto it = std::upper_bound(running.begin(), running.end(), target);
+  return std::min<int64_t>(it - running.begin(), static_cast<int64_t>(running.size()) - 1);
+}
+
+// Greedy k-means++ of one unweighted problem (reference.kmeans_plus_plus, metric l2): the first pick
+// from the N exponentials at `first`, step s's `trials` uniforms at uniform[(s - 1) * stride].  Running
+// sums and potentials are float64, summed in point order.  Scratch: three rows of N (the nearest distances,
+// the best candidate's and the current candidate's), whatever the number of trials.
+void seed_problem(const float* x, int64_t N, int64_t D, int64_t k, int64_t trials, const double* first,
+                  const double* uniform, int64_t stride, float* centres) {
+  std::vector<double> nearest(static_cast<size_t>(N)), running(static_cast<size_t>(N));
+  std::vector<double> best_row(static_cast<size_t>(N)), row(static_cast<size_t>(N));
+  const int64_t pick = first_draw(first, N);
+  std::memcpy(centres, x + pick * D, sizeof(float) * D);
+  for (int64_t i = 0; i < N; ++i) nearest[i] = squared_distance(x + i * D, centres, D);
+  for (int64_t s = 1; s < k; ++s) {
+    double total = 0.0;
+    for (int64_t i = 0; i < N; ++i) running[i] = total += nearest[i];
+    if (!(total > 0.0)) {  // every point on a chosen centre: draw by weight (all 1) again
+      for (int64_t i = 0; i < N; ++i) running[i] = static_cast<double>(i + 1);
+      total = static_cast<double>(N);
+    }
+    const double* u = uniform + (s - 1) * stride;
+    int64_t best = -1;
+    double best_potential = 0.0;
+    for (int64_t t = 0; t < trials; ++t) {
+      const int64_t candidate = inverse_cdf(running, u[t] * total);
+      const float* c = x + candidate * D;
+      double potential = 0.0;
+      for (int64_t i = 0; i < N; ++i) {
+        row[i] = std::min(nearest[i], squared_distance(x + i * D, c, D));
+        potential += row[i];
+      }
+      if (best < 0 || potential < best_potential) {  // the first candidate on ties, as torch.argmin
+        best_potential = potential;
+        best = candidate;
+        best_row.swap(row);
+      }
+    }
+    nearest.swap(best_row);
+    std::memcpy(centres + s * D, x + best * D, sizeof(float) * D);
   }
 }
 
@@ -429,9 +482,9 @@ void expect_elements(const TensorView& view, DType dtype, int64_t count, const c
                              std::to_string(count) + " elements");
 }
 
-// k-means++ seeds of every unweighted l2 problem into c (B, k, D): 1 when the points hold NaN/Inf, 2 when a
-// problem's largest magnitude lies outside [2^-40, 2^40] (the caller rescales it), nothing written then.
-Status seed_all(const float* x, int64_t B, int64_t N, int64_t D, int64_t k, uint32_t seed, float* c) {
+// Greedy k-means++ seeds of every unweighted l2 problem into c (B, k, D): 1 when the points hold NaN/Inf, 2
+// when a problem's largest magnitude lies outside [2^-40, 2^40] (the caller rescales it), nothing written then.
+Status seed_all(const float* x, int64_t B, int64_t N, int64_t D, int64_t k, int64_t trials, uint32_t seed, float* c) {
   bool finite = true, in_range = true;
   for (int64_t b = 0; b < B && finite; ++b) {
     float amax = 0.0f;
@@ -440,26 +493,32 @@ Status seed_all(const float* x, int64_t B, int64_t N, int64_t D, int64_t k, uint
   }
   if (!finite) return 1;
   if (!in_range) return 2;
-  std::vector<double> noise(static_cast<size_t>(k * B * N));
-  exponential_noise(seed, k * B * N, noise.data());
-  for (int64_t b = 0; b < B; ++b) seed_problem(x + b * N * D, N, D, k, noise.data() + b * N, B * N, c + b * k * D);
+  // The reference's draws, in its order: (B, N) exponentials, then (B, trials) uniforms per step.
+  std::vector<double> exponential(static_cast<size_t>(B * N)), uniform(static_cast<size_t>((k - 1) * B * trials));
+  seeding_noise(seed, B * N, exponential.data(), (k - 1) * B * trials, uniform.data());
+  for (int64_t b = 0; b < B; ++b)
+    seed_problem(x + b * N * D, N, D, k, trials, exponential.data() + b * N, uniform.data() + b * trials, B * trials,
+                 c + b * k * D);
   return kOk;
 }
 
 Status lloyd(TensorView points, std::optional<TensorView> weights, std::optional<TensorView> lengths,
-             TensorView centroids, int64_t init_seed, double tol, int64_t iters, bool cosine, TensorView labels,
-             TensorView inertia, TensorView n_iter) {
+             TensorView centroids, int64_t init_seed, int64_t n_local_trials, double tol, int64_t iters, bool cosine,
+             TensorView labels, TensorView inertia, TensorView n_iter) {
   constexpr const char* entry = "lloyd";
   int64_t B, N, D;
   points_shape(points, entry, &B, &N, &D);
-  expect_tensor(centroids, DType::kFloat32, 3, entry, "centroids");
-  const int64_t k = centroids.size(1);
-  expect(centroids.size(0) == B && centroids.size(2) == D && k >= 1 && k <= N, entry,
-         "centroids must be (B, k, D) with 1 <= k <= N");
+  // (B, k, D) centres, or (k, D) for the points of one problem given as (N, D).
+  expect_tensor(centroids, DType::kFloat32, points.ndim, entry, "centroids");
+  const int64_t k = centroids.size(centroids.ndim - 2);
+  expect((points.ndim == 2 || centroids.size(0) == B) && centroids.size(centroids.ndim - 1) == D && k >= 1 && k <= N,
+         entry, "centroids must be (B, k, D) (or (k, D) for (N, D) points) with 1 <= k <= N");
   expect(iters >= 1 && iters <= std::numeric_limits<int>::max() && tol >= 0.0, entry, "iters >= 1 and tol >= 0");
   expect(init_seed <= 0xFFFFFFFFLL, entry, "init_seed must be a 32-bit generator seed, or negative");
   expect(init_seed < 0 || (!weights && !lengths && !cosine), entry,
          "k-means++ seeding here is for unweighted l2 problems of N points each");
+  expect(init_seed < 0 || (n_local_trials >= 1 && n_local_trials <= std::numeric_limits<int32_t>::max()), entry,
+         "n_local_trials must be >= 1");
   expect_elements(labels, DType::kInt64, B * N, entry, "labels");
   expect_elements(n_iter, DType::kInt64, B, entry, "n_iter");
   const bool inertia64 = inertia.dtype == DType::kFloat64;
@@ -488,7 +547,7 @@ Status lloyd(TensorView points, std::optional<TensorView> weights, std::optional
   {
     py::gil_scoped_release nogil;
     if (init_seed >= 0) {
-      const Status seeded = seed_all(x, B, N, D, k, static_cast<uint32_t>(init_seed), c);
+      const Status seeded = seed_all(x, B, N, D, k, n_local_trials, static_cast<uint32_t>(init_seed), c);
       if (seeded != kOk) return seeded;
     }
     solve_all(x, w, len, B, N, D, k, tol, static_cast<int>(iters), cosine, c, labels.ptr<int64_t>(), inertia32.data(),
@@ -505,11 +564,13 @@ Status lloyd(TensorView points, std::optional<TensorView> weights, std::optional
   return kOk;
 }
 
-Status exponential_noise_entry(int64_t seed, TensorView out) {
-  constexpr const char* entry = "exponential_noise";
-  expect_tensor(out, DType::kFloat64, 1, entry, "out");
+Status seeding_noise_entry(int64_t seed, TensorView exponential, TensorView uniform) {
+  constexpr const char* entry = "seeding_noise";
+  expect_tensor(exponential, DType::kFloat64, 1, entry, "exponential");
+  expect_tensor(uniform, DType::kFloat64, 1, entry, "uniform");
   expect(seed >= 0 && seed <= 0xFFFFFFFFLL, entry, "seed must be a 32-bit generator seed");
-  exponential_noise(static_cast<uint32_t>(seed), out.size(0), out.ptr<double>());
+  seeding_noise(static_cast<uint32_t>(seed), exponential.size(0), exponential.ptr<double>(), uniform.size(0),
+                uniform.ptr<double>());
   return kOk;
 }
 
@@ -520,10 +581,11 @@ PYBIND11_MODULE(_cpu_kmeans, m) {
   namespace py = pybind11;
   m.doc() = "Batched Lloyd k-means (fused assign + accumulate CPU kernel); see streammem_kernels/kmeans/reference.py";
   m.def("lloyd", &streammem::lloyd, py::arg("points"), py::arg("weights"), py::arg("lengths"), py::arg("centroids"),
-        py::arg("init_seed"), py::arg("tol"), py::arg("iters"), py::arg("cosine"), py::arg("labels"),
-        py::arg("inertia"), py::arg("n_iter"),
-        "Lloyd from the centroids given (init_seed < 0) or from k-means++ seeds (init_seed >= 0), centroids updated "
-        "in place -> labels, inertia, n_iter; status 1: NaN/Inf points, 2: a problem needs rescaling (seeding only)");
-  m.def("exponential_noise", &streammem::exponential_noise_entry, py::arg("seed"), py::arg("out"),
-        "torch's CPU exponential_(1) draws of a generator seeded with seed into out (tests); status 0");
+        py::arg("init_seed"), py::arg("n_local_trials"), py::arg("tol"), py::arg("iters"), py::arg("cosine"),
+        py::arg("labels"), py::arg("inertia"), py::arg("n_iter"),
+        "Lloyd from the centroids given (init_seed < 0) or from greedy k-means++ seeds (init_seed >= 0), centroids "
+        "updated in place -> labels, inertia, n_iter; status 1: NaN/Inf points, 2: a problem needs rescaling "
+        "(seeding only)");
+  m.def("seeding_noise", &streammem::seeding_noise_entry, py::arg("seed"), py::arg("exponential"), py::arg("uniform"),
+        "torch's CPU exponential_(1), then rand(float64), draws of a generator seeded with seed (tests); status 0");
 }

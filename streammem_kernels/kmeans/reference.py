@@ -7,6 +7,8 @@ float64 scratch stays bounded.  Imports nothing of the op.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 # Elements of float64 scratch (about 64 MB) the torch reference allows itself
@@ -33,39 +35,57 @@ def mean_feature_variance(points: torch.Tensor, lengths: torch.Tensor) -> torch.
     return out
 
 
-def kmeans_plus_plus(points, k, weights, generator, cosine) -> torch.Tensor:
-    """Standard D^2 sampling (Arthur & Vassilvitskii 2007), batched over problems.
+def default_local_trials(k: int) -> int:
+    """Candidates per k-means++ step by default: ``2 + floor(ln k)`` (scikit-learn's, after Arthur and
+    Vassilvitskii's conclusion)."""
+    return 2 + int(math.log(k))
 
-    Step 1 draws a point with probability proportional to its weight; each next
-    centre is drawn with probability ``w * D^2`` where D^2 is the squared
-    distance to the nearest centre chosen so far (cosine: ``1 - x.c``, half
-    the squared chord on the unit sphere).  A problem whose
-    remaining mass is zero (all points coincide with chosen centres) draws by
-    weight again; the duplicate centre is then handled as an empty cluster.
+
+def squared_distances(points, centres, cosine) -> torch.Tensor:
+    """(B, N, T) float32 distance of every point to every one of T centres (B, T, D): ``||x - c||^2`` in the
+    expanded form ``||x||^2 - 2 x.c + ||c||^2`` (cosine: ``1 - x.c``, half the squared chord on the unit
+    sphere), clamped at 0."""
+    dots = torch.bmm(points, centres.transpose(1, 2))
+    if cosine:
+        return (1.0 - dots).clamp_min(0.0)
+    sq_norm = (points * points).sum(-1)[:, :, None]
+    return (sq_norm - 2.0 * dots + (centres * centres).sum(-1)[:, None, :]).clamp_min(0.0)
+
+
+def kmeans_plus_plus(points, k, weights, generator, cosine, n_local_trials) -> torch.Tensor:
+    """Greedy k-means++ (scikit-learn's ``_kmeans_plusplus``), batched over problems: (B, k, D) centres.
+
+    Step 1 draws one point with probability proportional to its weight (``torch.multinomial``).  Each
+    next step draws ``n_local_trials`` candidates with probability ``w * D^2``, D^2 the distance to the
+    nearest centre chosen so far, by inverse CDF: a float64 uniform ``u`` (``torch.rand``, one
+    ``(B, n_local_trials)`` draw per step) times the total of the running sum ``cumsum(w * D^2)`` picks
+    the first point whose running sum exceeds it.  It keeps the candidate whose addition leaves the
+    smallest potential ``sum w * min(D^2, d(x, candidate))`` (the first on ties).  One trial is the
+    standard D^2 sampling of Arthur and Vassilvitskii (2007).  scikit-learn takes the first running sum
+    that reaches the target (``searchsorted`` side left), which can pick a zero-mass point when the draw
+    lands on a boundary; exceeding it never does.  A problem whose remaining mass is zero (every point on
+    a chosen centre) draws by weight again; the duplicate centre then becomes an empty cluster.
     """
     B, N, D = points.shape
     w = weights.double()
     rows = torch.arange(B, device=points.device)
     first = torch.multinomial(w, 1, generator=generator)[:, 0]
     centres = [points[rows, first]]
-    sq_norm = (points * points).sum(-1)
-    nearest = None
+    nearest = squared_distances(points, centres[0][:, None, :], cosine)[..., 0].double()  # (B, N)
     for _ in range(1, k):
-        c = centres[-1]
-        dots = torch.bmm(points, c[:, :, None])[..., 0]
-        if cosine:
-            dist = (1.0 - dots).clamp_min(0.0)
-        else:
-            dist = (sq_norm - 2.0 * dots + (c * c).sum(-1)[:, None]).clamp_min(0.0)
-        nearest = dist if nearest is None else torch.minimum(nearest, dist)
-        # On unit vectors ||x - c||^2 = 2 (1 - x.c): cosine D^2 sampling uses 1 - x.c.
-        mass = w * nearest.double()
-        empty_mass = mass.sum(dim=1) <= 0
-        mass = torch.where(empty_mass[:, None], w, mass)
-        pick = torch.multinomial(mass, 1, generator=generator)[:, 0]
-        centres.append(points[rows, pick])
+        running = torch.cumsum(w * nearest, dim=1)
+        empty_mass = running[:, -1:] <= 0
+        running = torch.where(empty_mass, torch.cumsum(w, dim=1), running)
+        targets = torch.rand((B, n_local_trials), generator=generator, dtype=torch.float64,
+                             device=points.device) * running[:, -1:]
+        candidates = torch.searchsorted(running, targets, right=True).clamp_max(N - 1)  # (B, T)
+        candidate_points = torch.gather(points, 1, candidates[..., None].expand(B, n_local_trials, D))
+        trial = torch.minimum(nearest[:, :, None], squared_distances(points, candidate_points, cosine).double())
+        potential = (w[:, :, None] * trial).sum(dim=1)  # (B, T)
+        best = potential.argmin(dim=1)
+        nearest = trial[rows, :, best]
+        centres.append(candidate_points[rows, best])
     return torch.stack(centres, dim=1).contiguous()
-
 
 
 def assign_torch(points, centres, valid, cosine) -> torch.Tensor:

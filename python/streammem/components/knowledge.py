@@ -25,6 +25,7 @@ from streammem_kernels.extras import require
 
 from ..checks import check_int, check_real
 from ..config import MAX_SEGMENTER_WINDOW
+from ..models.encoders import encode_texts
 from .memory import FrameRecord, LabelCaptioner, check_query_embedding, records_from_state, records_state
 
 __all__ = [
@@ -217,7 +218,7 @@ class EventSegmenter:
         caption = self.captioner.caption_frames(frames, previous.caption if previous else None)
         self.timings["caption"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        emb = F.normalize(self.text_encoder.encode([caption])[0].float(), dim=0)
+        emb = F.normalize(encode_texts(self.text_encoder, [caption])[0], dim=0)
         self.timings["text_encode"] += time.perf_counter() - t0
         entry = KnowledgeEntry(len(self.knowledge_base), start, end, frames[0].timestamp, frames[-1].timestamp,
                                caption, emb, n)
@@ -256,8 +257,8 @@ class InstantaneityScorer:
 
     def __init__(self, text_encoder, now_examples: Sequence[str] = NOW_EXAMPLES,
                  before_examples: Sequence[str] = BEFORE_EXAMPLES):
-        self._now = text_encoder.encode(list(now_examples))
-        self._before = text_encoder.encode(list(before_examples))
+        self._now = encode_texts(text_encoder, now_examples)
+        self._before = encode_texts(text_encoder, before_examples)
 
     def __call__(self, question: str, query_embedding: torch.Tensor) -> float:
         q = F.normalize(torch.as_tensor(query_embedding, dtype=torch.float32).reshape(-1), dim=0)
@@ -345,7 +346,7 @@ class DialogueMemory:
 
     def embed(self, question: str, answer: str) -> torch.Tensor:
         """(1, E) normalised embedding of one exchange (computed once, then appended)."""
-        return F.normalize(self.text_encoder.encode([f"Q: {question} A: {answer}"]).float(), dim=1)
+        return F.normalize(encode_texts(self.text_encoder, [f"Q: {question} A: {answer}"]), dim=1)
 
     def add(self, question: str, answer: str, timestamp: float | None = None, *,
             embedding: torch.Tensor | None = None) -> None:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ..checks import check_int, check_real
 from ..config import MAX_KMEANS_ITERS, MAX_SEED
+from ..models.encoders import encode_texts
 
 __all__ = [
     "check_query_embedding",
@@ -317,13 +318,13 @@ class LongTermMemory:
 
         k = min(k, points.shape[0])
         t0 = time.perf_counter()
-        res = batched_kmeans(points, k, iters=self.kmeans_iters, seed=self.seed, backend=self.backend)
+        res = batched_kmeans(points, k, iters=self.kmeans_iters, random_state=self.seed, backend=self.backend)
         self.timings["kmeans"] += time.perf_counter() - t0
-        return res.centroids[0]
+        return res.centroids
 
     def _embed(self, caption: str) -> torch.Tensor:
         t0 = time.perf_counter()
-        emb = self.text_encoder.encode([caption])[0]
+        emb = encode_texts(self.text_encoder, [caption])[0]
         self.timings["text_encode"] += time.perf_counter() - t0
         return F.normalize(emb.float(), dim=0)
 

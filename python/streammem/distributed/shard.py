@@ -48,7 +48,7 @@ from streammem_kernels import StreamingSegmenter
 from ..checkpoint import atomic_write
 from ..components.knowledge import InstantaneityScorer
 from ..config import MemoryConfig
-from ..models.encoders import EncodedFrames, resolve_encoder
+from ..models.encoders import EncodedFrames, encode_frames, encode_texts, resolve_encoder
 from ..stream.memory import Context, StreamMemory
 from ._threads import ensure_thread, thread_settings
 
@@ -286,7 +286,7 @@ class ShardMemory:
         out: list[EncodedFrames | None] = [EncodedFrames(torch.zeros(0, 1), []) for _ in frame_sets]
         for members in by_shape.values():
             stacked = np.concatenate([frame_sets[i] for i in members])
-            enc = self.frame_encoder.encode(stacked)
+            enc = encode_frames(self.frame_encoder, stacked)
             self.counters["encoder_calls"] += 1
             start = 0
             for i in members:
@@ -349,7 +349,7 @@ class ShardMemory:
 
         if not isinstance(question, str) or not question.strip():
             raise ValueError("question must be a non-empty string")
-        q = torch.nn.functional.normalize(self.text_encoder.encode([question])[0].float(), dim=0)
+        q = torch.nn.functional.normalize(encode_texts(self.text_encoder, [question])[0], dim=0)
         keys, meta = [], []
         for stream_id in self.streams():
             memory = self._memories.get(stream_id)

@@ -12,8 +12,37 @@ pooling, L2-normalised), loaded from the package directory with the hub offline.
 ``HashingTextEncoder`` (hashed word and bigram counts) stands in when it is
 missing.
 
-Any user encoder (a CLIP model, say) plugs in by providing ``dim`` and
-``encode``; the pipeline needs nothing else.
+The protocol: any user encoder (a CLIP model, say) plugs in by providing ``dim``
+and ``encode``; the pipeline needs nothing else.
+
+* a frame encoder's ``encode(frames)`` takes ``(n, H, W, 3)`` uint8 RGB frames
+  and returns ``EncodedFrames(features (n, dim), labels)`` (labels: n tuples of
+  class names, or ``[]``) or just the ``(n, dim)`` features, as a numpy array,
+  a torch tensor or a list of rows;
+* a text encoder's ``encode(texts)`` takes a list of n strings and returns the
+  ``(n, dim)`` embeddings (array, tensor or rows; L2-normalised is best, the
+  retrieval normalises anyway).
+
+``encode_frames`` and ``encode_texts`` call an encoder and bring its answer to
+that form (float32 tensors); anything else is refused with one line saying what
+to return.  For example, a frame encoder returning numpy:
+
+>>> import numpy as np
+>>> import streammem as sm
+>>> from streammem.models.encoders import encode_frames
+>>> class MeanColour:                      # any object with .dim and .encode
+...     name, dim = "mean-colour", 3
+...     def encode(self, frames):          # (n, H, W, 3) uint8 -> (n, 3) numpy
+...         return frames.reshape(len(frames), -1, 3).mean(axis=1) / 255.0
+>>> frames = np.zeros((4, 32, 32, 3), np.uint8)
+>>> frames[2:, ..., 0] = 200               # the scene turns red at the third frame
+>>> encoded = encode_frames(MeanColour(), frames)
+>>> encoded.features.shape, encoded.features.dtype, encoded.labels
+(torch.Size([4, 3]), torch.float32, [])
+>>> memory = sm.StreamMemory(sm.MemoryConfig.from_preset("base"), MeanColour(), sm.HashingTextEncoder())
+>>> pushed = memory.push([0.0, 0.5, 1.0, 1.5], frames)   # gated, encoded by MeanColour, formed
+>>> pushed.frames, pushed.kept                               # (flat frames: no motion after the first)
+(4, [0])
 """
 from __future__ import annotations
 
@@ -47,6 +76,8 @@ __all__ = [
     "encoder_from_spec",
     "resolve_encoder",
     "encoders_from_specs",
+    "encode_frames",
+    "encode_texts",
 ]
 
 
@@ -89,6 +120,61 @@ class TextEncoder(Protocol):
     dim: int
 
     def encode(self, texts: Sequence[str]) -> torch.Tensor: ...
+
+
+def encode_frames(encoder, frames) -> EncodedFrames:
+    """``encoder.encode(frames)`` as ``EncodedFrames`` with (n, dim) float32 features, n = ``len(frames)``.
+
+    The encoder may return ``EncodedFrames`` (its features an array, tensor or list of rows; labels n tuples
+    or ``[]``) or the bare (n, dim) features, which are wrapped with no labels.  ValueError, one line saying
+    what to return, for anything else: another type, shape or row count, features that are not real numbers,
+    or a width other than ``encoder.dim``.
+    """
+    out = encoder.encode(frames)
+    n = len(frames)
+    if isinstance(out, EncodedFrames):
+        features = _feature_rows(out.features, n, encoder, "frame_encoder.encode(frames)", _FRAMES_RETURN)
+        if out.labels and len(out.labels) != n:
+            raise ValueError(f"frame_encoder.encode(frames) returned {len(out.labels)} labels for {n} frames; "
+                             f"{_FRAMES_RETURN}")
+        return out if features is out.features else EncodedFrames(features, list(out.labels or []))
+    return EncodedFrames(_feature_rows(out, n, encoder, "frame_encoder.encode(frames)", _FRAMES_RETURN), [])
+
+
+def encode_texts(encoder, texts: Sequence[str]) -> torch.Tensor:
+    """``encoder.encode(texts)`` as an (n, dim) float32 tensor, n = ``len(texts)``: the encoder may return a
+    tensor, a numpy array or a list of rows; ValueError, one line saying what to return, otherwise."""
+    texts = list(texts)
+    return _feature_rows(encoder.encode(texts), len(texts), encoder, "text_encoder.encode(texts)", _TEXTS_RETURN)
+
+
+_FRAMES_RETURN = ("return EncodedFrames(features, labels) or an (n, dim) float array or tensor, one row per frame "
+                  "(n = len(frames), dim = frame_encoder.dim)")
+_TEXTS_RETURN = "return an (n, dim) float array or tensor, one row per text (n = len(texts), dim = text_encoder.dim)"
+
+
+def _feature_rows(value, n: int, encoder, call: str, expected: str) -> torch.Tensor:
+    """``value`` as an (n, encoder.dim) float32 tensor (a float32 tensor comes back as it is)."""
+    if isinstance(value, torch.Tensor):
+        t = value
+    elif isinstance(value, (np.ndarray, list, tuple)):
+        try:
+            arr = np.asarray(value)
+        except ValueError:  # ragged rows
+            raise ValueError(f"{call} returned rows of different lengths; {expected}") from None
+        if arr.dtype.kind not in "fiu":
+            raise ValueError(f"{call} returned an array of dtype {arr.dtype}; {expected}")
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+    else:
+        raise ValueError(f"{call} returned a {type(value).__module__}.{type(value).__qualname__}; {expected}")
+    if t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{call} returned a tensor of dtype {str(t.dtype).replace('torch.', '')}; {expected}")
+    if t.dim() != 2 or t.shape[0] != n:
+        raise ValueError(f"{call} returned shape {tuple(t.shape)} for n = {n}; {expected}")
+    dim = getattr(encoder, "dim", None)
+    if isinstance(dim, int) and t.shape[1] != dim:
+        raise ValueError(f"{call} returned {t.shape[1]} features per row but its dim is {dim}; {expected}")
+    return t if t.dtype == torch.float32 else t.float()
 
 
 def _check_frames(frames) -> np.ndarray:

@@ -56,7 +56,7 @@ from ..components.gate import MotionGate
 from ..components.knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeInjector
 from ..components.memory import FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory, check_query_embedding
 from ..config import MemoryConfig, Preset
-from ..models.encoders import EncodedFrames, encoder_spec, encoders_from_specs
+from ..models.encoders import EncodedFrames, encode_frames, encoder_spec, encoders_from_specs
 
 __all__ = ["StreamMemory", "Context", "PushResult"]
 
@@ -322,7 +322,7 @@ class StreamMemory:
         if self.frame_encoder is None:
             raise ValueError("this StreamMemory has no frame_encoder; pass one, or use push_encoded(features)")
         t0 = time.perf_counter()
-        out = self.frame_encoder.encode(frames)
+        out = encode_frames(self.frame_encoder, frames)
         self.timings["frame_encode"] += time.perf_counter() - t0
         return out
 

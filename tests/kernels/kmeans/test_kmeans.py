@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from conftest import cpu_backends
-from device_checks import DEVICES, HAS_CUDA, HostSync, capture_in_cuda_graph, device_backends, guard_backend
+from device_checks import (DEVICES, HAS_CUDA, HostSync, capture_in_cuda_graph, device_backends, guard_backend,
+                           no_host_sync)
 from streammem_kernels import KMeansResult, batched_kmeans, kmeans_frames
 from streammem_kernels.kmeans import LLOYD, initial_centres
-from streammem_kernels.kmeans.reference import assign_torch, lloyd_loop, mean_feature_variance
+from streammem_kernels.kmeans.reference import (assign_torch, distance_to_own_centre, lloyd_loop,
+                                                 mean_feature_variance)
 
 BACKENDS = cpu_backends(LLOYD)
 FAST_BACKENDS = [b for b in BACKENDS if b != "triton"]  # Triton is interpreted on CPU: small cases only
@@ -159,8 +161,8 @@ def test_problems_stop_independently(backend):
     assert len(set(ref.n_iter.tolist())) == 3 and int(ref.n_iter.max()) < 6, ref.n_iter  # distinct stops
     for b in range(3):
         alone = batched_kmeans(x[b], 3, init=init[b], iters=6, backend=backend)
-        assert torch.equal(alone.labels[0], res.labels[b]) and int(alone.n_iter[0]) == int(res.n_iter[b])
-        assert torch.equal(alone.centroids[0], res.centroids[b])
+        assert torch.equal(alone.labels, res.labels[b]) and int(alone.n_iter) == int(res.n_iter[b])
+        assert torch.equal(alone.centroids, res.centroids[b])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -173,8 +175,8 @@ def test_ragged_labels_past_length_are_minus_one(backend):
         assert (res.labels[b, :n] >= 0).all()
         alone = batched_kmeans(x[b, :n], 3, init=initial_centres(*_prep_for_init(x, 3, lengths))[b], iters=3,
                                backend=backend)
-        assert torch.equal(alone.labels[0], res.labels[b, :n])
-        torch.testing.assert_close(alone.inertia[0], res.inertia[b], rtol=1e-5, atol=0)
+        assert torch.equal(alone.labels, res.labels[b, :n])
+        torch.testing.assert_close(alone.inertia, res.inertia[b], rtol=1e-5, atol=0)
 
 
 def _prep_for_init(x, k, lengths):
@@ -271,10 +273,10 @@ def test_empty_cluster_reseeded_with_farthest_point(backend):
     x = torch.tensor([[0.0], [1.0], [2.0], [10.0]])
     init = torch.tensor([[0.0], [100.0]])
     res = batched_kmeans(x, 2, init=init, backend=backend)
-    assert res.labels.tolist() == [[0, 0, 0, 1]]
-    torch.testing.assert_close(res.centroids[0], torch.tensor([[1.0], [10.0]]))
-    torch.testing.assert_close(res.inertia, torch.tensor([2.0], dtype=torch.float64))
-    assert res.n_iter.tolist() == [3]  # move + re-seed, move, no change
+    assert res.labels.tolist() == [0, 0, 0, 1]
+    torch.testing.assert_close(res.centroids, torch.tensor([[1.0], [10.0]]))
+    torch.testing.assert_close(res.inertia, torch.tensor(2.0, dtype=torch.float64))
+    assert res.n_iter.tolist() == 3  # move + re-seed, move, no change
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -285,7 +287,7 @@ def test_several_empty_clusters_take_distinct_points_in_decreasing_distance(back
     x = torch.tensor([[0.0, 0.0], [0.5, 0.0], [3.0, 0.0], [0.0, -5.0], [0.0, 7.0]])
     init = torch.tensor([[0.0, 0.0], [50.0, 50.0], [60.0, 60.0], [70.0, 70.0]])
     res = batched_kmeans(x, 4, init=init, iters=1, backend=backend)
-    torch.testing.assert_close(res.centroids[0, 1:], torch.tensor([[0.0, 7.0], [0.0, -5.0], [3.0, 0.0]]))
+    torch.testing.assert_close(res.centroids[1:], torch.tensor([[0.0, 7.0], [0.0, -5.0], [3.0, 0.0]]))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -369,10 +371,10 @@ def test_reseeding_ties_go_to_the_lowest_point_index(backend):
     # take them in increasing cluster order: cluster 1 the lower index (-3), cluster 2 the other.
     x = torch.tensor([[0.0], [0.0], [-3.0], [3.0], [1.0]])
     res = batched_kmeans(x, 3, init=torch.tensor([[0.0], [100.0], [200.0]]), iters=1, backend=backend)
-    torch.testing.assert_close(res.centroids[0, 1:], torch.tensor([[-3.0], [3.0]]))
+    torch.testing.assert_close(res.centroids[1:], torch.tensor([[-3.0], [3.0]]))
     x = torch.tensor([[0.0], [3.0], [0.0], [-3.0], [1.0]])  # the same points, the tie in the other order
     res = batched_kmeans(x, 3, init=torch.tensor([[0.0], [100.0], [200.0]]), iters=1, backend=backend)
-    torch.testing.assert_close(res.centroids[0, 1:], torch.tensor([[3.0], [-3.0]]))
+    torch.testing.assert_close(res.centroids[1:], torch.tensor([[3.0], [-3.0]]))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -394,8 +396,8 @@ def test_reseeding_batched_problems_with_different_empty_clusters(backend, metri
     for b in range(3):
         n = int(lengths[b])
         alone = batched_kmeans(x[b, :n], 4, init=init[b], iters=2, metric=metric, backend=backend)
-        assert torch.equal(alone.labels[0], res.labels[b, :n]) and torch.equal(alone.n_iter[0], res.n_iter[b])
-        torch.testing.assert_close(alone.centroids[0], res.centroids[b], atol=atol, rtol=rtol)
+        assert torch.equal(alone.labels, res.labels[b, :n]) and torch.equal(alone.n_iter, res.n_iter[b])
+        torch.testing.assert_close(alone.centroids, res.centroids[b], atol=atol, rtol=rtol)
     assert (res.centroids[2].abs() < 49).all()  # the padding was never taken
 
 
@@ -407,7 +409,7 @@ def test_zero_weight_cluster_is_reseeded(backend):
     w = torch.tensor([1.0, 1.0, 0.0, 1.0])
     res = batched_kmeans(x, 2, init=torch.tensor([[0.5], [9.0]]), weights=w, iters=1, backend=backend)
     # The farthest point from its own centre is 2 (1.5 from 0.5): centre 1 moves there.
-    torch.testing.assert_close(res.centroids[0], torch.tensor([[1.0], [2.0]]))
+    torch.testing.assert_close(res.centroids, torch.tensor([[1.0], [2.0]]))
 
 
 # --------------------------------------------------------------------------
@@ -416,8 +418,8 @@ def test_zero_weight_cluster_is_reseeded(backend):
 def test_fixed_seed_is_reproducible_and_seeds_differ():
     x = blobs(4, 200, 8, 10, seed=21, spread=0.5)
     for backend in FAST_BACKENDS:
-        a = batched_kmeans(x, 6, seed=5, backend=backend)
-        b = batched_kmeans(x, 6, seed=5, backend=backend)
+        a = batched_kmeans(x, 6, random_state=5, backend=backend)
+        b = batched_kmeans(x, 6, random_state=5, backend=backend)
         assert torch.equal(a.labels, b.labels) and torch.equal(a.centroids, b.centroids)
         assert torch.equal(a.inertia, b.inertia)
     p = (x, torch.ones(4, 200), torch.full((4,), 200))
@@ -434,30 +436,35 @@ def test_fixed_seed_is_reproducible_and_seeds_differ():
 _cpp_kmeans = pytest.mark.skipif("cpp" not in BACKENDS, reason="the C++ backend is not built")
 
 
-def _native_noise(mod, seed, n):
-    """The C++ seeding's exponential noise for a generator seeded with ``seed`` (manual_seed keeps 32 bits)."""
+def _native_noise(mod, seed, n_exponential, n_uniform=0):
+    """The C++ seeding's draws for a generator seeded with ``seed`` (manual_seed keeps 32 bits): n exponentials,
+    then n uniforms."""
     from streammem_kernels.runtime.native import view
 
-    out = torch.empty(n, dtype=torch.float64)
-    assert mod.exponential_noise(seed & 0xFFFFFFFF, view(out)) == 0
-    return out
+    exponential = torch.empty(n_exponential, dtype=torch.float64)
+    uniform = torch.empty(n_uniform, dtype=torch.float64)
+    assert mod.seeding_noise(seed & 0xFFFFFFFF, view(exponential), view(uniform)) == 0
+    return exponential, uniform
 
 
 @_cpp_kmeans
 @pytest.mark.parametrize("seed", [0, 1, 5, 2**31, 2**32 + 7, -3, 2**63 - 1, -(2**63), 2**64 - 1])
-def test_fast_path_noise_is_torchs_exponential_stream(seed):
-    # torch.multinomial(p, 1, generator) is argmax(p / q), q = exponential_(1) of the generator: the C++
-    # seeding draws the same q bit for bit, so its picks follow the reference's generator.
+def test_fast_path_noise_is_torchs_generator_stream(seed):
+    # The reference draws torch.multinomial(w, 1) (argmax(w / q), q = exponential_(1) of the generator), then
+    # torch.rand((B, trials), float64) per step: the C++ seeding draws the same values bit for bit, so its
+    # picks follow the reference's generator.
     from streammem_kernels.runtime.dispatch import load_native
 
     mod, _ = load_native("cpu", "kmeans")
     g = torch.Generator().manual_seed(seed)
-    expected = torch.empty(3000, dtype=torch.float64).exponential_(1, generator=g)
-    assert torch.equal(_native_noise(mod, seed, 3000), expected)
+    exponential = torch.empty(3000, dtype=torch.float64).exponential_(1, generator=g)
+    uniform = torch.rand((7, 3), dtype=torch.float64, generator=g).flatten()
+    native = _native_noise(mod, seed, 3000, 21)
+    assert torch.equal(native[0], exponential) and torch.equal(native[1], uniform)
     g = torch.Generator().manual_seed(seed)
     p = torch.rand(2, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     drawn = torch.multinomial(p, 1, generator=g)[:, 0]
-    q = _native_noise(mod, seed, 80).view(2, 40)
+    q = _native_noise(mod, seed, 80)[0].view(2, 40)
     assert torch.equal(drawn, (p / q).argmax(dim=1))
 
 
@@ -467,14 +474,14 @@ def test_fast_path_noise_is_torchs_exponential_stream(seed):
 def test_fast_path_equals_the_general_path_and_the_reference(shape, k):
     for seed in range(12):
         x = torch.randn(shape, generator=torch.Generator().manual_seed(seed + 100)) * 3
-        fast = LLOYD.run_fast("auto", x, k, 5, 1e-4, "k-means++", "l2", None, None, seed)
+        fast = LLOYD.run_fast("auto", x, k, 5, 1e-4, "k-means++", None, "l2", None, None, seed)
         assert fast is not None  # the case the fast path exists for: it must not fall back
-        assert all(torch.equal(a, b) for a, b in zip(fast, batched_kmeans(x, k, iters=5, seed=seed)))
+        assert all(torch.equal(a, b) for a, b in zip(fast, batched_kmeans(x, k, iters=5, random_state=seed)))
         ones = torch.ones(x.shape[:-1])  # weights force the general path (torch seeding, same C++ Lloyd)
-        general = batched_kmeans(x, k, iters=5, seed=seed, weights=ones, backend="cpp")
+        general = batched_kmeans(x, k, iters=5, random_state=seed, weights=ones, backend="cpp")
         for a, b in zip(fast, general):
             assert a.dtype == b.dtype and torch.equal(a, b)
-        ref = batched_kmeans(x, k, iters=5, seed=seed, backend="torch")
+        ref = batched_kmeans(x, k, iters=5, random_state=seed, backend="torch")
         assert torch.equal(fast.labels, ref.labels) and torch.equal(fast.n_iter, ref.n_iter)
         atol, rtol = LLOYD.tolerances["cpp"][torch.float32]
         torch.testing.assert_close(fast.centroids, ref.centroids, atol=atol, rtol=rtol)
@@ -484,12 +491,12 @@ def test_fast_path_equals_the_general_path_and_the_reference(shape, k):
 @_cpp_kmeans
 def test_fast_path_never_seeds_on_a_duplicate_of_a_chosen_centre():
     # Four distinct points, each repeated 16 times: D^2 sampling gives every copy of a chosen centre
-    # zero mass (exactly, from float64 direct differences), so the k = 4 seeds are the 4 points.
+    # zero mass (exactly, from direct differences), so the k = 4 seeds are the 4 points.
     base = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]) * 7.3 + 0.1
     x = base.repeat(16, 1)[torch.randperm(64, generator=torch.Generator().manual_seed(2))]
     for seed in range(20):
-        res = batched_kmeans(x, 4, iters=1, seed=seed)
-        assert sorted(map(tuple, res.centroids[0].tolist())) == sorted(map(tuple, base.tolist()))
+        res = batched_kmeans(x, 4, iters=1, random_state=seed)
+        assert sorted(map(tuple, res.centroids.tolist())) == sorted(map(tuple, base.tolist()))
         assert res.inertia.item() == 0.0
 
 
@@ -497,11 +504,12 @@ def test_fast_path_never_seeds_on_a_duplicate_of_a_chosen_centre():
 def test_inputs_outside_the_fast_path_give_the_same_result():
     # Non-contiguous or requiring grad: the general path, with the same seeding (and the torch backend).
     x = blobs(2, 40, 6, 3, seed=8)
-    fast = batched_kmeans(x, 3, seed=4)
+    fast = batched_kmeans(x, 3, random_state=4)
     wide = torch.stack([x, x], dim=3).reshape(2, 40, 12)[:, :, ::2]  # non-contiguous view of x's values
     assert torch.equal(wide, x) and not wide.is_contiguous()
-    for other in (batched_kmeans(wide, 3, seed=4), batched_kmeans(x.clone().requires_grad_(), 3, seed=4),
-                  batched_kmeans(x, 3, seed=4, backend="torch")):
+    for other in (batched_kmeans(wide, 3, random_state=4),
+                  batched_kmeans(x.clone().requires_grad_(), 3, random_state=4),
+                  batched_kmeans(x, 3, random_state=4, backend="torch")):
         assert torch.equal(other.labels, fast.labels) and torch.equal(other.n_iter, fast.n_iter)
         torch.testing.assert_close(other.centroids, fast.centroids, atol=1e-5, rtol=1e-5)
         assert not other.centroids.requires_grad
@@ -519,8 +527,8 @@ def test_fast_path_keeps_the_checks_and_the_rescaling():
     with pytest.raises(ValueError, match="iters"):
         batched_kmeans(x, 3, iters=0)
     # Huge points take the general path's power-of-two scale: finite and equal to the scaled problem's.
-    huge = batched_kmeans(x * 2.0**100, 3, seed=3)
-    plain = batched_kmeans(x, 3, seed=3)
+    huge = batched_kmeans(x * 2.0**100, 3, random_state=3)
+    plain = batched_kmeans(x, 3, random_state=3)
     assert torch.equal(huge.labels, plain.labels)
     torch.testing.assert_close(huge.centroids, plain.centroids * 2.0**100)
     before = x.clone()
@@ -545,7 +553,7 @@ def test_fast_path_and_general_path_raise_the_same_errors():
             errors.append(str(info.value))
         assert errors == ["x must be finite, found NaN or Inf"] * 3
     # Out of the scale range: the latency path declines, the general path rescales.
-    assert LLOYD.run_fast("auto", x * 2.0**60, 3, 5, 1e-4, "k-means++", "l2", None, None, 0) is None
+    assert LLOYD.run_fast("auto", x * 2.0**60, 3, 5, 1e-4, "k-means++", None, "l2", None, None, 0) is None
 
 
 @_cpp_kmeans
@@ -568,13 +576,13 @@ def test_native_entry_refuses_a_broken_border_contract():
     x = blobs(1, 10, 4, 2, seed=1)
     labels, inertia, n_iter = torch.empty(1, 10, dtype=torch.int64), torch.empty(1), torch.empty(1, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="centroids must be"):
-        mod.lloyd(view(x), None, None, view(torch.empty(1, 11, 4)), -1, 0.0, 3, False, view(labels), view(inertia),
-                  view(n_iter))
+        mod.lloyd(view(x), None, None, view(torch.empty(1, 11, 4)), -1, 0, 0.0, 3, False, view(labels),
+                  view(inertia), view(n_iter))
     with pytest.raises(RuntimeError, match="labels must be a C-contiguous CPU int64 tensor of 10 elements"):
-        mod.lloyd(view(x), None, None, view(x[:, :2].clone()), -1, 0.0, 3, False, view(labels[:, :5]),
+        mod.lloyd(view(x), None, None, view(x[:, :2].clone()), -1, 0, 0.0, 3, False, view(labels[:, :5]),
                   view(inertia), view(n_iter))
     with pytest.raises(RuntimeError, match="unweighted l2"):
-        mod.lloyd(view(x), None, None, view(x[:, :2].clone()), 7, 0.0, 3, True, view(labels), view(inertia),
+        mod.lloyd(view(x), None, None, view(x[:, :2].clone()), 7, 3, 0.0, 3, True, view(labels), view(inertia),
                   view(n_iter))
 
 def test_kmeans_plus_plus_is_d2_sampling():
@@ -590,6 +598,81 @@ def test_kmeans_plus_plus_is_d2_sampling():
     w = torch.cat([torch.zeros(64, 30), torch.ones(64, 30)], 1)
     init = initial_centres(x, 1, "k-means++", w, torch.full((64,), 60), 0, False)
     assert (init[..., 0] > 50).all()
+
+
+def _greedy_seeds_numpy(x, w, k, trials, seed):
+    """scikit-learn's greedy ``_kmeans_plusplus`` written out in float64 numpy, fed the draws the reference
+    takes from its generator (the first pick by ``torch.multinomial(w, 1)``, each step's uniforms by
+    ``torch.rand((B, trials), float64)``): the rule, independently of the reference's code."""
+    g = torch.Generator().manual_seed(seed)
+    B, N, D = x.shape
+    first = torch.multinomial(w.double(), 1, generator=g)[:, 0].numpy()
+    uniforms = [torch.rand((B, trials), dtype=torch.float64, generator=g).numpy() for _ in range(1, k)]
+    xs, ws = x.double().numpy(), w.double().numpy()
+    out = np.empty((B, k, D))
+    for b in range(B):
+        chosen = [first[b]]
+        closest = ((xs[b] - xs[b, first[b]]) ** 2).sum(-1)
+        for step in range(1, k):
+            running = np.cumsum(ws[b] * closest)
+            candidates = np.searchsorted(running, uniforms[step - 1][b] * running[-1], side="right")
+            to_candidates = ((xs[b][None] - xs[b, candidates][:, None]) ** 2).sum(-1)
+            trial = np.minimum(closest, to_candidates)
+            best = int(np.argmin(trial @ ws[b]))
+            closest = trial[best]
+            chosen.append(candidates[best])
+        out[b] = xs[b, chosen]
+    return torch.from_numpy(out).float()
+
+
+@pytest.mark.parametrize("trials", [None, 1, 4])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_kmeans_plus_plus_is_scikit_learns_greedy_rule(trials, weighted):
+    # Overlapping blobs (no near-ties between candidates' potentials at float32 precision): the reference's
+    # seeds are those of the rule written out in numpy on the same draws, for the default 2 + floor(ln k)
+    # candidates per step, one (plain D^2 sampling) and more; and the C++ latency path seeds the same.
+    x = blobs(3, 80, 4, 9, seed=38, spread=0.5, scale=2.0)
+    w = torch.rand(3, 80, generator=torch.Generator().manual_seed(39)) + 0.2 if weighted else torch.ones(3, 80)
+    k = 7
+    for seed in range(4):
+        got = initial_centres(x, k, "k-means++", w, torch.full((3,), 80), seed, False, n_local_trials=trials)
+        expect = _greedy_seeds_numpy(x, w, k, 2 + int(np.log(k)) if trials is None else trials, seed)
+        assert torch.equal(got, expect)
+        if not weighted:  # unweighted: the latency path seeds in C++, then runs Lloyd as the general path does
+            fast = batched_kmeans(x, k, iters=3, random_state=seed, n_local_trials=trials)
+            general = batched_kmeans(x, k, iters=3, init=got, backend="cpp")
+            assert all(torch.equal(a, b) for a, b in zip(fast, general))
+
+
+@pytest.mark.host_sync
+@pytest.mark.parametrize("cosine", [False, True])
+def test_greedy_seeding_never_reads_a_value_on_the_host(cosine):
+    # On CUDA tensors every backend is seeded by the reference on the device: its steps (draws, running
+    # sums, inverse CDF, potentials, argmin) stay tensors, so seeding a GPU batch never synchronises.
+    from streammem_kernels.kmeans.reference import kmeans_plus_plus
+
+    x = blobs(3, 40, 5, 4, seed=41)
+    if cosine:
+        x = torch.nn.functional.normalize(x, dim=-1)
+    weights = torch.rand(3, 40, generator=torch.Generator().manual_seed(42)) + 0.1
+    with no_host_sync():
+        seeds = kmeans_plus_plus(x, 6, weights, torch.Generator().manual_seed(0), cosine, 3)
+    assert seeds.shape == (3, 6, 5)
+
+
+def test_greedy_seeding_lowers_the_potential():
+    # Each step keeps the best of its candidates, so on average the seeds' potential (the inertia of the
+    # initial centres) is lower than with one candidate per step, drawn from the same generator.
+    x = blobs(16, 200, 2, 12, seed=40, spread=0.3, scale=3.0)
+    ones, lengths = torch.ones(16, 200), torch.full((16,), 200)
+    valid = torch.ones(16, 200, dtype=torch.bool)
+
+    def potential(centres):
+        return distance_to_own_centre(x, centres, assign_torch(x, centres, valid, False), False).sum(dim=1)
+
+    greedy = potential(initial_centres(x, 12, "k-means++", ones, lengths, 0, False))
+    plain = potential(initial_centres(x, 12, "k-means++", ones, lengths, 0, False, n_local_trials=1))
+    assert greedy.mean() < 0.8 * plain.mean() and (greedy <= plain).float().mean() > 0.7
 
 
 def test_random_and_first_inits_pick_distinct_valid_points():
@@ -615,15 +698,81 @@ def test_kmeans_frames_clusters_whole_frames():
     assert torch.equal(res.labels, flat.labels)
     init4 = frames[:, :3].clone()
     assert torch.equal(kmeans_frames(frames, 3, init=init4).labels, flat.labels)
-    with pytest.raises(ValueError, match="frames"):
-        kmeans_frames(frames[0], 3)
+    for bad in (frames[0, 0, 0], frames[None]):
+        with pytest.raises(ValueError, match="frames must have shape"):
+            kmeans_frames(bad, 3)
 
 
-def test_two_dimensional_input_is_one_problem():
+def test_kmeans_frames_takes_one_vector_per_frame_and_one_chunk():
+    # StreamChat's chunks are (B, L, D) (one feature vector per frame); one chunk is (L, D).
+    chunks = blobs(3, 16, 20, 4, seed=34)
+    res = kmeans_frames(chunks, 4, random_state=2)
+    ref = batched_kmeans(chunks, 4, random_state=2)
+    assert res.centroids.shape == (3, 4, 20) and res.labels.shape == (3, 16)
+    assert all(torch.equal(a, b) for a, b in zip(res, ref))
+    one = kmeans_frames(chunks[1].numpy(), 4, init=chunks[1, :4])
+    alone = batched_kmeans(chunks[1], 4, init=chunks[1, :4])
+    assert one.centroids.shape == (4, 20) and one.labels.shape == (16,) and one.inertia.shape == ()
+    assert all(torch.equal(a, b) for a, b in zip(one, alone))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("rank", [2, 3, 4])
+def test_kmeans_frames_keeps_the_input_dtype(dtype, rank):
+    frames = blobs(2, 10, 12, 3, seed=35).reshape((2, 10, 3, 4)[:rank] if rank == 4 else (2, 10, 12)).to(dtype)
+    if rank == 2:
+        frames = frames[0]
+    res = kmeans_frames(frames, 3, init="first")
+    assert res.centroids.dtype == dtype and res.labels.dtype == torch.int64 and res.inertia.dtype == torch.float64
+    # The centres of the float32 computation, rounded once to the input dtype.
+    flat = batched_kmeans(frames.reshape(frames.shape[:-2] + (-1,)) if rank == 4 else frames, 3, init="first")
+    assert torch.equal(res.centroids.reshape(flat.centroids.shape), flat.centroids.to(dtype))
+
+
+def test_two_dimensional_input_is_one_problem_without_a_batch_dimension():
     x = blobs(1, 30, 3, 3, seed=32)
-    a = batched_kmeans(x[0], 3, weights=torch.ones(30), lengths=torch.tensor([25]))
-    b = batched_kmeans(x, 3, lengths=torch.tensor([25]))
-    assert a.centroids.shape == (1, 3, 3) and torch.equal(a.labels, b.labels)
+    for backend in BACKENDS:
+        a = batched_kmeans(x[0], 3, weights=torch.ones(30), lengths=torch.tensor([25]), iters=4, backend=backend)
+        b = batched_kmeans(x, 3, lengths=torch.tensor([25]), iters=4, backend=backend)
+        assert a.centroids.shape == (3, 3) and a.labels.shape == (30,) and a.inertia.shape == a.n_iter.shape == ()
+        for one, batch in zip(a, b):
+            assert torch.equal(one, batch[0])
+    # The latency path (unweighted l2 k-means++ on float32 points) and a numpy array too.
+    fast = batched_kmeans(x[0], 3)
+    assert all(torch.equal(one, batch[0]) for one, batch in zip(fast, batched_kmeans(x, 3)))
+    assert all(torch.equal(one, batch[0]) for one, batch in zip(batched_kmeans(x[0].numpy(), 3), batched_kmeans(x, 3)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float64_input_is_clustered_as_its_float32_rounding(backend):
+    # numpy's default dtype: the points are rounded once to float32 and the centres come back widened to
+    # float64 (labels, n_iter and inertia those of the float32 run).
+    x = blobs(2, 40, 5, 3, seed=36).double() + 1e-9  # values no float32 holds exactly
+    iters = 4 if backend == "triton" else 10
+    ref = batched_kmeans(x.float(), 3, iters=iters, backend=backend)
+    for given in (x, x.numpy(), x[0].numpy()):
+        got = batched_kmeans(given, 3, iters=iters, backend=backend)
+        single = given.ndim == 2
+        expect = KMeansResult(*(t[0] for t in ref)) if single else ref
+        assert got.centroids.dtype == torch.float64
+        assert torch.equal(got.centroids, expect.centroids.double())
+        assert torch.equal(got.labels, expect.labels) and torch.equal(got.n_iter, expect.n_iter)
+        if not single:  # (one problem alone draws its seeds from another generator state)
+            assert torch.equal(got.inertia, expect.inertia)
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("scale", [2.0**600, 2.0**-600])
+def test_float64_beyond_float32_range_is_rescaled_before_rounding(backend, scale):
+    # float64 values no float32 can hold (1e180, 1e-180): scaled by a power of two in float64, then rounded,
+    # so the clustering is that of the unscaled problem and the centres come back at the input's scale.
+    x = blobs(2, 30, 4, 3, seed=37).double()
+    init = x[:, :3].clone()
+    plain = batched_kmeans(x, 3, init=init, iters=5, backend=backend)
+    big = batched_kmeans(x * scale, 3, init=init * scale, iters=5, backend=backend)
+    assert torch.equal(big.labels, plain.labels) and torch.equal(big.n_iter, plain.n_iter)
+    assert torch.isfinite(big.centroids).all() and (big.centroids != 0).any()
+    torch.testing.assert_close(big.centroids / scale, plain.centroids, rtol=1e-6, atol=0)
 
 
 def test_auto_backend_runs_and_matches_reference():
@@ -663,7 +812,11 @@ _X = torch.zeros(2, 5, 3)
         ((_X, 2), {"metric": "l1"}, "metric must be one of"),
         ((_X, 2), {"iters": 0}, "iters must be >= 1"),
         ((_X, 2), {"tol": -1.0}, "tol must be >= 0"),
-        ((_X, 2), {"seed": 1.5}, "seed must be an int"),
+        ((_X, 2), {"random_state": 1.5}, "random_state must be an int"),
+        ((_X, 2), {"random_state": 2**64}, "random_state must lie in"),
+        ((_X, 2), {"n_local_trials": 0}, "n_local_trials must be >= 1"),
+        ((_X, 2), {"n_local_trials": 2.0}, "n_local_trials must be an int"),
+        ((_X, 2), {"n_local_trials": 6}, "n_local_trials must be <= the number of points"),
         ((_X, 2), {"backend": "fortran"}, "backend must be one of"),
     ],
 )

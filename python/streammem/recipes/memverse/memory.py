@@ -20,7 +20,7 @@ from ...components.gate import MotionGate
 from ...components.knowledge import EventSegmenter
 from ...components.memory import FrameRecord, LabelCaptioner, records_from_state, records_state
 from ...config import PRESETS
-from ...models.encoders import encoder_spec, encoders_from_specs
+from ...models.encoders import encode_frames, encode_texts, encoder_spec, encoders_from_specs
 from ...stream.memory import StreamMemory
 from .config import MemVerseConfig
 from .extraction import (
@@ -158,7 +158,7 @@ class MemVerse:
         t1 = time.perf_counter()
         out = []
         if rows:
-            encoded = self.frame_encoder.encode(frames[rows])
+            encoded = encode_frames(self.frame_encoder, frames[rows])
             t2 = time.perf_counter()
             for record in StreamMemory.records([indices[i] for i in rows], [times[i] for i in rows], encoded):
                 self._open.append(record)
@@ -220,7 +220,7 @@ class MemVerse:
         times = self._check_times(timestamps, n)
         t0 = time.perf_counter()
         shown = [t if s is None else f"{s}: {t}" for s, t in zip(speakers, texts)]
-        emb = F.normalize(self.text_encoder.encode(shown).float(), dim=1)
+        emb = F.normalize(encode_texts(self.text_encoder, shown), dim=1)
         self.timings["text_encode"] += time.perf_counter() - t0
         out = []
         for i in range(n):
@@ -299,7 +299,7 @@ class MemVerse:
 
     def _embed(self, texts: list[str]) -> torch.Tensor:
         t0 = time.perf_counter()
-        out = self.text_encoder.encode(texts)
+        out = encode_texts(self.text_encoder, texts)
         self.timings["text_encode"] += time.perf_counter() - t0
         return out
 
@@ -326,7 +326,7 @@ class MemVerse:
         if isinstance(questions, str) or not questions or not all(isinstance(q, str) and q.strip()
                                                                   for q in questions):
             raise ValueError("questions must be a non-empty sequence of non-empty strings")
-        return F.normalize(self.text_encoder.encode(list(questions)).float(), dim=1)
+        return F.normalize(encode_texts(self.text_encoder, questions), dim=1)
 
     def search(self, query_embeddings: torch.Tensor, *, update_access: bool = False) -> GraphHits:
         """Long-term graph search for Q embedded questions (consolidates pending chunks first)."""

@@ -16,6 +16,7 @@ from streammem_kernels import TopKResult, cosine_topk
 
 from ...components.memory import FrameRecord, LabelCaptioner, caption_text
 from ...io.video import VideoSource
+from ...models.encoders import encode_texts
 from .index import LabelTextEmbedder, VideoIndex, _check_count, uniform_indices, unobserved_segments
 
 __all__ = [
@@ -264,7 +265,7 @@ class CaptionVoteAnswerer:
             return Answer(state.options[best], best, voters, True, self.source)
         if self.text_encoder is None:
             return Answer(state.options[0], 0, ranked[:1], False, self.source)
-        vectors = F.normalize(self.text_encoder.encode([top_caption, *state.options]).float(), dim=1)
+        vectors = F.normalize(encode_texts(self.text_encoder, [top_caption, *state.options]), dim=1)
         best = int(torch.argmax(vectors[1:] @ vectors[0]))
         return Answer(state.options[best], best, ranked[:1], False, self.source)
 
@@ -395,7 +396,7 @@ class VideoAgent:
     # ---- stages --------------------------------------------------------------
     def encode_queries(self, texts: Sequence[str]) -> torch.Tensor:
         """(n, E) unit embeddings of question / query texts, on the index's device."""
-        out = self.query_encoder.encode(list(texts)).float()
+        out = encode_texts(self.query_encoder, texts)
         if out.dim() != 2 or out.shape != (len(texts), self.index.dim):
             raise ValueError(f"query_encoder returned {tuple(out.shape)}, expected ({len(texts)}, {self.index.dim})")
         return F.normalize(out, dim=1).to(self.index.embeddings.device)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ...components.memory import FrameRecord
-from ...models.encoders import EncodedFrames
+from ...models.encoders import EncodedFrames, encode_frames, encode_texts
 
 __all__ = ["VideoIndex", "LabelTextEmbedder", "uniform_indices", "unobserved_segments"]
 
@@ -75,7 +75,7 @@ class LabelTextEmbedder:
             raise ValueError("LabelTextEmbedder needs one label tuple per frame (a frame encoder with a classifier)")
         unique = list(dict.fromkeys(texts))
         row_of = {text: row for row, text in enumerate(unique)}
-        vectors = self.text_encoder.encode(unique).float() if unique else torch.zeros(0, self.dim)
+        vectors = encode_texts(self.text_encoder, unique) if unique else torch.zeros(0, self.dim)
         return vectors[torch.tensor([row_of[t] for t in texts], dtype=torch.long)].contiguous()
 
 
@@ -182,7 +182,7 @@ class VideoIndex:
 
         def flush():
             if pending:
-                out = frame_encoder.encode(np.stack(pending))
+                out = encode_frames(frame_encoder, np.stack(pending))
                 feats.append(out.features.float())
                 labels.extend(out.labels if out.labels else [()] * len(pending))
                 if keep_frames:
