@@ -14,7 +14,9 @@ ProStream; each is usable alone:
   configured by one ``MemoryConfig`` (presets);
 * ``StreamPipeline``: the three-thread scheduler over one ``StreamMemory``;
 * ``extractive_answer``: the model-free answer to a context (stands in for a
-  language model);
+  language model); every answer's ``Outcome`` (answered or not in memory) and
+  calibrated confidence (``Calibration``), and the time references questions
+  may use (``parse_time_reference``; ``docs/answers.md``);
 * ``streammem.recipes``: the seed systems VideoAgent, ProStream and MemVerse;
 * ``streammem.distributed`` (optional extra ``[ray]``): archive indexing,
   sharded live streams with checkpoints, a router.
@@ -40,17 +42,19 @@ from .models.encoders import (
 )
 from .io.synthetic import SyntheticVideo
 from .io.video import VideoSource, sample_video_path
-from .components.answers import extractive_answer
+from .components.answers import NOT_IN_MEMORY_ANSWER, Calibration, Outcome, extractive_answer
 from .components.bounded import BoundedMemory
 from .components.gate import MotionGate
 from .components.knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeBase, KnowledgeInjector
 from .components.memory import Captioner, FrameRecord, LabelCaptioner, LongTermMemory, MemoryNode, ShortTermMemory
+from .components.timeref import TimeReference, parse_time_reference
 from .stream.memory import Context, PushResult, StreamMemory
 from .stream.pipeline import PipelineStopped, StreamPipeline
 
 __all__ = [
     "BoundedConfig",
     "BoundedMemory",
+    "Calibration",
     "Captioner",
     "Context",
     "DialogueMemory",
@@ -72,6 +76,8 @@ __all__ = [
     "MiniLMTextEncoder",
     "MissingExtraError",
     "MotionGate",
+    "NOT_IN_MEMORY_ANSWER",
+    "Outcome",
     "PRESETS",
     "PipelineStopped",
     "PixelEncoder",
@@ -84,12 +90,14 @@ __all__ = [
     "StreamPipeline",
     "SyntheticVideo",
     "TextEncoder",
+    "TimeReference",
     "VideoSource",
     "encoder_from_spec",
     "extractive_answer",
     "encoder_spec",
     "load_frame_encoder",
     "load_text_encoder",
+    "parse_time_reference",
     "sample_video_path",
     "update_caption",
 ]
