@@ -91,8 +91,8 @@ QUERY_FIELDS = {
     "basis": "what the answer rests on (or would, when not in memory): {source, t_start, t_end, text, score, "
              "node or event}; null when nothing in memory could answer",
     "time_reference": "the question's time reference (\"at 20 s\", \"at the beginning\", \"before X\", ...): "
-                      "{kind, phrase, start, end, duration, anchor, window: [from, to] stream seconds, anchor_match, reason}; "
-                      "null without",
+                      "{kind, phrase, start, end, duration, anchor, window: [from, to] stream seconds, anchor_match, "
+                      "reason}; null without",
     "rpd_ms": "request processing delay: from the question's release until its context was ready",
     "timings_ms": "milliseconds per retrieval step (question_encode, short_term, tree_search, ...)",
     "injection": "knowledge injection: {mode: latest|top3|top5, s_t, s_r, s_c} (see the text output's legend)",

@@ -42,8 +42,8 @@ from .memory import caption_text
 
 __all__ = [
     "extractive_answer", "extractive_choice", "choose_basis", "short_term_text", "Outcome", "NOT_IN_MEMORY_ANSWER",
-    "content_words", "proper_names", "grounding", "answer_features", "WordVectors", "RELATED_COSINE", "Calibration", "calibration_for",
-    "choose_threshold", "AbstentionRow", "abstention_report",
+    "content_words", "proper_names", "grounding", "answer_features", "WordVectors", "RELATED_COSINE", "Calibration",
+    "calibration_for", "choose_threshold", "AbstentionRow", "abstention_report",
 ]
 
 # The text an abstaining system gives as its answer (the machine-readable outcome is ``Outcome``).

@@ -62,7 +62,8 @@ _NUM = r"(?:\d+(?:\.\d+)?|\.\d+|" + "|".join(sorted(map(re.escape, _NUMBER_WORDS
 _UNIT = r"(?:" + "|".join(sorted(map(re.escape, _UNITS), key=len, reverse=True)) + r")\b"
 _CLOCK = r"\d+:\d{1,2}(?::\d{1,2})?(?:\.\d+)?"
 # A point or duration: a clock time, "N unit [and M seconds]", or "second N" / "minute N".
-_AMOUNT = rf"(?:{_CLOCK}|{_NUM}\s*{_UNIT}(?:\s*(?:and\s+)?{_NUM}\s*(?:seconds?|secs?|s)\b)?|(?:second|minute)\s+\d+(?:\.\d+)?)"
+_AMOUNT = (rf"(?:{_CLOCK}|{_NUM}\s*{_UNIT}(?:\s*(?:and\s+)?{_NUM}\s*(?:seconds?|secs?|s)\b)?"
+           rf"|(?:second|minute)\s+\d+(?:\.\d+)?)")
 _OF_STREAM = (r"(?:\s+of\s+(?:the|this|our)\s+(?:video|clip|stream|recording|conversation|dialogue|session|"
               r"movie|film|footage|day|talk|chat))?")
 _PATTERNS = (
