@@ -14,7 +14,9 @@ ProStream; each is usable alone:
   configured by one ``MemoryConfig`` (presets);
 * ``StreamPipeline``: the three-thread scheduler over one ``StreamMemory``;
 * ``extractive_answer``: the model-free answer to a context (stands in for a
-  language model);
+  language model); every answer's ``Outcome`` (answered or not in memory) and
+  calibrated confidence (``Calibration``), and the time references questions
+  may use (``parse_time_reference``; ``docs/answers.md``);
 * ``streammem.recipes``: the seed systems VideoAgent, ProStream and MemVerse;
 * ``streammem.distributed`` (optional extra ``[ray]``): archive indexing,
   sharded live streams with checkpoints, a router.
@@ -47,13 +49,14 @@ _HOMES = {
     ".models.caption_reuse": ("update_caption",),
     ".io.synthetic": ("SyntheticVideo",),
     ".io.video": ("VideoSource", "sample_video_path"),
-    ".components.answers": ("extractive_answer",),
+    ".components.answers": ("NOT_IN_MEMORY_ANSWER", "Calibration", "Outcome", "extractive_answer"),
     ".components.bounded": ("BoundedMemory",),
     ".components.gate": ("MotionGate",),
     ".components.knowledge": ("DialogueMemory", "EventSegmenter", "InstantaneityScorer", "KnowledgeBase",
                               "KnowledgeInjector"),
     ".components.memory": ("Captioner", "FrameRecord", "LabelCaptioner", "LongTermMemory", "MemoryNode",
                            "ShortTermMemory"),
+    ".components.timeref": ("TimeReference", "parse_time_reference"),
     ".stream.memory": ("Context", "PushResult", "StreamMemory"),
     ".stream.pipeline": ("PipelineStopped", "StreamPipeline"),
 }
@@ -62,6 +65,7 @@ _HOME = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = [
     "BoundedConfig",
     "BoundedMemory",
+    "Calibration",
     "Captioner",
     "Context",
     "DialogueMemory",
@@ -83,6 +87,8 @@ __all__ = [
     "MiniLMTextEncoder",
     "MissingExtraError",
     "MotionGate",
+    "NOT_IN_MEMORY_ANSWER",
+    "Outcome",
     "PRESETS",
     "PipelineStopped",
     "PixelEncoder",
@@ -95,12 +101,14 @@ __all__ = [
     "StreamPipeline",
     "SyntheticVideo",
     "TextEncoder",
+    "TimeReference",
     "VideoSource",
     "encoder_from_spec",
     "extractive_answer",
     "encoder_spec",
     "load_frame_encoder",
     "load_text_encoder",
+    "parse_time_reference",
     "sample_video_path",
     "update_caption",
 ]

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from streammem import HashingTextEncoder, PixelEncoder, SyntheticVideo
 from streammem.cli import main
+from streammem.components.answers import NOT_IN_MEMORY_ANSWER, Outcome
 from streammem.config import SegmenterConfig
 from streammem.recipes.memverse import (
     CooccurrenceExtractor, Extraction, ExtractionContext, LongTermGraph, MemoryChunk, MemVerse, MemVerseConfig,
@@ -318,7 +319,8 @@ def test_modes_graph_flat_hybrid_and_answer_hook(planted):
         m = MemVerse(memory.text_encoder, config=MemVerseConfig(mode=mode), answer_fn=lambda ctx: "A")
         m.load_state_dict({**memory.state_dict(), "config": MemVerseConfig(mode=mode).to_dict()})
         views[mode] = m.ask(question)
-    assert all(v.answer == "A" for v in views.values())
+    assert all(v.answer == ("A" if v.outcome == Outcome.ANSWERED else NOT_IN_MEMORY_ANSWER) for v in views.values())
+    assert all(0.0 <= v.confidence <= 1.0 and v.basis is not None for v in views.values())
     flat_ids = [c["chunk"] for c in views["flat"].chunks]
     graph_ids = [c["chunk"] for c in views["graph"].chunks]
     assert [c["chunk"] for c in views["hybrid"].chunks] == [x for x, in interleave([(c,) for c in flat_ids],
@@ -486,13 +488,53 @@ def test_readme_snippet_runs(tmp_path, monkeypatch, capsys):
     assert MemVerse.load(tmp_path / "memverse_ckpt").ask("Who is waiting for a taxi?").facts
 
 
-def test_extractive_answer_of_a_memverse_context_quotes_the_best_chunk():
-    """The package's one extractive_answer answers a MemVerseContext with its best long-term chunk, its
-    session and span, and its best fact; an empty graph answer says so."""
+def test_extractive_answer_of_a_memverse_context_quotes_its_basis():
+    """The package's one extractive_answer answers a MemVerseContext with the chunk it rests on, its session
+    and span; a context decided not in memory says so."""
     from streammem import extractive_answer
     from streammem.recipes.memverse import MemVerseContext
 
     chunk = {"text": "Ana: I locked my bike.", "session": 1, "t_start": 9.5, "t_end": 9.5}
-    ctx = MemVerseContext("Where is the bike?", 10.0, [], [chunk], [{"fact": "Ana appears with bike"}], [], {})
-    assert extractive_answer(ctx) == "Ana: I locked my bike. (session 1, 9.5-9.5s) [fact: Ana appears with bike]"
-    assert extractive_answer(MemVerseContext("?", None, [], [], [], [], {})) == "Nothing in long-term memory matches."
+    ctx = MemVerseContext("Where is the bike?", 10.0, [], [chunk], [], [], {}, basis=chunk,
+                          outcome=Outcome.ANSWERED, confidence=0.9)
+    assert extractive_answer(ctx) == "Ana: I locked my bike. (session 1, 9.5-9.5s)"
+    assert extractive_answer(MemVerseContext("?", None, [], [], [], [], {})) == NOT_IN_MEMORY_ANSWER
+
+
+def _demo_memory():
+    mem = MemVerse(HashingTextEncoder())
+    for t, speaker, text in ((2.0, "Ana", "I am waiting for the taxi at the corner."),
+                             (6.0, "Ben", "That cyclist nearly hit the taxi."),
+                             (9.5, "Ana", "I locked my bike next to the others.")):
+        mem.add_turn(t, speaker, text)
+    mem.end_session()
+    return mem
+
+
+def test_the_demo_question_is_answered_from_the_turn_that_says_it():
+    """The reported case: the demo's "Who was waiting for the taxi?" was answered "I locked my bike..." while
+    the right chunk ranked second: the answer now rests on the retrieved chunk closest to the question."""
+    from streammem import extractive_answer
+
+    mem = _demo_memory()
+    ctx = mem.ask("Who was waiting for the taxi?")
+    assert ctx.outcome == Outcome.ANSWERED and ctx.basis["text"] == "Ana: I am waiting for the taxi at the corner."
+    assert extractive_answer(ctx).startswith("Ana: I am waiting for the taxi")
+    assert ctx.to_dict()["outcome"] == "answered"
+    for question in ("Who was waiting for the submarine?", "What did Olga cook?"):
+        nothing = mem.ask(question)
+        assert nothing.outcome == Outcome.NOT_IN_MEMORY and nothing.confidence < mem.calibration.threshold, question
+        assert extractive_answer(nothing) == NOT_IN_MEMORY_ANSWER
+
+
+def test_time_references_answer_from_the_chunks_of_their_span():
+    mem = _demo_memory()
+    first = mem.ask("What was said at the beginning?")
+    assert first.basis["t_start"] == 2.0 and first.time_reference["kind"] == "beginning"
+    last = mem.ask("What was said at the end?")
+    assert last.basis["t_start"] == 9.5
+    after = mem.ask("What was said after the cyclist nearly hit the taxi?")
+    assert after.time_reference["anchor_match"]["t_start"] == 6.0 and after.basis["t_start"] == 9.5
+    at = mem.ask("What did Ben say at 6 s?")
+    assert at.basis["text"].startswith("Ben:") and at.outcome == Outcome.ANSWERED
+    assert mem.ask("What was said at 100 s?").outcome == Outcome.NOT_IN_MEMORY

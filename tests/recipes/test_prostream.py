@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from streammem.cli import main
+from streammem.components.answers import NOT_IN_MEMORY_ANSWER, Outcome
 from streammem.models.encoders import HashingTextEncoder
 from streammem.recipes.prostream import (
     Distillate,
@@ -329,7 +330,52 @@ def test_push_and_recall_validation(encoder):
 
 def test_recall_on_an_empty_memory_returns_nothing(encoder):
     rec = ProStream(encoder).ask("Anything?")
-    assert rec.units == [] and rec.answer is None and rec.best is None
+    assert rec.units == [] and rec.best is None
+    assert rec.outcome == Outcome.NOT_IN_MEMORY and rec.answer == NOT_IN_MEMORY_ANSWER and rec.confidence == 0.0
+
+
+# ---- abstention and time references ------------------------------------------------------------------------
+CHAT = ("Loved the garlic, the pasta and the oven.", "More hiking: trail, boots, ridge.",
+        "Still thinking about tomatoes, compost and soil.", "Rain before sunshine, wind after.")
+
+
+def _dialogue(encoder, answer_fn=None):
+    memory = ProStream(encoder, ProStreamConfig.for_encoder("hashing"), answer_fn=answer_fn)
+    texts = list(CHAT) + ["Marlow's dentist is Dr Osei."] + list(CHAT) + ["Greer's car is Volvo."] + list(CHAT)
+    memory.push([Turn(10.0 * i, ("user", "assistant")[i % 2], text) for i, text in enumerate(texts)])
+    return memory, texts
+
+
+def test_what_was_never_said_is_not_in_memory(encoder):
+    calls = []
+    memory, _ = _dialogue(encoder, answer_fn=lambda rec: calls.append(rec) or rec.best.text)
+    said = memory.ask("What is Marlow's dentist?")
+    assert said.outcome == Outcome.ANSWERED and said.answer == "Marlow's dentist is Dr Osei." and len(calls) == 1
+    assert said.confidence >= memory.calibration.threshold and said.to_dict()["outcome"] == "answered"
+    for question in ("What is Marlow's car?", "What is Ottoline's dentist?", "Do you know Greer's gym?"):
+        rec = memory.ask(question)
+        assert rec.outcome == Outcome.NOT_IN_MEMORY and rec.answer == NOT_IN_MEMORY_ANSWER, (question, rec.best)
+        assert rec.answer_kind == "not_in_memory" and rec.confidence < memory.calibration.threshold
+    assert len(calls) == 1  # the model is not asked to answer from nothing
+    raw = memory.recall(memory.encode_question("What is Marlow's car?"))
+    assert raw.outcome is None and raw.units  # recall() itself decides nothing
+
+
+def test_time_references_recall_the_turns_of_their_span(encoder):
+    memory, texts = _dialogue(encoder)
+    now = memory.stream_time
+    last = memory.ask("What was said in the last minute?")
+    assert last.units and all(u.t >= now - 60.0 for u in last.units) and last.best.t == now
+    assert last.time_reference["window"] == [now - 60.0, now] and last.outcome == Outcome.ANSWERED
+    first = memory.ask("What was said at the beginning?")
+    assert first.best.text == texts[0] and first.best.t == 0.0
+    at = memory.ask("What was said at 40 s?")
+    assert at.best.text == "Marlow's dentist is Dr Osei."
+    after = memory.ask("What was said right after Greer's car came up?")
+    assert after.time_reference["anchor_match"]["text"] == "Greer's car is Volvo." and after.best.t == 100.0
+    nothing = memory.ask("What was said at 1:00:00?")
+    assert nothing.units == [] and nothing.outcome == Outcome.NOT_IN_MEMORY
+    assert nothing.time_reference["reason"] == "nothing in memory in that span"
 
 
 # ---- the CLI -----------------------------------------------------------------------------------------------
@@ -338,14 +384,17 @@ def test_cli_prostream_json_and_errors(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert set(out["methods"]) == {"prostream", "everything", "recent"} and out["questions"] == 20
     assert out["methods"]["prostream"]["by_kind"]["all"]["n"] == 20 and len(out["shown"]) == 20
-    assert all(s["answer"] == (s["units"][0]["text"] if s["units"] else None) for s in out["shown"])
+    assert all(s["outcome"] in ("answered", "not_in_memory") and 0.0 <= s["confidence"] <= 1.0 for s in out["shown"])
+    assert all(s["answer"] == (s["units"][0]["text"] if s["outcome"] == "answered" else NOT_IN_MEMORY_ANSWER)
+               for s in out["shown"])
+    assert out["calibration"]["threshold"] == ProStream(HashingTextEncoder()).calibration.threshold
     path = tmp_path / "d.jsonl"
     assert main(["prostream", "--generate", "120", "--write", str(path)]) == 0
     capsys.readouterr()
     assert main(["prostream", str(path), "--text-encoder", "hashing", "--ask", "What is the weather like?",
                  "--beam", "2,8", "-k", "2", "--show", "99"]) == 0
     text = capsys.readouterr().out
-    assert "Q: What is the weather like?" in text and "[extractive]" in text and "ProStream" in text
+    assert "Q: What is the weather like?" in text and "[extractive; " in text and "ProStream" in text
     assert main(["prostream", str(tmp_path / "missing.jsonl")]) == 2
     assert main(["prostream", "--beam", "3", "--text-encoder", "hashing"]) == 2
     assert "--beam must be SESSIONS,SEGMENTS" in capsys.readouterr().err

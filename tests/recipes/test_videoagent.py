@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from streammem.cli import main
+from streammem.components.answers import NOT_IN_MEMORY_ANSWER, Outcome
 from streammem.models.encoders import HashingTextEncoder
 from streammem.recipes.videoagent import (
     Answer,
@@ -309,15 +310,68 @@ def test_caption_vote_answerer(small):
     r = agent.answer_frames(q.question, q.answer_frames, q.options)
     assert r.answer.option == q.answer and r.answer.supported and r.strategy == "given"
     assert "not a language model" in r.answer.source
-    # No frame names an option: a fallback, marked unsupported.
+    assert r.answer.outcome == Outcome.ANSWERED and r.answer.confidence > agent.calibration.threshold
+    # No frame names an option nor the cue: the fallback guess is unsupported, and the agent says the answer
+    # is not in memory (keeping the guess as the candidate).
     background = [i for i in range(len(video)) if not any(o in index.labels[i] for o in q.options)][:3]
     r = agent.answer_frames(q.question, background, q.options)
-    assert not r.answer.supported and r.answer.option in range(len(q.options))
+    assert not r.answer.supported and r.answer.candidate_option in range(len(q.options))
+    assert r.answer.outcome == Outcome.NOT_IN_MEMORY and r.answer.option is None
+    assert r.answer.text == NOT_IN_MEMORY_ANSWER and r.answer.confidence < agent.calibration.threshold
     open_answer = agent.answer_frames(q.question, q.answer_frames, None).answer
     assert open_answer.option is None and q.options[q.answer] in open_answer.text
     assert open_answer.text.startswith("At ") and open_answer.text.count("s:") == 1  # the span said once
     assert CaptionVoteAnswerer.mentions("1.0s: tennis ball, desk", "Tennis Ball")
     assert not CaptionVoteAnswerer.mentions("1.0s: tennis balls", "tennis ball")
+
+
+# ---- abstention and time references ------------------------------------------------------------
+def test_captions_that_never_name_the_question_are_not_in_memory():
+    """The reported case: on carphone_pristine.mp4 every caption is "Windsor tie, bow tie, suit" and "Is there a
+    phone?" (yes / no) was answered "yes" at confidence +0.000 in every round."""
+    index = VideoIndex.from_labels(np.arange(20) / 5.0, [("Windsor tie", "bow tie", "suit")] * 20,
+                                   LabelTextEmbedder(TEXT))
+    agent = VideoAgent(index, TEXT)
+    res = agent.ask("Is there a phone?", ["yes", "no"])
+    assert res.outcome == Outcome.NOT_IN_MEMORY and res.answer.text == NOT_IN_MEMORY_ANSWER
+    assert res.answer.option is None and res.answer.candidate in ("yes", "no") and not res.answer.supported
+    assert res.to_dict()["outcome"] == "not_in_memory" and res.to_dict()["answer"]["candidate"] in ("yes", "no")
+    seen = agent.ask("Is there a bow tie?")
+    assert seen.outcome == Outcome.ANSWERED and "bow tie" in seen.answer.text
+    assert seen.confidence >= agent.calibration.threshold > res.confidence
+
+
+def test_a_cue_that_never_appears_is_not_in_memory(planted):
+    video, agent = planted
+    shown = {label for labels in video.labels for label in labels}
+    pq = video.questions[0]
+    absent = next(c for c in ("Cairn Terrier", "zebra", "koala", "meerkat") if c not in shown)
+    res = agent.ask(pq.question.replace(pq.cue, absent), pq.options)
+    assert res.outcome == Outcome.NOT_IN_MEMORY and res.answer.option is None
+    right = agent.ask(pq.question, pq.options)
+    assert right.outcome == Outcome.ANSWERED and right.answer.option == pq.answer
+
+
+def test_time_references_keep_every_frame_looked_at_in_their_span(planted):
+    video, agent = planted
+    end = float(video.timestamps[-1])
+    res = agent.ask("What happened at the beginning?")
+    assert res.frames and all(t < 0.1 * end for t in res.timestamps)
+    assert res.time_reference["kind"] == "beginning" and res.outcome == Outcome.ANSWERED
+    assert res.answer.text.startswith("At ") and float(res.answer.text[3:].split(" s")[0]) < 0.1 * end
+    res = agent.ask("What did you see at 1000 s?")
+    assert res.frames and all(998.0 <= t <= 1002.0 for t in res.timestamps)
+    res = agent.ask("What did you see in the last minute?")
+    assert res.frames and all(t >= end - 60.0 for t in res.timestamps)
+    pq = video.questions[1]
+    res = agent.ask(f"What happened right before the {pq.cue} appeared?")
+    anchor = res.time_reference["anchor_match"]
+    assert pq.cue in anchor["caption"] and res.frames and all(t < anchor["t"] for t in res.timestamps)
+    res = agent.ask("What happened at 9000 s?")
+    assert res.stop == "not_in_window" and res.frames == [] and res.outcome == Outcome.NOT_IN_MEMORY
+    # Asked without reading the time reference, the same question looks anywhere.
+    wide = agent.ask("What happened at the beginning?", time_references=False)
+    assert wide.time_reference is None and max(wide.timestamps) > 0.1 * end
 
 
 # ---- validation --------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from streammem import (
 )
 from streammem.components.bounded import BoundedMemory
 from streammem.cli import main
+from streammem.stream.calibration import default_calibration
 from streammem.stream.questions import parse_query
 from streammem import MotionGate
 from streammem.components.knowledge import DialogueMemory, KnowledgeBase
@@ -36,6 +37,9 @@ def _config(**changes):
     changes.setdefault("preset", Preset("t", 0.0, 6, 3, 2))
     changes.setdefault("motion_size", None)
     return MemoryConfig(**changes)
+
+
+NEVER_ABSTAIN = default_calibration(HashingTextEncoder()).with_threshold(0.0)
 
 
 def _pipeline(source, text=None, **kwargs):
@@ -64,8 +68,10 @@ def test_answer_fn_raising_fails_that_question_only():
             raise KeyError("answer_fn failed")
         return "fine"
 
-    with _pipeline(_video(), answer_fn=answer) as pipe:
-        good, bad, later = pipe.submit("good?"), pipe.submit("bad?"), pipe.submit("good later?", at=2.0)
+    # Asked once frames are in memory, with a calibration that never abstains: answer_fn is asked every time.
+    with _pipeline(_video(), answer_fn=answer, calibration=NEVER_ABSTAIN) as pipe:
+        good, bad = pipe.submit("good?", at=0.5), pipe.submit("bad?", at=0.5)
+        later = pipe.submit("good later?", at=2.0)
         with pytest.raises(KeyError, match="answer_fn failed"):
             bad.result(WAIT_S)
         assert good.result(WAIT_S).answer == "fine" and later.result(WAIT_S).answer == "fine"
@@ -77,10 +83,11 @@ def test_answer_fn_raising_fails_that_question_only():
 
 
 def test_text_encoder_raising_and_wrong_answer_type_resolve_the_future():
-    with _pipeline(_video(), _FailingText(), answer_fn=lambda ctx: 42 if "int" in ctx.question else "ok") as pipe:
+    with _pipeline(_video(), _FailingText(), answer_fn=lambda ctx: 42 if "int" in ctx.question else "ok",
+                   calibration=NEVER_ABSTAIN) as pipe:
         boom = pipe.submit("boom?", at=1.0)
-        wrong = pipe.submit("int please")
-        fine = pipe.submit("what now?")
+        wrong = pipe.submit("int please", at=0.5)
+        fine = pipe.submit("what now?", at=0.5)
         with pytest.raises(RuntimeError, match="encoder exploded"):
             boom.result(WAIT_S)
         with pytest.raises(TypeError, match="answer_fn must return a str"):

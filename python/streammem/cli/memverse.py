@@ -159,7 +159,7 @@ def _run(args) -> dict:
     summary.update({"video": video, "text_encoder": getattr(text_encoder, "name", type(text_encoder).__name__),
                     "frame_encoder": None if frame_encoder is None else getattr(frame_encoder, "name",
                                                                                 type(frame_encoder).__name__),
-                    "saved_to": args.save})
+                    "saved_to": args.save, "calibration": memory.calibration.to_dict()})
     return {"summary": summary, "questions": contexts}
 
 
@@ -183,7 +183,13 @@ def _print_report(report: dict) -> None:
         for c in q["chunks"][:4]:
             print(f"   chunk {c['chunk']} [{c['modality']}, session {c['session']}, {c['t_start']:.1f}-"
                   f"{c['t_end']:.1f}s] {c['text']}  (via {c['via']}, {c['score']})")
-        print(f"A: {q['answer']}  [extractive: the best chunk, not a model]")
+        if q["outcome"] == "answered":
+            print(f"A: {q['answer']}  [extractive: the most confident chunk, not a model; confidence "
+                  f"{q['confidence']:.2f}]")
+        else:
+            why = (q["time_reference"] or {}).get("reason") or \
+                f"confidence {q['confidence']:.2f} < threshold {s['calibration']['threshold']:.2f}"
+            print(f"A: {q['answer']}  [not in memory: {why}]")
     if s["saved_to"]:
         print(f"\nsaved to {s['saved_to']} (continue with --load {s['saved_to']})")
 

@@ -122,7 +122,9 @@ def _print_report(report: dict, show: int) -> None:
             print(f"   turn {u['first_turn']} [{u['t']:.0f} s] {u['text']}  (cos {u['cosine']}, u {u['utility']})")
         truth = rec.get("truth")
         verdict = "" if truth is None else ("  [correct]" if rec["correct"] else f"  [expected: {truth}]")
-        print(f"A: {rec['answer']}  [extractive]{verdict}")
+        decision = f"confidence {rec['confidence']:.2f}" if rec["outcome"] == "answered" else \
+            f"not in memory: confidence {rec['confidence']:.2f} < threshold {report['calibration']['threshold']:.2f}"
+        print(f"A: {rec['answer']}  [extractive; {decision}]{verdict}")
 
 
 def run(args) -> int:
@@ -134,6 +136,7 @@ def run(args) -> int:
     _check_args(args)
     from ..components.answers import extractive_answer
     from ..models.encoders import load_text_encoder
+    from ..recipes.prostream.answering import decide, default_calibration
     from ..recipes.prostream import (
         Question, Turn, evaluate, read_dialogue, recalls_answer, synthetic_dialogue, write_dialogue,
     )
@@ -158,16 +161,18 @@ def run(args) -> int:
     report = evaluate(items, encoder, config=config, methods=methods, keep_recalls=True)
     questions = [x for x in items if isinstance(x, Question)]
     shown = []
+    calibration = default_calibration(encoder)
     for q, rec in zip(questions, report["methods"]["prostream"].pop("recalls")):
+        decide(rec, calibration)
         d = rec.to_dict()
         d["answer"] = extractive_answer(rec)
         d["truth"] = q.answer
-        d["correct"] = recalls_answer(rec.best, q)
+        d["correct"] = rec.outcome == "answered" and recalls_answer(rec.best, q)
         shown.append(d)
     for m in report["methods"].values():
         m.pop("recalls", None)
     report.update(source=source, text_encoder=getattr(encoder, "name", type(encoder).__name__),
-                  config=config.to_dict(), shown=shown)
+                  config=config.to_dict(), calibration=calibration.to_dict(), shown=shown)
     if args.json:
         print(json.dumps(report, indent=1))
     else:

@@ -79,13 +79,24 @@ SUMMARY_FIELDS = {
     "component_s": "seconds per component (decode, motion_gate, frame_encode, long_term, ...; sub-steps as a.b)",
     "interrupted": "true when Ctrl-C stopped the run: the summary covers the frames streamed until then, queries "
                    "only the questions answered by then",
+    "calibration": "how each answer's confidence is computed and where abstention starts: {weights, bias, threshold, "
+                   "fitted_on}; confidence = 1 / (1 + exp(-(bias + sum of weight x feature))) (docs/answers.md)",
 }
 QUERY_FIELDS = {
     "question": "the question",
     "asked_at": "stream time it was asked at; null: after the end of the video",
     "memory_time": "time of the newest frame in memory when its context was retrieved (<= asked_at)",
-    "answer": "the answer (extractive: the best-matching memory, see answer_source)",
+    "answer": "the answer (extractive: the best-matching memory, see answer_source), or \"Not in memory.\"",
     "answer_source": "where the answer comes from: short_term, tree, knowledge or none",
+    "outcome": "answered, or not_in_memory: the memory holds nothing that answers the question (confidence below the "
+               "calibration's threshold, nothing in the span of its time reference, or an empty memory)",
+    "confidence": "in [0, 1]: the calibrated probability that the answer's basis (the memory it quotes) answers the "
+                  "question",
+    "basis": "what the answer rests on (or would, when not in memory): {source, t_start, t_end, text, score, "
+             "node or event}; null when nothing in memory could answer",
+    "time_reference": "the question's time reference (\"at 20 s\", \"at the beginning\", \"before X\", ...): "
+                      "{kind, phrase, start, end, duration, anchor, window: [from, to] stream seconds, anchor_match, "
+                      "reason}; null without",
     "rpd_ms": "request processing delay: from the question's release until its context was ready",
     "timings_ms": "milliseconds per retrieval step (question_encode, short_term, tree_search, ...)",
     "injection": "knowledge injection: {mode: latest|top3|top5, s_t, s_r, s_c} (see the text output's legend)",
@@ -296,6 +307,10 @@ def _query_view(ctx, asked_at: float | None) -> dict:
         "memory_time": None if ctx.stream_time is None else round(ctx.stream_time, 3),
         "answer": ctx.answer if ctx.answer is not None else answer,
         "answer_source": source,
+        "outcome": ctx.outcome.value,
+        "confidence": round(ctx.confidence, 4),
+        "basis": ctx.basis,
+        "time_reference": ctx.time_reference,
         "rpd_ms": round(1e3 * ctx.rpd_s, 3),
         "timings_ms": {k: round(1e3 * v, 3) for k, v in ctx.timings.items()},
         "injection": dict(ctx.injection),
@@ -417,6 +432,7 @@ def _run_video(args) -> tuple[dict, dict]:
         "suggested_fps": suggested,
         "component_s": s["component_seconds"],
         "interrupted": interrupted,
+        "calibration": pipe.memory.calibration.to_dict(),
     }
     queries = [_query_view(ctx, at) for at, ctx in answered]
     extra = {
@@ -525,7 +541,13 @@ def print_text_report(report: dict, extra: dict, out=None) -> None:
             say(f"   event {_span(k['t_start'], k['t_end'])}: {caption_text(k['caption'])} (cos {k['score']:.2f})")
         for d in q["dialogue"]:
             say(f"   earlier dialogue: Q: {d['question']} A: {d['answer']} (cos {d['score']:.2f})")
-        say(f"A: {q['answer']}  [extractive, from {q['answer_source'].replace('_', '-')}]")
+        if q["outcome"] == "answered":
+            say(f"A: {q['answer']}  [extractive, from {q['answer_source'].replace('_', '-')}; confidence "
+                f"{q['confidence']:.2f}]")
+        else:
+            why = (q["time_reference"] or {}).get("reason") or \
+                f"confidence {q['confidence']:.2f} < threshold {s['calibration']['threshold']:.2f}"
+            say(f"A: {q['answer']}  [not in memory: {why}]")
 
 
 def run(args) -> int:

@@ -149,7 +149,8 @@ def _video_report(args) -> dict:
             "text_encoder": getattr(text_encoder, "name", type(text_encoder).__name__),
             "captioner": getattr(agent.captioner, "name", type(agent.captioner).__name__),
             "policy": _policy_text(agent.policy), "model_load_s": round(t1 - t0, 3),
-            "index_s": round(t2 - t1, 3), "budget": agent.budget, "answers": answers}
+            "index_s": round(t2 - t1, 3), "budget": agent.budget, "threshold": agent.calibration.threshold,
+            "calibration": agent.calibration.to_dict(), "answers": answers}
 
 
 def _policy_text(policy) -> str:
@@ -213,10 +214,21 @@ def _print_video(report: dict) -> None:
         for f in sorted(it["frames"], key=lambda f: f["frame"]):
             mark = "*" if f["frame"] in it["answer"]["evidence"] else " "
             print(f"   {mark} frame {f['frame']:5d} {f['caption']}")
-        print(f"A: {it['answer']['text']}  [{it['answer']['source']}]")
+        print(f"A: {it['answer']['text']}  [{_decision(it['answer'], report['threshold'])}; {it['answer']['source']}]")
         if "uniform" in entry:
             u = entry["uniform"]
-            print(f"A (uniform, {u['frames_used']} frames): {u['answer']['text']}")
+            print(f"A (uniform, {u['frames_used']} frames): {u['answer']['text']}  "
+                  f"[{_decision(u['answer'], report['threshold'])}]")
+
+
+def _decision(answer: dict, threshold: float) -> str:
+    """The outcome in words: answered with its confidence, or not in memory and why."""
+    if answer["outcome"] == "answered":
+        return f"confidence {answer['confidence']:.2f}"
+    if answer["confidence"] is None or not answer["features"]:
+        return "not in memory: nothing in the question's time span"
+    return (f"not in memory: confidence {answer['confidence']:.2f} < threshold {threshold:.2f}"
+            + (f"; the captions suggested {answer['candidate']!r}" if answer.get("candidate") else ""))
 
 
 COMMAND = Subcommand("videoagent", help="answer questions about a video by iterative frame retrieval (VideoAgent), "

@@ -46,6 +46,7 @@ import torch
 from streammem_kernels import StreamingSegmenter
 
 from ..checkpoint import atomic_write
+from ..components.answers import NOT_IN_MEMORY_ANSWER, Outcome
 from ..components.knowledge import InstantaneityScorer
 from ..config import MemoryConfig
 from ..models.encoders import EncodedFrames, encode_frames, encode_texts, resolve_encoder
@@ -320,7 +321,8 @@ class ShardMemory:
 
     # ---- questions --------------------------------------------------------------------
     def ask(self, stream_id: str, question: str) -> Context:
-        """A stream's context for a question (answered with ``answer_fn`` if the shard has one)."""
+        """A stream's context for a question (answered with ``answer_fn`` if the shard has one and the memory's
+        outcome is answered; ``NOT_IN_MEMORY_ANSWER`` otherwise)."""
         ensure_thread(self.num_threads)
         memory = self._memory(stream_id)
         t0 = time.perf_counter()
@@ -328,8 +330,8 @@ class ShardMemory:
         timings = {"question_encode": time.perf_counter() - t0}
         with self._locks[stream_id]:
             ctx = memory.retrieve(question, q, submitted=t0, timings=timings)
-        if self.answer_fn is not None:
-            answer = self.answer_fn(ctx)
+        if self.answer_fn is not None:  # asked only when the memory answers, as StreamMemory.ask does
+            answer = self.answer_fn(ctx) if ctx.outcome == Outcome.ANSWERED else NOT_IN_MEMORY_ANSWER
             embedding = memory.dialogue.embed(question, answer)
             with self._locks[stream_id]:
                 memory.record_answer(ctx, answer, embedding=embedding)

@@ -19,6 +19,17 @@ them across streams: ``select`` (motion gate), ``encode`` (frame encoder),
 encoder for streams that arrive as features (text turns, cached features).
 ``ask`` is likewise ``encode_question`` + ``retrieve`` + ``answer``.
 
+Answers and abstention (``docs/answers.md``): ``retrieve`` chooses the basis
+of the answer (the tree node, event or short-term frames the extractive answer
+quotes; inside the span of a time reference such as "at the beginning" or
+"before the car arrived", see ``components.timeref``), scores it with the
+memory's ``Calibration`` and sets the context's ``confidence`` (the
+calibrated probability that the basis answers the question) and ``outcome``
+(``Outcome.ANSWERED``, or ``Outcome.NOT_IN_MEMORY`` below the threshold, when
+a time reference's span holds nothing, or when the memory is empty).  ``ask``
+calls ``answer_fn`` only for an answered context; otherwise the answer is
+``NOT_IN_MEMORY_ANSWER``.
+
 Checkpoints: ``state_dict()`` holds every piece of state (gate reference
 frame, short-term frames and sampler state, node table, open chunk, tree index
 row for row, segmenter state, open event, knowledge base, dialogue vectors,
@@ -41,7 +52,7 @@ import math
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -51,12 +62,20 @@ import torch.nn.functional as F
 
 from ..checkpoint import atomic_write
 from ..checks import is_real
+from ..components.answers import (
+    NOT_IN_MEMORY_ANSWER, Calibration, Outcome, WordVectors, answer_features, choose_basis, content_words, grounding,
+    proper_names, short_term_text,
+)
 from ..components.bounded import BoundedMemory
 from ..components.gate import MotionGate
 from ..components.knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeInjector
-from ..components.memory import FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory, check_query_embedding
+from ..components.memory import (
+    FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory, caption_text, check_query_embedding,
+)
+from ..components.timeref import TimeReference, best_in_window, parse_time_reference
 from ..config import MemoryConfig, Preset
 from ..models.encoders import EncodedFrames, encode_frames, encoder_spec, encoders_from_specs
+from .calibration import default_calibration
 
 __all__ = ["StreamMemory", "Context", "PushResult"]
 
@@ -76,6 +95,15 @@ class Context:
     ``rpd_s`` is the request processing delay: from submission (or, for a
     question scheduled at a stream time, from its release at that time) until
     the context is ready; the answer hook's time is reported apart.
+
+    ``knowledge_best``: the knowledge base's best event for the question
+    (cosine; injected or not).  ``basis``: what the answer rests on -- ``{source, t_start, t_end, text,
+    score}`` (source short_term, tree or knowledge; ``node`` / ``event`` its
+    id), or None when nothing can answer.  ``time_reference``: the question's
+    time reference, its window and anchor (None without one).  ``features``,
+    ``confidence`` (in [0, 1]: the calibrated probability that the basis
+    answers the question) and ``outcome`` (``Outcome``) are the memory's
+    decision (module docstring).
     """
 
     question: str
@@ -91,6 +119,12 @@ class Context:
     rpd_s: float
     answer: str | None = None
     answer_s: float | None = None
+    knowledge_best: dict | None = None
+    basis: dict | None = None
+    time_reference: dict | None = None
+    features: dict = field(default_factory=dict)
+    confidence: float = 0.0
+    outcome: Outcome = Outcome.NOT_IN_MEMORY
 
     def to_dict(self) -> dict:
         """JSON-friendly view (centres summarised by their shapes)."""
@@ -107,6 +141,12 @@ class Context:
             "timings_ms": {k: round(1e3 * v, 3) for k, v in self.timings.items()},
             "rpd_ms": round(1e3 * self.rpd_s, 3),
             "answer": self.answer,
+            "knowledge_best": self.knowledge_best,
+            "outcome": Outcome(self.outcome).value,
+            "confidence": round(self.confidence, 4),
+            "basis": self.basis,
+            "time_reference": self.time_reference,
+            "features": {k: round(v, 4) for k, v in self.features.items()},
         }
 
 
@@ -164,6 +204,10 @@ class StreamMemory:
         Turns a context into an answer; answers go to the dialogue memory.
     instantaneity : callable(question, embedding) -> float, optional
         StreamRAG's S_t (default ``InstantaneityScorer(text_encoder)``).
+    calibration : Calibration, optional
+        Turns an answer's features into its confidence and outcome (default:
+        ``stream.calibration.default_calibration(text_encoder)``, fitted for
+        the built-in encoders; ``calibration.with_threshold(0.0)`` never abstains).
 
     Thread safety: every method may be called from any thread; three internal
     locks decide how calls interleave.
@@ -193,7 +237,7 @@ class StreamMemory:
 
     def __init__(self, config: MemoryConfig | str | Preset | None = None, frame_encoder=None, text_encoder=None, *,
                  captioner=None, event_captioner=None, answer_fn: Callable | None = None,
-                 instantaneity: Callable | None = None):
+                 instantaneity: Callable | None = None, calibration: Calibration | None = None):
         if config is None:
             config = MemoryConfig()
         elif isinstance(config, (str, Preset)):
@@ -209,6 +253,12 @@ class StreamMemory:
         self.captioner = captioner if captioner is not None else LabelCaptioner()
         self.event_captioner = event_captioner
         self.answer_fn = answer_fn
+        if calibration is not None and not isinstance(calibration, Calibration):
+            raise ValueError(f"calibration must be a Calibration or None, got {type(calibration).__name__}")
+        self._custom_calibration = calibration
+        self.calibration = calibration if calibration is not None else default_calibration(text_encoder)
+        self.word_vectors = WordVectors(text_encoder)  # the ``related`` feature of answers
+        self._word_lock = threading.Lock()
         self._custom_instantaneity = instantaneity
         p, cfg = config.preset, config
         self.gate = MotionGate(p.threshold, size=cfg.motion_size, reference=cfg.motion_reference,
@@ -480,12 +530,18 @@ class StreamMemory:
 
     def retrieve(self, question: str, query_embedding: torch.Tensor, *, submitted: float | None = None,
                  timings: dict | None = None) -> Context:
-        """Short-term frames, tree path and best node, dialogue hits and injected knowledge for a question.
+        """Short-term frames, tree path and best node, dialogue hits and injected knowledge for a question,
+        and the decision on its answer (``basis``, ``confidence``, ``outcome``; module docstring).
 
         Updates the retrieved nodes' access statistics (they feed the bounded
-        memory's utility) and the short-term sampler's generator.
+        memory's utility) and the short-term sampler's generator.  A time
+        reference "before X" / "after X" embeds X (one text-encoder call), and
+        a basis of short-term frames embeds their labels, both outside the
+        memory's lock.
         """
         q = F.normalize(check_query_embedding(query_embedding, int(self.text_encoder.dim)), dim=0)
+        ref = parse_time_reference(question) if isinstance(question, str) else None
+        anchor_q = self.encode_question(ref.anchor) if ref is not None and ref.anchor else None
         with self._state_lock:
             timings = dict(timings or {})
             t1 = time.perf_counter()
@@ -500,23 +556,161 @@ class StreamMemory:
                         for s, e in self.dialogue.search(q, self.config.dialogue_k)]
             t4 = time.perf_counter()
             injection = self.injector.select(question, q)
+            best_event = self.knowledge_base.search(q, 1)
             t5 = time.perf_counter()
             tree_path = [_node_view(n, s) for n, s in zip(path, scores)]
             tree_best = _node_view(best, float(best.embedding @ q)) if best is not None else None
             knowledge = [{"score": round(s, 4), "event": e.event_id, "t_start": round(e.t_start, 3),
                           "t_end": round(e.t_end, 3), "caption": e.caption} for s, e in injection.entries]
+            knowledge_best = [{"score": round(s, 4), "event": e.event_id, "t_start": round(e.t_start, 3),
+                               "t_end": round(e.t_end, 3), "caption": e.caption} for s, e in best_event]
+            timed = self._time_basis(ref, q, anchor_q, short) if ref is not None else None
             timings.update(short_term=t2 - t1, tree_search=t3 - t2, dialogue_search=t4 - t3,
-                           knowledge_injection=t5 - t4)
-            rpd = time.perf_counter() - submitted
-            timings["total"] = rpd
+                           knowledge_injection=t5 - t4)  # knowledge_best's top-1 search included
+            if timed is not None:
+                timings["time_reference"] = time.perf_counter() - t5
             self.questions += 1
-            return Context(
+            ctx = Context(
                 question=question, stream_time=now, short_term=short, tree_path=tree_path, tree_best=tree_best,
                 tree_centres=[n.centres for n in path], dialogue=dialogue, knowledge=knowledge,
+                knowledge_best=knowledge_best[0] if knowledge_best else None,
                 injection={"mode": injection.mode, "s_t": round(injection.s_t, 4), "s_r": round(injection.s_r, 4),
                            "s_c": round(injection.s_c, 4)},
-                timings=timings, rpd_s=rpd,
+                timings=timings, rpd_s=0.0,
             )
+        t6 = time.perf_counter()
+        self._decide(ctx, q, ref, timed)
+        timings["decide"] = time.perf_counter() - t6
+        ctx.rpd_s = time.perf_counter() - submitted
+        timings["total"] = ctx.rpd_s
+        return ctx
+
+    def _time_units(self) -> list[dict]:
+        """Every leaf of the tree and every knowledge-base event, as units a time reference selects from."""
+        units = [dict(_node_view(n), source="tree", embedding=n.embedding)
+                 for n in self.long_term.nodes.values() if n.level == 0]
+        units += [{"source": "knowledge", "event": e.event_id, "t_start": round(e.t_start, 3),
+                   "t_end": round(e.t_end, 3), "caption": e.caption, "embedding": e.embedding}
+                  for e in self.knowledge_base.entries]
+        return units
+
+    def _time_basis(self, ref: TimeReference, q: torch.Tensor, anchor_q: torch.Tensor | None,
+                    short: list[dict]) -> dict:
+        """The basis inside a time reference's window (under the state lock): ``{"basis", "reference"}``.
+
+        Units: the tree's leaves and the events; when none meets the window,
+        the short-term frames (one unit each).  ``basis`` is None when the
+        window holds nothing, or the anchor of "before X" / "after X" is not
+        in memory.
+        """
+        units = self._time_units()
+        in_memory = units + [{"source": "short_term", "t_start": f["t"], "t_end": f["t"], "frames": [f]}
+                             for f in short]
+        reference = {**ref.to_dict(), "window": None}
+        if not in_memory or self.stream_time is None:
+            return {"basis": None, "reference": {**reference, "reason": "the memory is empty"}}
+        start = min(u["t_start"] for u in in_memory)
+        now = float(self.stream_time)
+        anchor_span = None
+        if ref.anchor is not None:
+            if not units:
+                return {"basis": None, "reference": {**reference, "reason": "no memory to find the anchor in"}}
+            emb = torch.stack([F.normalize(u["embedding"].float(), dim=0) for u in units])
+            anchor_scores = (emb @ anchor_q).tolist()
+            j = max(range(len(units)), key=lambda i: (anchor_scores[i], -i))
+            anchor_text = caption_text(units[j]["caption"])
+            with self._word_lock:
+                features = answer_features(ref.anchor, anchor_text, anchor_scores[j], word_vectors=self.word_vectors)
+            conf, outcome = self.calibration.decide(features)
+            reference["anchor_match"] = {"text": anchor_text, "t_start": units[j]["t_start"],
+                                         "t_end": units[j]["t_end"], "confidence": round(conf, 4)}
+            if outcome != Outcome.ANSWERED:
+                return {"basis": None, "reference": {**reference, "reason": "the anchor is not in memory"}}
+            anchor_span = (units[j]["t_start"], units[j]["t_end"])
+        lo, hi = ref.window(stream_start=start, now=now, anchor_span=anchor_span)
+        reference["window"] = [round(lo, 3), round(hi, 3)]
+        generic = not content_words(ref.question)
+        for pool in (units, [u for u in in_memory if u["source"] == "short_term"]):
+            if not pool:
+                continue
+            if pool is units:
+                emb = torch.stack([F.normalize(u["embedding"].float(), dim=0) for u in pool])
+                scores = (emb @ q).tolist()
+            else:
+                scores = [0.0] * len(pool)
+            i = best_in_window(ref, [u["t_start"] for u in pool], [u["t_end"] for u in pool], scores,
+                               generic=generic, stream_start=start, now=now, anchor_span=anchor_span)
+            if i is not None:
+                u = pool[i]
+                if u["source"] == "short_term":
+                    return {"basis": {"source": "short_term", "t_start": u["t_start"], "t_end": u["t_end"],
+                                      "text": short_term_text(u["frames"]), "score": None},
+                            "reference": reference}
+                basis = {"source": u["source"], "t_start": u["t_start"], "t_end": u["t_end"],
+                         "text": caption_text(u["caption"]), "score": round(scores[i], 4)}
+                basis["node" if u["source"] == "tree" else "event"] = u.get("node", u.get("event"))
+                return {"basis": basis, "reference": reference}
+        return {"basis": None, "reference": {**reference, "reason": "nothing in memory in that span"}}
+
+    def _decide(self, ctx: Context, q: torch.Tensor, ref: TimeReference | None, timed: dict | None) -> None:
+        """Fill the context's basis, features, confidence and outcome (outside the state lock).
+
+        Without a time reference the basis is the extractive answer's choice
+        (``choose_basis``: the short-term frames for a question about now,
+        else the best-matching node or event), unless it leaves some of the
+        question's words unspelled and another retrieved candidate (the
+        short-term frames, the tree's best node, an injected event, the
+        knowledge base's best event) spells more of them: then that one
+        (most words, then most names, then cosine).
+        """
+        question = ref.question if ref is not None else ctx.question
+        if timed is not None:
+            ctx.time_reference = timed["reference"]
+            basis = timed["basis"]
+        else:
+            candidates = self._candidates(ctx)
+            source, item = choose_basis(ctx)
+            basis = None
+            if source != "none":
+                default = next(c for c in candidates if c["source"] == source and
+                               (source == "short_term" or c.get("node", c.get("event")) ==
+                                item.get("node", item.get("event"))))
+                basis = default
+                words, names = content_words(question), proper_names(question)
+                spelled = {id(c): (grounding(words, c["text"]), grounding(names, c["text"])) for c in candidates}
+                if spelled[id(default)][0] < 1.0:
+                    best = max(candidates, key=lambda c: (spelled[id(c)], c["score"] if c["score"] is not None
+                                                          else -1.0))
+                    if spelled[id(best)] > spelled[id(default)]:
+                        basis = best
+        if basis is None:
+            ctx.basis, ctx.features, ctx.confidence, ctx.outcome = None, {}, 0.0, Outcome.NOT_IN_MEMORY
+            return
+        basis = dict(basis)
+        if basis["score"] is None:  # short-term frames: their labels' text against the question
+            basis["score"] = round(float(self.encode_question(basis["text"]) @ q), 4)
+        ctx.basis = basis
+        with self._word_lock:  # the word cache is shared by questions from any thread
+            ctx.features = answer_features(question, basis["text"], float(basis["score"]),
+                                           word_vectors=self.word_vectors)
+        ctx.confidence, ctx.outcome = self.calibration.decide(ctx.features)
+
+    @staticmethod
+    def _candidates(ctx: Context) -> list[dict]:
+        """What a context's answer may rest on, as bases: the short-term frames, the tree's best node, the
+        injected events and the knowledge base's best event."""
+        out = []
+        if ctx.short_term:
+            out.append({"source": "short_term", "t_start": ctx.short_term[0]["t"], "t_end": ctx.short_term[-1]["t"],
+                        "text": short_term_text(ctx.short_term), "score": None})
+        if ctx.tree_best is not None:
+            b = ctx.tree_best
+            out.append({"source": "tree", "t_start": b["t_start"], "t_end": b["t_end"],
+                        "text": caption_text(b["caption"]), "score": b.get("score"), "node": b["node"]})
+        for k in ctx.knowledge + ([ctx.knowledge_best] if ctx.knowledge_best is not None else []):
+            out.append({"source": "knowledge", "t_start": k["t_start"], "t_end": k["t_end"],
+                        "text": caption_text(k["caption"]), "score": k.get("score"), "event": k["event"]})
+        return out
 
     def record_answer(self, context: Context, answer: str, *, embedding: torch.Tensor | None = None) -> None:
         """Attach an answer to its context and append the exchange to the dialogue memory."""
@@ -526,17 +720,26 @@ class StreamMemory:
             context.answer = answer
             self.dialogue.add(context.question, answer, context.stream_time, embedding=embedding)
 
+    def answer_text(self, context: Context) -> str:
+        """The answer to a decided context: ``answer_fn(context)`` when answered, else ``NOT_IN_MEMORY_ANSWER``
+        (``answer_fn`` is not called).  TypeError when ``answer_fn`` returns no str."""
+        if context.outcome != Outcome.ANSWERED:
+            return NOT_IN_MEMORY_ANSWER
+        text = self.answer_fn(context)
+        if not isinstance(text, str):
+            raise TypeError(f"answer_fn must return a str, got {type(text).__name__}")
+        return text
+
     def ask(self, question: str, *, answer: bool = True) -> Context:
-        """Retrieve the context of a question now; with ``answer_fn``, answer it and remember the exchange."""
+        """Retrieve the context of a question now; with ``answer_fn``, answer it (``answer_text``) and remember
+        the exchange."""
         t0 = time.perf_counter()
         q = self.encode_question(question)
         ctx = self.retrieve(question, q, submitted=t0, timings={"question_encode": time.perf_counter() - t0})
         if answer and self.answer_fn is not None:
             t1 = time.perf_counter()
-            text = self.answer_fn(ctx)
+            text = self.answer_text(ctx)
             ctx.answer_s = time.perf_counter() - t1
-            if not isinstance(text, str):
-                raise TypeError(f"answer_fn must return a str, got {type(text).__name__}")
             self.record_answer(ctx, text, embedding=self.dialogue.embed(question, text))  # embedded outside the lock
         return ctx
 
@@ -671,8 +874,8 @@ class StreamMemory:
     def load(cls, directory, frame_encoder=None, text_encoder=None, **hooks) -> "StreamMemory":
         """A memory saved with ``save``; encoders not passed are rebuilt from their saved spec.
 
-        ``hooks``: ``captioner``, ``event_captioner``, ``answer_fn``, ``instantaneity``
-        as for the constructor (they are code, not state).
+        ``hooks``: ``captioner``, ``event_captioner``, ``answer_fn``, ``instantaneity``,
+        ``calibration`` as for the constructor (they are code and settings, not state).
         """
         path = Path(directory) / _STATE_FILE
         if not path.is_file():
@@ -694,7 +897,7 @@ class StreamMemory:
     def __getstate__(self) -> dict:
         return {"state": self.state_dict(), "frame_encoder": self.frame_encoder, "text_encoder": self.text_encoder,
                 "captioner": self.captioner, "event_captioner": self.event_captioner, "answer_fn": self.answer_fn,
-                "instantaneity": self._custom_instantaneity}
+                "instantaneity": self._custom_instantaneity, "calibration": self._custom_calibration}
 
     def __setstate__(self, data: dict) -> None:
         state = data.pop("state")

@@ -73,6 +73,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ..checks import check_int, is_real
+from ..components.answers import NOT_IN_MEMORY_ANSWER, Calibration, Outcome
 from ..config import MemoryConfig
 from .memory import Context, StreamMemory
 
@@ -129,8 +130,9 @@ class StreamPipeline:
         Drive an existing memory (for example one restored with
         ``StreamMemory.load``) instead of building one; then pass neither
         encoders, config nor hooks.
-    captioner, event_captioner, answer_fn, instantaneity
-        As for ``StreamMemory``.
+    captioner, event_captioner, answer_fn, instantaneity, calibration
+        As for ``StreamMemory`` (``answer_fn`` is called only for a context whose
+        outcome is answered; "not in memory" gets ``NOT_IN_MEMORY_ANSWER``).
     frame_hook : callable(FrameRecord), optional
         Called by the memory-formation thread for every frame it receives.
     gate_hook : callable(GateBatch), optional
@@ -154,8 +156,8 @@ class StreamPipeline:
     def __init__(self, source: Iterable, frame_encoder=None, text_encoder=None, *, config: MemoryConfig | None = None,
                  memory: StreamMemory | None = None, captioner=None, event_captioner=None,
                  answer_fn: Callable | None = None, instantaneity: Callable | None = None,
-                 frame_hook: Callable | None = None, gate_hook: Callable | None = None, gate_batch: int = 8,
-                 queue_size: int = 32):
+                 calibration: Calibration | None = None, frame_hook: Callable | None = None,
+                 gate_hook: Callable | None = None, gate_batch: int = 8, queue_size: int = 32):
         gate_batch = check_int(gate_batch, "gate_batch", 1, MAX_GATE_BATCH)
         queue_size = check_int(queue_size, "queue_size", 1)
         if frame_hook is not None and not callable(frame_hook):
@@ -169,7 +171,8 @@ class StreamPipeline:
         if memory is not None:
             given = [n for n, v in (("frame_encoder", frame_encoder), ("text_encoder", text_encoder),
                                     ("config", config), ("captioner", captioner),
-                                    ("event_captioner", event_captioner), ("instantaneity", instantaneity))
+                                    ("event_captioner", event_captioner), ("instantaneity", instantaneity),
+                                    ("calibration", calibration))
                      if v is not None]
             if given:
                 raise ValueError(f"memory= already holds its encoders, config and hooks; do not also pass {given}")
@@ -181,7 +184,8 @@ class StreamPipeline:
             if frame_encoder is None:
                 raise ValueError("frame_encoder is required (e.g. streammem.load_frame_encoder())")
             memory = StreamMemory(config, frame_encoder, text_encoder, captioner=captioner,
-                                  event_captioner=event_captioner, answer_fn=answer_fn, instantaneity=instantaneity)
+                                  event_captioner=event_captioner, answer_fn=answer_fn, instantaneity=instantaneity,
+                                  calibration=calibration)
         self.memory = memory
         self.source = source
         self.gate_batch = int(gate_batch)
@@ -568,7 +572,8 @@ class StreamPipeline:
         retrieved.set()  # memory formation may go on; the answer is the summarisation thread's own work
         if self.answer_fn is not None:
             t1 = time.perf_counter()
-            answer = self.answer_fn(result)
+            # answer_fn is asked only when the memory answers (StreamMemory.answer_text's rule).
+            answer = self.answer_fn(result) if result.outcome == Outcome.ANSWERED else NOT_IN_MEMORY_ANSWER
             result.answer_s = time.perf_counter() - t1
             if not isinstance(answer, str):
                 raise TypeError(f"answer_fn must return a str, got {type(answer).__name__}")

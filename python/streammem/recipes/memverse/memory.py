@@ -6,7 +6,7 @@ import json
 import math
 import time
 from collections import Counter, deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -15,13 +15,17 @@ import torch
 import torch.nn.functional as F
 
 from ...checkpoint import atomic_write
-from ...components.answers import extractive_answer
+from ...components.answers import (
+    NOT_IN_MEMORY_ANSWER, Calibration, Outcome, WordVectors, answer_features, content_words, extractive_answer,
+)
 from ...components.gate import MotionGate
 from ...components.knowledge import EventSegmenter
 from ...components.memory import FrameRecord, LabelCaptioner, records_from_state, records_state
+from ...components.timeref import TimeReference, parse_time_reference, rank_in_window
 from ...config import PRESETS
 from ...models.encoders import encode_frames, encode_texts, encoder_spec, encoders_from_specs
 from ...stream.memory import StreamMemory
+from .calibration import default_calibration
 from .config import MemVerseConfig
 from .extraction import (
     CooccurrenceExtractor, ExtractionContext, MemoryChunk, _call_extractor, _chunks_from_state, _chunks_state, name_key,
@@ -43,6 +47,12 @@ class MemVerseContext:
     ``chunks``: long-term chunks by rank, each with the node that brought it;
     ``facts``: the best-ranked relations; ``seeds``: the nodes the search
     started from.  ``timings`` in seconds.
+
+    The decision (``MemVerse.ask``): ``basis`` the chunk the answer rests on
+    (its view, ``via``, ``cosine`` and ``confidence``) or None;
+    ``confidence`` in [0, 1], the calibrated probability that it answers the
+    question; ``outcome`` (``Outcome``); ``features`` what the calibration
+    read; ``time_reference`` the question's time reference and window, or None.
     """
 
     question: str
@@ -53,21 +63,29 @@ class MemVerseContext:
     seeds: list[dict]
     timings: dict
     answer: str | None = None
+    basis: dict | None = None
+    confidence: float = 0.0
+    outcome: Outcome = Outcome.NOT_IN_MEMORY
+    features: dict = field(default_factory=dict)
+    time_reference: dict | None = None
 
     def to_dict(self) -> dict:
         return {"question": self.question, "stream_time": self.stream_time, "short_term": self.short_term,
                 "chunks": self.chunks, "facts": self.facts, "seeds": self.seeds,
-                "timings_ms": {k: round(1e3 * v, 3) for k, v in self.timings.items()}, "answer": self.answer}
+                "timings_ms": {k: round(1e3 * v, 3) for k, v in self.timings.items()}, "answer": self.answer,
+                "outcome": Outcome(self.outcome).value, "confidence": round(self.confidence, 4), "basis": self.basis,
+                "features": {k: round(v, 4) for k, v in self.features.items()},
+                "time_reference": self.time_reference}
 
 
 @extractive_answer.register(MemVerseContext)
 def _extractive_memverse(context: MemVerseContext) -> str:
-    """MemVerse's model-free answer: the best long-term chunk's text (and its best fact)."""
-    if not context.chunks:
-        return "Nothing in long-term memory matches."
-    best = context.chunks[0]
-    fact = f" [fact: {context.facts[0]['fact']}]" if context.facts else ""
-    return f"{best['text']} (session {best['session']}, {best['t_start']:.1f}-{best['t_end']:.1f}s){fact}"
+    """MemVerse's model-free answer: the text of the chunk it rests on (``basis``: the retrieved chunk
+    closest to the question), or ``NOT_IN_MEMORY_ANSWER``."""
+    if context.outcome != Outcome.ANSWERED or context.basis is None:
+        return NOT_IN_MEMORY_ANSWER
+    best = context.basis
+    return f"{best['text']} (session {best['session']}, {best['t_start']:.1f}-{best['t_end']:.1f}s)"
 
 
 class MemVerse:
@@ -86,13 +104,17 @@ class MemVerse:
         Captions video events (default ``LabelCaptioner``).
     answer_fn : callable(MemVerseContext) -> str, optional
         Turns a context into an answer (a user's model); none by default.
+        Called only for a context whose outcome is answered.
+    calibration : Calibration, optional
+        Decides the confidence and outcome of each question (default:
+        ``calibration.default_calibration(text_encoder)``).
 
     Single-threaded.  Timestamps are seconds on one clock for the whole
     memory (non-decreasing across sessions: the budget's recency uses them).
     """
 
     def __init__(self, text_encoder, frame_encoder=None, *, config: MemVerseConfig | None = None, extractor=None,
-                 captioner=None, answer_fn: Callable | None = None):
+                 captioner=None, answer_fn: Callable | None = None, calibration: Calibration | None = None):
         if text_encoder is None:
             raise ValueError("text_encoder is required (chunks, entities and questions are embedded with it)")
         config = MemVerseConfig() if config is None else config
@@ -106,6 +128,10 @@ class MemVerse:
         self.extractor = extractor if extractor is not None else CooccurrenceExtractor()
         self.captioner = captioner if captioner is not None else LabelCaptioner()
         self.answer_fn = answer_fn
+        if calibration is not None and not isinstance(calibration, Calibration):
+            raise ValueError(f"calibration must be a Calibration or None, got {type(calibration).__name__}")
+        self.calibration = calibration if calibration is not None else default_calibration(text_encoder)
+        self.word_vectors = WordVectors(text_encoder)  # the ``related`` feature of answers
         self.graph = LongTermGraph(int(text_encoder.dim), backend=config.backend)
         self.window: deque[MemoryChunk] = deque()
         self.pending: list[MemoryChunk] = []
@@ -347,7 +373,18 @@ class MemVerse:
         return self.graph.search_flat(query_embeddings, self.config.chunks if chunks is None else chunks)
 
     def ask(self, question: str, *, answer: bool = True) -> MemVerseContext:
-        """The short-term window, the graph's chunks, facts and seeds for a question; answered by ``answer_fn``."""
+        """The short-term window, the graph's chunks, facts and seeds for a question, and its answer.
+
+        The answer rests on the retrieved chunk (long-term and window) closest
+        to the question by cosine (``basis``; the graph's rank is how it was
+        found, not what it says); below the calibration's threshold the
+        outcome is not in memory and the answer ``NOT_IN_MEMORY_ANSWER``.  A question
+        with a time reference ("in the last minute", "at the beginning",
+        "before X", ``components.timeref``) is answered from the chunks (long-term
+        and window) whose span meets its window, ranked by cosine (by nearness
+        to the reference for a question with no content words of its own).
+        ``answer_fn`` (when given) is called for answered contexts only.
+        """
         t0 = time.perf_counter()
         q = self.encode_questions([question])
         t1 = time.perf_counter()
@@ -380,12 +417,69 @@ class MemVerse:
             if node >= 0:
                 seeds.append({"node": g.texts[node], "kind": "relation" if int(kinds[node]) else "entity",
                               "score": round(score, 4)})
-        timings = {"question_encode": t1 - t0, **hits.timings, "total": time.perf_counter() - t0}
+        t3 = time.perf_counter()
+        ctx = MemVerseContext(question, self.stream_time, short, chunks, facts, seeds, {})
+        ref = parse_time_reference(question)
+        candidates = ([(g.chunks[row], via) for row, _, via in ranked] + [(c, None) for c in self.window]
+                      if ref is None else self._time_candidates(ctx, ref, q[0]))
+        self._decide(ctx, ref.question if ref is not None else question, candidates, q[0])
+        timings = {"question_encode": t1 - t0, **hits.timings, "decide": time.perf_counter() - t3,
+                   "total": time.perf_counter() - t0}
+        ctx.timings = timings
         self.questions += 1
-        ctx = MemVerseContext(question, self.stream_time, short, chunks, facts, seeds, timings)
         if answer and self.answer_fn is not None:
-            ctx.answer = self.answer_fn(ctx)
+            ctx.answer = self.answer_fn(ctx) if ctx.outcome == Outcome.ANSWERED else NOT_IN_MEMORY_ANSWER
         return ctx
+
+    def _decide(self, ctx: MemVerseContext, question: str, candidates: list, q: torch.Tensor) -> None:
+        """Basis: the candidate chunk closest to the question (cosine; ties: the earlier); then its features,
+        confidence and outcome."""
+        best = None
+        for chunk, via in candidates:
+            cosine = float(chunk.embedding @ q)
+            if best is None or cosine > best[0]:
+                best = (cosine, chunk, via)
+        if best is None:
+            ctx.basis, ctx.features, ctx.confidence, ctx.outcome = None, {}, 0.0, Outcome.NOT_IN_MEMORY
+            return
+        cosine, chunk, via = best
+        texts = [chunk.text] + ([via] if via and via != "flat cosine" else [])
+        ctx.features = answer_features(question, texts, cosine, word_vectors=self.word_vectors)
+        ctx.confidence, ctx.outcome = self.calibration.decide(ctx.features)
+        ctx.basis = {**chunk.view(cosine), "via": via, "confidence": round(ctx.confidence, 4)}
+
+    def _time_candidates(self, ctx: MemVerseContext, ref: TimeReference, q: torch.Tensor) -> list:
+        """The chunks (long-term and window) inside a time reference's window, best first (``rank_in_window``);
+        fills ``ctx.time_reference``.  Empty when the window holds none or the anchor of "before X" / "after
+        X" is not in memory."""
+        pool = list(self.graph.chunks) + list(self.window)
+        reference = ref.to_dict()
+        ctx.time_reference = reference
+        if not pool or self.stream_time is None:
+            reference["reason"] = "the memory is empty"
+            return []
+        start, now = min(c.t_start for c in pool), float(self.stream_time)
+        emb = torch.stack([c.embedding for c in pool]).float()
+        anchor_span = None
+        if ref.anchor is not None:
+            a = self.encode_questions([ref.anchor])[0]
+            scores = (emb @ a).tolist()
+            j = max(range(len(pool)), key=lambda i: (scores[i], -i))
+            conf, outcome = self.calibration.decide(answer_features(ref.anchor, pool[j].text, scores[j],
+                                                                    word_vectors=self.word_vectors))
+            reference["anchor_match"] = {**pool[j].view(scores[j]), "confidence": round(conf, 4)}
+            if outcome != Outcome.ANSWERED:
+                reference["reason"] = "the anchor is not in memory"
+                return []
+            anchor_span = (pool[j].t_start, pool[j].t_end)
+        lo, hi = ref.window(stream_start=start, now=now, anchor_span=anchor_span)
+        reference["window"] = [round(lo, 3), round(hi, 3)]
+        order = rank_in_window(ref, [c.t_start for c in pool], [c.t_end for c in pool], (emb @ q).tolist(),
+                               generic=not content_words(ref.question), stream_start=start, now=now,
+                               anchor_span=anchor_span)
+        if not order:
+            reference["reason"] = "nothing in memory in that span"
+        return [(pool[i], None) for i in order[:1]]
 
     # ---- reporting and checkpoints --------------------------------------------------------
     def summary(self) -> dict:
@@ -466,7 +560,7 @@ class MemVerse:
     def load(cls, directory, text_encoder=None, frame_encoder=None, **hooks) -> "MemVerse":
         """A memory saved with :meth:`save`; encoders not passed are rebuilt from their saved spec.
 
-        ``hooks``: ``extractor``, ``captioner``, ``answer_fn`` (code, not state).
+        ``hooks``: ``extractor``, ``captioner``, ``answer_fn``, ``calibration`` (code and settings, not state).
         """
         path = Path(directory) / "state.pt"
         if not path.is_file():

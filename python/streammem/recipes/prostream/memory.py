@@ -11,9 +11,11 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ...components.answers import extractive_answer
+from ...components.answers import NOT_IN_MEMORY_ANSWER, Calibration, Outcome, extractive_answer
 from ...components.bounded import BoundedMemory
 from ...components.memory import FrameRecord, LongTermMemory, MemoryNode
+from ...components.timeref import parse_time_reference
+from .answering import decide, default_calibration, recall_in_window
 from .config import ProStreamConfig
 from .dialogue import Turn, _check_time
 from .distill import Distillate, Distiller, ExtractiveDistiller
@@ -120,6 +122,12 @@ class Recall:
     ``latency_s`` is the retrieval time (utility refresh + search + bookkeeping),
     question encoding excluded (``timings["question_encode"]`` when ``ask``
     encoded it).
+
+    ``ask`` decides on the best unit (``answering.decide``): ``confidence`` in
+    [0, 1] (the calibrated probability that it answers the question),
+    ``outcome`` (``Outcome``; None for a recall nobody decided on, e.g.
+    ``recall()``'s), ``features``; ``time_reference`` the question's time
+    reference and window, or None.
     """
 
     question: str
@@ -129,6 +137,10 @@ class Recall:
     timings: dict = field(default_factory=dict)
     answer: str | None = None
     answer_kind: str | None = None
+    outcome: Outcome | None = None
+    confidence: float | None = None
+    features: dict = field(default_factory=dict)
+    time_reference: dict | None = None
 
     @property
     def best(self) -> RecalledUnit | None:
@@ -142,6 +154,10 @@ class Recall:
                        "score": round(u.score, 4)} for u in self.units],
             "answer": self.answer,
             "answer_kind": self.answer_kind,
+            "outcome": None if self.outcome is None else Outcome(self.outcome).value,
+            "confidence": None if self.confidence is None else round(self.confidence, 4),
+            "features": {k: round(v, 4) for k, v in self.features.items()},
+            "time_reference": self.time_reference,
             "latency_ms": round(1e3 * self.latency_s, 3),
             "timings_ms": {k: round(1e3 * v, 3) for k, v in self.timings.items()},
         }
@@ -149,8 +165,10 @@ class Recall:
 
 @extractive_answer.register(Recall)
 def _extractive_recall(recall: Recall) -> str | None:
-    """ProStream's default answer: the best recalled turn's text, verbatim (extractive; no model); None
-    when nothing was recalled."""
+    """ProStream's default answer: the best recalled turn's text, verbatim (extractive; no model);
+    ``NOT_IN_MEMORY_ANSWER`` when the recall was decided not in memory; None when nothing was recalled."""
+    if recall.outcome == Outcome.NOT_IN_MEMORY:
+        return NOT_IN_MEMORY_ANSWER
     return recall.best.text if recall.best is not None else None
 
 
@@ -188,6 +206,10 @@ class ProStream:
     answer_fn : callable(Recall) -> str, optional
         A language model's answer from the recalled turns; default
         :func:`extractive_answer` (reported as ``answer_kind="extractive"``).
+        Called only when the recall's outcome is answered.
+    calibration : Calibration, optional
+        Decides the confidence and outcome of ``ask`` (``answering.decide``;
+        default ``answering.default_calibration(text_encoder)``).
 
     Single-threaded.  ``state_dict`` / ``save`` / ``load`` checkpoint
     everything (the segmenter's state, the node table and tree row for row,
@@ -196,7 +218,7 @@ class ProStream:
     """
 
     def __init__(self, text_encoder, config: ProStreamConfig | None = None, *, distiller: Distiller | None = None,
-                 answer_fn: Callable[[Recall], str] | None = None):
+                 answer_fn: Callable[[Recall], str] | None = None, calibration: Calibration | None = None):
         from streammem_kernels import StreamingSegmenter
 
         if text_encoder is None or not callable(getattr(text_encoder, "encode", None)):
@@ -214,6 +236,9 @@ class ProStream:
         self.config = config
         self.distiller = distiller
         self.answer_fn = answer_fn
+        if calibration is not None and not isinstance(calibration, Calibration):
+            raise ValueError(f"calibration must be a Calibration or None, got {type(calibration).__name__}")
+        self.calibration = calibration if calibration is not None else default_calibration(text_encoder)
         self.tree = DialogueTree(text_encoder, backend=config.backend)
         # theta_sim = 1: BoundedMemory never merges two different turns (a merge would blend an
         # update with what it replaces); only exact duplicates can exceed it through rounding.
@@ -439,14 +464,27 @@ class ProStream:
         return F.normalize(self.text_encoder.encode([question])[0].float(), dim=0)
 
     def ask(self, question: str, *, k: int | None = None, answer: bool = True) -> Recall:
-        """Encode the question, recall now, and answer (``answer_fn`` or extractive)."""
+        """Encode the question, recall now, decide (``answering.decide``) and answer (``answer_fn`` or
+        extractive; ``NOT_IN_MEMORY_ANSWER`` when not in memory).
+
+        A question with a time reference is recalled from the stored turns
+        inside its window (``answering.recall_in_window``) instead of the tree search.
+        """
         t0 = time.perf_counter()
         q = self.encode_question(question)
         encode_s = time.perf_counter() - t0
-        rec = self.recall(q, question=question, k=k)
+        ref = parse_time_reference(question)
+        if ref is None:
+            rec = self.recall(q, question=question, k=k)
+        else:
+            anchor = self.encode_question(ref.anchor) if ref.anchor is not None else None
+            rec = recall_in_window(self, q, ref, question=question, k=k, anchor=anchor)
         rec.timings["question_encode"] = encode_s
+        decide(rec, self.calibration, None if ref is None else ref.question)
         if answer:
-            if self.answer_fn is not None:
+            if rec.outcome != Outcome.ANSWERED:
+                rec.answer, rec.answer_kind = NOT_IN_MEMORY_ANSWER, "not_in_memory"
+            elif self.answer_fn is not None:
                 t1 = time.perf_counter()
                 rec.answer, rec.answer_kind = self.answer_fn(rec), "model"
                 rec.timings["answer"] = time.perf_counter() - t1
@@ -576,7 +614,8 @@ class ProStream:
 
     @classmethod
     def load(cls, path, text_encoder, **hooks) -> "ProStream":
-        """A memory saved with ``save`` (pass the same encoder; ``distiller`` / ``answer_fn`` as hooks)."""
+        """A memory saved with ``save`` (pass the same encoder; ``distiller`` / ``answer_fn`` / ``calibration``
+        as hooks)."""
         state = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
             raise ValueError(f"{path} does not hold a ProStream state")

@@ -14,9 +14,12 @@ import torch.nn.functional as F
 
 from streammem_kernels import TopKResult, cosine_topk
 
+from ...components.answers import NOT_IN_MEMORY_ANSWER, Calibration, Outcome, WordVectors
 from ...components.memory import FrameRecord, LabelCaptioner, caption_text
+from ...components.timeref import TimeReference, in_window, parse_time_reference
 from ...io.video import VideoSource
 from ...models.encoders import encode_texts
+from .calibration import agent_features, default_calibration
 from .index import LabelTextEmbedder, VideoIndex, _check_count, uniform_indices, unobserved_segments
 
 __all__ = [
@@ -202,6 +205,13 @@ class Answer:
     first; ``supported``: whether the evidence named the answer (False: a
     fallback); ``source`` names what produced it (the default says it is
     deterministic and not a model).
+
+    The agent's decision on it (an answerer leaves the defaults):
+    ``confidence`` in [0, 1], the calibrated probability that the answer is
+    right given its basis (``VideoAgent.calibration``; ``features`` are what
+    it read); ``outcome`` ``Outcome.ANSWERED`` or ``Outcome.NOT_IN_MEMORY``.
+    Not in memory: ``text`` is ``NOT_IN_MEMORY_ANSWER`` and ``option`` None,
+    and ``candidate`` / ``candidate_option`` keep what the answerer said.
     """
 
     text: str
@@ -209,10 +219,18 @@ class Answer:
     evidence: list[int]
     supported: bool
     source: str
+    outcome: Outcome = Outcome.ANSWERED
+    confidence: float = math.nan
+    features: dict = field(default_factory=dict)
+    candidate: str | None = None
+    candidate_option: int | None = None
 
     def to_dict(self) -> dict:
         return {"text": self.text, "option": self.option, "evidence": list(self.evidence),
-                "supported": self.supported, "source": self.source}
+                "supported": self.supported, "source": self.source, "outcome": Outcome(self.outcome).value,
+                "confidence": None if math.isnan(self.confidence) else round(self.confidence, 4),
+                "features": {k: round(v, 4) for k, v in self.features.items()},
+                "candidate": self.candidate, "candidate_option": self.candidate_option}
 
 
 @runtime_checkable
@@ -299,9 +317,12 @@ class AgentResult:
     ``frames``: the frames looked at, in the order the agent took them
     (uniform sample first); ``frames_used`` = ``len(frames)`` (the paper's
     "frames per question"); ``stop``: "answerable", "budget", "max_rounds",
-    "exhausted" (every frame seen) or "no_segments" (the policy named none);
-    ``timings`` in seconds (question encoding, retrieval, captioning, policy,
-    answer, total).
+    "exhausted" (every frame seen), "no_segments" (the policy named none) or
+    "not_in_window" (the question's time reference holds no frame, or its
+    anchor was not found); ``timings`` in seconds (question encoding,
+    retrieval, captioning, policy, answer, total); ``time_reference`` the
+    question's time reference with its window (seconds and frames), or None.
+    ``outcome`` / ``confidence`` are the answer's.
     """
 
     question: str
@@ -314,10 +335,19 @@ class AgentResult:
     stop: str
     strategy: str
     timings: dict = field(default_factory=dict)
+    time_reference: dict | None = None
 
     @property
     def frames_used(self) -> int:
         return len(self.frames)
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.answer.outcome
+
+    @property
+    def confidence(self) -> float:
+        return self.answer.confidence
 
     def to_dict(self) -> dict:
         return {"question": self.question, "options": None if self.options is None else list(self.options),
@@ -325,6 +355,9 @@ class AgentResult:
                 "frames": [{"frame": i, "t": round(t, 3), "caption": self.captions[i]}
                            for i, t in zip(self.frames, self.timestamps)],
                 "rounds": [r.to_dict() for r in self.rounds], "stop": self.stop,
+                "outcome": Outcome(self.answer.outcome).value,
+                "confidence": None if math.isnan(self.answer.confidence) else round(self.answer.confidence, 4),
+                "time_reference": self.time_reference,
                 "timings_ms": {k: round(1e3 * v, 3) for k, v in self.timings.items()}}
 
 
@@ -353,13 +386,22 @@ class VideoAgent:
         Frames retrieved in each searched segment per round (the paper: 1).
     backend : str
         ``cosine_topk`` backend.
+    calibration : Calibration, optional
+        Decides each answer's confidence and outcome (``calibration.agent_features``);
+        default ``calibration.default_calibration(query_encoder)``.
+
+    A question with a time reference ("at 20 s", "at the beginning", "before
+    the car arrived", ``components.timeref``) is answered from the frames of
+    its window only: the uniform sample and every retrieval round stay inside
+    it ("before X" / "after X": X is the frame most similar to X's text, if
+    its caption confirms it by the calibration, else "not in memory").
 
     Not thread-safe (the caption cache is shared by questions).
     """
 
     def __init__(self, index: VideoIndex, query_encoder, *, captioner=None, policy: AnswerabilityPolicy | None = None,
                  answerer: Answerer | None = None, initial: int = 5, budget: int = 16, max_rounds: int = 3,
-                 frames_per_segment: int = 1, backend: str = "auto"):
+                 frames_per_segment: int = 1, backend: str = "auto", calibration: Calibration | None = None):
         if not isinstance(index, VideoIndex):
             raise ValueError(f"index must be a VideoIndex, got {type(index).__name__}")
         if query_encoder is None or not callable(getattr(query_encoder, "encode", None)):
@@ -381,6 +423,10 @@ class VideoAgent:
         self.max_rounds = _check_count(max_rounds, "max_rounds", 0)
         self.frames_per_segment = _check_count(frames_per_segment, "frames_per_segment", 1)
         self.backend = backend
+        if calibration is not None and not isinstance(calibration, Calibration):
+            raise ValueError(f"calibration must be a Calibration or None, got {type(calibration).__name__}")
+        self.calibration = calibration if calibration is not None else default_calibration(query_encoder)
+        self.word_vectors = WordVectors(query_encoder)  # the ``related`` feature of answers
         self._captions: dict[int, str] = {}
         self.captions_computed = 0
 
@@ -434,8 +480,11 @@ class VideoAgent:
         self._captions.clear()
 
     def _state(self, question, options, q, observed, round_, frames_left, timings, *,
-               searched: dict | None = None) -> AgentState:
+               searched: dict | None = None, window: tuple[int, int] | None = None) -> AgentState:
         """The state after looking at ``observed``.
+
+        ``window``: the ``[start, end)`` frames of the question's time
+        reference; unobserved segments are clipped to it.
 
         ``searched`` maps a segment ``(start, end)`` to its row of candidates
         from an earlier round of the same question: only segments that are new
@@ -446,6 +495,9 @@ class VideoAgent:
         seen = sorted(observed)
         t0 = time.perf_counter()
         segments = unobserved_segments(seen, len(self.index))
+        if window is not None and segments.shape[0]:
+            segments = torch.stack([segments[:, 0].clamp(min=window[0]), segments[:, 1].clamp(max=window[1])], 1)
+            segments = segments[segments[:, 0] < segments[:, 1]].reshape(-1, 2)
         candidates = None
         if searched is not None:
             keys = [tuple(row) for row in segments.tolist()]
@@ -476,16 +528,29 @@ class VideoAgent:
         return min(self.budget if budget is None else _check_count(budget, "budget", 1), len(self.index))
 
     # ---- questions -----------------------------------------------------------
-    def ask(self, question: str, options: Sequence[str] | None = None, *, budget: int | None = None) -> AgentResult:
-        """Answer ``question`` with the iterative loop; at most ``budget`` frames looked at."""
+    def ask(self, question: str, options: Sequence[str] | None = None, *, budget: int | None = None,
+            time_references: bool = True) -> AgentResult:
+        """Answer ``question`` with the iterative loop; at most ``budget`` frames looked at.
+
+        The answer carries its confidence and outcome (``Answer``); a time
+        reference restricts every frame looked at to its window (class
+        docstring) unless ``time_references`` is False (the whole video, as if
+        the question named no time).
+        """
         options = self._check_question(question, options)
         budget = self._budget(budget)
         timings: dict[str, float] = {}
         t_start = time.perf_counter()
         q = self.encode_queries([question])[0]
         timings["question_encode"] = time.perf_counter() - t_start
+        ref = parse_time_reference(question) if time_references else None
+        window, reference = (None, None) if ref is None else self._window(ref, timings)
+        if ref is not None and window is None:
+            return self._not_in_window(question, options, reference, timings, t_start)
+        lo, hi = (0, len(self.index)) if window is None else window
+        budget = min(budget, hi - lo)
 
-        order = uniform_indices(len(self.index), min(self.initial, budget))
+        order = [lo + i for i in uniform_indices(hi - lo, min(self.initial, budget))]
         self._timed(timings, "caption", self.caption, order)
         observed = set(order)
         searched: dict = {}  # (start, end) -> (ids, scores) of the question's best frames in that segment
@@ -493,7 +558,7 @@ class VideoAgent:
         stop = None
         for round_ in range(self.max_rounds + 1):
             state = self._state(question, options, q, observed, round_, budget - len(order), timings,
-                                searched=searched)
+                                searched=searched, window=window)
             if state.segments.shape[0] == 0:
                 rounds.append(RoundLog(round_, len(order), math.inf, True, [], [], "every frame seen"))
                 stop = "exhausted"
@@ -524,7 +589,50 @@ class VideoAgent:
         # Every exit above leaves `state` describing exactly the frames in `order`.
         answer = self._timed(timings, "answer", self.answerer.answer, state)
         timings["total"] = time.perf_counter() - t_start
-        return self._result(question, options, answer, order, rounds, stop, "iterative", timings)
+        return self._result(question, options, answer, order, rounds, stop, "iterative", timings, state=state,
+                            ref=ref, reference=reference)
+
+    def _window(self, ref: TimeReference, timings: dict) -> tuple[tuple[int, int] | None, dict]:
+        """([start, end) frames of a time reference's window, or None when it holds no frame), its description."""
+        t0 = time.perf_counter()
+        times = self.index.timestamps
+        start, now = float(times[0]), float(times[-1])
+        reference = ref.to_dict()
+        anchor_span = None
+        if ref.anchor is not None:
+            a = self.encode_queries([ref.anchor])[0]
+            top = cosine_topk(a[None], self.index.embeddings, 1, backend=self.backend)
+            frame, score = int(top.ids[0, 0]), float(top.scores[0, 0])
+            caption = self.caption([frame])[0]
+            conf, outcome = self.calibration.decide(agent_features(ref.anchor, [caption], score, True,
+                                                                   self.word_vectors))
+            reference["anchor_match"] = {"frame": frame, "t": round(float(times[frame]), 3), "caption": caption,
+                                         "confidence": round(conf, 4)}
+            if outcome != Outcome.ANSWERED:
+                reference["reason"] = "the anchor is not in memory"
+                timings["time_reference"] = time.perf_counter() - t0
+                return None, reference
+            anchor_span = (float(times[frame]), float(times[frame]))
+        lo, hi = ref.window(stream_start=start, now=now, anchor_span=anchor_span)
+        reference["window"] = [round(lo, 3), round(hi, 3)]
+        inside = in_window(ref, times, times, stream_start=start, now=now, anchor_span=anchor_span).nonzero()[:, 0]
+        timings["time_reference"] = time.perf_counter() - t0
+        if inside.numel() == 0:
+            reference["reason"] = "no frame in that span"
+            return None, reference
+        frames = (int(inside[0]), int(inside[-1]) + 1)  # times are sorted: the window's frames are one run
+        reference["frames"] = list(frames)
+        return frames, reference
+
+    def _not_in_window(self, question, options, reference, timings, t_start) -> AgentResult:
+        answer = Answer(NOT_IN_MEMORY_ANSWER, None, [], False, self.answerer_source, Outcome.NOT_IN_MEMORY, 0.0)
+        timings["total"] = time.perf_counter() - t_start
+        return AgentResult(question, options, answer, [], [], {}, [], "not_in_window", "iterative", timings,
+                           reference)
+
+    @property
+    def answerer_source(self) -> str:
+        return getattr(self.answerer, "source", type(self.answerer).__name__)
 
     def _search(self, state: AgentState, verdict: Assessment, timings: dict) -> list[tuple[int, float]]:
         """Retrieve inside the segments the policy chose; returns (frame, score) pairs within the budget."""
@@ -567,7 +675,8 @@ class VideoAgent:
         final = self._state(question, options, q, set(frames), 0, 0, timings)
         answer = self._timed(timings, "answer", self.answerer.answer, final)
         timings["total"] = time.perf_counter() - t_start
-        return self._result(question, options, answer, frames, [], "given", strategy, timings)
+        return self._result(question, options, answer, frames, [], "given", strategy, timings, state=final,
+                            ref=parse_time_reference(question))
 
     def ask_uniform(self, question: str, options: Sequence[str] | None = None, *,
                     budget: int | None = None) -> AgentResult:
@@ -591,9 +700,26 @@ class VideoAgent:
         timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0
         return out
 
-    def _result(self, question, options, answer, frames, rounds, stop, strategy, timings) -> AgentResult:
+    def _result(self, question, options, answer, frames, rounds, stop, strategy, timings, *, state: AgentState,
+                ref: TimeReference | None, reference: dict | None = None) -> AgentResult:
         if not isinstance(answer, Answer):
             raise ValueError(f"answerer must return an Answer, got {type(answer).__name__}")
+        self._decide(answer, state, ref.question if ref is not None else question)
         return AgentResult(question, options, answer, list(frames),
                            [float(self.index.timestamps[i]) for i in frames],
-                           {i: self._captions[i] for i in frames}, rounds, stop, strategy, timings)
+                           {i: self._captions[i] for i in frames}, rounds, stop, strategy, timings, reference)
+
+    def _decide(self, answer: Answer, state: AgentState, question: str) -> None:
+        """Set the answer's features, confidence and outcome from its basis: the captions of its evidence and of
+        the three observed frames most relevant to the question (what the answer was chosen among)."""
+        basis = [i for i in dict.fromkeys(list(answer.evidence) + state.evidence(3)) if i in state.captions]
+        if not basis:
+            answer.features, answer.confidence, answer.outcome = {}, 0.0, Outcome.NOT_IN_MEMORY
+        else:
+            answer.features = agent_features(question, [state.captions[i] for i in basis],
+                                             max(state.relevance[i] for i in basis), answer.supported,
+                                             self.word_vectors)
+            answer.confidence, answer.outcome = self.calibration.decide(answer.features)
+        if answer.outcome != Outcome.ANSWERED:
+            answer.candidate, answer.candidate_option = answer.text, answer.option
+            answer.text, answer.option = NOT_IN_MEMORY_ANSWER, None
