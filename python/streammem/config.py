@@ -80,7 +80,10 @@ class ShortTermConfig:
 class SegmenterConfig:
     """``StreamingSegmenter`` parameters of the event knowledge base (StreamRAG; drift: ProStream).
 
-    ``window`` is at most 4096 frames (the segmenter holds a window of features).
+    ``window`` is at most 4096 frames (the segmenter holds a window of features).  ``flash`` is the
+    kernel's flash rule, off (0) by default here: the segmenter sees the motion gate's kept frames, where
+    a still shot between two cuts is a single kept frame, which the rule would take for a transient and
+    so lose both cuts.  Turn it on (at most ``(window - 1) // 2``) to drop glitches when every frame is kept.
     """
 
     window: int = 8
@@ -88,6 +91,7 @@ class SegmenterConfig:
     min_depth: float = 0.2
     max_event: int | None = 250
     drift: float | None = None
+    flash: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "window", check_int(self.window, "segmenter.window", 2,
@@ -98,6 +102,7 @@ class SegmenterConfig:
             object.__setattr__(self, "max_event", check_int(self.max_event, "segmenter.max_event", 1))
         if self.drift is not None:
             object.__setattr__(self, "drift", check_real(self.drift, "segmenter.drift", -1.0, 1.0))
+        object.__setattr__(self, "flash", check_int(self.flash, "segmenter.flash", 0, (self.window - 1) // 2))
 
 
 @dataclass(frozen=True)

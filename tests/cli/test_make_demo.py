@@ -19,8 +19,10 @@ def _dry_run(tmp_path, target: str) -> list[str]:
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     for prerequisite in ("pyproject.toml", "setup.py", "requirements-dev.txt"):
         (tmp_path / prerequisite).touch()
-    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}  # a fresh checkout: make creates .venv
-    proc = subprocess.run([make, "-n", target], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
+    # A fresh checkout: make creates .venv.  Under `make test` the outer make's MAKELEVEL / MAKEFLAGS would
+    # make this one print "Entering/Leaving directory" lines: drop them.
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    proc = subprocess.run([make, "--no-print-directory", "-n", target], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
 

@@ -150,22 +150,24 @@ class EventSegmenter:
         Default ``LabelCaptioner()``; receives the previous event's caption so a
         language-model captioner can reuse its prefix.
     knowledge_base : KnowledgeBase, optional
-    window, tau, min_depth, max_event, drift, backend
+    window, tau, min_depth, max_event, drift, flash, backend
         Passed to ``streammem_kernels.StreamingSegmenter``.  ``window`` is at
         most 4096; ``max_event`` (default 250 frames) bounds the frames held
-        for the open event.
+        for the open event; ``flash`` defaults to 0 (off), since the frames
+        pushed here are usually the motion gate's kept frames, where a still
+        shot is one frame (``SegmenterConfig``).
 
     Not thread-safe: one caller at a time.
     """
 
     def __init__(self, text_encoder, captioner=None, knowledge_base: KnowledgeBase | None = None, *,
                  window: int = 8, tau: float = 0.7, min_depth: float = 0.2, max_event: int | None = 250,
-                 drift: float | None = None, backend: str = "auto"):
+                 drift: float | None = None, flash: int = 0, backend: str = "auto"):
         from streammem_kernels import StreamingSegmenter
 
         window = check_int(window, "window", 2, MAX_SEGMENTER_WINDOW)
         self.segmenter = StreamingSegmenter(window=window, tau=tau, min_depth=min_depth, max_event=max_event,
-                                            drift=drift, backend=backend)
+                                            drift=drift, flash=flash, backend=backend)
         self.text_encoder = text_encoder
         self.captioner = captioner if captioner is not None else LabelCaptioner()
         self.knowledge_base = knowledge_base if knowledge_base is not None else KnowledgeBase()

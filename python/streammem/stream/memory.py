@@ -274,7 +274,8 @@ class StreamMemory:
         seg = cfg.segmenter
         self.events = EventSegmenter(text_encoder, event_captioner if event_captioner is not None else self.captioner,
                                      window=seg.window, tau=seg.tau, min_depth=seg.min_depth,
-                                     max_event=seg.max_event, drift=seg.drift, backend=cfg.backend)
+                                     max_event=seg.max_event, drift=seg.drift, flash=seg.flash,
+                                     backend=cfg.backend)
         self.knowledge_base = self.events.knowledge_base
         scorer = instantaneity if instantaneity is not None else InstantaneityScorer(text_encoder)
         inj = cfg.injector

@@ -153,7 +153,7 @@ class MemVerse:
         seg = cfg.segmenter
         self.events = EventSegmenter(self.text_encoder, self.captioner, window=seg.window, tau=seg.tau,
                                      min_depth=seg.min_depth, max_event=seg.max_event, drift=seg.drift,
-                                     backend=cfg.backend)
+                                     flash=seg.flash, backend=cfg.backend)
         self._open: list[FrameRecord] = []  # frames pushed to the segmenter and not yet in a closed event
         self._open_first = 0  # segmenter index of _open[0]
 
