@@ -77,11 +77,11 @@ test: build
 
 # Full run: rewrites the committed record (bench/RESULTS.md, bench/plots/).
 bench: build
-	$(PY) bench/run.py $(BENCH_ARGS)
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 # Smoke run: writes bench/results/quick/ (git-ignored) and never touches the record.
 bench-quick: build
-	$(PY) bench/run.py --quick $(BENCH_ARGS)
+	$(PY) -m bench.run --quick $(BENCH_ARGS)
 
 # The wheels bench/gpu.sh installs on the GPU machine (no network there): see README "GPU run".
 gpu-carry:

@@ -1,4 +1,4 @@
-"""pytest plugin loaded by bench/run.py (``-p _progress``): progress events of a suite.
+"""pytest plugin loaded by bench/run.py (``-p bench._progress``): progress events of a suite.
 
 run.py captures a suite's output to summarise it, so without these a long suite
 is silent for minutes.  One line per event (``collected N``, ``start NODEID``,

@@ -6,28 +6,24 @@ caches and TLB.  This builds one tree (the same synthetic hierarchy, seed 4) and
 queries in a loop, so that two builds of the C++ module (which must not share a process) can be
 compared in alternating processes:
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/beam_one_tree.py [--tree PATH] [--half] [--seconds 12]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/beam_one_tree.py [--half] [--seconds 12]
 
-``--tree`` imports streammem_kernels from another checkout (its modules built in place).
+Another checkout (its modules built in place) is measured by putting it first on the path:
+``PYTHONPATH=OTHER:OTHER/python .venv/bin/python bench/beam_one_tree.py``.
 Prints wall p20 / p50 / p80 in µs per call and the number of calls.
 """
 import argparse
 import os
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-ap.add_argument("--tree", default=os.path.dirname(HERE), help="checkout to import (default: this one)")
 ap.add_argument("--half", action="store_true", help="CosineTree(half_scan=True)")
 ap.add_argument("--seconds", type=float, default=12.0)
 args = ap.parse_args()
-sys.path[:0] = [args.tree, os.path.join(args.tree, "python"), HERE]
 
 import numpy as np  # noqa: E402
 
-import bench_latency as bl  # noqa: E402
+import bench_latency as bl  # noqa: E402  (bench/bench_latency.py, next to this file)
 import streammem_kernels as sk  # noqa: E402
 
 keys, queries = bl.hierarchy(1_000_000, seed=4)

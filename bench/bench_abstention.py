@@ -50,7 +50,6 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 
 from streammem import HashingTextEncoder, StreamMemory  # noqa: E402
 from streammem.components.answers import (  # noqa: E402

@@ -28,29 +28,19 @@ Groups
   the torch reference on the GPU.
 """
 import os
-import sys
 import time
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "kernels",
-                                "boundaries"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _device import gpu_params, require_gpu, synced  # noqa: E402
+from bench._device import gpu_params, require_gpu, synced  # noqa: E402
 from streammem_kernels import StreamingSegmenter, adjacent_cosine, detect_boundaries  # noqa: E402
 from streammem_kernels.samples import read_video  # noqa: E402
-from test_boundaries import (  # noqa: E402
-    BIKES_CUTS,
-    bikes_path,
-    boundaries_of,
-    efficientnet_lite0_features,
-    f1_score,
-    python_segment,
-)
+from tests.support.bikes import (BIKES_CUTS, bikes_path, boundaries_of, efficientnet_lite0_features,  # noqa: E402
+                                 f1_score)
+from tests.support.python_segmenter import python_segment  # noqa: E402
 
 QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"
 D = 768

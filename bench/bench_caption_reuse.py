@@ -31,15 +31,12 @@ import argparse
 import glob
 import importlib.util
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from streammem.models.caption_reuse import PromptPrefixCache, update_caption  # noqa: E402
 
 QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"

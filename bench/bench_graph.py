@@ -43,8 +43,7 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _device import gpu_params, require_gpu, synced  # noqa: E402
+from bench._device import gpu_params, require_gpu, synced  # noqa: E402
 from streammem_kernels import CSRGraph, graph_retrieve, khop_neighbourhood  # noqa: E402
 
 scipy_sparse = pytest.importorskip("scipy.sparse")

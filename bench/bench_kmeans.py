@@ -46,7 +46,7 @@ import numpy as np
 import pytest
 import torch
 
-from _device import faiss_gpu_resources, gpu_params, require_gpu, synced
+from bench._device import faiss_gpu_resources, gpu_params, require_gpu, synced
 from streammem_kernels import KMeans, batched_kmeans
 from streammem_kernels.kmeans import assign_torch, distance_to_own_centre, initial_centres, select_backend
 

@@ -1,4 +1,4 @@
-"""Single-item latency (issue 15): one query, one push, one frame pair, next to the native kernel and faiss.
+"""Single-item latency: one query, one push, one frame pair, next to the native kernel and faiss.
 
 Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/bench_latency.py [--quick] [--out bench/results/latency.md]
       (``--tables tree --tree-sizes 1000000``: the 10^6-leaf tree row alone, two trees, ~8 GB and ~1 min)
@@ -39,14 +39,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import time
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 import streammem_kernels as sk  # noqa: E402
 from streammem_kernels.runtime.dispatch import load_native  # noqa: E402

@@ -38,9 +38,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _device import gpu_params, require_gpu, synced  # noqa: E402
+from bench._device import gpu_params, require_gpu, synced  # noqa: E402
 from streammem_kernels import linear_token_logprobs, token_logprobs  # noqa: E402
 
 QUICK = os.environ.get("STREAMMEM_BENCH_QUICK") == "1"

@@ -17,16 +17,14 @@ In a GPU run (``STREAMMEM_BENCH_DEVICE=cuda``, see bench/_device.py) the
 CUDA C++ and the torch reference) on the same frames.
 """
 import os
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from _device import gpu_params, require_gpu, synced  # noqa: E402
-from motion_baselines import seed_style_flow  # noqa: E402
+from bench._device import gpu_params, require_gpu, synced  # noqa: E402
+from tests.support.motion_baselines import seed_style_flow  # noqa: E402
 from streammem import MotionGate  # noqa: E402
 from streammem_kernels import motion_magnitude  # noqa: E402
 from streammem_kernels.runtime.dispatch import load_native  # noqa: E402
@@ -72,10 +70,7 @@ def test_ours_cpp(benchmark, clip):
 
 
 def test_ours_cpp_single_scale(benchmark, clip):
-    """The single-scale kernel (StreamChat's literal statistic): the pyramid's cost reference.
-    Issue 14 allows the default pyramid 1.5x the single scale's cost on the day the issue was
-    filed; that build is measured by bench/motion_cost_vs_commit.py (this kernel has since got
-    faster, so the ratio to it here is higher)."""
+    """The single-scale kernel (StreamChat's literal statistic): the pyramid's cost reference."""
     size, gray = clip
     frames = torch.from_numpy(gray)
     _run(benchmark, lambda: motion_magnitude(frames, levels=1, statistic="textured", backend="cpp"), T - 1,
@@ -186,7 +181,7 @@ def test_known_shift_accuracy(benchmark, provider, frame):
     right by known shifts; ``extra_info`` holds each provider's reading (ours: the textured mean;
     DIS: the mean |flow| over the pixels whose source stays in the frame; PyrLK: the mean |flow| of
     the tracked grid points whose source stays in the frame).  The timed call is one pair."""
-    from motion_clips import shifted_pair
+    from tests.support.motion_clips import shifted_pair
 
     h, w = KNOWN_SHIFT_FRAMES[frame]
     pairs = {d: shifted_pair(d, 0.0, h=h, w=w, sigma=1.5, pad=48) for d in SHIFTS}
@@ -307,9 +302,8 @@ def test_gate_stream_opencv_dis(benchmark, rgb_clip, length):
 
 
 # --------------------------------------------------------------------------
-# Single-threaded side by side against today's single scale (issue 14's cost target is against the single
-# scale of the day the issue was filed: bench/motion_cost_vs_commit.py), outside pytest:
-#   OMP_NUM_THREADS=1 .venv/bin/python bench/bench_motion.py
+# Single-threaded side by side against the single scale, outside pytest:
+#   OMP_NUM_THREADS=1 .venv/bin/python -m bench.bench_motion
 # CPU time per pair (time.process_time, one OpenMP / torch / OpenCV thread), rounds
 # interleaved so that every case sees the same machine load.
 # --------------------------------------------------------------------------

@@ -36,13 +36,11 @@ without supersession.  torch runs on one intra-op thread (the
 machine has two cores and is shared).
 """
 import os
-import sys
 import time
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from streammem.models.encoders import HashingTextEncoder  # noqa: E402
 from streammem.recipes.prostream import ProStreamConfig, evaluate, synthetic_dialogue  # noqa: E402
 

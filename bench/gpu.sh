@@ -66,7 +66,7 @@ fi
 
 echo "bench/gpu.sh: benchmark suites with STREAMMEM_BENCH_DEVICE=cuda"
 bench_status=0
-"$PY" bench/run.py --gpu ${run_args[@]+"${run_args[@]}"} || bench_status=$?
+"$PY" -m bench.run --gpu ${run_args[@]+"${run_args[@]}"} || bench_status=$?
 
 echo "bench/gpu.sh: done (tests exit code $tests_status, benchmarks exit code $bench_status); results in" \
      "bench/results/, report in bench/RESULTS.md"

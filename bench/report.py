@@ -50,7 +50,7 @@ OUTPUTS = {
 }
 QUICK_HEADER = """# Quick benchmark run (smoke test, not the record)
 
-Written by `make bench-quick` (`python bench/run.py --quick`): small sizes and
+Written by `make bench-quick` (`python -m bench.run --quick`): small sizes and
 few rounds, to check that every suite runs. This file and its plots are
 git-ignored; the committed record is `bench/RESULTS.md`, written by full runs
 only.
@@ -545,7 +545,7 @@ def describe_run(doc: dict, results_md_dir: str) -> list[str]:
     lines = [f"- Machine: `{meta.get('machine')}`: {meta.get('cpu_model', '?')}, {meta.get('cores', '?')} cores"
              + (f", GPU {meta['gpu']}" if meta.get("gpu") else ", no GPU"),
              f"- Libraries: {libs}" if libs else "- Libraries: not recorded",
-             f"- Command: `{meta.get('command', 'python bench/run.py')}` ({meta.get('mode')} mode), "
+             f"- Command: `{meta.get('command', 'python -m bench.run')}` ({meta.get('mode')} mode), "
              f"started {meta.get('started_utc', doc['_stamp'])}, {meta.get('total_seconds', '?')} s wall"
              + (f", {meta['total_cpu_seconds']} s CPU" if meta.get("total_cpu_seconds") else "") + " in all",
              f"- Load average (1/5/15 min): {meta.get('load_average_before', '?')} before the run, "
@@ -593,7 +593,7 @@ def regression_paragraph(doc: dict, md_dir: str) -> list[str]:
                      f"compared with {', '.join(f'`{c}`' for c in compared)}): {verdict}")
     else:
         lines.append("Regression check: no committed baseline of this machine and mode in `bench/baseline/` and no "
-                     "earlier run in `bench/results/` (`python bench/run.py --save-baseline` writes the baseline to "
+                     "earlier run in `bench/results/` (`python -m bench.run --save-baseline` writes the baseline to "
                      "commit).")
     if regressions:
         lines += [""] + [f"- {line}" for line in regressions]
@@ -690,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [view for view in (combined_run(docs, "cpu", args.baseline_dir), combined_run(docs, "gpu", args.baseline_dir))
             if view is not None]
     if not runs:
-        print(f"[report] no {args.mode} bench/run.py results in {args.results_dir}; run `python bench/run.py"
+        print(f"[report] no {args.mode} bench/run.py results in {args.results_dir}; run `python -m bench.run"
               + (" --quick" if args.mode == "quick" else "") + "` first")
         return 1
     plots: list[tuple[str, str]] = []

@@ -1,12 +1,12 @@
 """Run every benchmark suite in ``bench/`` and regenerate the report of the run's mode.
 
-    python bench/run.py                 # full run (up to ~45 min on 2 cores) -> bench/RESULTS.md, bench/plots/
-    python bench/run.py --quick         # smoke run: small sizes, few rounds (< 3 min on 2 idle cores)
+    python -m bench.run                 # full run (up to ~45 min on 2 cores) -> bench/RESULTS.md, bench/plots/
+    python -m bench.run --quick         # smoke run: small sizes, few rounds (< 3 min on 2 idle cores)
                                         #   -> bench/results/quick/RESULTS.md and plots/ (git-ignored)
-    python bench/run.py --only motion kmeans
-    python bench/run.py --gpu           # on a CUDA machine (bench/gpu.sh calls this)
-    python bench/run.py --save-baseline # also write bench/baseline/<machine>-<mode>.json to commit
-    python bench/run.py --only tree --save-baseline   # re-measure one suite, replace it in the baseline
+    python -m bench.run --only motion kmeans
+    python -m bench.run --gpu           # on a CUDA machine (bench/gpu.sh calls this)
+    python -m bench.run --save-baseline # also write bench/baseline/<machine>-<mode>.json to commit
+    python -m bench.run --only tree --save-baseline   # re-measure one suite, replace it in the baseline
 
 Each ``bench/bench_<suite>.py`` runs with pytest-benchmark in its own subprocess,
 so a crash, a missing optional peer or a timeout in one suite is reported and the
@@ -48,20 +48,20 @@ import sys
 import tempfile
 import time
 
+from bench import report
+
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
 RESULTS_DIR = os.path.join(BENCH_DIR, "results")
-sys.path.insert(0, BENCH_DIR)
-import report  # noqa: E402  (bench/report.py, next to this file)
 
 # Suites left out of --quick, with the reason printed when they are skipped.  Each
 # entry was measured: the whole quick run has to stay under 3 minutes on 2 cores.
 QUICK_SKIPS: dict[str, str] = {
     "distributed": "starts a Ray cluster and shard actors with the real models, streams for seconds per grid "
-                   "point: about 10 min on 2 cores (2026-11-23); run `python bench/run.py --only distributed`",
-    "caption_reuse": "decodes with SmolLM2-135M: 72 s alone with STREAMMEM_BENCH_QUICK=1 on 2 idle cores "
-                     "(2026-11-23), which would take the quick run past 3 minutes; run "
-                     "`python bench/run.py --only caption_reuse`",
+                   "point: about 10 min on 2 cores; run `python -m bench.run --only distributed`",
+    "caption_reuse": "decodes with SmolLM2-135M: 72 s alone with STREAMMEM_BENCH_QUICK=1 on 2 idle cores, "
+                     "which would take the quick run past 3 minutes; run "
+                     "`python -m bench.run --only caption_reuse`",
 }
 # Cases left out of --quick within a suite (a pytest -k expression), with the reason.
 QUICK_SELECT: dict[str, tuple[str, str]] = {
@@ -250,9 +250,8 @@ def run_suite(suite: str, json_path: str, quick: bool, gpu: bool, timeout_s: flo
     env.pop("TRITON_INTERPRET", None)  # benchmarks time compiled code, never the interpreter
     if gpu:
         env["STREAMMEM_BENCH_DEVICE"] = "cuda"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (BENCH_DIR, env.get("PYTHONPATH")) if p)  # for -p _progress
     cmd = [sys.executable, "-m", "pytest", path or os.path.join("bench", f"bench_{suite}.py"), "-q",
-           "-p", "no:cacheprovider", "-p", "_progress",
+           "-p", "no:cacheprovider", "-p", "bench._progress",  # python -m puts the root (cwd) on sys.path
            "--benchmark-only", f"--benchmark-json={json_path}", "--benchmark-disable-gc",
            *(QUICK_ROUND_ARGS if quick else FULL_ROUND_ARGS)]
     if quick and suite in QUICK_SELECT:
@@ -347,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_tag(args.gpu)
     os.makedirs(RESULTS_DIR, exist_ok=True)
     out_path = os.path.join(RESULTS_DIR, f"{machine}-{mode}-{started:%Y-%m-%dT%H%M%SZ}.json")
-    command = "python bench/run.py" + (" --quick" if args.quick else "") + (" --gpu" if args.gpu else "") + \
+    command = "python -m bench.run" + (" --quick" if args.quick else "") + (" --gpu" if args.gpu else "") + \
         (" --only " + " ".join(args.only) if args.only else "")
     load_before = load_average()
 

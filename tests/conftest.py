@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-    import interpreter_speedup
+    from tests.support import interpreter_speedup
 
     interpreter_speedup.install()  # tl.sum & co. re-patch triton.language on every call otherwise
 
@@ -40,26 +40,6 @@ def _is_cuda(value) -> bool:
     if isinstance(value, torch.device):
         return value.type == "cuda"
     return isinstance(value, str) and value.split(":")[0] == "cuda"
-
-
-def cpu_backends(op) -> list[str]:
-    """Backends of `op` to compare against the reference on CPU tensors."""
-    names = ["torch"]
-    if "cpp" in op.impls:
-        reasons = op.reasons("cpp", torch.device("cpu"))
-        if not reasons:
-            names.append("cpp")
-        elif os.environ.get("STREAMMEM_REQUIRE_CPP") == "1":
-            raise RuntimeError("C++ backend required but unavailable: " + "; ".join(reasons))
-    if "triton" in op.impls and not op.reasons("triton", torch.device("cpu")):
-        names.append("triton")
-    return names
-
-
-def gpu_backends(op) -> list[str]:
-    if not torch.cuda.is_available():
-        return []
-    return [b for b in ("torch", "triton", "cuda") if b in op.impls and not op.reasons(b, torch.device("cuda"))]
 
 
 @pytest.fixture(autouse=True)

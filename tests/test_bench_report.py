@@ -5,13 +5,11 @@ import copy
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
-import report  # noqa: E402
+from bench import report
 
 HAND_WRITTEN = """# Benchmark results
 
@@ -35,7 +33,7 @@ def _bench(name, group, mean, median=None, **extra_info):
 def _doc(benchmarks, machine="cpu2c-test", mode="quick"):
     return {"machine_info": {}, "benchmarks": benchmarks,
             "streammem": {"machine": machine, "kind": "cpu", "mode": mode, "cpu_model": "Test CPU", "cores": 2,
-                          "libraries": {"torch": "2.13.0"}, "command": "python bench/run.py --quick",
+                          "libraries": {"torch": "2.13.0"}, "command": "python -m bench.run --quick",
                           "started_utc": "2026-11-23T12:00:00+00:00", "suites": []}}
 
 
@@ -395,7 +393,7 @@ def test_quick_report_never_touches_the_full_record(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------
 # bench/run.py: progress of a running suite, and where a quick run writes
 # --------------------------------------------------------------------------
-import run  # noqa: E402  (bench/run.py)
+from bench import run  # noqa: E402
 
 TINY_SUITE = '''
 import time

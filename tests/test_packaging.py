@@ -164,7 +164,7 @@ def test_sdist_holds_every_source_test_and_bench_file(sdist):
         files = {m.name[len(top) + 1:] for m in tar.getmembers() if m.isfile()}
     for needed in ("LICENSE", "README.md", "pyproject.toml", "setup.py", "MANIFEST.in", "Makefile",
                    "requirements-dev.txt", "csrc/cuda/motion.cu", "csrc/cpu/common.h", "tests/conftest.py",
-                   "tests/motion_baselines.py", "streammem_kernels/runtime/dispatch.py",
+                   "tests/support/motion_baselines.py", "streammem_kernels/runtime/dispatch.py",
                    "python/streammem/cli/__init__.py"):
         assert needed in files, needed
     assert not [f for f in files if f.endswith((".so", ".o", ".pyc")) or f.startswith((".venv/", "build/"))]

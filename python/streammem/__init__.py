@@ -57,7 +57,8 @@ _HOMES = {
     ".components.memory": ("Captioner", "FrameRecord", "LabelCaptioner", "LongTermMemory", "MemoryNode",
                            "ShortTermMemory"),
     ".components.timeref": ("TimeReference", "parse_time_reference"),
-    ".stream.memory": ("Context", "PushResult", "StreamMemory"),
+    ".stream.context": ("Context", "PushResult"),
+    ".stream.memory": ("StreamMemory",),
     ".stream.pipeline": ("PipelineStopped", "StreamPipeline"),
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}

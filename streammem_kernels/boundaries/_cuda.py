@@ -11,7 +11,7 @@ from ..runtime import cuda as native_cuda
 from ..runtime.cuda import F64, I32, I64, P
 from ..runtime.dispatch import load_native
 
-# The launchers of csrc/cuda/boundaries.cu: {function: (restype, argtypes)} (tests/test_cuda_compile.py checks that
+# The launchers of csrc/cuda/boundaries.cu: {function: (restype, argtypes)} (tests/gpu_readiness/test_cuda_compile.py checks that
 # a build exports exactly these).
 PROTOTYPES = {
     "streammem_boundaries_stream_step": (I32, (P, P, P, P, P, P, P, P, I64, I64, I64, I64, F64,

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 # The hot kernels must stay within 128 registers and not spill on sm_80/sm_90
-# (tests/test_triton_compile.py).  No kernel promises bit-identical decisions:
+# (tests/gpu_readiness/test_triton_compile.py).  No kernel promises bit-identical decisions:
 # the centre sums are float32 here, float64 in the reference.
 # "spills": bytes (stored + loaded) that Triton 3.6 (the GPU image's compiler) spills on sm_80/sm_90
 # where Triton 3.9 spills none; allowed until a GPU run measures their cost (bench/gpu.sh).

@@ -59,7 +59,7 @@ class LinearConfig(NamedTuple):
 # cannot be pipelined through shared memory, so those launches take one stage
 # and a smaller 16-bit tile.  Every entry compiles for sm_80 and sm_90 with zero
 # spills, <= 128 registers and <= 48 KB of shared memory (sm_86/sm_89 cards
-# included): `python -m streammem_kernels.runtime.aot check tests/triton_scenarios.py
+# included): `python -m streammem_kernels.runtime.aot check tests/gpu_readiness/triton_scenarios.py
 # --only logprobs` prints the figures.
 LINEAR_CONFIGS = {
     (torch.float16, True): LinearConfig(block_t=64, block_v=128, block_h=32, num_warps=8, num_stages=3),

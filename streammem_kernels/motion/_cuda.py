@@ -16,7 +16,7 @@ from ..runtime.cuda import F32, I32, I64, P
 from ..runtime.dispatch import load_native
 from .reference import GUESS_BOX, SEARCH_QUANT, shift_of_sads, to_unit_float
 
-# The launchers of csrc/cuda/motion.cu: {function: (restype, argtypes)} (tests/test_cuda_compile.py checks that
+# The launchers of csrc/cuda/motion.cu: {function: (restype, argtypes)} (tests/gpu_readiness/test_cuda_compile.py checks that
 # a build exports exactly these).
 PROTOTYPES = {
     "streammem_motion_products": (I32, (P, P, I32, P, I64, I64, I64, F32, P)),

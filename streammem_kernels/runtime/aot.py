@@ -31,8 +31,8 @@ PTX).  :func:`check_report` turns a report into a list of violations.
 Command line (``python -m streammem_kernels.runtime.aot --help``)::
 
     # both phases: record the scenarios (interpreted subprocess), compile, check
-    python -m streammem_kernels.runtime.aot check tests/triton_scenarios.py --arch 80 90 --out report.json
-    python -m streammem_kernels.runtime.aot record tests/triton_scenarios.py --out launches.json   # phase 1 only
+    python -m streammem_kernels.runtime.aot check tests/gpu_readiness/triton_scenarios.py --arch 80 90 --out report.json
+    python -m streammem_kernels.runtime.aot record tests/gpu_readiness/triton_scenarios.py --out launches.json   # phase 1 only
     python -m streammem_kernels.runtime.aot compile launches.json --arch 80 90 --out report.json   # phase 2 only
     python -m streammem_kernels.runtime.aot table report.json
 
@@ -347,7 +347,7 @@ def check_report(results: list[dict], launches: list[dict], inventory: dict[str,
     problems = []
     launched = {l["kernel"] for l in launches}
     for kernel in sorted(set(inventory) - launched):
-        problems.append(f"{kernel}: no scenario launches it (add one to tests/triton_scenarios.py)")
+        problems.append(f"{kernel}: no scenario launches it (add one to tests/gpu_readiness/triton_scenarios.py)")
     for kernel in sorted(launched - set(inventory)):
         problems.append(f"{kernel}: launched but not in the kernel inventory")
     for launch in launches:
@@ -439,13 +439,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m streammem_kernels.runtime.aot", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="compile recorded launches for GPU targets and check them")
-    c.add_argument("launches", help="JSON file written by the record phase (tests/test_triton_compile.py)")
+    c.add_argument("launches", help="JSON file written by the record phase (tests/gpu_readiness/test_triton_compile.py)")
     c.add_argument("--arch", type=int, nargs="+", default=[80, 90], help="compute capabilities (80 = A100, 90 = H100)")
     c.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     c.add_argument("--out", help="write the full report (JSON) here")
     c.set_defaults(record=False)
     k = sub.add_parser("check", help="record the scenarios (interpreted subprocess), then compile and check")
-    k.add_argument("scenarios", help="scenarios file (tests/triton_scenarios.py)")
+    k.add_argument("scenarios", help="scenarios file (tests/gpu_readiness/triton_scenarios.py)")
     k.add_argument("--arch", type=int, nargs="+", default=[80, 90])
     k.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     k.add_argument("--out", help="write the full report (JSON) here")

@@ -3,7 +3,7 @@
 Each module is a plain shared library ``streammem_kernels/_cuda_<op>*.so`` with
 a C ABI (see csrc/cuda/common.cuh), built by setup.py with nvcc alone -- no
 CUDA torch is needed at build time, so the whole module compiles and links on
-machines without a GPU (and is checked there by tests/test_cuda_compile.py).
+machines without a GPU (and is checked there by tests/gpu_readiness/test_cuda_compile.py).
 It is loaded here with ctypes, once, on first use.
 
 Each op declares its exported functions in a ``PROTOTYPES`` table beside its CUDA

@@ -1,4 +1,4 @@
-"""How the CUDA modules are compiled (shared by setup.py and tests/test_cuda_compile.py).
+"""How the CUDA modules are compiled (shared by setup.py and tests/gpu_readiness/test_cuda_compile.py).
 
 Standard library only: setup.py loads this file by path, before the package
 (and torch) can be imported.  One nvcc invocation per ``csrc/cuda/<op>.cu``

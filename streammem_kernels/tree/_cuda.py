@@ -12,7 +12,7 @@ from ..runtime import cuda as native_cuda
 from ..runtime.cuda import I32, I64, P
 from ..runtime.dispatch import load_native
 
-# The launchers of csrc/cuda/tree.cu: {function: (restype, argtypes)} (tests/test_cuda_compile.py checks that
+# The launchers of csrc/cuda/tree.cu: {function: (restype, argtypes)} (tests/gpu_readiness/test_cuda_compile.py checks that
 # a build exports exactly these).
 PROTOTYPES = {
     "streammem_tree_greedy": (I32, (P, I64, P, P, P, I64, P, I64, I64, I32, P, P, P, P, P)),

@@ -62,7 +62,7 @@ _ROW_BLOCK_MAX_K_PAD = 64
 # (candidates, D) tile shapes by rows per program.  On a GPU the (rows x candidates x D)
 # product tiles hold 2048 to 4096 elements over 8 warps, 8 to 16 per thread: at most 110
 # registers and no spills on sm_80/sm_90 (python -m streammem_kernels.runtime.aot check
-# tests/triton_scenarios.py --only tree); gathered rows cost a 64-bit address per element,
+# tests/gpu_readiness/triton_scenarios.py --only tree); gathered rows cost a 64-bit address per element,
 # and the blocks of 16 rows with 4096 elements took 170 registers.  The interpreter pays
 # per operation, not per element (a reduction costs milliseconds): there the tiles are 16
 # to 32 times larger, so that the test suite can afford every case; the code and the

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 import streammem.cli
-from clips import write_clip
+from tests.support.clips import write_clip
 from streammem.cli import EXIT_INTERRUPTED, SUBCOMMANDS, build_parser, main
 from streammem.cli.command import COMMON_FLAGS
 from streammem.cli.run import print_text_report, run_video

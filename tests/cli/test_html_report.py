@@ -20,8 +20,8 @@ import cv2
 import numpy as np
 import pytest
 
-from clips import write_clip
-from headless_browser import Browser, find_chromium
+from tests.support.clips import write_clip
+from tests.support.headless_browser import Browser, find_chromium
 from streammem.cli import build_parser, main
 from streammem.cli.run import run_video
 from streammem.config import InjectorConfig, ShortTermConfig

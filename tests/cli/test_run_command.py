@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clips import SCENES, scene_at, write_clip
+from tests.support.clips import SCENES, scene_at, write_clip
 from streammem.cli import build_parser, main
 from streammem.cli.run import (
     GENERIC_QUESTIONS, QUERY_FIELDS, SUMMARY_FIELDS, format_ranges, print_text_report, run_video, speed_advice,

@@ -10,7 +10,7 @@ import torch
 from streammem_kernels import checkpoint
 from streammem_kernels.checkpoint import HEADER_BYTES, StateReader
 
-from kill_points import kill_writer
+from tests.support.kill_points import kill_writer
 
 
 def _state(i: int, n: int = 1000) -> dict:

@@ -412,7 +412,7 @@ def test_bad_input_raises_value_error_naming_it(small):
 # ---- a real (synthetic) video file through the CLI ----------------------------------------------
 def test_cli_on_a_clip_with_known_scenes(tmp_path, capsys):
     """PixelEncoder labels each frame with its colour; asking for the blue screen must land in the blue scene."""
-    from clips import SCENES, scene_at, write_clip
+    from tests.support.clips import SCENES, scene_at, write_clip
 
     path = write_clip(tmp_path / "scenes.avi", fps=10.0)
     argv = ["videoagent", str(path), "--frame-encoder", "pixel", "--text-encoder", "hashing", "--fps", "5",

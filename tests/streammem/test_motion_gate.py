@@ -1,10 +1,10 @@
-"""The motion gate on labelled synthetic clips (tests/motion_clips.py): a static camera with
+"""The motion gate on labelled synthetic clips (tests/support/motion_clips.py): a static camera with
 known moving objects.  Ground truth is which frames contain motion; the presets must keep those
 (one small object moving on a static camera) and drop a static scene."""
 import numpy as np
 import pytest
 
-from motion_clips import MovingObject, moving_object_clip
+from tests.support.motion_clips import MovingObject, moving_object_clip
 from streammem import MemoryConfig
 from streammem import PRESETS, MotionGate
 from streammem_kernels import motion_magnitude
@@ -61,11 +61,11 @@ def test_presets_order_objects_by_size_and_speed():
 
 
 def test_scene_cuts_are_kept(tmp_path):
-    """tests/clips.py: four 10 s scenes (red, green moving; blue still; yellow moving) decoded at
+    """tests/support/clips.py: four 10 s scenes (red, green moving; blue still; yellow moving) decoded at
     2 fps and 320 px as `streammem run` does: the base gate keeps the first frame of every scene
     (a cut is motion everywhere, even into a still scene) and drops the still scene's others."""
     pytest.importorskip("cv2")
-    from clips import write_clip
+    from tests.support.clips import write_clip
     from streammem import VideoSource
 
     path = write_clip(tmp_path / "scenes.avi")

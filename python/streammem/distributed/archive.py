@@ -42,7 +42,8 @@ import numpy as np
 from ..checkpoint import atomic_write
 from ..config import MemoryConfig
 from ..models.encoders import encoder_spec, resolve_encoder
-from ..stream.memory import Context, StreamMemory
+from ..stream.context import Context
+from ..stream.memory import StreamMemory
 from ._threads import configure_threads
 
 __all__ = ["index_archive", "index_video", "ArchiveResult", "VideoMemory", "video_id"]

@@ -50,7 +50,8 @@ from ..components.answers import NOT_IN_MEMORY_ANSWER, Outcome
 from ..components.knowledge import InstantaneityScorer
 from ..config import MemoryConfig
 from ..models.encoders import EncodedFrames, encode_frames, encode_texts, resolve_encoder
-from ..stream.memory import Context, StreamMemory
+from ..stream.context import Context
+from ..stream.memory import StreamMemory
 from ._threads import ensure_thread, thread_settings
 
 __all__ = ["ShardMemory", "SearchHit", "stream_shard_class"]

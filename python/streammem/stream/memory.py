@@ -52,7 +52,6 @@ import math
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -64,20 +63,22 @@ from ..checkpoint import atomic_write
 from ..checks import is_real
 from ..components.answers import (
     NOT_IN_MEMORY_ANSWER, Calibration, Outcome, WordVectors, answer_features, choose_basis, content_words, grounding,
-    proper_names, short_term_text,
+    proper_names,
 )
 from ..components.bounded import BoundedMemory
 from ..components.gate import MotionGate
 from ..components.knowledge import DialogueMemory, EventSegmenter, InstantaneityScorer, KnowledgeInjector
 from ..components.memory import (
-    FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory, caption_text, check_query_embedding,
+    FrameRecord, LabelCaptioner, LongTermMemory, ShortTermMemory, check_query_embedding,
 )
-from ..components.timeref import TimeReference, best_in_window, parse_time_reference
+from ..components.timeref import TimeReference, parse_time_reference
 from ..config import MemoryConfig, Preset
 from ..models.encoders import EncodedFrames, encode_frames, encoder_spec, encoders_from_specs
+from .basis import candidates as basis_candidates, time_basis
 from .calibration import default_calibration
+from .context import Context, PushResult, node_view
 
-__all__ = ["StreamMemory", "Context", "PushResult"]
+__all__ = ["StreamMemory"]
 
 _FORMAT = "streammem.StreamMemory"
 _VERSION = 1
@@ -86,86 +87,6 @@ _INFO_FILE = "memory.json"
 MAX_FEATURE_ABS = 1e15  # float32 squared distances of D <= 4096 such features over 10^4 rows stay finite
 _STATE_KEYS = ("config", "encoders", "counters", "stream_time", "timings", "gate", "short_term", "long_term",
                "events", "bounded", "dialogue")
-
-
-@dataclass
-class Context:
-    """The assembled context for one question, its timings and optional answer.
-
-    ``rpd_s`` is the request processing delay: from submission (or, for a
-    question scheduled at a stream time, from its release at that time) until
-    the context is ready; the answer hook's time is reported apart.
-
-    ``knowledge_best``: the knowledge base's best event for the question
-    (cosine; injected or not).  ``basis``: what the answer rests on -- ``{source, t_start, t_end, text,
-    score}`` (source short_term, tree or knowledge; ``node`` / ``event`` its
-    id), or None when nothing can answer.  ``time_reference``: the question's
-    time reference, its window and anchor (None without one).  ``features``,
-    ``confidence`` (in [0, 1]: the calibrated probability that the basis
-    answers the question) and ``outcome`` (``Outcome``) are the memory's
-    decision (module docstring).
-    """
-
-    question: str
-    stream_time: float | None
-    short_term: list[dict]
-    tree_path: list[dict]
-    tree_best: dict | None
-    tree_centres: list[torch.Tensor]
-    dialogue: list[dict]
-    knowledge: list[dict]
-    injection: dict
-    timings: dict
-    rpd_s: float
-    answer: str | None = None
-    answer_s: float | None = None
-    knowledge_best: dict | None = None
-    basis: dict | None = None
-    time_reference: dict | None = None
-    features: dict = field(default_factory=dict)
-    confidence: float = 0.0
-    outcome: Outcome = Outcome.NOT_IN_MEMORY
-
-    def to_dict(self) -> dict:
-        """JSON-friendly view (centres summarised by their shapes)."""
-        return {
-            "question": self.question,
-            "stream_time": self.stream_time,
-            "short_term": self.short_term,
-            "tree_path": self.tree_path,
-            "tree_best": self.tree_best,
-            "tree_centres": [list(c.shape) for c in self.tree_centres],
-            "dialogue": self.dialogue,
-            "knowledge": self.knowledge,
-            "injection": self.injection,
-            "timings_ms": {k: round(1e3 * v, 3) for k, v in self.timings.items()},
-            "rpd_ms": round(1e3 * self.rpd_s, 3),
-            "answer": self.answer,
-            "knowledge_best": self.knowledge_best,
-            "outcome": Outcome(self.outcome).value,
-            "confidence": round(self.confidence, 4),
-            "basis": self.basis,
-            "time_reference": self.time_reference,
-            "features": {k: round(v, 4) for k, v in self.features.items()},
-        }
-
-
-@dataclass
-class PushResult:
-    """What one ``push`` did: frames received, stream indices kept, nodes created, events closed."""
-
-    frames: int
-    kept: list[int]
-    nodes: int
-    events: int
-
-
-def _node_view(node, score: float | None = None) -> dict:
-    view = {"node": node.node_id, "level": node.level, "t_start": round(node.t_start, 3),
-            "t_end": round(node.t_end, 3), "caption": node.caption}
-    if score is not None:
-        view["score"] = round(score, 4)
-    return view
 
 
 def _check_frames(frames, *, batched: bool):
@@ -559,13 +480,13 @@ class StreamMemory:
             injection = self.injector.select(question, q)
             best_event = self.knowledge_base.search(q, 1)
             t5 = time.perf_counter()
-            tree_path = [_node_view(n, s) for n, s in zip(path, scores)]
-            tree_best = _node_view(best, float(best.embedding @ q)) if best is not None else None
+            tree_path = [node_view(n, s) for n, s in zip(path, scores)]
+            tree_best = node_view(best, float(best.embedding @ q)) if best is not None else None
             knowledge = [{"score": round(s, 4), "event": e.event_id, "t_start": round(e.t_start, 3),
                           "t_end": round(e.t_end, 3), "caption": e.caption} for s, e in injection.entries]
             knowledge_best = [{"score": round(s, 4), "event": e.event_id, "t_start": round(e.t_start, 3),
                                "t_end": round(e.t_end, 3), "caption": e.caption} for s, e in best_event]
-            timed = self._time_basis(ref, q, anchor_q, short) if ref is not None else None
+            timed = time_basis(self, ref, q, anchor_q, short) if ref is not None else None
             timings.update(short_term=t2 - t1, tree_search=t3 - t2, dialogue_search=t4 - t3,
                            knowledge_injection=t5 - t4)  # knowledge_best's top-1 search included
             if timed is not None:
@@ -586,73 +507,6 @@ class StreamMemory:
         timings["total"] = ctx.rpd_s
         return ctx
 
-    def _time_units(self) -> list[dict]:
-        """Every leaf of the tree and every knowledge-base event, as units a time reference selects from."""
-        units = [dict(_node_view(n), source="tree", embedding=n.embedding)
-                 for n in self.long_term.nodes.values() if n.level == 0]
-        units += [{"source": "knowledge", "event": e.event_id, "t_start": round(e.t_start, 3),
-                   "t_end": round(e.t_end, 3), "caption": e.caption, "embedding": e.embedding}
-                  for e in self.knowledge_base.entries]
-        return units
-
-    def _time_basis(self, ref: TimeReference, q: torch.Tensor, anchor_q: torch.Tensor | None,
-                    short: list[dict]) -> dict:
-        """The basis inside a time reference's window (under the state lock): ``{"basis", "reference"}``.
-
-        Units: the tree's leaves and the events; when none meets the window,
-        the short-term frames (one unit each).  ``basis`` is None when the
-        window holds nothing, or the anchor of "before X" / "after X" is not
-        in memory.
-        """
-        units = self._time_units()
-        in_memory = units + [{"source": "short_term", "t_start": f["t"], "t_end": f["t"], "frames": [f]}
-                             for f in short]
-        reference = {**ref.to_dict(), "window": None}
-        if not in_memory or self.stream_time is None:
-            return {"basis": None, "reference": {**reference, "reason": "the memory is empty"}}
-        start = min(u["t_start"] for u in in_memory)
-        now = float(self.stream_time)
-        anchor_span = None
-        if ref.anchor is not None:
-            if not units:
-                return {"basis": None, "reference": {**reference, "reason": "no memory to find the anchor in"}}
-            emb = torch.stack([F.normalize(u["embedding"].float(), dim=0) for u in units])
-            anchor_scores = (emb @ anchor_q).tolist()
-            j = max(range(len(units)), key=lambda i: (anchor_scores[i], -i))
-            anchor_text = caption_text(units[j]["caption"])
-            with self._word_lock:
-                features = answer_features(ref.anchor, anchor_text, anchor_scores[j], word_vectors=self.word_vectors)
-            conf, outcome = self.calibration.decide(features)
-            reference["anchor_match"] = {"text": anchor_text, "t_start": units[j]["t_start"],
-                                         "t_end": units[j]["t_end"], "confidence": round(conf, 4)}
-            if outcome != Outcome.ANSWERED:
-                return {"basis": None, "reference": {**reference, "reason": "the anchor is not in memory"}}
-            anchor_span = (units[j]["t_start"], units[j]["t_end"])
-        lo, hi = ref.window(stream_start=start, now=now, anchor_span=anchor_span)
-        reference["window"] = [round(lo, 3), round(hi, 3)]
-        generic = not content_words(ref.question)
-        for pool in (units, [u for u in in_memory if u["source"] == "short_term"]):
-            if not pool:
-                continue
-            if pool is units:
-                emb = torch.stack([F.normalize(u["embedding"].float(), dim=0) for u in pool])
-                scores = (emb @ q).tolist()
-            else:
-                scores = [0.0] * len(pool)
-            i = best_in_window(ref, [u["t_start"] for u in pool], [u["t_end"] for u in pool], scores,
-                               generic=generic, stream_start=start, now=now, anchor_span=anchor_span)
-            if i is not None:
-                u = pool[i]
-                if u["source"] == "short_term":
-                    return {"basis": {"source": "short_term", "t_start": u["t_start"], "t_end": u["t_end"],
-                                      "text": short_term_text(u["frames"]), "score": None},
-                            "reference": reference}
-                basis = {"source": u["source"], "t_start": u["t_start"], "t_end": u["t_end"],
-                         "text": caption_text(u["caption"]), "score": round(scores[i], 4)}
-                basis["node" if u["source"] == "tree" else "event"] = u.get("node", u.get("event"))
-                return {"basis": basis, "reference": reference}
-        return {"basis": None, "reference": {**reference, "reason": "nothing in memory in that span"}}
-
     def _decide(self, ctx: Context, q: torch.Tensor, ref: TimeReference | None, timed: dict | None) -> None:
         """Fill the context's basis, features, confidence and outcome (outside the state lock).
 
@@ -669,7 +523,7 @@ class StreamMemory:
             ctx.time_reference = timed["reference"]
             basis = timed["basis"]
         else:
-            candidates = self._candidates(ctx)
+            candidates = basis_candidates(ctx)
             source, item = choose_basis(ctx)
             basis = None
             if source != "none":
@@ -695,23 +549,6 @@ class StreamMemory:
             ctx.features = answer_features(question, basis["text"], float(basis["score"]),
                                            word_vectors=self.word_vectors)
         ctx.confidence, ctx.outcome = self.calibration.decide(ctx.features)
-
-    @staticmethod
-    def _candidates(ctx: Context) -> list[dict]:
-        """What a context's answer may rest on, as bases: the short-term frames, the tree's best node, the
-        injected events and the knowledge base's best event."""
-        out = []
-        if ctx.short_term:
-            out.append({"source": "short_term", "t_start": ctx.short_term[0]["t"], "t_end": ctx.short_term[-1]["t"],
-                        "text": short_term_text(ctx.short_term), "score": None})
-        if ctx.tree_best is not None:
-            b = ctx.tree_best
-            out.append({"source": "tree", "t_start": b["t_start"], "t_end": b["t_end"],
-                        "text": caption_text(b["caption"]), "score": b.get("score"), "node": b["node"]})
-        for k in ctx.knowledge + ([ctx.knowledge_best] if ctx.knowledge_best is not None else []):
-            out.append({"source": "knowledge", "t_start": k["t_start"], "t_end": k["t_end"],
-                        "text": caption_text(k["caption"]), "score": k.get("score"), "event": k["event"]})
-        return out
 
     def record_answer(self, context: Context, answer: str, *, embedding: torch.Tensor | None = None) -> None:
         """Attach an answer to its context and append the exchange to the dialogue memory."""

@@ -75,7 +75,8 @@ import numpy as np
 from ..checks import check_int, is_real
 from ..components.answers import NOT_IN_MEMORY_ANSWER, Calibration, Outcome
 from ..config import MemoryConfig
-from .memory import Context, StreamMemory
+from .context import Context
+from .memory import StreamMemory
 
 
 __all__ = ["StreamPipeline", "PipelineStopped", "GateBatch"]

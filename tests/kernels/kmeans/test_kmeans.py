@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cpu_backends
-from device_checks import (DEVICES, HAS_CUDA, HostSync, capture_in_cuda_graph, device_backends, guard_backend,
+from tests.support.device_checks import cpu_backends
+from tests.support.device_checks import (DEVICES, HAS_CUDA, HostSync, capture_in_cuda_graph, device_backends, guard_backend,
                            no_host_sync)
 from streammem_kernels import KMeansResult, batched_kmeans, kmeans_frames
 from streammem_kernels.kmeans import LLOYD, initial_centres

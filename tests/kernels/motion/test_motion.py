@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import cpu_backends
-from device_checks import DEVICES, HostSync, capture_in_cuda_graph, device_backends, guard_backend, no_host_sync
-from motion_baselines import seed_style_flow
-from motion_clips import fourier_shift, shifted_pair, smooth_texture
+from tests.support.device_checks import cpu_backends
+from tests.support.device_checks import DEVICES, HostSync, capture_in_cuda_graph, device_backends, guard_backend, no_host_sync
+from tests.support.motion_baselines import seed_style_flow
+from tests.support.motion_clips import fourier_shift, shifted_pair, smooth_texture
 from streammem_kernels import motion_magnitude, select_frames, select_frames_mask
 from streammem_kernels.motion import LK_FLOW
 from streammem_kernels.runtime.dispatch import load_native

@@ -15,7 +15,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from conftest import cpu_backends  # noqa: E402
+from tests.support.device_checks import cpu_backends  # noqa: E402
 from streammem_kernels import motion_magnitude, select_frames  # noqa: E402
 from streammem_kernels.motion import LK_FLOW  # noqa: E402
 from test_motion import assert_matches_reference  # noqa: E402

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from motion_clips import MovingObject, moving_object_clip
+from tests.support.motion_clips import MovingObject, moving_object_clip
 from streammem_kernels import StreamingMotionGate, motion_magnitude, select_frames_mask
 from streammem_kernels.runtime.dispatch import load_native
 

@@ -16,7 +16,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from conftest import cpu_backends  # noqa: E402
+from tests.support.device_checks import cpu_backends  # noqa: E402
 from streammem_kernels import CosineTree, cosine_topk, tree_search
 from streammem_kernels.tree.search import TREE_SEARCH
 from streammem_kernels.tree.topk import COSINE_TOPK  # noqa: E402

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cpu_backends
-from device_checks import DEVICES, HAS_CUDA, capture_in_cuda_graph, device_backends, guard_backend
+from tests.support.device_checks import cpu_backends
+from tests.support.device_checks import DEVICES, HAS_CUDA, capture_in_cuda_graph, device_backends, guard_backend
 from streammem_kernels import CosineTree, cosine_topk, tree_search
 from streammem_kernels.runtime.launch import recording_gpu_launches
 from streammem_kernels.runtime.native import view

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from conftest import cpu_backends
+from tests.support.device_checks import cpu_backends
 from streammem_kernels import CosineTree, cosine_topk, tree_search
 from streammem_kernels.tree.search import TREE_SEARCH
 from streammem_kernels.tree.topk import COSINE_TOPK

@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from conftest import cpu_backends
+from tests.support.device_checks import cpu_backends
 from streammem_kernels import CosineTree, tree_search
 from streammem_kernels.tree.search import TREE_SEARCH
 

@@ -1,4 +1,4 @@
-"""Kernels the compile check must reject (tests/test_triton_compile.py::test_harness_catches_*).
+"""Kernels the compile check must reject (tests/gpu_readiness/test_triton_compile.py::test_harness_catches_*).
 
 Imported by the compile phase, in a process without TRITON_INTERPRET.
 """

@@ -3,7 +3,7 @@ that say why a backend cannot run."""
 import pytest
 import torch
 
-from conftest import cpu_backends
+from tests.support.device_checks import cpu_backends
 from streammem_kernels import motion_magnitude
 from streammem_kernels.runtime.dispatch import BackendFallbackWarning, Op, common_reasons
 from streammem_kernels.motion import LK_FLOW

@@ -1,6 +1,6 @@
 """GPU readiness without a GPU: every Triton kernel, compiled ahead of time for sm_80 and sm_90.
 
-The scenarios of tests/triton_scenarios.py call the public ops with
+The scenarios of tests/gpu_readiness/triton_scenarios.py call the public ops with
 ``backend="triton"`` under the interpreter while their launches are recorded;
 each distinct launch is then compiled for both targets in a process without
 ``TRITON_INTERPRET``, through Triton's own argument binder (so the signature
@@ -30,13 +30,14 @@ pytest.importorskip("triton")
 from streammem_kernels.runtime import aot as _aot  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 ARCHS = (80, 90)
 
 
 def _env_without_interpreter():
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
-    env["PYTHONPATH"] = os.pathsep.join([HERE, env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([HERE, ROOT, env.get("PYTHONPATH", "")])  # aot_canaries, tests.support
     return env
 
 

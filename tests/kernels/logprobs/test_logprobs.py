@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cpu_backends
-from device_checks import DEVICES, capture_in_cuda_graph, device_backends, guard_backend
+from tests.support.device_checks import cpu_backends
+from tests.support.device_checks import DEVICES, capture_in_cuda_graph, device_backends, guard_backend
 from streammem_kernels import divergence_point, linear_token_logprobs, token_logprobs
 from streammem_kernels.logprobs import (
     DIVERGENCE_POINT,
@@ -308,7 +308,7 @@ def test_linear_triton_bf16_against_fp32_reference_of_rounded_inputs(width):
     and strides of the GPU tile shape, the bias, the online log-sum-exp and
     the split merge.  The dot instruction itself (mma / wgmma on bfloat16) is
     checked by the ahead-of-time compile of that exact specialisation
-    (tests/test_triton_compile.py) and run on CUDA tensors by the device tests
+    (tests/gpu_readiness/test_triton_compile.py) and run on CUDA tensors by the device tests
     where a GPU exists.  float16 needs no upcast: the interpreter's float16 dot
     is right, so the float16 cases above run the tensor-core specialisation itself.
     """

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-LABELS_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "data", "boundaries", "scene_cuts.json")
+LABELS_PATH = os.path.join(os.path.dirname(__file__), "..", "data", "boundaries", "scene_cuts.json")
 
 
 @functools.cache

@@ -3,7 +3,7 @@
 Generated shapes (size 1 and odd sizes), dtypes, layouts (contiguous, transposed, sliced, stride 0) and
 extreme values (huge, tiny, NaN/Inf).  The property: every backend returns the reference's answer (decisions
 exactly, values within the op's declared tolerance) or raises the same clear error class (ValueError) the
-reference raises.  Inputs that could hang or kill the process are in tests/test_hostile_inputs_kernels.py,
+reference raises.  Inputs that could hang or kill the process are in tests/kernels/test_hostile_inputs_kernels.py,
 in a subprocess with a timeout.
 
 Examples are derandomised (the same cases on every run, so CI is deterministic) and few: the Triton
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import streammem_kernels as sk  # noqa: E402
-from conftest import cpu_backends  # noqa: E402
+from tests.support.device_checks import cpu_backends  # noqa: E402
 from streammem_kernels import boundaries, graph, kmeans, logprobs  # noqa: E402
 
 PROPERTY = settings(max_examples=15, deadline=None, derandomize=True, database=None,

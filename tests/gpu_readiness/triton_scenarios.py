@@ -1,4 +1,4 @@
-"""Scenarios replayed by the ahead-of-time compile check (tests/test_triton_compile.py).
+"""Scenarios replayed by the ahead-of-time compile check (tests/gpu_readiness/test_triton_compile.py).
 
 Each scenario calls public ops with ``backend="triton"`` the way users do, on
 a realistic grid: the package's working sizes (224-px frames, D = 384/768
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-import interpreter_speedup
+from tests.support import interpreter_speedup
 import streammem_kernels as sk
 
 interpreter_speedup.install()  # the scenarios run interpreted while they are recorded

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import streammem_kernels as sk
-from conftest import cpu_backends
+from tests.support.device_checks import cpu_backends
 from streammem_kernels import boundaries, graph, kmeans, logprobs
 
 SEG_BACKENDS = cpu_backends(boundaries.ADJACENT_COSINE)

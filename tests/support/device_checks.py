@@ -4,6 +4,8 @@
   "cuda" skipped cleanly where no GPU is usable.  On a GPU machine
   (``bench/gpu.sh`` sets ``STREAMMEM_REQUIRE_GPU=1``) a CUDA case that cannot
   run fails instead of skipping.
+* ``cpu_backends(op)`` -- the backends to compare with the reference on CPU tensors
+  (the C++ one required under ``STREAMMEM_REQUIRE_CPP=1``).
 * ``device_backends(op, device)`` -- the backends to compare with the fp32
   reference on that device (on CUDA: triton and cuda where the op has them,
   torch always).
@@ -149,3 +151,17 @@ def capture_in_cuda_graph(fn, warmup: int = 2):
     graph.replay()
     torch.cuda.synchronize()
     return eager, captured
+
+
+def cpu_backends(op) -> list[str]:
+    """Backends of `op` to compare against the reference on CPU tensors."""
+    names = ["torch"]
+    if "cpp" in op.impls:
+        reasons = op.reasons("cpp", torch.device("cpu"))
+        if not reasons:
+            names.append("cpp")
+        elif os.environ.get("STREAMMEM_REQUIRE_CPP") == "1":
+            raise RuntimeError("C++ backend required but unavailable: " + "; ".join(reasons))
+    if "triton" in op.impls and not op.reasons("triton", torch.device("cpu")):
+        names.append("triton")
+    return names

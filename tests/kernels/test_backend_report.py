@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import streammem_kernels as sk
-from conftest import cpu_backends
+from tests.support.device_checks import cpu_backends
 from streammem_kernels import backends as _backends
 from streammem_kernels.runtime import dispatch as _dispatch
 from streammem_kernels.runtime.dispatch import BackendFallbackWarning, Op, load_native

@@ -16,10 +16,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-import gpu_bench  # noqa: E402
-import gpu_oneshot  # noqa: E402
+from bench import gpu_bench, gpu_oneshot
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_out_files_fit_what_comes_back():
