@@ -6,10 +6,10 @@ caches and TLB.  This builds one tree (the same synthetic hierarchy, seed 4) and
 queries in a loop, so that two builds of the C++ module (which must not share a process) can be
 compared in alternating processes:
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/beam_one_tree.py [--half] [--seconds 12]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.beam_one_tree [--half] [--seconds 12]
 
-Another checkout (its modules built in place) is measured by putting it first on the path:
-``PYTHONPATH=OTHER:OTHER/python .venv/bin/python bench/beam_one_tree.py``.
+To compare two builds, run it from the root of each checkout (``git worktree add`` the other commit,
+its modules built in place), alternating.
 Prints wall p20 / p50 / p80 in µs per call and the number of calls.
 """
 import argparse
@@ -23,7 +23,7 @@ args = ap.parse_args()
 
 import numpy as np  # noqa: E402
 
-import bench_latency as bl  # noqa: E402  (bench/bench_latency.py, next to this file)
+from bench import bench_latency as bl  # noqa: E402
 import streammem_kernels as sk  # noqa: E402
 
 keys, queries = bl.hierarchy(1_000_000, seed=4)

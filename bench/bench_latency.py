@@ -1,6 +1,6 @@
 """Single-item latency: one query, one push, one frame pair, next to the native kernel and faiss.
 
-Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/bench_latency.py [--quick] [--out bench/results/latency.md]
+Run:  OMP_NUM_THREADS=1 .venv/bin/python -m bench.bench_latency [--quick] [--out bench/results/latency.md]
       (``--tables tree --tree-sizes 1000000``: the 10^6-leaf tree row alone, two trees, ~8 GB and ~1 min)
       (pytest-benchmark form: .venv/bin/python -m pytest bench/bench_latency.py --benchmark-json ...)
 
@@ -133,7 +133,7 @@ def measure_alternating(first, second, block: int = 1) -> tuple[dict, dict]:
 # Data
 # --------------------------------------------------------------------------
 def hierarchy(n: int, seed: int = 0):
-    import bench_tree
+    from bench import bench_tree
 
     bench_tree.NUM_QUERIES = RECALL_QUERIES
     return bench_tree.synthetic_hierarchy(n, seed)
