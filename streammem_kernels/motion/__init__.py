@@ -176,10 +176,11 @@ def select_frames_mask(frames, threshold: float, *, reference: str = "previous",
         keep[0] = True
         torch.gt(flow_px / (1.0 + flow_px), above, out=keep[1:])
         return keep
-    if gray.device.type == "cpu" and name != "triton":
+    if gray.device.type == "cpu" and name != "triton" and not torch.compiler.is_compiling():
         return _last_kept_on_host(gray, above, flow)
-    # The index of the last kept frame stays on the device: reading it would stall the stream.
-    # (Triton takes this path under the interpreter too, so the CPU tests run it.)
+    # The index of the last kept frame stays on the device: reading it would stall the stream (and, while
+    # torch.compile traces, end the graph).  (Triton takes this path under the interpreter too, so the CPU
+    # tests run it.)
     keep = torch.ones(gray.shape[0], dtype=torch.bool, device=gray.device)
     last = torch.zeros(1, dtype=torch.long, device=gray.device)
     for t in range(1, gray.shape[0]):
@@ -308,8 +309,9 @@ def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", b
             window, min_eig, levels, statistic, out_hw = _plan(*args)
         except TypeError:  # unhashable arguments: validated uncached (and rejected there)
             window, min_eig, levels, statistic, out_hw = _plan.__wrapped__(*args)
-    native_prep = (
-        frames.dtype == torch.uint8 and frames.device.type == "cpu" and out_hw[0] <= h and out_hw[1] <= w_
+    native_prep = (  # not while torch.compile traces: the graph holds gray_resize's torch ops instead
+        frames.dtype == torch.uint8 and frames.device.type == "cpu" and not torch.compiler.is_compiling()
+        and out_hw[0] <= h and out_hw[1] <= w_
         and (frames.dim() == 4 or out_hw != (h, w_)) and LK_FLOW.select(backend, frames.device) == "cpp"
     )
     if native_prep:

@@ -19,7 +19,7 @@ import torch
 
 from .reference import (MAX_RESULTS, MAX_WIDTH, SearchPlan, beam_levels, check_size, tree_search_reference,
                         unit_rows)
-from ..runtime.dispatch import Op, call_op
+from ..runtime.dispatch import Op, call_op, trace_constant
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import check_finite, check_float, check_int
 from .store import CosineTree
@@ -94,6 +94,8 @@ def tree_search(tree: CosineTree, queries, *, beam=1, k: int = 1, min_score: flo
 def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_every_root, backend):
     if not isinstance(tree, CosineTree):
         raise ValueError(f"tree must be a CosineTree, got {type(tree).__name__}")
+    if torch.compiler.is_compiling():
+        _take_snapshot(tree)  # outside the graph: the snapshot is taken under the tree's lock
     snap = tree.search_arrays()  # one consistent snapshot, whatever other threads do to the tree
     if snap.num_live == 0:
         raise ValueError("tree must not be empty (add leaves first; every node was removed otherwise)")
@@ -128,6 +130,15 @@ def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_ev
     ids, scores = call_op(torch.ops.streammem.tree_beam, _BEAM_IMPLS, name, *arrays, level, utility, q,
                           list(widths), snap.fanout, k, min_val, use_utility)
     return TopKResult(ids, scores)
+
+
+@trace_constant
+def _take_snapshot(tree: CosineTree) -> None:
+    """Take the tree's search snapshot (:meth:`CosineTree.search_arrays`) while torch.compile traces a
+    search, outside the graph (under the tree's lock, which a trace cannot take).  The traced search
+    then reads the snapshot the tree keeps, as graph inputs guarded by the compiled function: a
+    mutation drops the snapshot, so the next call compiles again and takes a new one here."""
+    tree.search_arrays()
 
 
 def _beam_widths(beam, height: int) -> list[int]:
