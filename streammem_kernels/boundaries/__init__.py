@@ -18,13 +18,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..runtime.dispatch import Op, call_op, load_native
+from ..runtime.dispatch import Op, call_op, eager_only, load_native
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_nonempty, check_rank, check_values,
                                 cpu_fast_path)
-from .reference import (DEFAULT_FLASH, FEATURE_DTYPES, MAX_WINDOW, PEAK_CODE, Event, Params, SegmentStep, adjacent_cosine_torch,
-                        check_params, check_peak, scan_events_torch, to_kernel_dtype, window_choices_torch,
-                        window_depth_torch)
+from .reference import (DEFAULT_FLASH, FEATURE_DTYPES, MAX_WINDOW, PEAK_CODE, Event, Params, SegmentStep,
+                        adjacent_cosine_torch, check_params, check_peak, scan_events_torch, to_kernel_dtype,
+                        window_choices_torch, window_depth_torch)
 
 __all__ = ["Event", "SegmentStep", "adjacent_cosine", "depth_scores", "detect_boundaries", "event_ends"]
 
@@ -94,6 +94,11 @@ def depth_scores(sim, *, peak: str = "climb", backend: str = "auto") -> torch.Te
     return d if sim.dim() == 2 else d[0]
 
 
+_DETECT_BOUNDARIES_EAGER = eager_only(
+    "detect_boundaries returns a Python list of Event objects read from the tensors; inside torch.compile "
+    "use event_ends (the same events as a bool tensor of event ends)")
+
+
 def detect_boundaries(features, *, window: int = 8, tau: float = 0.7, min_depth: float = 0.2,
                       peak: str = "climb", max_event: int | None = None, drift: float | None = None,
                       flash: int | None = None, backend: str = "auto") -> list[Event]:
@@ -112,13 +117,16 @@ def detect_boundaries(features, *, window: int = 8, tau: float = 0.7, min_depth:
     list of :class:`Event` sorted by (stream, start); ``stream`` is 0 for a
     (T, D) input.  Per stream the events cover frames 0..T-1 exactly once.
     Building Python objects reads the result on the host; :func:`event_ends`
-    is the same computation with a tensor result that stays on the device.
+    is the same computation with a tensor result that stays on the device.  Not traceable by
+    torch.compile for the same reason: with ``fullgraph=True`` it raises, without it the graph breaks
+    and it runs eagerly (``docs/compile.md``).
 
     Raises
     ------
     ValueError
         A parameter out of its range, ``features`` of the wrong rank or dtype, empty, or holding NaN/Inf.
     """
+    _DETECT_BOUNDARIES_EAGER()
     fast = EVENT_ENDS.run_fast(backend, features, window, tau, min_depth, peak, max_event, drift, flash)
     if fast is not None:
         return fast

@@ -20,12 +20,13 @@ its device-resident counterpart, and everything it runs can be captured in a CUD
 from __future__ import annotations
 
 import functools
+import operator
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from ..runtime.dispatch import Op, call_op, load_native
+from ..runtime.dispatch import Op, call_op, eager_only, load_native
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import as_tensor, check_dtype, check_float, check_int, check_nonempty, check_rank, check_values
 from .reference import (FRAME_DTYPES, GUESS_BOX, MAX_AUTO_LEVELS, MOVING_FLOOR_PX, MOVING_MIN_AREA, SEARCH_QUANT,
@@ -114,6 +115,11 @@ def _motion_of_gray(gray, window, min_eig, levels, statistic, backend) -> Motion
     return MotionResult(flow_px, flow_px / (1.0 + flow_px), mean_uv)
 
 
+_SELECT_FRAMES_EAGER = eager_only(
+    "select_frames returns a Python list of frame indices read from the tensors; inside torch.compile "
+    "use select_frames_mask (the same decision as a bool tensor)")
+
+
 def select_frames(frames, threshold: float, *, reference: str = "previous", size: int | None = None,
                   window: int | None = 5, min_eig: float = 1e-5, levels: int | str = "auto",
                   statistic: str = "moving", backend: str = "auto") -> list[int]:
@@ -126,8 +132,11 @@ def select_frames(frames, threshold: float, *, reference: str = "previous", size
 
     Arguments as in :func:`select_frames_mask`, of which this is a thin wrapper:
     returning a Python list, it synchronises with the GPU once, at the end (use
-    :func:`select_frames_mask` to stay on the device).
+    :func:`select_frames_mask` to stay on the device).  Not traceable by torch.compile for the
+    same reason: with ``fullgraph=True`` it raises, without it the graph breaks and it runs eagerly
+    (``docs/compile.md``).
     """
+    _SELECT_FRAMES_EAGER()
     keep = select_frames_mask(frames, threshold, reference=reference, size=size, window=window, min_eig=min_eig,
                               levels=levels, statistic=statistic, backend=backend)
     return [t for t, k in enumerate(keep.tolist()) if k]
@@ -303,6 +312,10 @@ def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", b
     h, w_ = frames.shape[1:3]
     args = (tuple(frames.shape[1:3]), size, window, min_eig, levels, statistic)
     if torch.compiler.is_compiling():  # dynamo traces through the cache wrapper (and warns): skip it
+        # The frame size is specialised (operator.index makes Dynamo guard on its value: a graph per
+        # frame size, T stays dynamic): Inductor cannot lower the area resize to a working size that
+        # is a symbolic expression of it ("cannot determine truth value of Relational").
+        args = ((operator.index(h), operator.index(w_)),) + args[1:]
         window, min_eig, levels, statistic, out_hw = _plan.__wrapped__(*args)
     else:
         try:

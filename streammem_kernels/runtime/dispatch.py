@@ -99,6 +99,23 @@ def trace_constant(fn):
     return fn
 
 
+def eager_only(reason: str):
+    """A marker for a public function that torch.compile cannot trace into one graph (it returns Python
+    objects read from the tensors): the function calls the returned marker first.  Eagerly the marker
+    does nothing; while Dynamo traces, calling it is refused with ``reason`` (as
+    ``torch.compiler.disable(recursive=False)`` refuses its function), so ``fullgraph=True`` raises
+    naming the function and what to use instead, and without ``fullgraph`` the graph breaks there and
+    the function runs eagerly.  The marks are set by hand for :func:`trace_constant`'s reason; a test
+    checks that they are the ones torch's decorator sets.
+    """
+    def marker() -> None:
+        return None
+
+    marker._torchdynamo_disable = True
+    marker._torchdynamo_disable_msg = reason
+    return marker
+
+
 @trace_constant
 def read_env(name: str) -> str | None:
     """``getenv(name)``, a constant to torch.compile."""
