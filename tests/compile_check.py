@@ -2,14 +2,21 @@
 process and compare each with its eager call.
 
 Run by ``tests/test_compile.py`` in a fresh interpreter, so that nothing of the package was imported,
-loaded or warmed before the first trace (the first call is the one that used to fail):
+loaded or warmed before the first trace:
 
-    python tests/compile_check.py --device cpu [--backend inductor] [--only NAME ...]
+    python tests/compile_check.py --device cpu [--backend inductor] [--only NAME ...] [--again [NAME ...]]
 
-Prints one JSON object per line, per case: ``name``, ``graphs`` (graphs compiled for the one call),
-``breaks`` (graph breaks Dynamo counted), ``error`` (None, or what compiling or running raised),
-``mismatch`` (None, or how the compiled result differs from the eager one) and ``seconds``.  Every
-case runs with ``fullgraph=True``, so a graph break is an error, not a second graph.
+Prints one JSON object per line, per case: ``name``, ``graphs`` (graphs compiled for the first call),
+``graphs_again`` (for the call on larger inputs, ``--again``), ``breaks`` (graph breaks Dynamo
+counted), ``error`` (None, or what compiling or running raised), ``mismatch`` (None, or how the
+compiled result differs from the eager one) and ``seconds``.  Every case runs with ``fullgraph=True``,
+so a graph break is an error, not a second graph.
+
+Two further kinds of line: ``refusal`` cases, the public functions that return Python objects read
+from the tensors (``select_frames``, ``detect_boundaries``, ``backend_report``): ``refused`` (whether
+``fullgraph=True`` raised naming what to use instead) and ``mismatch`` of the call compiled without
+``fullgraph`` (it breaks the graph and runs eagerly); and ``mutated`` cases: a compiled search of a
+``CosineTree`` called again after the tree changed, against an eager search of the changed tree.
 """
 from __future__ import annotations
 
@@ -82,7 +89,7 @@ def cases(device: torch.device, grow: int = 0) -> dict:
         "batched_kmeans": (lambda x: sk.batched_kmeans(x, 3, iters=6), (randn(2 + n, 40 + n, 5),)),
         "batched_kmeans[weights,lengths,random]": (
             lambda x, w, lengths: sk.batched_kmeans(x, 3, init="random", weights=w, lengths=lengths,
-                                                    metric="cosine", seed=7),
+                                                    metric="cosine", random_state=7),
             (randn(2, 30 + n, 4), rand(2, 30 + n) + 0.1, torch.tensor([30 + n, 9], device=device))),
         "kmeans_frames": (lambda f: sk.kmeans_frames(f, 2, iters=4), (randn(2, 6 + n, 3, 4),)),
         "cosine_topk": (lambda q, k: sk.cosine_topk(q, k, 4), (randn(3 + n, 16), randn(50 + n, 16))),
@@ -106,6 +113,59 @@ def cases(device: torch.device, grow: int = 0) -> dict:
         "event_ends": (lambda f: sk.event_ends(f, window=4), (randn(20 + n, 6),)),
         "event_ends[drift]": (lambda f: sk.event_ends(f, drift=0.1, max_event=5), (randn(2, 12 + n, 6),)),
     }
+
+
+def refusals(device: torch.device) -> dict:
+    """name -> (function, positional arguments, the text the refusal must carry)."""
+    import streammem_kernels as sk
+
+    g = torch.Generator().manual_seed(5)
+    frames = (torch.rand(5, 36, 44, 3, generator=g) * 255).to(device=device, dtype=torch.uint8)
+    features = torch.randn(24, 6, generator=g).to(device)
+    return {
+        "select_frames": (lambda f: sk.select_frames(f, 0.2), (frames,), "use select_frames_mask"),
+        "detect_boundaries": (lambda f: sk.detect_boundaries(f, window=4), (features,), "use event_ends"),
+        "backend_report": (lambda: sk.backend_report().to_dict(), (), "outside torch.compile"),
+    }
+
+
+def _run_refusal(name, fn, args, words, compiler) -> dict:
+    refused = False
+    error = mismatch = None
+    try:
+        torch.compile(fn, backend=compiler, fullgraph=True)(*args)
+        error = "fullgraph=True did not raise"
+    except Exception as exc:
+        refused = words in str(exc) and name in str(exc)
+        if not refused:
+            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}"
+    try:
+        mismatch = _mismatch(fn(*args), torch.compile(fn, backend=compiler)(*args))
+    except Exception as exc:
+        error = f"without fullgraph: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}"
+    return {"refused": refused, "error": error, "mismatch": mismatch}
+
+
+def _run_mutated(device, compiler) -> dict:
+    """Compiled tree searches see the tree's later additions (the snapshot guards the graph)."""
+    import streammem_kernels as sk
+
+    g = torch.Generator().manual_seed(11)
+    tree = _tree(device)
+    queries = torch.randn(4, 8, generator=g).to(device)
+    greedy = torch.compile(lambda q: sk.tree_search(tree, q), backend=compiler, fullgraph=True)
+    beam = torch.compile(lambda q: sk.tree_search(tree, q, beam=2, k=3), backend=compiler, fullgraph=True)
+    mismatch = _mismatch(sk.tree_search(tree, queries), greedy(queries))
+    before = sk.tree_search(tree, queries, beam=2, k=3)
+    mismatch = mismatch or _mismatch(before, beam(queries))
+    tree.add_leaves(queries * 3.0)  # the queries' own directions: the searches must now find them
+    tree.grow(4)
+    after = sk.tree_search(tree, queries, beam=2, k=3)
+    mismatch = mismatch or _mismatch(sk.tree_search(tree, queries), greedy(queries))
+    mismatch = mismatch or _mismatch(after, beam(queries))
+    if _mismatch(before, after) is None:
+        return {"error": "adding leaves did not change the search (the case checks nothing)", "mismatch": None}
+    return {"error": None, "mismatch": mismatch}
 
 
 def _flatten(result) -> list:
@@ -141,13 +201,13 @@ def _describe(t) -> str:
     return repr(t)
 
 
-def run(device: torch.device, backend: str, only: list[str] | None, again: bool) -> None:
+def run(device: torch.device, backend: str, only: list[str] | None, again: list[str] | None) -> None:
     import torch._dynamo
     from torch._dynamo.utils import counters
 
     compiler = torch._dynamo.lookup_backend(backend)
     table = cases(device)
-    larger = cases(device, grow=3) if again else {}
+    larger = cases(device, grow=3) if again is not None else {}
     for name, (fn, args) in table.items():
         if only and name not in only:
             continue
@@ -159,11 +219,12 @@ def run(device: torch.device, backend: str, only: list[str] | None, again: bool)
 
         counters.clear()
         start = time.perf_counter()
-        error = mismatch = None
+        error = mismatch = first = None
         try:
             compiled = torch.compile(fn, backend=counting, fullgraph=True)
             mismatch = _mismatch(fn(*args), compiled(*args))
-            if again and mismatch is None:
+            first = len(graphs)
+            if again is not None and (not again or name in again) and mismatch is None:
                 mismatch = _mismatch(fn(*larger[name][1]), compiled(*larger[name][1]))
         except Exception as exc:  # reported, and the next case still runs
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}"
@@ -171,8 +232,24 @@ def run(device: torch.device, backend: str, only: list[str] | None, again: bool)
             if len(detail) > 1:
                 error += " |" + detail[1].splitlines()[0][:300]
         breaks = sum(counters["graph_break"].values())
-        print(json.dumps({"name": name, "graphs": len(graphs), "breaks": breaks, "error": error,
-                          "mismatch": mismatch, "seconds": round(time.perf_counter() - start, 2)}), flush=True)
+        first = len(graphs) if first is None else first
+        print(json.dumps({"name": name, "graphs": first, "graphs_again": len(graphs) - first, "breaks": breaks,
+                          "error": error, "mismatch": mismatch, "seconds": round(time.perf_counter() - start, 2)}),
+              flush=True)
+    for name, (fn, args, words) in refusals(device).items():
+        if only and name not in only:
+            continue
+        start = time.perf_counter()
+        line = {"name": name, "kind": "refusal", **_run_refusal(name, fn, args, words, compiler)}
+        print(json.dumps({**line, "seconds": round(time.perf_counter() - start, 2)}), flush=True)
+    if not only or "tree_search[mutated]" in only:
+        start = time.perf_counter()
+        line = {"name": "tree_search[mutated]", "kind": "mutated"}
+        try:
+            line.update(_run_mutated(device, compiler))
+        except Exception as exc:
+            line.update(error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}", mismatch=None)
+        print(json.dumps({**line, "seconds": round(time.perf_counter() - start, 2)}), flush=True)
 
 
 def main() -> None:
@@ -180,8 +257,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (inductor, aot_eager, eager)")
     parser.add_argument("--only", nargs="*", help="case names to run (default: every case)")
-    parser.add_argument("--again", action="store_true",
-                        help="call each compiled function a second time on larger inputs (a recompile)")
+    parser.add_argument("--again", nargs="*", metavar="NAME",
+                        help="call the compiled functions of these cases (no name: of every case) a second time "
+                             "on larger inputs (a recompile, with dynamic shapes)")
     args = parser.parse_args()
     start = time.perf_counter()
     run(torch.device(args.device), args.backend, args.only, args.again)
