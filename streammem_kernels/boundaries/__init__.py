@@ -228,7 +228,9 @@ def _events_of(ends: np.ndarray, frames: int) -> list[Event]:
 # --------------------------------------------------------------------------
 @torch.library.custom_op("streammem::adjacent_cosine", mutates_args=())
 def _adjacent_cosine_op(x: torch.Tensor, backend: str) -> torch.Tensor:
-    """x: contiguous (B, T, D) float32 -> (B, T-1) float32; NaN where a pair holds NaN/Inf."""
+    """``torch.ops.streammem.adjacent_cosine`` (its schema: docs/compile.md).
+
+    x: contiguous (B, T, D) float32 -> (B, T-1) float32; NaN where a pair holds NaN/Inf."""
     return ADJACENT_COSINE.impls[backend](x)
 
 
@@ -239,7 +241,9 @@ def _(x, backend):
 
 @torch.library.custom_op("streammem::window_depth", mutates_args=())
 def _window_depth_op(sim: torch.Tensor, peak_code: int, backend: str) -> torch.Tensor:
-    """sim: contiguous (B, M) float32 -> (B, M) float64 depth scores over the whole row."""
+    """``torch.ops.streammem.window_depth`` (its schema: docs/compile.md).
+
+    sim: contiguous (B, M) float32 -> (B, M) float64 depth scores over the whole row."""
     return WINDOW_DEPTH.impls[backend](sim, peak_code)
 
 
@@ -251,7 +255,9 @@ def _(sim, peak_code, backend):
 @torch.library.custom_op("streammem::window_choices", mutates_args=())
 def _window_choices_op(sim: torch.Tensor, window: int, tau: float, min_depth: float, peak_code: int, flash: int,
                        backend: str) -> torch.Tensor:
-    """sim: (B, M) float32 -> (B, max(M - window + 1, 0)) int64.
+    """``torch.ops.streammem.window_choices`` (its schema: docs/compile.md).
+
+    sim: (B, M) float32 -> (B, max(M - window + 1, 0)) int64.
 
     Entry p decides the full window of similarities ``p .. p+window-1`` (frames
     p .. p+window, complete when frame p+window is pushed): the window-relative
@@ -269,7 +275,9 @@ def _(sim, window, tau, min_depth, peak_code, flash, backend):
 @torch.library.custom_op("streammem::scan_events", mutates_args=())
 def _scan_events_op(sims: torch.Tensor, choices: torch.Tensor, window: int, max_event: int, drift: float,
                     backend: str) -> torch.Tensor:
-    """The sequential event scan of each stream -> (B, T) bool event ends.
+    """``torch.ops.streammem.scan_events`` (its schema: docs/compile.md).
+
+    The sequential event scan of each stream -> (B, T) bool event ends.
 
     sims (B, T-1) float32; choices (B, P) from ``window_choices`` (ignored in
     drift mode, i.e. when ``drift`` is not NaN); ``max_event`` 0 means none.
@@ -285,7 +293,9 @@ def _(sims, choices, window, max_event, drift, backend):
 @torch.library.custom_op("streammem::event_ends", mutates_args=())
 def _event_ends_op(x: torch.Tensor, window: int, tau: float, min_depth: float, peak_code: int, max_event: int,
                    drift: float, flash: int, backend: str) -> torch.Tensor:
-    """The offline pass: contiguous (B, T, D) float32 features -> (B, T) bool event ends; ValueError when
+    """``torch.ops.streammem.event_ends`` (its schema: docs/compile.md).
+
+    The offline pass: contiguous (B, T, D) float32 features -> (B, T) bool event ends; ValueError when
     the features hold NaN/Inf (a device-side assertion on CUDA).  ``max_event`` 0 means none, ``drift``
     NaN means the window rule, ``flash`` 0 turns the flash rule off."""
     return EVENT_ENDS.impls[backend](x, window, tau, min_depth, peak_code, max_event, drift, flash)

@@ -331,7 +331,9 @@ def graph_expand(row_ptr: torch.Tensor, col_idx: torch.Tensor, sources: torch.Te
                  capacity: int, max_fanout: int, max_frontier: int, keep_sources: bool, width: int,
                  backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                         torch.Tensor, torch.Tensor]:
-    """Core expansion on prepared input (int64 contiguous CSR and sources, caps as ints; ``NO_CAP`` = none).
+    """``torch.ops.streammem.graph_expand`` (its schema: docs/compile.md).
+
+    Core expansion on prepared input (int64 contiguous CSR and sources, caps as ints; ``NO_CAP`` = none).
 
     Returns nodes, hop, seed, parent, edge (B, capacity) int64, count (B,) int64, truncated (B,) bool.
     ``width`` is the torch reference's candidates per frontier node (other backends ignore it).

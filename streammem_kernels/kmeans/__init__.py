@@ -431,7 +431,9 @@ def initial_centres(points, k, init, weights, lengths, random_state, cosine, sca
 def lloyd(points: torch.Tensor, weights: torch.Tensor, lengths: torch.Tensor, centres: torch.Tensor,
           tol: float, iters: int, cosine: bool, backend: str
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Core op on prepared input.
+    """``torch.ops.streammem.lloyd`` (its schema: docs/compile.md).
+
+    Core op on prepared input.
 
     points (B,N,D) float32 contiguous (unit rows for cosine), weights (B,N)
     float32, lengths (B,) int64, centres (B,k,D) float32 initial centres, tol
@@ -455,7 +457,9 @@ def _(points, weights, lengths, centres, tol, iters, cosine, backend):
 @torch.library.custom_op("streammem::kmeans_init", mutates_args=())
 def kmeans_init(points: torch.Tensor, weights: torch.Tensor, lengths: torch.Tensor, k: int, init: str,
                 random_state: int, cosine: bool, n_local_trials: Optional[int]) -> torch.Tensor:
-    """The drawn initialisations of :func:`initial_centres` ("k-means++", "random"), which torch.compile
+    """``torch.ops.streammem.kmeans_init`` (its schema: docs/compile.md).
+
+    The drawn initialisations of :func:`initial_centres` ("k-means++", "random"), which torch.compile
     cannot trace (a ``torch.Generator`` is made per call): prepared points (B, N, D) float32, weights
     (B, N) float32, lengths (B,) int64, ``random_state`` as a signed int64 (the generator keeps its 64
     bits), ``n_local_trials`` None for the default.  Returns the (B, k, D) float32 centres, the same as an

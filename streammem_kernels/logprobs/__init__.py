@@ -316,7 +316,9 @@ def _raise_on_nan(out: torch.Tensor, source: str) -> None:
 # --------------------------------------------------------------------------
 @torch.library.custom_op("streammem::token_logprobs", mutates_args=())
 def _token_logprobs_op(logits: torch.Tensor, targets: torch.Tensor, backend: str) -> torch.Tensor:
-    """Core op: logits (N, V) with unit vocabulary stride, targets (N,) int64 in range."""
+    """``torch.ops.streammem.token_logprobs`` (its schema: docs/compile.md).
+
+    Core op: logits (N, V) with unit vocabulary stride, targets (N,) int64 in range."""
     return TOKEN_LOGPROBS.impls[backend](logits, targets)
 
 
@@ -328,7 +330,9 @@ def _(logits, targets, backend):
 @torch.library.custom_op("streammem::linear_token_logprobs", mutates_args=())
 def _linear_token_logprobs_op(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                               targets: torch.Tensor, backend: str) -> torch.Tensor:
-    """Core op: hidden (N, H), weight (V, H), bias (V,) or None, targets (N,) int64 in range."""
+    """``torch.ops.streammem.linear_token_logprobs`` (its schema: docs/compile.md).
+
+    Core op: hidden (N, H), weight (V, H), bias (V,) or None, targets (N,) int64 in range."""
     return LINEAR_TOKEN_LOGPROBS.impls[backend](hidden, weight, bias, targets)
 
 
@@ -340,7 +344,9 @@ def _(hidden, weight, bias, targets, backend):
 @torch.library.custom_op("streammem::divergence_point", mutates_args=())
 def _divergence_point_op(logprobs: torch.Tensor, lengths: torch.Tensor, delta: int, alpha: float, beta: float,
                          backend: str) -> torch.Tensor:
-    """Core op: contiguous (B, L) float64 log-probs, (B,) int64 lengths -> (B,) int64."""
+    """``torch.ops.streammem.divergence_point`` (its schema: docs/compile.md).
+
+    Core op: contiguous (B, L) float64 log-probs, (B,) int64 lengths -> (B,) int64."""
     return DIVERGENCE_POINT.impls[backend](logprobs, lengths, delta, alpha, beta)
 
 

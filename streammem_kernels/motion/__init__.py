@@ -350,7 +350,9 @@ def _lk_flow(gray, window, min_eig, levels, statistic, backend):
 @torch.library.custom_op("streammem::lk_flow", mutates_args=())
 def lk_flow(gray: torch.Tensor, window: int, min_eig: float, levels: int, statistic: str,
             backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Core op on prepared input.
+    """``torch.ops.streammem.lk_flow`` (its schema: docs/compile.md).
+
+    Core op on prepared input.
 
     gray: contiguous (T, H, W) uint8 (scaled by 1/255 on load) or float32 in [0, 1];
     window: odd >= 3, or 0 for the global system; levels: >= 1 (1 with window 0), every level

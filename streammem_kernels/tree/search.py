@@ -185,7 +185,9 @@ _GREEDY_IMPLS, _BEAM_IMPLS = _Bound(_greedy_body), _Bound(_beam_body)
 def tree_greedy(embeddings: torch.Tensor, child_ptr: torch.Tensor, child_idx: torch.Tensor, roots: torch.Tensor,
                 queries: torch.Tensor, height: int, fanout: int, from_every_root: bool,
                 backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Core greedy descent (see :class:`SearchPlan` for the inputs).
+    """``torch.ops.streammem.tree_greedy`` (its schema: docs/compile.md).
+
+    Core greedy descent (see :class:`SearchPlan` for the inputs).
 
     Returns path (S, H+1), path_scores (S, H+1), best_node (S,), best_score (S,)
     with S = Q, or (Q, R, H+1) ... with ``from_every_root``.
@@ -208,7 +210,9 @@ def _(embeddings, child_ptr, child_idx, roots, queries, height, fanout, from_eve
 def tree_beam(embeddings: torch.Tensor, child_ptr: torch.Tensor, child_idx: torch.Tensor, roots: torch.Tensor,
               level: torch.Tensor, utility: torch.Tensor, queries: torch.Tensor, widths: list[int], fanout: int,
               k: int, min_score: float, use_utility: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Core beam search (see :class:`SearchPlan`) -> ids (Q, k), scores (Q, k)."""
+    """``torch.ops.streammem.tree_beam`` (its schema: docs/compile.md).
+
+    Core beam search (see :class:`SearchPlan`) -> ids (Q, k), scores (Q, k)."""
     return _beam_body(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, fanout, k,
                       min_score, use_utility, backend)
 

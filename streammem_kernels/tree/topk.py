@@ -157,7 +157,9 @@ def cosine_topk_uses_blas(num_queries: int, num_keys: int, ranges: torch.Tensor 
 @torch.library.custom_op("streammem::cosine_topk", mutates_args=())
 def cosine_topk_op(queries: torch.Tensor, keys: torch.Tensor, k: int, ranges: torch.Tensor,
                    backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Core exact top-k: float32 queries (Q, D) (any norm; each backend normalises them), raw float32
+    """``torch.ops.streammem.cosine_topk`` (its schema: docs/compile.md).
+
+    Core exact top-k: float32 queries (Q, D) (any norm; each backend normalises them), raw float32
     keys (N, D), ranges (Q, 2) int64, all contiguous."""
     return tuple(COSINE_TOPK.impls[backend](queries, keys, k, ranges))
 
