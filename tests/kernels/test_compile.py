@@ -1,6 +1,6 @@
 """torch.compile(fullgraph=True) on every public function of streammem_kernels, on the first call.
 
-One fresh interpreter runs ``tests/compile_check.py`` (nothing of the package imported, loaded or
+One fresh interpreter runs ``tests/support/compile_check.py`` (nothing of the package imported, loaded or
 warmed before the first trace) with torch.compile's default compiler (Inductor) and reports, per
 case, the graphs compiled and the comparison with the eager call; the tests here read its report.
 The functions that return Python objects must refuse ``fullgraph=True`` naming what to use instead,
@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import compile_check
 import streammem_kernels as sk
+from tests.support import compile_check
 
 CPU = torch.device("cpu")
 CASES = sorted(compile_check.cases(CPU))
 REFUSALS = sorted(compile_check.refusals(CPU))
-DOC = Path(__file__).resolve().parents[1] / "docs" / "compile.md"
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "compile.md"
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +36,8 @@ def report() -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
     # Motion's resize is called again on another frame size: Inductor once failed to lower it with
     # the symbolic sizes of a recompile.
-    command = [sys.executable, compile_check.__file__, "--device", "cpu", "--again", "motion_magnitude"]
-    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    command = [sys.executable, "-m", "tests.support.compile_check", "--device", "cpu", "--again", "motion_magnitude"]
+    out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     return {line["name"]: line for line in lines if "name" in line}

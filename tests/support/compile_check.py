@@ -1,10 +1,10 @@
 """Compile every public function of streammem_kernels with ``torch.compile(fullgraph=True)`` in this
 process and compare each with its eager call.
 
-Run by ``tests/test_compile.py`` in a fresh interpreter, so that nothing of the package was imported,
-loaded or warmed before the first trace:
+Run by ``tests/kernels/test_compile.py`` in a fresh interpreter, so that nothing of the package was
+imported, loaded or warmed before the first trace; from the repository root:
 
-    python tests/compile_check.py --device cpu [--backend inductor] [--only NAME ...] [--again [NAME ...]]
+    python -m tests.support.compile_check --device cpu [--backend inductor] [--only NAME ...] [--again [NAME ...]]
 
 Prints one JSON object per line, per case: ``name``, ``graphs`` (graphs compiled for the first call),
 ``graphs_again`` (for the call on larger inputs, ``--again``), ``breaks`` (graph breaks Dynamo
