@@ -77,6 +77,11 @@ def test_compiled_tree_search_sees_the_tree_change(report):
     assert line["error"] is None and line["mismatch"] is None, line
 
 
+def test_value_checks_in_the_graph_still_refuse_bad_values(report):
+    line = report["cosine_topk[bad ranges]"]
+    assert line["error"] is None, line
+
+
 def test_hand_set_marks_are_the_ones_torch_sets():
     """``trace_constant`` and ``eager_only`` set Dynamo's marks by hand (torch's decorators import
     torch._dynamo, seconds at the package's import): they must stay the ones torch's decorators set."""

@@ -12,11 +12,12 @@ counted), ``error`` (None, or what compiling or running raised), ``mismatch`` (N
 compiled result differs from the eager one) and ``seconds``.  Every case runs with ``fullgraph=True``,
 so a graph break is an error, not a second graph.
 
-Two further kinds of line: ``refusal`` cases, the public functions that return Python objects read
+Three further kinds of line: ``refusal`` cases, the public functions that return Python objects read
 from the tensors (``select_frames``, ``detect_boundaries``, ``backend_report``): ``refused`` (whether
 ``fullgraph=True`` raised naming what to use instead) and ``mismatch`` of the call compiled without
 ``fullgraph`` (it breaks the graph and runs eagerly); and ``mutated`` cases: a compiled search of a
-``CosineTree`` called again after the tree changed, against an eager search of the changed tree.
+``CosineTree`` called again after the tree changed, against an eager search of the changed tree; and
+``bad values``: a compiled call whose value check (an assertion in the graph) must still refuse.
 """
 from __future__ import annotations
 
@@ -168,6 +169,24 @@ def _run_mutated(device, compiler) -> dict:
     return {"error": None, "mismatch": mismatch}
 
 
+def _run_bad_values(device, compiler) -> dict:
+    """A value check inside the graph (a device assertion) still refuses a bad value, with the eager message."""
+    import streammem_kernels as sk
+
+    g = torch.Generator().manual_seed(12)
+    queries, keys = torch.randn(3, 8, generator=g).to(device), torch.randn(20, 8, generator=g).to(device)
+    ranges = torch.tensor([[0, 5], [0, 30], [2, 4]], device=device)  # 30 > N
+    compiled = torch.compile(lambda q, k, r: sk.cosine_topk(q, k, 2, ranges=r, backend="torch"), backend=compiler,
+                             fullgraph=True)
+    try:
+        compiled(queries, keys, ranges)
+    except RuntimeError as exc:
+        if "ranges must satisfy" in str(exc):
+            return {"error": None, "mismatch": None}
+        return {"error": f"RuntimeError without the eager message: {str(exc)[:300]}", "mismatch": None}
+    return {"error": "out-of-range ranges were accepted", "mismatch": None}
+
+
 def _flatten(result) -> list:
     if isinstance(result, torch.Tensor):
         return [result]
@@ -242,11 +261,14 @@ def run(device: torch.device, backend: str, only: list[str] | None, again: list[
         start = time.perf_counter()
         line = {"name": name, "kind": "refusal", **_run_refusal(name, fn, args, words, compiler)}
         print(json.dumps({**line, "seconds": round(time.perf_counter() - start, 2)}), flush=True)
-    if not only or "tree_search[mutated]" in only:
+    for name, kind, check in (("tree_search[mutated]", "mutated", _run_mutated),
+                              ("cosine_topk[bad ranges]", "bad values", _run_bad_values)):
+        if only and name not in only:
+            continue
         start = time.perf_counter()
-        line = {"name": "tree_search[mutated]", "kind": "mutated"}
+        line = {"name": name, "kind": kind}
         try:
-            line.update(_run_mutated(device, compiler))
+            line.update(check(device, compiler))
         except Exception as exc:
             line.update(error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}", mismatch=None)
         print(json.dumps({**line, "seconds": round(time.perf_counter() - start, 2)}), flush=True)
