@@ -14,7 +14,7 @@ from typing import Mapping
 
 import torch
 
-from .runtime.dispatch import AUTO_ORDER, BACKENDS, Op, common_reasons
+from .runtime.dispatch import AUTO_ORDER, BACKENDS, Op, common_reasons, eager_only
 
 __all__ = ["BackendReport", "BackendStatus", "backend_report", "op_families"]
 
@@ -117,6 +117,11 @@ def _table_reasons(table: Op, backend: str, device: torch.device) -> list[str]:
         return common_reasons(backend, table.native, device)
 
 
+_BACKEND_REPORT_EAGER = eager_only(
+    "backend_report describes this process (imports, environment, devices) as Python objects; call it "
+    "outside torch.compile")
+
+
 def backend_report() -> BackendReport:
     """Which backends of every op can run in this process, per device type, and why the others cannot.
 
@@ -128,8 +133,10 @@ def backend_report() -> BackendReport:
     -------
     BackendReport
         ``print(report)`` for a summary, ``report.available("motion", "cpu")``,
-        ``report.auto("motion", "cpu")``, ``report.to_dict()`` for JSON.
+        ``report.auto("motion", "cpu")``, ``report.to_dict()`` for JSON.  Not for torch.compile: with
+        ``fullgraph=True`` it raises, without it the graph breaks and it runs eagerly.
     """
+    _BACKEND_REPORT_EAGER()
     # The package's face, loaded before anyone can call this: its __all__ says which names are public.
     package = sys.modules[__name__.rpartition(".")[0]]
     gpu = torch.cuda.is_available()

@@ -18,13 +18,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..runtime.dispatch import Op, call_op, load_native
+from ..runtime.dispatch import Op, call_op, eager_only, load_native
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_nonempty, check_rank, check_values,
                                 cpu_fast_path)
-from .reference import (DEFAULT_FLASH, FEATURE_DTYPES, MAX_WINDOW, PEAK_CODE, Event, Params, SegmentStep, adjacent_cosine_torch,
-                        check_params, check_peak, scan_events_torch, to_kernel_dtype, window_choices_torch,
-                        window_depth_torch)
+from .reference import (DEFAULT_FLASH, FEATURE_DTYPES, MAX_WINDOW, PEAK_CODE, Event, Params, SegmentStep,
+                        adjacent_cosine_torch, check_params, check_peak, scan_events_torch, to_kernel_dtype,
+                        window_choices_torch, window_depth_torch)
 
 __all__ = ["Event", "SegmentStep", "adjacent_cosine", "depth_scores", "detect_boundaries", "event_ends"]
 
@@ -94,6 +94,11 @@ def depth_scores(sim, *, peak: str = "climb", backend: str = "auto") -> torch.Te
     return d if sim.dim() == 2 else d[0]
 
 
+_DETECT_BOUNDARIES_EAGER = eager_only(
+    "detect_boundaries returns a Python list of Event objects read from the tensors; inside torch.compile "
+    "use event_ends (the same events as a bool tensor of event ends)")
+
+
 def detect_boundaries(features, *, window: int = 8, tau: float = 0.7, min_depth: float = 0.2,
                       peak: str = "climb", max_event: int | None = None, drift: float | None = None,
                       flash: int | None = None, backend: str = "auto") -> list[Event]:
@@ -112,13 +117,16 @@ def detect_boundaries(features, *, window: int = 8, tau: float = 0.7, min_depth:
     list of :class:`Event` sorted by (stream, start); ``stream`` is 0 for a
     (T, D) input.  Per stream the events cover frames 0..T-1 exactly once.
     Building Python objects reads the result on the host; :func:`event_ends`
-    is the same computation with a tensor result that stays on the device.
+    is the same computation with a tensor result that stays on the device.  Not traceable by
+    torch.compile for the same reason: with ``fullgraph=True`` it raises, without it the graph breaks
+    and it runs eagerly (``docs/compile.md``).
 
     Raises
     ------
     ValueError
         A parameter out of its range, ``features`` of the wrong rank or dtype, empty, or holding NaN/Inf.
     """
+    _DETECT_BOUNDARIES_EAGER()
     fast = EVENT_ENDS.run_fast(backend, features, window, tau, min_depth, peak, max_event, drift, flash)
     if fast is not None:
         return fast
@@ -220,7 +228,9 @@ def _events_of(ends: np.ndarray, frames: int) -> list[Event]:
 # --------------------------------------------------------------------------
 @torch.library.custom_op("streammem::adjacent_cosine", mutates_args=())
 def _adjacent_cosine_op(x: torch.Tensor, backend: str) -> torch.Tensor:
-    """x: contiguous (B, T, D) float32 -> (B, T-1) float32; NaN where a pair holds NaN/Inf."""
+    """``torch.ops.streammem.adjacent_cosine`` (its schema: docs/compile.md).
+
+    x: contiguous (B, T, D) float32 -> (B, T-1) float32; NaN where a pair holds NaN/Inf."""
     return ADJACENT_COSINE.impls[backend](x)
 
 
@@ -231,7 +241,9 @@ def _(x, backend):
 
 @torch.library.custom_op("streammem::window_depth", mutates_args=())
 def _window_depth_op(sim: torch.Tensor, peak_code: int, backend: str) -> torch.Tensor:
-    """sim: contiguous (B, M) float32 -> (B, M) float64 depth scores over the whole row."""
+    """``torch.ops.streammem.window_depth`` (its schema: docs/compile.md).
+
+    sim: contiguous (B, M) float32 -> (B, M) float64 depth scores over the whole row."""
     return WINDOW_DEPTH.impls[backend](sim, peak_code)
 
 
@@ -243,7 +255,9 @@ def _(sim, peak_code, backend):
 @torch.library.custom_op("streammem::window_choices", mutates_args=())
 def _window_choices_op(sim: torch.Tensor, window: int, tau: float, min_depth: float, peak_code: int, flash: int,
                        backend: str) -> torch.Tensor:
-    """sim: (B, M) float32 -> (B, max(M - window + 1, 0)) int64.
+    """``torch.ops.streammem.window_choices`` (its schema: docs/compile.md).
+
+    sim: (B, M) float32 -> (B, max(M - window + 1, 0)) int64.
 
     Entry p decides the full window of similarities ``p .. p+window-1`` (frames
     p .. p+window, complete when frame p+window is pushed): the window-relative
@@ -261,7 +275,9 @@ def _(sim, window, tau, min_depth, peak_code, flash, backend):
 @torch.library.custom_op("streammem::scan_events", mutates_args=())
 def _scan_events_op(sims: torch.Tensor, choices: torch.Tensor, window: int, max_event: int, drift: float,
                     backend: str) -> torch.Tensor:
-    """The sequential event scan of each stream -> (B, T) bool event ends.
+    """``torch.ops.streammem.scan_events`` (its schema: docs/compile.md).
+
+    The sequential event scan of each stream -> (B, T) bool event ends.
 
     sims (B, T-1) float32; choices (B, P) from ``window_choices`` (ignored in
     drift mode, i.e. when ``drift`` is not NaN); ``max_event`` 0 means none.
@@ -277,7 +293,9 @@ def _(sims, choices, window, max_event, drift, backend):
 @torch.library.custom_op("streammem::event_ends", mutates_args=())
 def _event_ends_op(x: torch.Tensor, window: int, tau: float, min_depth: float, peak_code: int, max_event: int,
                    drift: float, flash: int, backend: str) -> torch.Tensor:
-    """The offline pass: contiguous (B, T, D) float32 features -> (B, T) bool event ends; ValueError when
+    """``torch.ops.streammem.event_ends`` (its schema: docs/compile.md).
+
+    The offline pass: contiguous (B, T, D) float32 features -> (B, T) bool event ends; ValueError when
     the features hold NaN/Inf (a device-side assertion on CUDA).  ``max_event`` 0 means none, ``drift``
     NaN means the window rule, ``flash`` 0 turns the flash rule off."""
     return EVENT_ENDS.impls[backend](x, window, tau, min_depth, peak_code, max_event, drift, flash)

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..runtime.dispatch import Op, call_op, load_native
+from ..runtime.dispatch import Op, call_op, load_native, trace_constant
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import as_tensor, check_dtype, check_float, check_int, check_rank, check_values
 from ..tree import TopKResult, cosine_topk
@@ -154,10 +154,17 @@ def _prepare_ids(ids, name: str, upper: int, device: torch.device) -> torch.Tens
     return ids
 
 
+@trace_constant
+def _max_degree(graph: CSRGraph) -> int:
+    """``graph.max_degree``, read outside the graph while torch.compile traces (on CUDA the first read
+    synchronises); a CSRGraph is immutable, so a compiled function may keep it."""
+    return graph.max_degree
+
+
 def _reference_width(graph: CSRGraph, fanout: int) -> int:
     """Candidates per frontier node in the torch reference's padded matrix."""
     if fanout == NO_CAP:
-        return graph.max_degree
+        return _max_degree(graph)
     return fanout if graph._max_degree is None else min(fanout, graph._max_degree)
 
 
@@ -324,13 +331,18 @@ def graph_expand(row_ptr: torch.Tensor, col_idx: torch.Tensor, sources: torch.Te
                  capacity: int, max_fanout: int, max_frontier: int, keep_sources: bool, width: int,
                  backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                         torch.Tensor, torch.Tensor]:
-    """Core expansion on prepared input (int64 contiguous CSR and sources, caps as ints; ``NO_CAP`` = none).
+    """``torch.ops.streammem.graph_expand`` (its schema: docs/compile.md).
+
+    Core expansion on prepared input (int64 contiguous CSR and sources, caps as ints; ``NO_CAP`` = none).
 
     Returns nodes, hop, seed, parent, edge (B, capacity) int64, count (B,) int64, truncated (B,) bool.
     ``width`` is the torch reference's candidates per frontier node (other backends ignore it).
     """
-    return tuple(GRAPH.impls[backend](row_ptr, col_idx, sources, num_cols, hops, capacity, max_fanout, max_frontier,
-                                      keep_sources, width))
+    out = tuple(GRAPH.impls[backend](row_ptr, col_idx, sources, num_cols, hops, capacity, max_fanout, max_frontier,
+                                     keep_sources, width))
+    if backend != "cpp":  # the torch and Triton lists are views of one table, and an op's outputs may not alias
+        out = tuple(t.clone() for t in out[:5]) + out[5:]
+    return out
 
 
 @graph_expand.register_fake

@@ -15,7 +15,7 @@ inertia agree within each backend's declared tolerance (``LLOYD.tolerances``).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ import torch
 from ..runtime.dispatch import Op, call_op, load_native
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_float, check_int, check_rank, check_values,
-                                cpu_fast_path)
+                                cpu_fast_path, host_checks, sized_message)
 from .reference import default_local_trials, kmeans_plus_plus, lloyd_torch, shift_thresholds
 # Read here by bench/bench_kmeans.py and by the estimator.
 from .reference import assign_torch, distance_to_own_centre  # noqa: F401
@@ -185,10 +185,11 @@ def batched_kmeans(x, k: int, *, iters: int = 10, tol: float = 1e-4, init="k-mea
 
 def _largest_magnitude(t: torch.Tensor) -> torch.Tensor | list[float]:
     """Largest ``|t[b]|`` of each problem (NaN if it holds one): two reductions, no temporary.  A list of
-    floats for CPU tensors, a (B,) float32 (float64 for float64 ``t``) tensor otherwise."""
+    floats for CPU tensors, a (B,) float32 (float64 for float64 ``t``) tensor otherwise (and while
+    torch.compile traces)."""
     flat = t.reshape(t.shape[0], -1)
     low, high = flat.amin(dim=1), flat.amax(dim=1)
-    if t.device.type == "cpu":
+    if host_checks(t):
         return [max(-a, b) if a == a and b == b else math.nan for a, b in zip(low.tolist(), high.tolist())]
     return torch.maximum(-low, high).to(torch.float64 if t.dtype == torch.float64 else torch.float32)
 
@@ -315,7 +316,7 @@ def _prepare_scaled(x, k, iters, tol, metric, weights, lengths) -> _Prepared:
     # Per-problem extremes decide finiteness (min and max propagate NaN and expose +-Inf, as in
     # check_finite_by_extremes) and the power-of-two scale.
     x_amax = _largest_magnitude(x)
-    if x.device.type == "cpu":  # plain floats on the host: the common small call stays cheap
+    if isinstance(x_amax, list):  # plain floats on the host: the common small call stays cheap
         if not all(math.isfinite(v) for v in x_amax):
             raise ValueError(_X_NOT_FINITE)
     else:
@@ -345,7 +346,7 @@ def _prepare_scaled(x, k, iters, tol, metric, weights, lengths) -> _Prepared:
         lengths_t = lengths_t.to(device=x.device, dtype=torch.int64)
         # Value checks: on the host for CPU tensors, device-side assertions on CUDA (no synchronisation).
         shortest, longest = torch.aminmax(lengths_t)
-        check_values((shortest >= 1) & (longest <= N), f"lengths must lie in [1, N={N}]")
+        check_values((shortest >= 1) & (longest <= N), sized_message("lengths must lie in [1, N={N}]", N=N))
         check_values(shortest >= k, f"k must be <= the number of points of every problem (lengths), got k={k}")
 
     x_scale = _power_of_two_scale(x_amax, _working_dtype(x))
@@ -397,6 +398,9 @@ def initial_centres(points, k, init, weights, lengths, random_state, cosine, sca
             raise ValueError(f"random_state must lie in [-2**63, 2**64) (a torch.Generator seed), got {random_state}")
         if init == "first":
             return points[:, :k].clone()
+        if torch.compiler.is_compiling():  # a traced graph cannot make a torch.Generator: the draws run in an op
+            signed = random_state - (1 << 64) if random_state >= (1 << 63) else random_state  # manual_seed's bits
+            return torch.ops.streammem.kmeans_init(points, weights, lengths, k, init, signed, cosine, n_local_trials)
         generator = torch.Generator(device=points.device)
         generator.manual_seed(random_state)
         if init == "random":
@@ -427,7 +431,9 @@ def initial_centres(points, k, init, weights, lengths, random_state, cosine, sca
 def lloyd(points: torch.Tensor, weights: torch.Tensor, lengths: torch.Tensor, centres: torch.Tensor,
           tol: float, iters: int, cosine: bool, backend: str
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Core op on prepared input.
+    """``torch.ops.streammem.lloyd`` (its schema: docs/compile.md).
+
+    Core op on prepared input.
 
     points (B,N,D) float32 contiguous (unit rows for cosine), weights (B,N)
     float32, lengths (B,) int64, centres (B,k,D) float32 initial centres, tol
@@ -446,6 +452,24 @@ def _(points, weights, lengths, centres, tol, iters, cosine, backend):
         points.new_empty((B,), dtype=torch.float32),
         points.new_empty((B,), dtype=torch.int64),
     )
+
+
+@torch.library.custom_op("streammem::kmeans_init", mutates_args=())
+def kmeans_init(points: torch.Tensor, weights: torch.Tensor, lengths: torch.Tensor, k: int, init: str,
+                random_state: int, cosine: bool, n_local_trials: Optional[int]) -> torch.Tensor:
+    """``torch.ops.streammem.kmeans_init`` (its schema: docs/compile.md).
+
+    The drawn initialisations of :func:`initial_centres` ("k-means++", "random"), which torch.compile
+    cannot trace (a ``torch.Generator`` is made per call): prepared points (B, N, D) float32, weights
+    (B, N) float32, lengths (B,) int64, ``random_state`` as a signed int64 (the generator keeps its 64
+    bits), ``n_local_trials`` None for the default.  Returns the (B, k, D) float32 centres, the same as an
+    eager call draws."""
+    return initial_centres(points, k, init, weights, lengths, random_state, cosine, n_local_trials=n_local_trials)
+
+
+@kmeans_init.register_fake
+def _(points, weights, lengths, k, init, random_state, cosine, n_local_trials):
+    return points.new_empty((points.shape[0], k, points.shape[2]))
 
 
 # --------------------------------------------------------------------------

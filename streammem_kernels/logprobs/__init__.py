@@ -66,7 +66,7 @@ import torch
 from ..runtime.dispatch import Op, call_op, load_native
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_float, check_int, check_nonempty,
-                                check_rank, check_values)
+                                check_rank, check_values, host_checks, sized_message)
 from .reference import (compute_dtype, divergence_point_reference, divergence_point_torch,
                         linear_token_logprobs_reference, linear_token_logprobs_torch, token_logprobs_reference,
                         token_logprobs_torch)
@@ -232,7 +232,7 @@ def divergence_point(logprobs, *, delta: int = 20, alpha: float = 0.85, beta: fl
         lens = lens.to(device=lp2d.device, dtype=torch.int64)
         if lens.numel():
             low, high = torch.aminmax(lens)
-            check_values((low >= 0) & (high <= max_len), _LENGTHS_RANGE.format(L=max_len))
+            check_values((low >= 0) & (high <= max_len), sized_message(_LENGTHS_RANGE, L=max_len))
     if lp2d.numel():
         # Padding past a caption's length may hold anything; no boolean-mask indexing (a host sync).
         valid = torch.arange(max_len, device=lp2d.device)[None, :] < lens[:, None]
@@ -272,12 +272,12 @@ def _check_targets(targets: torch.Tensor, expected_shape, vocab: int, device, sh
     flat = targets.reshape(-1).to(device=device, dtype=torch.int64).contiguous()
     if flat.numel():
         low, high = torch.aminmax(flat)
-        if flat.device.type == "cpu":  # a host check, with the offending range
+        if host_checks(flat):  # a host check, with the offending range
             low, high = int(low), int(high)
             if low < 0 or high >= vocab:
                 raise ValueError(_targets_message(vocab, flat))
-        else:  # a device-side assertion: no synchronisation
-            check_values((low >= 0) & (high < vocab), _TARGETS_RANGE.format(vocab=vocab))
+        else:  # a device-side assertion (CUDA, torch.compile): no synchronisation
+            check_values((low >= 0) & (high < vocab), sized_message(_TARGETS_RANGE, vocab=vocab))
     return flat
 
 
@@ -304,10 +304,10 @@ def _raise_on_nan(out: torch.Tensor, source: str) -> None:
     # the O(T) output replaces an O(T*V) scan (and its (T, V) boolean mask).
     if not out.numel():
         return
-    if out.device.type == "cpu":
+    if host_checks(out):
         if bool(torch.isnan(out).any()):
             raise ValueError(_nan_rows_message(source, out))
-    else:  # a device-side assertion: no synchronisation
+    else:  # a device-side assertion (CUDA, torch.compile): no synchronisation
         check_values(~torch.isnan(out).any(), f"{source} must be finite: some row produced NaN {_NAN_WHY}")
 
 
@@ -316,7 +316,9 @@ def _raise_on_nan(out: torch.Tensor, source: str) -> None:
 # --------------------------------------------------------------------------
 @torch.library.custom_op("streammem::token_logprobs", mutates_args=())
 def _token_logprobs_op(logits: torch.Tensor, targets: torch.Tensor, backend: str) -> torch.Tensor:
-    """Core op: logits (N, V) with unit vocabulary stride, targets (N,) int64 in range."""
+    """``torch.ops.streammem.token_logprobs`` (its schema: docs/compile.md).
+
+    Core op: logits (N, V) with unit vocabulary stride, targets (N,) int64 in range."""
     return TOKEN_LOGPROBS.impls[backend](logits, targets)
 
 
@@ -328,7 +330,9 @@ def _(logits, targets, backend):
 @torch.library.custom_op("streammem::linear_token_logprobs", mutates_args=())
 def _linear_token_logprobs_op(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                               targets: torch.Tensor, backend: str) -> torch.Tensor:
-    """Core op: hidden (N, H), weight (V, H), bias (V,) or None, targets (N,) int64 in range."""
+    """``torch.ops.streammem.linear_token_logprobs`` (its schema: docs/compile.md).
+
+    Core op: hidden (N, H), weight (V, H), bias (V,) or None, targets (N,) int64 in range."""
     return LINEAR_TOKEN_LOGPROBS.impls[backend](hidden, weight, bias, targets)
 
 
@@ -340,7 +344,9 @@ def _(hidden, weight, bias, targets, backend):
 @torch.library.custom_op("streammem::divergence_point", mutates_args=())
 def _divergence_point_op(logprobs: torch.Tensor, lengths: torch.Tensor, delta: int, alpha: float, beta: float,
                          backend: str) -> torch.Tensor:
-    """Core op: contiguous (B, L) float64 log-probs, (B,) int64 lengths -> (B,) int64."""
+    """``torch.ops.streammem.divergence_point`` (its schema: docs/compile.md).
+
+    Core op: contiguous (B, L) float64 log-probs, (B,) int64 lengths -> (B,) int64."""
     return DIVERGENCE_POINT.impls[backend](logprobs, lengths, delta, alpha, beta)
 
 

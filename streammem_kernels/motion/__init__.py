@@ -20,12 +20,13 @@ its device-resident counterpart, and everything it runs can be captured in a CUD
 from __future__ import annotations
 
 import functools
+import operator
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from ..runtime.dispatch import Op, call_op, load_native
+from ..runtime.dispatch import Op, call_op, eager_only, load_native
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import as_tensor, check_dtype, check_float, check_int, check_nonempty, check_rank, check_values
 from .reference import (FRAME_DTYPES, GUESS_BOX, MAX_AUTO_LEVELS, MOVING_FLOOR_PX, MOVING_MIN_AREA, SEARCH_QUANT,
@@ -114,6 +115,11 @@ def _motion_of_gray(gray, window, min_eig, levels, statistic, backend) -> Motion
     return MotionResult(flow_px, flow_px / (1.0 + flow_px), mean_uv)
 
 
+_SELECT_FRAMES_EAGER = eager_only(
+    "select_frames returns a Python list of frame indices read from the tensors; inside torch.compile "
+    "use select_frames_mask (the same decision as a bool tensor)")
+
+
 def select_frames(frames, threshold: float, *, reference: str = "previous", size: int | None = None,
                   window: int | None = 5, min_eig: float = 1e-5, levels: int | str = "auto",
                   statistic: str = "moving", backend: str = "auto") -> list[int]:
@@ -126,8 +132,11 @@ def select_frames(frames, threshold: float, *, reference: str = "previous", size
 
     Arguments as in :func:`select_frames_mask`, of which this is a thin wrapper:
     returning a Python list, it synchronises with the GPU once, at the end (use
-    :func:`select_frames_mask` to stay on the device).
+    :func:`select_frames_mask` to stay on the device).  Not traceable by torch.compile for the
+    same reason: with ``fullgraph=True`` it raises, without it the graph breaks and it runs eagerly
+    (``docs/compile.md``).
     """
+    _SELECT_FRAMES_EAGER()
     keep = select_frames_mask(frames, threshold, reference=reference, size=size, window=window, min_eig=min_eig,
                               levels=levels, statistic=statistic, backend=backend)
     return [t for t, k in enumerate(keep.tolist()) if k]
@@ -176,10 +185,11 @@ def select_frames_mask(frames, threshold: float, *, reference: str = "previous",
         keep[0] = True
         torch.gt(flow_px / (1.0 + flow_px), above, out=keep[1:])
         return keep
-    if gray.device.type == "cpu" and name != "triton":
+    if gray.device.type == "cpu" and name != "triton" and not torch.compiler.is_compiling():
         return _last_kept_on_host(gray, above, flow)
-    # The index of the last kept frame stays on the device: reading it would stall the stream.
-    # (Triton takes this path under the interpreter too, so the CPU tests run it.)
+    # The index of the last kept frame stays on the device: reading it would stall the stream (and, while
+    # torch.compile traces, end the graph).  (Triton takes this path under the interpreter too, so the CPU
+    # tests run it.)
     keep = torch.ones(gray.shape[0], dtype=torch.bool, device=gray.device)
     last = torch.zeros(1, dtype=torch.long, device=gray.device)
     for t in range(1, gray.shape[0]):
@@ -302,14 +312,19 @@ def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", b
     h, w_ = frames.shape[1:3]
     args = (tuple(frames.shape[1:3]), size, window, min_eig, levels, statistic)
     if torch.compiler.is_compiling():  # dynamo traces through the cache wrapper (and warns): skip it
+        # The frame size is specialised (operator.index makes Dynamo guard on its value: a graph per
+        # frame size, T stays dynamic): Inductor cannot lower the area resize to a working size that
+        # is a symbolic expression of it ("cannot determine truth value of Relational").
+        args = ((operator.index(h), operator.index(w_)),) + args[1:]
         window, min_eig, levels, statistic, out_hw = _plan.__wrapped__(*args)
     else:
         try:
             window, min_eig, levels, statistic, out_hw = _plan(*args)
         except TypeError:  # unhashable arguments: validated uncached (and rejected there)
             window, min_eig, levels, statistic, out_hw = _plan.__wrapped__(*args)
-    native_prep = (
-        frames.dtype == torch.uint8 and frames.device.type == "cpu" and out_hw[0] <= h and out_hw[1] <= w_
+    native_prep = (  # not while torch.compile traces: the graph holds gray_resize's torch ops instead
+        frames.dtype == torch.uint8 and frames.device.type == "cpu" and not torch.compiler.is_compiling()
+        and out_hw[0] <= h and out_hw[1] <= w_
         and (frames.dim() == 4 or out_hw != (h, w_)) and LK_FLOW.select(backend, frames.device) == "cpp"
     )
     if native_prep:
@@ -335,7 +350,9 @@ def _lk_flow(gray, window, min_eig, levels, statistic, backend):
 @torch.library.custom_op("streammem::lk_flow", mutates_args=())
 def lk_flow(gray: torch.Tensor, window: int, min_eig: float, levels: int, statistic: str,
             backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Core op on prepared input.
+    """``torch.ops.streammem.lk_flow`` (its schema: docs/compile.md).
+
+    Core op on prepared input.
 
     gray: contiguous (T, H, W) uint8 (scaled by 1/255 on load) or float32 in [0, 1];
     window: odd >= 3, or 0 for the global system; levels: >= 1 (1 with window 0), every level

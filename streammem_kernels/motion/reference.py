@@ -42,7 +42,11 @@ def level_shapes(h: int, w: int, levels: int) -> list[tuple[int, int]]:
 def gray_resize(frames: torch.Tensor, out_hw) -> torch.Tensor:
     """Reference preparation: gray (uint8 kept when no resize), area/bilinear resize."""
     if frames.dim() == 4:
-        gray = frames.to(torch.float32) @ gray_weights(frames.device)
+        # Traced by torch.compile, the weights are a constant of the graph (Dynamo warns about a cache it
+        # would trace through).
+        weights = (torch.tensor(GRAY_WEIGHTS, dtype=torch.float32, device=frames.device)
+                   if torch.compiler.is_compiling() else gray_weights(frames.device))
+        gray = frames.to(torch.float32) @ weights
         if frames.dtype == torch.uint8:
             gray = gray * (1.0 / 255.0)
     elif frames.dtype == torch.uint8 and out_hw == tuple(frames.shape[1:]):

@@ -33,6 +33,12 @@ per op and device with a :class:`BackendFallbackWarning`; an op whose only
 candidate is the reference, an input a kernel does not support, or an explicit
 choice stay silent.  :func:`backend_report` lists, per op and device, which
 backends can run here and why the others cannot.
+
+Inside ``torch.compile`` (``docs/compile.md``) the public functions compile as one graph each:
+:meth:`Op.select` resolves the backend while Dynamo traces, reading the environment and the
+import outcomes only through :func:`trace_constant` functions (called at trace time, outside the
+graph), :meth:`Op.run_fast` steps aside, and :func:`call_op` puts the registered custom op in the
+graph, whose fake implementation gives the shapes.
 """
 from __future__ import annotations
 
@@ -78,13 +84,51 @@ def _environ_reader():
 getenv = _environ_reader()
 
 
+def trace_constant(fn):
+    """Mark ``fn`` as ``torch.compiler.assume_constant_result`` does: Dynamo calls it while it traces,
+    outside the graph, and keeps its result as a constant.  Set by hand because the public decorator
+    imports torch._dynamo (seconds) and the package's import stays cheap; a test checks that the mark
+    is the one torch's decorator sets.
+
+    Dispatch reads everything it learns from the process through such functions (environment
+    variables, which native modules and Triton import, the fallback warning), so a trace neither
+    imports a module nor reads ``os.environ`` and the graph holds only tensor work.  A compiled
+    function keeps the backend resolved when it was compiled (docs/compile.md).
+    """
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+def eager_only(reason: str):
+    """A marker for a public function that torch.compile cannot trace into one graph (it returns Python
+    objects read from the tensors): the function calls the returned marker first.  Eagerly the marker
+    does nothing; while Dynamo traces, calling it is refused with ``reason`` (as
+    ``torch.compiler.disable(recursive=False)`` refuses its function), so ``fullgraph=True`` raises
+    naming the function and what to use instead, and without ``fullgraph`` the graph breaks there and
+    the function runs eagerly.  The marks are set by hand for :func:`trace_constant`'s reason; a test
+    checks that they are the ones torch's decorator sets.
+    """
+    def marker() -> None:
+        return None
+
+    marker._torchdynamo_disable = True
+    marker._torchdynamo_disable_msg = reason
+    return marker
+
+
+@trace_constant
+def read_env(name: str) -> str | None:
+    """``getenv(name)``, a constant to torch.compile."""
+    return getenv(name)
+
+
 def triton_interpreting() -> bool:
-    return (getenv("TRITON_INTERPRET") or "0") not in ("", "0")
+    return (read_env("TRITON_INTERPRET") or "0") not in ("", "0")
 
 
 def backend_override() -> str | None:
     """``STREAMMEM_BACKEND`` as given (None when unset or "auto")."""
-    value = getenv("STREAMMEM_BACKEND")
+    value = read_env("STREAMMEM_BACKEND")
     if value is None:
         return None
     value = value.strip().lower()
@@ -138,6 +182,13 @@ def _import_native(kind: str, op: str):
         return None, f"native module {name} is not available ({exc}); {hint}"
 
 
+@trace_constant
+def native_reason(kind: str, op: str) -> str | None:
+    """Why ``streammem_kernels._<kind>_<op>`` cannot be loaded, or None (:func:`load_native`'s reason)."""
+    return load_native(kind, op)[1]
+
+
+@trace_constant
 def _triton_import_reason():
     key = ("triton", "")
     if key not in _IMPORTS:
@@ -163,7 +214,7 @@ def common_reasons(backend: str, op: str, device: torch.device) -> list[str]:
     if backend == "cpp":
         if device.type != "cpu":
             reasons.append(f"the C++ backend runs on CPU tensors, got device {device}")
-        _, why = load_native("cpu", op)
+        why = native_reason("cpu", op)
         if why:
             reasons.append(why)
     elif backend == "triton":
@@ -186,7 +237,7 @@ def common_reasons(backend: str, op: str, device: torch.device) -> list[str]:
             reasons.append(f"the CUDA backend needs CUDA tensors, got device {device}")
         elif not torch.cuda.is_available():
             reasons.append("no CUDA device is available")
-        _, why = load_native("cuda", op)
+        why = native_reason("cuda", op)
         if why:
             reasons.append(why)
     else:
@@ -197,14 +248,15 @@ def common_reasons(backend: str, op: str, device: torch.device) -> list[str]:
 def not_installed_reason(backend: str, op: str) -> str | None:
     """Why ``backend`` of ``op`` is absent from this install (module not built, Triton missing), or None."""
     if backend == "cpp":
-        return load_native("cpu", op)[1]
+        return native_reason("cpu", op)
     if backend == "cuda":
-        return load_native("cuda", op)[1]
+        return native_reason("cuda", op)
     if backend == "triton":
         return _triton_import_reason()
     return None
 
 
+@trace_constant
 def _warn_fallback(op: str, device: torch.device, missing: list[str]) -> None:
     key = (op, device.type)
     if key in _FALLBACK_WARNED:
@@ -247,6 +299,13 @@ def describe_inputs(inputs: Mapping[str, object] | None) -> str:
         elif value is not None:
             parts.append(f"{name}={value!r}")
     return ", ".join(parts)
+
+
+def _on(inputs: Mapping[str, object] | None) -> str:
+    """`` (queries (1, 384) float32 cpu, ...)`` for an error message, or "" (described only when raising:
+    under torch.compile, formatting a shape would fix it in the graph)."""
+    on = describe_inputs(inputs)
+    return f" ({on})" if on else ""
 
 
 # The Triton interpreter is not thread-safe: a launch patches triton.language module-wide for its duration
@@ -341,6 +400,8 @@ class Op:
         ``inputs`` (name -> tensor) only serves the error message: when nothing can run,
         it names the op and the shapes, dtypes and devices of its inputs.
         """
+        if _is_compiling():  # traced: resolved afresh (reading only trace constants), remembered by the graph
+            return self._resolve(backend, device, inputs, info)[0]
         key = None
         if not info:
             key = (backend, device, getenv("STREAMMEM_BACKEND"), getenv("TRITON_INTERPRET"))
@@ -359,20 +420,18 @@ class Op:
             raise ValueError(f"backend must be one of {('auto',) + BACKENDS}, got {backend!r}")
         source = "backend="
         if backend == "auto":
-            override = (getenv("STREAMMEM_BACKEND") or "auto").strip().lower() or "auto"
+            override = (read_env("STREAMMEM_BACKEND") or "auto").strip().lower() or "auto"
             if override != "auto":
                 if override not in BACKENDS:
                     raise ValueError(
                         f"STREAMMEM_BACKEND must be one of {('auto',) + BACKENDS}, got {override!r}"
                     )
                 backend, source = override, "STREAMMEM_BACKEND="
-        on = describe_inputs(inputs)
-        on = f" ({on})" if on else ""
         if backend != "auto":
             why = self.reasons(backend, device, **info)
             if why:
                 raise RuntimeError(
-                    f"{self.name}: {source}{backend!r} cannot run on this input{on}: " + "; ".join(why)
+                    f"{self.name}: {source}{backend!r} cannot run on this input{_on(inputs)}: " + "; ".join(why)
                 )
             return backend, True
         order = AUTO_ORDER.get(device.type, ("torch",))
@@ -389,7 +448,7 @@ class Op:
             missing = not_installed_reason(candidate, self.native) if candidate in self.impls else None
             if missing is not None and why == [missing]:
                 not_installed.append(missing)
-        raise RuntimeError(f"{self.name}: no backend can run on device {device}{on}: " + " | ".join(report))
+        raise RuntimeError(f"{self.name}: no backend can run on device {device}{_on(inputs)}: " + " | ".join(report))
 
     def available(self, device: torch.device, **info) -> list[str]:
         """Backends that can run on `device` now (used by tests and benchmarks)."""

@@ -5,9 +5,10 @@ argument and what was expected.  Nothing here mutates the caller's tensors.
 
 Checks of *metadata* (rank, shape, dtype, device, integer arguments) are host
 checks on every device.  Checks of tensor *values* (finite, indices in range)
-are host checks on CPU tensors; on CUDA tensors they are enqueued as
-device-side assertions (:func:`device_assert`), so no op synchronises the
-host with the GPU and every op can be captured in a CUDA graph.  A failed
+are host checks on CPU tensors; on CUDA tensors, and on every device while
+torch.compile traces, they are enqueued as device-side assertions
+(:func:`device_assert`), so no op synchronises the host with the GPU, every op
+can be captured in a CUDA graph and every op compiles as one graph.  A failed
 device assertion surfaces at the next synchronisation as a CUDA
 "device-side assert triggered" error carrying the same message, as torch's own
 CUDA index checks do (it leaves the CUDA context unusable: validate on the
@@ -15,6 +16,7 @@ host first where bad values are expected).
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
 import numpy as np
@@ -69,14 +71,33 @@ def device_assert(condition: torch.Tensor, message: str) -> None:
     torch._assert_async(condition, message)
 
 
+def host_checks(t: torch.Tensor) -> bool:
+    """Whether value checks on ``t`` read it on the host: CPU tensors outside torch.compile.  On CUDA, and
+    in a graph torch.compile traces, they are assertions in the stream (:func:`device_assert`), so no
+    function reads a value on the host while traced."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def check_values(ok: torch.Tensor, message: str) -> None:
     """``ValueError(message)`` unless the 0-d bool tensor ``ok`` is true: a host check on CPU, a device
-    assertion on CUDA (no synchronisation)."""
-    if ok.device.type == "cpu":
+    assertion on CUDA and inside torch.compile (no synchronisation; a failure raises ``RuntimeError``
+    carrying ``message``)."""
+    if host_checks(ok):
         if not bool(ok):
             raise ValueError(message)
     else:
         device_assert(ok, message)
+
+
+def sized_message(template: str, **sizes) -> str:
+    """``template.format(**sizes)`` for a value check's message; while torch.compile traces with dynamic
+    shapes, a symbolic size is written as its name (``{N}`` -> ``N``): a graph's assertion message is a
+    constant, and writing the size into it would fix the graph to that size."""
+    if torch.compiler.is_compiling():
+        from torch.fx.experimental.symbolic_shapes import has_static_value  # loaded by the compiler already
+
+        sizes = {name: value if has_static_value(value) else name for name, value in sizes.items()}
+    return template.format(**sizes)
 
 
 def check_finite(t: torch.Tensor, name: str) -> None:
@@ -103,7 +124,7 @@ def check_float(value, name: str, *, low=None, high=None, low_open=False, high_o
         value = float(value)
     except OverflowError:  # an int beyond the float range
         raise ValueError(f"{name} must be finite, got an int of {value.bit_length()} bits") from None
-    if not np.isfinite(value):
+    if not math.isfinite(value):  # math, not numpy: torch.compile traces numpy calls as tensor ops
         raise ValueError(f"{name} must be finite, got {value}")
     if low is not None and (value <= low if low_open else value < low):
         raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}")

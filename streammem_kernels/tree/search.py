@@ -19,7 +19,7 @@ import torch
 
 from .reference import (MAX_RESULTS, MAX_WIDTH, SearchPlan, beam_levels, check_size, tree_search_reference,
                         unit_rows)
-from ..runtime.dispatch import Op, call_op
+from ..runtime.dispatch import Op, call_op, trace_constant
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import check_finite, check_float, check_int
 from .store import CosineTree
@@ -94,6 +94,8 @@ def tree_search(tree: CosineTree, queries, *, beam=1, k: int = 1, min_score: flo
 def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_every_root, backend):
     if not isinstance(tree, CosineTree):
         raise ValueError(f"tree must be a CosineTree, got {type(tree).__name__}")
+    if torch.compiler.is_compiling():
+        _take_snapshot(tree)  # outside the graph: the snapshot is taken under the tree's lock
     snap = tree.search_arrays()  # one consistent snapshot, whatever other threads do to the tree
     if snap.num_live == 0:
         raise ValueError("tree must not be empty (add leaves first; every node was removed otherwise)")
@@ -128,6 +130,15 @@ def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_ev
     ids, scores = call_op(torch.ops.streammem.tree_beam, _BEAM_IMPLS, name, *arrays, level, utility, q,
                           list(widths), snap.fanout, k, min_val, use_utility)
     return TopKResult(ids, scores)
+
+
+@trace_constant
+def _take_snapshot(tree: CosineTree) -> None:
+    """Take the tree's search snapshot (:meth:`CosineTree.search_arrays`) while torch.compile traces a
+    search, outside the graph (under the tree's lock, which a trace cannot take).  The traced search
+    then reads the snapshot the tree keeps, as graph inputs guarded by the compiled function: a
+    mutation drops the snapshot, so the next call compiles again and takes a new one here."""
+    tree.search_arrays()
 
 
 def _beam_widths(beam, height: int) -> list[int]:
@@ -174,7 +185,9 @@ _GREEDY_IMPLS, _BEAM_IMPLS = _Bound(_greedy_body), _Bound(_beam_body)
 def tree_greedy(embeddings: torch.Tensor, child_ptr: torch.Tensor, child_idx: torch.Tensor, roots: torch.Tensor,
                 queries: torch.Tensor, height: int, fanout: int, from_every_root: bool,
                 backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Core greedy descent (see :class:`SearchPlan` for the inputs).
+    """``torch.ops.streammem.tree_greedy`` (its schema: docs/compile.md).
+
+    Core greedy descent (see :class:`SearchPlan` for the inputs).
 
     Returns path (S, H+1), path_scores (S, H+1), best_node (S,), best_score (S,)
     with S = Q, or (Q, R, H+1) ... with ``from_every_root``.
@@ -197,7 +210,9 @@ def _(embeddings, child_ptr, child_idx, roots, queries, height, fanout, from_eve
 def tree_beam(embeddings: torch.Tensor, child_ptr: torch.Tensor, child_idx: torch.Tensor, roots: torch.Tensor,
               level: torch.Tensor, utility: torch.Tensor, queries: torch.Tensor, widths: list[int], fanout: int,
               k: int, min_score: float, use_utility: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Core beam search (see :class:`SearchPlan`) -> ids (Q, k), scores (Q, k)."""
+    """``torch.ops.streammem.tree_beam`` (its schema: docs/compile.md).
+
+    Core beam search (see :class:`SearchPlan`) -> ids (Q, k), scores (Q, k)."""
     return _beam_body(embeddings, child_ptr, child_idx, roots, level, utility, queries, widths, fanout, k,
                       min_score, use_utility, backend)
 

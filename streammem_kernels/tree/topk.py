@@ -18,7 +18,8 @@ import torch
 from .reference import FLOAT_INPUTS, INT_INPUTS, MAX_RESULTS, cosine_topk_reference, unit_rows
 from ..runtime.dispatch import Op, call_op
 from ..runtime.native import NativeChecks, view
-from ..runtime.validate import as_tensor, check_dtype, check_finite, check_int, check_rank, check_values
+from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_int, check_rank, check_values,
+                                sized_message)
 
 __all__ = ["TopKResult", "cosine_topk", "cosine_topk_uses_blas"]
 
@@ -104,7 +105,7 @@ def _cosine_topk_general(queries, keys, k, ranges, backend) -> TopKResult:
         check_finite(queries, "queries")
         check_finite(keys, "keys")
         check_values(((r[:, 0] >= 0) & (r[:, 1] <= keys.shape[0]) & (r[:, 0] <= r[:, 1])).all(),
-                     _RANGES_INSIDE.format(N=keys.shape[0]))
+                     sized_message(_RANGES_INSIDE, N=keys.shape[0]))
     ids, scores = call_op(torch.ops.streammem.cosine_topk, COSINE_TOPK.impls, name, queries, keys, k, r)
     return TopKResult(ids, scores)
 
@@ -156,7 +157,9 @@ def cosine_topk_uses_blas(num_queries: int, num_keys: int, ranges: torch.Tensor 
 @torch.library.custom_op("streammem::cosine_topk", mutates_args=())
 def cosine_topk_op(queries: torch.Tensor, keys: torch.Tensor, k: int, ranges: torch.Tensor,
                    backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Core exact top-k: float32 queries (Q, D) (any norm; each backend normalises them), raw float32
+    """``torch.ops.streammem.cosine_topk`` (its schema: docs/compile.md).
+
+    Core exact top-k: float32 queries (Q, D) (any norm; each backend normalises them), raw float32
     keys (N, D), ranges (Q, 2) int64, all contiguous."""
     return tuple(COSINE_TOPK.impls[backend](queries, keys, k, ranges))
 

@@ -639,7 +639,7 @@ def test_torch_compile_on_cpu():
 
     torch.testing.assert_close(gate(frames), motion_magnitude(frames, backend="torch").score, atol=2e-5, rtol=2e-4)
 
-    @torch.compile(backend="aot_eager")  # validation graph-breaks; the op itself traces
+    @torch.compile(backend="aot_eager", fullgraph=True)  # validation and all: one graph
     def score(x):
         return motion_magnitude(x).score * 2
 
