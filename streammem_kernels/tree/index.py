@@ -560,16 +560,20 @@ class CosineIndex:
             self._lock.release_read()
 
     # ---- persistence ----------------------------------------------------------
-    def save(self, path) -> None:
-        """Write the index to ``path`` in the shared checkpoint format (kind ``"CosineIndex"``, atomically):
-        its unit rows and ids in insertion order (derived tables are rebuilt on load)."""
+    def state_dict(self) -> dict:
+        """The index as plain data: ``dim``, ``keys`` (len, D) float32 unit rows and ``ids`` (len,) int64 in
+        insertion order (CPU copies), ``next_id``; the derived tables are rebuilt by :meth:`from_state_dict`."""
         self._lock.acquire_read()
         try:
-            state = {"dim": self._dim, "keys": self._live(self._keys).cpu().clone(),
-                     "ids": self._live(self._ids).cpu().clone(), "next_id": self._next_id}
+            return {"dim": self._dim, "keys": self._live(self._keys).cpu().clone(),
+                    "ids": self._live(self._ids).cpu().clone(), "next_id": self._next_id}
         finally:
             self._lock.release_read()
-        checkpoint.save(path, CHECKPOINT_KIND, state, version=STATE_VERSION)
+
+    def save(self, path) -> None:
+        """Write :meth:`state_dict` to ``path`` in the shared checkpoint format (kind ``"CosineIndex"``,
+        atomically)."""
+        checkpoint.save(path, CHECKPOINT_KIND, self.state_dict(), version=STATE_VERSION)
 
     @classmethod
     def load(cls, path, *, device="cpu", half_scan: bool = False) -> "CosineIndex":
@@ -580,6 +584,16 @@ class CosineIndex:
         ``ValueError`` naming the path and what is wrong.
         """
         state, _ = checkpoint.load(path, CHECKPOINT_KIND, versions=(STATE_VERSION,))
+        return cls.from_state_dict(state, device=device, half_scan=half_scan, path=path)
+
+    @classmethod
+    def from_state_dict(cls, state: dict, *, device="cpu", half_scan: bool = False,
+                        path="state") -> "CosineIndex":
+        """An index holding ``state`` (:meth:`state_dict`'s form), its unit rows stored as they are (no
+        second normalisation, so searches answer as the index that wrote it did).  ``ValueError`` naming
+        ``path`` and the field for anything malformed, as :meth:`load`."""
+        if not isinstance(state, dict):
+            raise ValueError(f"{path}: a CosineIndex state must be a dict, got {type(state).__name__}")
         reader = checkpoint.StateReader(path, CHECKPOINT_KIND, state)
         dim = reader.int("dim", low=1, high=MAX_DIM)
         keys = reader.tensor("keys", dtype=torch.float32, shape=(None, dim), finite=True)
