@@ -235,7 +235,8 @@ def _measure(benchmark, d, num_q, method, search, group=None, **extra):
     ids = search(queries)  # warm-up call, also gives the ids for recall
     first = time.perf_counter() - t0
     rounds = int(min(20, max(1, 2.0 / max(first, 1e-6))))
-    benchmark.group = group or f"tree-{d['kind']}-N{d['n']}-Q{num_q}"  # before pedantic(): set afterwards it is lost from the JSON
+    # Set before pedantic(): set afterwards it is lost from the JSON.
+    benchmark.group = group or f"tree-{d['kind']}-N{d['n']}-Q{num_q}"
     benchmark.pedantic(search, args=(queries,), rounds=rounds, iterations=1)
     mean = benchmark.stats.stats.mean
     r1, r10 = _recall(np.asarray(ids), exact_scores, queries, d["keys"])
@@ -395,7 +396,8 @@ def test_gpu(benchmark, data, num_q, method):
 def _write_index_summary():
     path = os.path.join(RESULTS_DIR, f"tree_index_summary{'_quick' if QUICK else ''}.md")
     faiss_p50 = {(r["task"], r["N"], r["Q"]): r["p"][1] for r in INDEX_SUMMARY if r["method"] == "faiss IndexFlatIP"}
-    lines = ["| task | N | Q | method | p20 ms | p50 ms | p80 ms | IndexFlatIP p50 / ours p50 | recall@10 | load | threads |",
+    lines = ["| task | N | Q | method | p20 ms | p50 ms | p80 ms | IndexFlatIP p50 / ours p50 | recall@10 | load "
+             "| threads |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     order = {m: i for i, m in enumerate(INDEX_METHODS + ("cosine_topk (auto)",))}
     for r in sorted(INDEX_SUMMARY, key=lambda r: (r["task"], r["N"], r["Q"] or 0, order[r["method"]])):

@@ -6,7 +6,8 @@ scored by the rules of :mod:`.reference`.
 Modules: ``reference`` (the scoring rules, the size bounds and the torch references: the spec),
 ``topk`` and ``search`` (the public functions and their ``Op`` tables), ``index`` (the index and its
 ``Op``), ``store`` (the tree) with ``storage`` (its tables and snapshots) and ``persistence`` (its
-file format); backends ``_triton``, ``_cuda``; native modules ``_cpu_tree`` / ``_cuda_tree`` (``csrc/cpu/tree/``, ``csrc/cuda/tree.cu``).
+file format); backends ``_triton``, ``_cuda``; native modules ``_cpu_tree`` / ``_cuda_tree``
+(``csrc/cpu/tree/``, ``csrc/cuda/tree.cu``).
 ``docs/ops/tree.md`` is the design note.
 """
 from .index import CosineIndex

@@ -12,8 +12,8 @@ The scoring rules, shared by :func:`~streammem_kernels.cosine_topk`,
   score identically wherever they lie and the tie rule holds.
 * A ranking orders by (score desc, id asc); ``-inf`` marks an absent entry (:func:`topk_low_id`).
 
-:func:`cosine_topk_reference`, :func:`index_topk_reference` and :func:`tree_search_reference` are the specs the tests compare
-every backend with, and the torch backends themselves (chunked so that memory stays bounded).
+:func:`cosine_topk_reference`, :func:`index_topk_reference` and :func:`tree_search_reference` are the specs the
+tests compare every backend with, and the torch backends themselves (chunked so that memory stays bounded).
 Every shape in them comes from host metadata (query and root counts, the tree's height and
 ``max_fanout``, the beam widths), never from tensor values, so they run on a GPU without
 synchronising.  ``docs/ops/tree.md`` explains the algorithms.  Imports nothing of the op but the

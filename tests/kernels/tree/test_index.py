@@ -188,6 +188,39 @@ def test_ranges_select_ids_like_cosine_topk_ranges_select_positions(backend):
     assert bool((((got.ids >= 20) & (got.ids < 60)) | (got.ids == -1))[1].all())
 
 
+@pytest.mark.parametrize("half_scan", [False, True])
+@pytest.mark.parametrize("num_k,dim,num_q,k", [(1, 1, 1, 1), (2, 5, 1, 3), (13, 7, 3, 4), (257, 33, 2, 9),
+                                               (611, 65, 17, 6)])
+def test_ids_removes_and_ranges_equal_cosine_topk_on_the_live_keys(half_scan, num_k, dim, num_q, k):
+    """Every feature at once on odd sizes: ascending ids with gaps, removals (tombstones and
+    compaction), ranges over ids, with and without the float16 scan copy."""
+    if half_scan:
+        needs_cpp()
+    keys, queries = sample(num_k, dim, num_q, seed=num_k * dim)
+    labels = torch.arange(num_k) * 3 + 1  # ascending, with gaps
+    index = CosineIndex(dim, half_scan=half_scan, capacity=1)
+    index.add(keys, ids=labels)
+    doomed = torch.arange(0, num_k, 4)[: max(0, num_k - 1)]  # leaves one key at least
+    index.remove(labels[doomed])
+    live = torch.ones(num_k, dtype=torch.bool)
+    live[doomed] = False
+    lo = torch.randint(0, 3 * num_k + 2, (num_q,), generator=torch.Generator().manual_seed(num_k))
+    ranges = torch.stack([lo, lo + 2 * num_k // 3 + 1], 1)
+    ranges[0] = torch.tensor([0, 3 * num_k + 1])  # the whole index
+    assert torch.equal(index.ids, labels[live])
+    unit = index.keys  # the stored unit rows (cosine_topk on them is bit for bit the index's search)
+    torch.testing.assert_close(unit, unit_rows(keys)[live], atol=1e-6, rtol=0)
+    positions = torch.stack([torch.searchsorted(labels[live], ranges[:, 0].contiguous()),
+                             torch.searchsorted(labels[live], ranges[:, 1].contiguous())], 1)
+    for backend in (INDEX_BACKENDS if not half_scan else ["cpp"]):
+        got = index.search(queries, k, ranges=ranges, backend=backend)
+        want = cosine_topk(queries, unit, k, ranges=positions, backend=backend)
+        assert torch.equal(got.ids, mapped(want, labels[live])), backend
+        torch.testing.assert_close(got.scores, want.scores, atol=2e-5 if backend == "torch" else 0, rtol=0)
+        assert torch.equal(index.search(queries, k, backend=backend).ids,
+                           mapped(cosine_topk(queries, unit, k, backend=backend), labels[live])), backend
+
+
 def test_ranges_need_ascending_ids():
     index = CosineIndex(4)
     index.add(torch.randn(3, 4), ids=[5, 1, 9])
