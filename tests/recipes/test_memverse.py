@@ -3,6 +3,7 @@ memory's ground truth, bounded growth, checkpoints, video input and the CLI."""
 import json
 import re
 import zlib
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from streammem.recipes.memverse import (
     compact_csr, extend_csr, interleave, name_key,
 )
 from streammem.recipes.memverse import GroundTruthExtractor, PlantedFactMemory, hit_rates
-from streammem_kernels import CSRGraph, khop_neighbourhood
+from streammem_kernels import CSRGraph, cosine_topk, khop_neighbourhood
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -184,6 +185,40 @@ def test_search_matches_a_brute_force(ranking, seeds, hops, fanout, per_node):
         for row, node, s in zip(hits.chunks[i].tolist(), hits.chunk_nodes[i].tolist(), hits.chunk_scores[i].tolist()):
             if row >= 0:
                 assert row in g.node_chunks(node) and s == pytest.approx(scores[nodes.index(node)], abs=1e-5)
+
+
+def test_search_after_evictions_and_growth_matches_a_brute_force_over_the_surviving_rows():
+    """The node and chunk indexes lose exactly the evicted rows and keep the others in node / row order: after
+    rounds of eviction and consolidation, search, the flat baseline and the name look-ups answer as on
+    the surviving tables."""
+    g = _random_graph(11, n_chunks=48)
+    rng = np.random.default_rng(5)
+    removed = Counter()
+    for round_ in range(3):
+        report = g.evict(int(g.cost() * 0.4), 60.0 + round_)
+        removed.update(chunks=report.chunks, relations=report.relations, entities=report.entities)
+        start = 100 + 10 * round_
+        chunks = [MemoryChunk(i, 0, float(i), float(i), "text", f"chunk {i}", (),
+                              embedding=torch.from_numpy(rng.standard_normal(g.dim)).float())
+                  for i in range(start, start + 4)]
+        exts = [Extraction(("e1", f"new{i}"), (("e1", "sees", f"new{i}"),)) for i in range(start, start + 4)]
+        g.consolidate(chunks, exts, lambda texts: torch.from_numpy(rng.standard_normal((len(texts), g.dim))).float(),
+                      now=70.0 + round_)
+    assert min(removed.values()) > 0  # chunks, relations and orphaned entities all went
+    assert g.embeddings.shape == (g.num_nodes, g.dim) and g.chunk_embeddings.shape == (g.num_chunks, g.dim)
+    for v, (text, kind) in enumerate(zip(g.texts, g.kinds.tolist())):
+        if kind == 0:
+            assert g.entity_id(text) == v
+    queries = torch.randn(4, g.dim, generator=torch.Generator().manual_seed(3))
+    hits = g.search(queries, seeds=4, hops=2, capacity=g.num_nodes, max_fanout=16, chunks=12, chunks_per_node=2)
+    for i in range(queries.shape[0]):
+        nodes, _, chunks = _brute_force(g, F.normalize(queries[i], dim=0), 4, 2, 16, 12, 2, "round-robin")
+        assert hits.nodes[i][hits.nodes[i] >= 0].tolist() == nodes
+        assert hits.chunks[i][hits.chunks[i] >= 0].tolist() == chunks
+    rows, scores = g.search_flat(queries, 5)
+    want = cosine_topk(queries, g.chunk_embeddings, 5)
+    assert torch.equal(rows, want.ids)
+    torch.testing.assert_close(scores, want.scores, atol=2e-5, rtol=0)
 
 
 def test_search_on_an_empty_graph_and_bad_queries():
