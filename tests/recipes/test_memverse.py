@@ -113,6 +113,33 @@ def test_consolidate_merges_names_joins_relations_and_links_chunks_newest_first(
     assert g.num_nodes == 7 and g.num_chunks == 3 and g.entity_id("zed") is None  # unchanged
 
 
+def test_an_encoder_failing_after_some_blocks_leaves_the_graph_as_it_was(monkeypatch):
+    """Node texts are embedded in blocks (bounded memory for bulk consolidation); a failure in a later block
+    takes the earlier blocks' rows out of the node index again."""
+    import streammem.recipes.memverse.graph as graph_module
+
+    monkeypatch.setattr(graph_module, "EMBED_BLOCK", 2)
+    enc = PrefixHashEncoder()
+    g = LongTermGraph(enc.dim)
+    g.consolidate([_chunk(0, "Alice: the bakery", t=1.0)], [Extraction(("Alice", "bakery"))], enc.encode, now=1.0)
+    before = g.embeddings.clone()
+    calls = []
+
+    def fails_second(texts):
+        calls.append(len(texts))
+        if len(calls) == 2:
+            raise RuntimeError("encoder down")
+        return enc.encode(texts)
+
+    with pytest.raises(RuntimeError, match="encoder down"):
+        g.consolidate([_chunk(1, "Bob Carol Dave", t=2.0)], [Extraction(("Bob", "Carol", "Dave"))], fails_second, 2.0)
+    assert calls == [2, 1] and g.num_nodes == 2 and g.entity_id("Bob") is None
+    assert torch.equal(g.embeddings, before)
+    g.consolidate([_chunk(1, "Bob Carol Dave", t=2.0)], [Extraction(("Bob", "Carol", "Dave"))], enc.encode, 2.0)
+    assert g.num_nodes == 5 and g.entity_id("Dave") == 4
+    assert g.search(enc.encode(["Dave"]), seeds=1).seeds[0, 0] == 4
+
+
 def _random_graph(seed, n_chunks=40, dim=16):
     rng = np.random.default_rng(seed)
     vocab = [f"e{i}" for i in range(25)]

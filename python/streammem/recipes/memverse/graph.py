@@ -192,6 +192,11 @@ def _least_useful(ratio: torch.Tensor, created: torch.Tensor, cost: torch.Tensor
     return order[: count + 1]
 
 
+# Node texts embedded (and added to the node index) at once: bounds the embeddings held besides the
+# index to EMBED_BLOCK x dim floats (96 MB at D = 384) when a bulk consolidation adds millions of nodes.
+EMBED_BLOCK = 1 << 16
+
+
 class _Column:
     """Append-only tensor rows with amortised doubling (and compaction by a mask)."""
 
@@ -473,17 +478,28 @@ class LongTermGraph:
     def _append_nodes(self, texts, kinds, heads, tails, predicates, embed, now: float) -> None:
         if not texts:
             return
-        t0 = time.perf_counter()
-        emb = torch.as_tensor(embed(list(texts)))
-        self.timings["embed"] += time.perf_counter() - t0
-        if emb.shape != (len(texts), self.dim) or not emb.is_floating_point():
-            raise ValueError(f"embed must return a float ({len(texts)}, {self.dim}) tensor, got "
-                             f"{tuple(emb.shape)} {emb.dtype}")
-        if not bool(torch.isfinite(emb).all()):
-            raise ValueError("embed returned non-finite values")
         n = len(texts)
-        handles = self._node_handles.issue(n)
-        self._nodes.add(emb.detach().float(), ids=torch.from_numpy(handles))
+        # The new nodes' handles are the next n (issued below, once every embedding is in).
+        first = self._node_handles.issued
+        done = 0
+        try:
+            for lo in range(0, n, EMBED_BLOCK):
+                block = list(texts[lo:lo + EMBED_BLOCK])
+                t0 = time.perf_counter()
+                emb = torch.as_tensor(embed(block))
+                self.timings["embed"] += time.perf_counter() - t0
+                if emb.shape != (len(block), self.dim) or not emb.is_floating_point():
+                    raise ValueError(f"embed must return a float ({len(block)}, {self.dim}) tensor, got "
+                                     f"{tuple(emb.shape)} {emb.dtype}")
+                if not bool(torch.isfinite(emb).all()):
+                    raise ValueError("embed returned non-finite values")
+                self._nodes.add(emb.detach().float(), ids=torch.arange(first + lo, first + lo + len(block)))
+                done = lo + len(block)
+        except BaseException:
+            if done:  # a failing encoder leaves the graph as it was
+                self._nodes.remove(torch.arange(first, first + done))
+            raise
+        self._node_handles.issue(n)
         self.texts += texts
         self.predicates += predicates
         self._kind.extend(torch.tensor(kinds, dtype=torch.int8))
