@@ -140,6 +140,33 @@ def test_an_encoder_failing_after_some_blocks_leaves_the_graph_as_it_was(monkeyp
     assert g.search(enc.encode(["Dave"]), seeds=1).seeds[0, 0] == 4
 
 
+def test_seed_relations_list_every_relation_touching_the_seeds_in_lightrag_order():
+    """LightRAG's local query: every relation of the seed entities, by (sum of endpoint degrees, weight) descending,
+    ties in the order first met.  Degrees: A 2, B 2, C 3, D 2, E 1; "A likes B" is stated twice (weight 2)."""
+    enc = PrefixHashEncoder()
+    g = LongTermGraph(enc.dim)
+    stated = [(("A", "likes", "B"), ("A", "sees", "C")), (("B", "near", "C"),), (("C", "owns", "D"),),
+              (("A", "likes", "B"),), (("D", "met", "E"),)]
+    for i, rels in enumerate(stated):
+        names = tuple(dict.fromkeys(n for h, _, t in rels for n in (h, t)))
+        g.consolidate([_chunk(i, " ".join(names), t=float(i))], [Extraction(names, rels)], enc.encode, float(i))
+    ab, ac, bc, cd, de = (g.relation_id(*r) for r in
+                          [("A", "likes", "B"), ("A", "sees", "C"), ("B", "near", "C"), ("C", "owns", "D"),
+                           ("D", "met", "E")])
+    a, c, e = g.entity_id("A"), g.entity_id("C"), g.entity_id("E")
+    assert g.neighbours(c) == [cd, bc, ac]  # newest first: the order ties keep
+    listing = g.seed_relations(torch.tensor([[a, -1], [c, a], [e, ab], [-1, -1]]))
+    assert listing[0] == [(ac, 5, 1), (ab, 4, 2)]  # rank first: A-C (2 + 3) before A-B (2 + 2, weight 2)
+    assert listing[1] == [(cd, 5, 1), (bc, 5, 1), (ac, 5, 1), (ab, 4, 2)]  # each relation once
+    assert listing[2] == [(ab, 4, 2), (de, 3, 1)]  # a relation seed lists itself
+    assert listing[3] == []
+    assert g.seed_relations(torch.tensor([[c, a]]), limit=2) == [[(cd, 5, 1), (bc, 5, 1)]]
+    with pytest.raises(ValueError, match="seeds"):
+        g.seed_relations(torch.tensor([a]))
+    with pytest.raises(ValueError, match="limit"):
+        g.seed_relations(torch.tensor([[a]]), limit=-1)
+
+
 def _random_graph(seed, n_chunks=40, dim=16):
     rng = np.random.default_rng(seed)
     vocab = [f"e{i}" for i in range(25)]
@@ -389,6 +416,13 @@ def test_modes_graph_flat_hybrid_and_answer_hook(planted):
                                                                                    [(c,) for c in graph_ids], 8)]
     assert all(c["via"] == "flat cosine" for c in views["flat"].chunks)
     assert views["graph"].facts and all(f["hop"] >= 0 for f in views["graph"].facts)
+    # LightRAG's relation listing as the facts: the graph's seed_relations of the question's seeds.
+    m = MemVerse(memory.text_encoder, config=MemVerseConfig(facts_order="lightrag", facts=5))
+    m.load_state_dict({**memory.state_dict(), "config": MemVerseConfig(facts_order="lightrag", facts=5).to_dict()})
+    ctx = m.ask(question)
+    hits = m.search(m.encode_questions([question]))
+    want = m.graph.seed_relations(hits.seeds, limit=5)[0]
+    assert ctx.facts == [{"fact": m.graph.texts[r], "rank": rank, "weight": w} for r, rank, w in want] and want
 
 
 def test_budget_evicts_least_useful_per_word_keeps_facts_and_stays_consistent(planted):
@@ -485,6 +519,7 @@ def test_video_frames_become_event_chunks_with_labels_and_time_links():
 @pytest.mark.parametrize("make,match", [
     (lambda: MemVerseConfig(window=0), "window"),
     (lambda: MemVerseConfig(seeds=9, capacity=8), "capacity"),
+    (lambda: MemVerseConfig(facts_order="bm25"), "facts_order"),
     (lambda: MemVerseConfig(ranking="best"), "ranking"),
     (lambda: MemVerseConfig(mode="both"), "mode"),
     (lambda: MemVerseConfig(low_water=0.0), "low_water"),

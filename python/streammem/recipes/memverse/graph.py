@@ -631,6 +631,49 @@ class LongTermGraph:
         res = self._chunk_keys.search(q, chunks, backend=self.backend)
         return self._chunk_handles.dense_of(res.ids), res.scores
 
+    def seed_relations(self, seeds: torch.Tensor, limit: int | None = None) -> list[list[tuple[int, int, int]]]:
+        """LightRAG's relation listing of a local query: every relation touching the seeds, ranked.
+
+        For each row of ``seeds`` (Q, k) node ids (``-1`` ignored): the relations adjacent to its entity
+        seeds (a relation seed lists itself), each once, as ``(relation node, rank, weight)`` ordered
+        by ``rank`` then ``weight``, both descending -- LightRAG's ``(edge_degree, weight)`` sort:
+        ``rank`` is the sum of the degrees of the relation's head and tail (a degree: the relations
+        touching an entity; LightRAG merges the relations of one entity pair into one edge, here
+        each predicate is its own relation), ``weight`` the chunks that stated the relation (where
+        LightRAG sums the strengths its extractor gave).  Equal keys keep the order first met: seeds in
+        their order, each seed's relations newest first (LightRAG's sort is stable too).  At most
+        ``limit`` per row (None: all).
+        """
+        seeds = torch.as_tensor(seeds)
+        if seeds.dim() != 2:
+            raise ValueError(f"seeds must be a (Q, k) tensor of node ids, got shape {tuple(seeds.shape)}")
+        if limit is not None:
+            limit = check_int(limit, "limit", 0)
+        ptr, col = self._adj
+        map_ptr = self._map[0]
+        kinds = self.kinds
+        out = []
+        for row in seeds.tolist():
+            listed: dict[int, None] = {}
+            for seed in row:
+                if seed < 0:
+                    continue
+                if seed >= self.num_nodes:
+                    raise ValueError(f"seeds must be node ids below {self.num_nodes} (or -1), got {seed}")
+                if int(kinds[seed]) == RELATION:
+                    listed.setdefault(seed)
+                else:
+                    listed.update(dict.fromkeys(col[ptr[seed]:ptr[seed + 1]].tolist()))
+            rels = torch.tensor(list(listed), dtype=torch.int64)
+            heads, tails = self._head.values[rels], self._tail.values[rels]
+            degree = ptr[1:] - ptr[:-1]
+            rank = degree[heads] + degree[tails]
+            weight = map_ptr[rels + 1] - map_ptr[rels]
+            entries = sorted(zip(rels.tolist(), rank.tolist(), weight.tolist()), key=lambda e: (e[1], e[2]),
+                             reverse=True)  # stable, as LightRAG's: equal keys keep the order first met
+            out.append(entries if limit is None else entries[:limit])
+        return out
+
     def touch(self, nodes: torch.Tensor, chunk_rows: torch.Tensor, now: float) -> None:
         """Count a retrieval of these nodes and chunks (ids, ``-1`` ignored): the utility's f and dt."""
         for ids, access, last in ((nodes, self._access, self._last), (chunk_rows, self._chunk_access,
