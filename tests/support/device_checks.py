@@ -43,8 +43,6 @@ DEVICES = [
 
 def device_backends(op, device: str) -> list[str]:
     """Backends of ``op`` to test on ``device`` ("cpu" or "cuda")."""
-    from conftest import cpu_backends
-
     if device == "cpu":
         return cpu_backends(op)
     if not HAS_CUDA:

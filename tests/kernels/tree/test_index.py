@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cpu_backends
-from device_checks import DEVICES, device_backends
+from tests.support.device_checks import DEVICES, cpu_backends, device_backends
 from streammem_kernels import CosineIndex, cosine_topk
 from streammem_kernels.checkpoint import load as load_checkpoint
 from streammem_kernels.checkpoint import save as save_checkpoint
