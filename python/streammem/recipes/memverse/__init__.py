@@ -90,9 +90,10 @@ node per (head, predicate, tail).
 from .config import MODES, RANKINGS, MemVerseConfig
 from .evaluation import hit_rates
 from .extraction import CooccurrenceExtractor, Extraction, ExtractionContext, Extractor, MemoryChunk, name_key
-from .graph import ENTITY, RELATION, GraphEvictionReport, GraphHits, LongTermGraph, compact_csr, extend_csr, interleave
+from .graph import ENTITY, RELATION, GraphEvictionReport, GraphHits, LongTermGraph, interleave
 from .memory import MemVerse, MemVerseContext
 from .synthetic import GroundTruthExtractor, PlantedFactMemory, PlantedItem, PlantedQuestion
+from .tables import compact_csr, extend_csr
 
 __all__ = [
     "MemVerse",

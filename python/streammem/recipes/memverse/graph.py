@@ -9,7 +9,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from streammem_kernels import CosineIndex
@@ -18,13 +17,12 @@ from ...checks import check_int
 from ...components.bounded import EvictionReport, utility
 from .config import RANKINGS
 from .extraction import Extraction, MemoryChunk, _chunks_from_state, _chunks_state, name_key
+from .tables import Column, Handles, compact_csr, extend_csr, least_useful, row_counts
 
 __all__ = [
     "LongTermGraph",
     "GraphHits",
     "GraphEvictionReport",
-    "extend_csr",
-    "compact_csr",
     "interleave",
     "ENTITY",
     "RELATION",
@@ -34,197 +32,9 @@ __all__ = [
 ENTITY, RELATION = 0, 1
 
 
-def extend_csr(row_ptr: torch.Tensor, col_idx: torch.Tensor, num_rows: int, src: torch.Tensor,
-               dst: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Add entries ``src[i] -> dst[i]`` to a CSR, in front of each row's old entries, newest first.
-
-    Parameters
-    ----------
-    row_ptr : (R+1,) int64
-    col_idx : (E,) int64
-    num_rows : int >= R
-        Rows of the result (rows ``R..num_rows-1`` are new).
-    src, dst : (b,) int64
-        New entries; a later entry counts as newer.
-
-    Returns
-    -------
-    (row_ptr (num_rows+1,), col_idx (E+b,)): row ``u`` lists its new entries by
-    descending position in ``src``, then its old entries in their old order.
-    Equal to ``CSRGraph.from_edges`` over all entries with weight = insertion
-    order (tested), in O(E + b log b) instead of a sort of E + b entries.
-    """
-    old_rows = row_ptr.numel() - 1
-    if num_rows < old_rows:
-        raise ValueError(f"num_rows must be >= the CSR's {old_rows} rows, got {num_rows}")
-    device = row_ptr.device
-    degree_old = torch.zeros(num_rows, dtype=torch.int64, device=device)
-    degree_old[:old_rows] = row_ptr[1:] - row_ptr[:-1]
-    added = torch.bincount(src, minlength=num_rows)
-    new_ptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=device)
-    torch.cumsum(degree_old + added, 0, out=new_ptr[1:])
-    out = torch.empty(col_idx.numel() + src.numel(), dtype=torch.int64, device=device)
-    # Old entry i of row r lands at new_ptr[r] + added[r] + (i - row_ptr[r]) = i + (added up to and including r).
-    added_through = torch.cumsum(added, 0)
-    if col_idx.numel():
-        row_of = torch.repeat_interleave(torch.arange(old_rows, device=device), degree_old[:old_rows])
-        out[torch.arange(col_idx.numel(), device=device) + added_through[row_of]] = col_idx
-    if src.numel():
-        newest_first = torch.arange(src.numel() - 1, -1, -1, device=device)
-        order = newest_first[torch.argsort(src[newest_first], stable=True)]
-        rows = src[order]
-        rank = torch.arange(src.numel(), device=device) - (added_through - added)[rows]
-        out[new_ptr[rows] + rank] = dst[order]
-    return new_ptr, out
-
-
-def compact_csr(row_ptr: torch.Tensor, col_idx: torch.Tensor, row_map: torch.Tensor,
-                col_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drop removed rows and entries, renumber the rest, keep every row's order.
-
-    ``row_map (R,)`` / ``col_map (num_cols,)`` give each row's / target's new id,
-    or -1 when removed; new row ids must be increasing.  Returns the new
-    ``(row_ptr, col_idx)``.  Five passes over the entries (a gather, the row
-    mask, a cumulative count, a compaction): an eviction's CSR cost.
-    """
-    kept_rows = row_map >= 0
-    degree = row_ptr[1:] - row_ptr[:-1]
-    new_col = col_map[col_idx]
-    keep = (new_col >= 0) & torch.repeat_interleave(kept_rows, degree, output_size=col_idx.numel())
-    before = torch.zeros(col_idx.numel() + 1, dtype=torch.int64, device=row_ptr.device)
-    torch.cumsum(keep, 0, out=before[1:])
-    kept = before[row_ptr[1:]] - before[row_ptr[:-1]]  # entries kept per old row
-    new_ptr = torch.zeros(int(kept_rows.sum()) + 1, dtype=torch.int64, device=row_ptr.device)
-    torch.cumsum(kept[kept_rows], 0, out=new_ptr[1:])
-    return new_ptr, new_col[keep]
-
-
-class _Handles:
-    """Stable handles of dense ids: what the name maps and the embedding indexes hold, so that an eviction,
-    which renumbers the dense ids, rewrites two int arrays instead of every map entry and index row.
-
-    ``handle[d]``: dense id -> handle; ``dense[h]``: handle -> dense id, -1 once removed.  Handles are
-    issued in dense order and never reused (8 bytes per handle ever issued).
-    """
-
-    def __init__(self):
-        self._handle = np.empty(16, np.int64)
-        self._dense = np.empty(16, np.int64)
-        self.count = 0  # dense ids
-        self.issued = 0  # handles
-
-    @property
-    def handle(self) -> np.ndarray:
-        return self._handle[: self.count]
-
-    @property
-    def dense(self) -> np.ndarray:
-        return self._dense[: self.issued]
-
-    @staticmethod
-    def _room(array: np.ndarray, used: int, need: int) -> np.ndarray:
-        if need <= array.shape[0]:
-            return array
-        grown = np.empty(max(need, 2 * array.shape[0]), np.int64)
-        grown[:used] = array[:used]
-        return grown
-
-    def issue(self, count: int) -> np.ndarray:
-        """Handles of ``count`` new dense ids appended after the current ones."""
-        self._dense = self._room(self._dense, self.issued, self.issued + count)
-        self._handle = self._room(self._handle, self.count, self.count + count)
-        new = np.arange(self.issued, self.issued + count, dtype=np.int64)
-        self._dense[self.issued : self.issued + count] = np.arange(self.count, self.count + count)
-        self._handle[self.count : self.count + count] = new
-        self.issued += count
-        self.count += count
-        return new
-
-    def keep(self, mask: np.ndarray) -> None:
-        """Remove the dense ids where ``mask`` is False and renumber the rest in order."""
-        handle = self.handle
-        self._dense[handle[~mask]] = -1
-        kept = handle[mask]
-        self._handle[: kept.shape[0]] = kept
-        self.count = kept.shape[0]
-        self._dense[kept] = np.arange(self.count)
-
-    def reset(self, count: int) -> None:
-        """``count`` dense ids, handle = dense id (a loaded graph)."""
-        self._handle = np.arange(max(count, 16), dtype=np.int64)
-        self._dense = np.arange(max(count, 16), dtype=np.int64)
-        self.count = self.issued = count
-
-    def dense_of(self, handles: torch.Tensor) -> torch.Tensor:
-        """Dense ids of ``handles`` (a tensor; -1 entries stay -1)."""
-        table = torch.from_numpy(self._dense[: max(self.issued, 1)])
-        return torch.where(handles >= 0, table[handles.clamp_min(0)], handles)
-
-    def handles_of(self, ids: torch.Tensor) -> torch.Tensor:
-        """Handles of dense ``ids`` (a tensor of ids >= 0)."""
-        return torch.from_numpy(self.handle)[ids]
-
-
-def _least_useful(ratio: torch.Tensor, created: torch.Tensor, cost: torch.Tensor, need: float) -> torch.Tensor:
-    """The entries an eviction removes, in its order (least utility per word first, older first among equals,
-    then lower position): the shortest prefix of that order whose cost reaches ``need`` (all of it if none).
-
-    Equal to sorting all entries by those keys (two stable sorts) and cutting, without sorting all of
-    them: only the entries whose ratio is at most the m-th smallest are sorted, m grown until their
-    cost reaches ``need``.
-    """
-    total = ratio.numel()
-    mean_cost = float(cost.sum()) / max(1, total)
-    wanted = max(64, int(4 * need / max(mean_cost, 1e-9)))
-    while True:
-        if wanted >= total:
-            candidates = torch.arange(total)
-        else:
-            threshold = torch.kthvalue(ratio, wanted).values
-            candidates = (ratio <= threshold).nonzero()[:, 0]
-        order = candidates[torch.argsort(created[candidates], stable=True)]
-        order = order[torch.argsort(ratio[order], stable=True)]
-        freed = torch.cumsum(cost[order], 0)
-        if candidates.numel() == total or (freed.numel() and float(freed[-1]) >= need):
-            break
-        wanted *= 4
-    count = int(torch.searchsorted(freed.to(torch.float64), need))
-    return order[: count + 1]
-
-
 # Node texts embedded (and added to the node index) at once: bounds the embeddings held besides the
 # index to EMBED_BLOCK x dim floats (96 MB at D = 384) when a bulk consolidation adds millions of nodes.
 EMBED_BLOCK = 1 << 16
-
-
-class _Column:
-    """Append-only tensor rows with amortised doubling (and compaction by a mask)."""
-
-    def __init__(self, dtype: torch.dtype, width: int | None = None):
-        self._data = torch.zeros((16,) if width is None else (16, width), dtype=dtype)
-        self.n = 0
-
-    def extend(self, values: torch.Tensor) -> None:
-        need = self.n + values.shape[0]
-        if need > self._data.shape[0]:
-            grown = torch.zeros((max(need, 2 * self._data.shape[0]),) + tuple(self._data.shape[1:]),
-                                dtype=self._data.dtype)
-            grown[: self.n] = self._data[: self.n]
-            self._data = grown
-        self._data[self.n:need] = values
-        self.n = need
-
-    @property
-    def values(self) -> torch.Tensor:
-        return self._data[: self.n]
-
-    def keep(self, mask: torch.Tensor) -> None:
-        self._data = self.values[mask]  # a new tensor of exactly the kept rows; the next extend regrows it
-        self.n = self._data.shape[0]
-
-    def load(self, values: torch.Tensor) -> None:
-        self.n = 0
-        self.extend(values)
 
 
 class GraphHits(NamedTuple):
@@ -287,7 +97,7 @@ class LongTermGraph:
     Node and chunk embeddings live in two :class:`streammem_kernels.CosineIndex`
     (normalised and checked once, when added; a question's seeds and the flat
     baseline search them without touching the rows again), keyed by stable
-    handles (``_Handles``) that an eviction never renumbers: it removes the
+    handles (``Handles``) that an eviction never renumbers: it removes the
     evicted rows from the indexes and the name maps, and rewrites only the
     dense-id tables and the CSRs.
     """
@@ -298,23 +108,23 @@ class LongTermGraph:
         self.texts: list[str] = []  # entity name, or "head predicate tail"
         self.predicates: list[str] = []  # "" for entities
         self._nodes = CosineIndex(self.dim)  # node embeddings, ids = node handles
-        self._node_handles = _Handles()
-        self._kind = _Column(torch.int8)
-        self._head = _Column(torch.int64)
-        self._tail = _Column(torch.int64)
-        self._access = _Column(torch.int64)
-        self._last = _Column(torch.float64)
-        self._created = _Column(torch.float64)
-        self._cost = _Column(torch.int64)
+        self._node_handles = Handles()
+        self._kind = Column(torch.int8)
+        self._head = Column(torch.int64)
+        self._tail = Column(torch.int64)
+        self._access = Column(torch.int64)
+        self._last = Column(torch.float64)
+        self._created = Column(torch.float64)
+        self._cost = Column(torch.int64)
         self._entity_ids: dict[str, int] = {}  # name key -> node handle
         self._relation_ids: dict[tuple[int, str, int], int] = {}  # (head handle, predicate, tail handle) -> handle
         self.chunks: list[MemoryChunk] = []
         self._chunk_keys = CosineIndex(self.dim)  # chunk embeddings, ids = chunk handles
-        self._chunk_handles = _Handles()
-        self._chunk_access = _Column(torch.int64)
-        self._chunk_last = _Column(torch.float64)
-        self._chunk_cost = _Column(torch.int64)
-        self._chunk_time = _Column(torch.float64)  # t_end: the eviction's age among equals
+        self._chunk_handles = Handles()
+        self._chunk_access = Column(torch.int64)
+        self._chunk_last = Column(torch.float64)
+        self._chunk_cost = Column(torch.int64)
+        self._chunk_time = Column(torch.float64)  # t_end: the eviction's age among equals
         self._adj = (torch.zeros(1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
         self._map = (torch.zeros(1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
         self.graph = None  # CSRGraph over the nodes
@@ -700,7 +510,7 @@ class LongTermGraph:
         ratio = torch.cat([u_chunk, u_rel]) / cost.to(torch.float64)
         created = torch.cat([self._chunk_time.values, self._created.values[relations]])
         # Least utility per word first; older first among equals.
-        doomed = _least_useful(ratio, created, cost, total - low_water * budget)
+        doomed = least_useful(ratio, created, cost, total - low_water * budget)
         chunk_keep = torch.ones(num_rows, dtype=torch.bool)
         chunk_keep[doomed[doomed < num_rows]] = False
         node_keep = torch.ones(self.num_nodes, dtype=torch.bool)
@@ -718,8 +528,8 @@ class LongTermGraph:
         adj_ptr, adj_col = self._adj
         map_ptr, map_col = self._map
         # An entity stays while a kept relation or a kept chunk links to it.
-        live_edges = _row_counts(adj_ptr, node_keep[adj_col])
-        live_links = _row_counts(map_ptr, chunk_keep[map_col])
+        live_edges = row_counts(adj_ptr, node_keep[adj_col])
+        live_links = row_counts(map_ptr, chunk_keep[map_col])
         entities = self.kinds == ENTITY
         orphaned = entities & node_keep & (live_edges == 0) & (live_links == 0)
         node_keep = node_keep & ~orphaned
@@ -798,7 +608,7 @@ class LongTermGraph:
         self._node_handles.reset(n)
         self.chunks = _chunks_from_state(state["chunks"])
         self._chunk_keys = CosineIndex(self.dim)
-        self._chunk_handles = _Handles()
+        self._chunk_handles = Handles()
         self._chunk_handles.issue(len(self.chunks))
         if self.chunks:
             self._chunk_keys.add(torch.stack([c.embedding.float() for c in self.chunks]))
@@ -809,13 +619,6 @@ class LongTermGraph:
         self.timings = Counter(state.get("timings", {}))
         self._rebuild_keys()
         self._commit()
-
-
-def _row_counts(row_ptr: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
-    """(R,) number of True ``flags`` (one per CSR entry) in each row."""
-    before = torch.zeros(flags.numel() + 1, dtype=torch.int64)
-    torch.cumsum(flags, 0, out=before[1:])
-    return before[row_ptr[1:]] - before[row_ptr[:-1]]
 
 
 def _predicate_key(predicate: str) -> str:
