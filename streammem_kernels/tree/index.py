@@ -12,7 +12,8 @@ torch reference scores the stored rows without normalising them again (the same 
 a few ulps).
 
 Removal leaves tombstones that every search skips; the rows are compacted away (in place, order
-kept) once they are a fifth of the storage, or by :meth:`CosineIndex.compact`.  The file format is
+kept) once they are a fifth of the storage, when an ``add`` needs their room (instead of growing the
+storage), or by :meth:`CosineIndex.compact`.  The file format is
 the shared checkpoint (:mod:`streammem_kernels.checkpoint`).  ``docs/ops/tree.md`` describes the
 design and the benchmark against faiss.
 """
@@ -190,6 +191,11 @@ class CosineIndex:
         need = self._n + extra
         capacity = self._keys.shape[0]
         if need <= capacity:
+            return
+        if self._dead and need - self._dead <= capacity:
+            # The removed rows make room: compacting in place moves the live rows once, where growing
+            # would allocate and copy the whole table (3 GB at 2 * 10^6 keys of D = 384).
+            self._compact()
             return
         if need * self._dim > MAX_TABLE or need > MAX_NODES:
             raise ValueError(f"the index would hold {need} keys of dim {self._dim}: more than {MAX_NODES} keys or "
@@ -417,7 +423,7 @@ class CosineIndex:
             Distinct ids held by the index (``ValueError`` names the first ones that are not).
 
         The rows stay as tombstones that searches skip until they are a fifth of the storage (then
-        compacted in place, order kept) or until :meth:`compact`.
+        compacted in place, order kept), an ``add`` needs their room, or :meth:`compact`.
         """
         ids = self._check_ids(ids, "ids")
         if ids.numel() == 0:

@@ -171,6 +171,22 @@ def test_tombstones_are_compacted_once_they_are_a_fifth_of_the_storage():
     assert index.add(torch.randn(2, 8)).tolist() == [100, 101]  # default ids continue past every id ever added
 
 
+def test_an_add_that_removed_rows_make_room_for_compacts_instead_of_growing():
+    keys, queries = sample(100, 8, 3, seed=4)
+    index = CosineIndex(8, capacity=100)
+    index.add(keys)
+    index.remove(torch.arange(0, 100, 10))  # a tenth: kept as tombstones
+    before = index.search(queries, 5)
+    assert index._n == 100 and index.add(keys[:6], ids=torch.arange(200, 206)).tolist() == list(range(200, 206))
+    assert index._keys.shape[0] == 100 and index._n == len(index) == 96  # compacted, the same storage
+    kept = torch.ones(100, dtype=torch.bool)
+    kept[::10] = False
+    assert torch.equal(index.ids, torch.cat([torch.arange(100)[kept], torch.arange(200, 206)]))
+    after = index.search(queries, 5)
+    assert torch.equal(after.ids, mapped(cosine_topk(queries, index.keys, 5), index.ids))
+    assert (after.scores >= before.scores - 1e-6).all()  # more keys: never a worse k-th best
+
+
 @pytest.mark.parametrize("backend", INDEX_BACKENDS)
 def test_ranges_select_ids_like_cosine_topk_ranges_select_positions(backend):
     keys, queries = sample(500, 16, 5, seed=9)
