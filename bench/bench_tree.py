@@ -29,6 +29,14 @@ N <= ``STREAMMEM_BENCH_HNSW_MAX`` (default 10^5); its build time is in
 ``extra_info["build_s"]``.  A summary table is written to
 ``bench/results/tree_summary_<datasets>[_quick].md``.
 
+``CosineIndex`` (exact search over prepared keys, faiss-shaped) has rows of its own next to
+faiss ``IndexFlatIP`` on the same keys: ``test_index_add`` times building each from the N keys
+(ours normalises every key, computes its norm and the Triton scale, and with ``half_scan`` writes
+the float16 copy; faiss copies the rows), ``test_index_search`` one search of Q queries (ours
+with and without ``half_scan``, ``cosine_topk`` on the same unit keys, faiss).  Their p20 / p50 /
+p80 and the load average go to ``bench/results/tree_index_summary[_quick].md``; ``-k index`` runs
+them alone.
+
 The ``tree-<data>-N*-Q<q>`` groups form the latency-vs-N curves of the report
 (per query, our tree and cosine_topk next to faiss exhaustive search).  In a GPU
 run (``STREAMMEM_BENCH_DEVICE=cuda``, bench/_device.py) ``test_gpu`` adds, in
@@ -46,7 +54,7 @@ import pytest
 import torch
 
 from bench._device import faiss_gpu_resources, gpu_params, require_gpu, synced  # noqa: E402
-from streammem_kernels import CosineTree, cosine_topk, tree_search  # noqa: E402
+from streammem_kernels import CosineIndex, CosineTree, cosine_topk, tree_search  # noqa: E402
 
 
 def _faiss():
@@ -61,6 +69,7 @@ DIM, GROUP, TOPK, NUM_QUERIES = 384, 10, 10, 1024
 MINILM_N = 10_000
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SUMMARY = []
+INDEX_SUMMARY = []  # CosineIndex vs IndexFlatIP rows (p20 / p50 / p80)
 
 
 # --------------------------------------------------------------------------
@@ -219,15 +228,15 @@ def _recall(ids: np.ndarray, exact_scores: np.ndarray, queries: torch.Tensor, ke
     return r1, r10
 
 
-def _measure(benchmark, d, num_q, method, search, **extra):
+def _measure(benchmark, d, num_q, method, search, group=None, **extra):
     queries = d["queries"][:num_q].contiguous()
     exact_scores = d["exact_scores"][:num_q]
     t0 = time.perf_counter()
     ids = search(queries)  # warm-up call, also gives the ids for recall
     first = time.perf_counter() - t0
     rounds = int(min(20, max(1, 2.0 / max(first, 1e-6))))
-    group = f"tree-{d['kind']}-N{d['n']}-Q{num_q}"
-    benchmark.group = group  # before pedantic(): set afterwards it is lost from the JSON
+    # Set before pedantic(): set afterwards it is lost from the JSON.
+    benchmark.group = group or f"tree-{d['kind']}-N{d['n']}-Q{num_q}"
     benchmark.pedantic(search, args=(queries,), rounds=rounds, iterations=1)
     mean = benchmark.stats.stats.mean
     r1, r10 = _recall(np.asarray(ids), exact_scores, queries, d["keys"])
@@ -275,6 +284,75 @@ def test_tree_beam_5_10(benchmark, data, num_q):
              lambda q: tree_search(tree, q, beam=(5, 10), k=TOPK).ids.numpy(), build_s=data["tree_build_s"])
 
 
+# --------------------------------------------------------------------------
+# CosineIndex vs faiss IndexFlatIP: add and search
+# --------------------------------------------------------------------------
+INDEX_METHODS = ("CosineIndex", "CosineIndex half_scan", "faiss IndexFlatIP")
+
+
+def _percentiles(benchmark) -> tuple[float, float, float]:
+    data = np.asarray(benchmark.stats.stats.data)
+    return tuple(float(np.percentile(data, p)) for p in (20, 50, 80))
+
+
+def _index(d, half_scan: bool) -> CosineIndex:
+    """The index of the data's keys, one kept at a time (at N = 10^6 each is 1.5 GB, 2.3 GB with the copy)."""
+    if d.get("index_half") != half_scan:
+        d["index"] = None  # freed before the next one is built
+        index = CosineIndex(DIM, capacity=d["n"], half_scan=half_scan)
+        index.add(d["keys"])
+        d["index"], d["index_half"] = index, half_scan
+    return d["index"]
+
+
+@pytest.mark.parametrize("method", INDEX_METHODS)
+def test_index_add(benchmark, data, method):
+    if data["kind"] != "synthetic":
+        pytest.skip("add is timed on the synthetic keys")
+    keys = data["keys"]
+    if method == "faiss IndexFlatIP":
+        faiss = _faiss()
+
+        def build():
+            index = faiss.IndexFlatIP(DIM)
+            index.add(keys.numpy())
+            return index
+    else:
+        def build():
+            index = CosineIndex(DIM, capacity=keys.shape[0], half_scan=method.endswith("half_scan"))
+            index.add(keys)
+            return index
+
+    t0 = time.perf_counter()
+    build()
+    first = time.perf_counter() - t0
+    benchmark.group = f"index-add-N{data['n']}"
+    benchmark.pedantic(build, rounds=int(min(20, max(3, 2.0 / max(first, 1e-6)))), iterations=1)
+    INDEX_SUMMARY.append(dict(task="add", method=method, N=data["n"], Q=None, p=_percentiles(benchmark),
+                              load=os.getloadavg(), threads=torch.get_num_threads()))
+
+
+@pytest.mark.parametrize("num_q", QUERY_COUNTS)
+@pytest.mark.parametrize("method", INDEX_METHODS + ("cosine_topk (auto)",))
+def test_index_search(benchmark, data, num_q, method):
+    if data["kind"] != "synthetic":
+        pytest.skip("the index rows use the synthetic keys")
+    if method == "faiss IndexFlatIP":
+        flat = _flat(data)
+        search = lambda q: flat.search(q.numpy(), TOPK)[1]  # noqa: E731
+    elif method == "cosine_topk (auto)":
+        keys = data["keys"]
+        search = lambda q: cosine_topk(q, keys, TOPK).ids.numpy()  # noqa: E731
+    else:
+        index = _index(data, method.endswith("half_scan"))
+        search = lambda q: index.search(q, TOPK).ids.numpy()  # noqa: E731
+    _measure(benchmark, data, num_q, method, search, group=f"index-search-N{data['n']}-Q{num_q}")
+    info = SUMMARY.pop()  # kept apart from the tree summary's rows
+    INDEX_SUMMARY.append(dict(task="search", method=method, N=data["n"], Q=num_q, p=_percentiles(benchmark),
+                              recall1=info["recall1"], recall10=info["recall10"], load=os.getloadavg(),
+                              threads=torch.get_num_threads()))
+
+
 GPU_METHODS = ("cosine_topk (auto)", "tree_search greedy", "tree_search beam (5, 10)", "torch matmul+topk",
                "faiss GpuIndexFlatIP")
 
@@ -316,9 +394,31 @@ def test_gpu(benchmark, data, num_q, method):
     _measure(benchmark, data, num_q, method + " [gpu]", synced(search, device))
 
 
+def _write_index_summary():
+    path = os.path.join(RESULTS_DIR, f"tree_index_summary{'_quick' if QUICK else ''}.md")
+    faiss_p50 = {(r["task"], r["N"], r["Q"]): r["p"][1] for r in INDEX_SUMMARY if r["method"] == "faiss IndexFlatIP"}
+    lines = ["| task | N | Q | method | p20 ms | p50 ms | p80 ms | IndexFlatIP p50 / ours p50 | recall@10 | load "
+             "| threads |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    order = {m: i for i, m in enumerate(INDEX_METHODS + ("cosine_topk (auto)",))}
+    for r in sorted(INDEX_SUMMARY, key=lambda r: (r["task"], r["N"], r["Q"] or 0, order[r["method"]])):
+        base = faiss_p50.get((r["task"], r["N"], r["Q"]))
+        ratio = f"{base / r['p'][1]:.2f}" if base else "-"
+        r10 = "-" if r.get("recall10") is None else f"{r['recall10']:.3f}"
+        lines.append(f"| {r['task']} | {r['N']} | {r['Q'] or '-'} | {r['method']} | "
+                     + " | ".join(f"{1e3 * v:.3g}" for v in r["p"])
+                     + f" | {ratio} | {r10} | {'/'.join(f'{x:.1f}' for x in r['load'])} | {r['threads']} |")
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    print(f"\nwrote {path}", file=sys.stderr)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _write_summary():
     yield
+    if INDEX_SUMMARY:
+        os.makedirs(RESULTS_DIR, exist_ok=True)
+        _write_index_summary()
     if not SUMMARY:
         return
     os.makedirs(RESULTS_DIR, exist_ok=True)

@@ -17,7 +17,7 @@ from .logprobs import divergence_point, linear_token_logprobs, token_logprobs
 from .motion import MotionResult, motion_magnitude, select_frames, select_frames_mask
 from .motion.streaming import StreamingMotionGate
 from .runtime.dispatch import BACKENDS, BackendFallbackWarning
-from .tree import CosineTree, TopKResult, TreePathResult, cosine_topk, tree_search
+from .tree import CosineIndex, CosineTree, TopKResult, TreePathResult, cosine_topk, tree_search
 
 __all__ = [
     "BACKENDS",
@@ -41,6 +41,7 @@ __all__ = [
     "select_frames",
     "select_frames_mask",
     "StreamingMotionGate",
+    "CosineIndex",
     "CosineTree",
     "TopKResult",
     "TreePathResult",

@@ -1,5 +1,6 @@
 // The cosine scoring rules in C++ and the exact top-k scan built on them, shared by the modules that
-// score embeddings: _cpu_tree (cosine_topk, tree_search) and _cpu_graph (graph_retrieve's seeds).
+// score embeddings: _cpu_tree (cosine_topk, tree_search, CosineIndex's prepared scan) and _cpu_graph
+// (graph_retrieve's seeds).
 //
 // The rules are those of streammem_kernels/tree/reference.py (the spec):
 // * a score is dot(q / |q|, v / |v|) in float32; rows whose squared norm over- or underflows float32
@@ -294,6 +295,136 @@ inline int cosine_topk_into(const float* queries, int64_t Q, const float* K, int
     }
   }
   return bad ? kKeysNotFinite : kScanOk;
+}
+
+
+// ---- Prepared keys: the scan of a CosineIndex ------------------------------------------------------------
+// An index's keys were normalised and checked finite once, when they were added, and it keeps each key's
+// norm as the scan above computes it (sqrt(dot(key, key)): row_norms of topk.cpp): a prepared scan scores
+// dot(q, key) / norm exactly as scan_keys scores the same rows (the same dot(), the same division), so
+// its ranking is cosine_topk's on those rows, ties included, without the squared norms and the finite
+// check.  A zero row (norm 0) scores 0, as there.  Rows whose alive flag is false (removed, not yet
+// compacted away) are skipped.
+//
+// Optionally the scan reads a half-precision copy of the keys first (HalfPrefilter: half_scan.cpp's
+// kernel and error bound, as CosineTree's beam search does): once a query's top-k is full, a key whose
+// copy scores fl(a + delta) < the k-th score cannot enter (its exact score c <= a + delta, so c <= fl(a +
+// delta) by the monotonicity of rounding), and only the other keys are read in float32 and scored
+// exactly.  The results are the float32 scan's, bit for bit.
+struct HalfPrefilter {
+  const uint16_t* rows = nullptr;                            // (N, D) float16 bits, nullptr: no copy
+  float (*dot)(const float*, const uint16_t*, int64_t) = nullptr;
+  const float* delta = nullptr;                              // per query: |exact score - copy's score| bound
+};
+
+STREAMMEM_HOT inline void scan_prepared(const float* __restrict Qm, const float* __restrict K,
+                                        const float* __restrict norms, const bool* __restrict alive,
+                                        const HalfPrefilter& half, int64_t D, int64_t q_lo, int64_t q_hi, int64_t k_lo,
+                                        int64_t k_hi, const int64_t* __restrict ranges, float* top_score,
+                                        int64_t* top_id, int64_t k) {
+  for (int64_t qb = q_lo; qb < q_hi; qb += kQueryBlock) {
+    const int64_t qe = std::min(q_hi, qb + kQueryBlock);
+    int64_t lo = k_hi, hi = k_lo;
+    for (int64_t q = qb; q < qe; ++q) {
+      lo = std::min(lo, std::max(k_lo, ranges[2 * q]));
+      hi = std::max(hi, std::min(k_hi, ranges[2 * q + 1]));
+    }
+    TopK tops[kQueryBlock];
+    for (int64_t q = qb; q < qe; ++q) tops[q - qb] = TopK(top_score + q * k, top_id + q * k, k);
+    for (int64_t i = lo; i < hi; ++i) {
+      if (alive != nullptr && !alive[i]) continue;
+      const float* key = K + i * D;
+      const float norm = norms[i];
+      for (int64_t q = qb; q < qe; ++q) {
+        if (i < ranges[2 * q] || i >= ranges[2 * q + 1]) continue;
+        TopK& t = tops[q - qb];
+        if (half.rows != nullptr && t.count == k) {
+          const float approx = half.dot(Qm + q * D, half.rows + i * D, D);
+          if (approx + half.delta[q] < t.score[k - 1]) continue;
+        }
+        const float s = norm > 0.f ? dot(Qm + q * D, key, D) / norm : 0.f;
+        if (t.admits(s, i)) t.push(s, i);
+      }
+    }
+  }
+}
+
+// The value checks of the prepared scan, in the order of the statuses its callers declare.
+enum PreparedStatus : int { kPreparedOk = 0, kPreparedQueriesNotFinite = 1, kPreparedRangesOutside = 2 };
+
+// The exact top-k of Q raw queries against the prepared keys K (N, D) with their norms, into I / S (Q, k)
+// (filled here), each query restricted to its range (ranges (Q, 2), or nullptr for all keys), removed rows
+// skipped (alive, or nullptr for none).  half.rows non-null: the half-precision prefilter, whose delta
+// this function fills per query from half_delta(unit query).  Threads as cosine_topk_into.  Call with
+// the GIL held.
+template <typename HalfDelta>
+inline int prepared_topk_into(const float* queries, int64_t Q, const float* K, const float* norms, const bool* alive,
+                              int64_t N, int64_t D, int64_t k, const int64_t* ranges, int64_t* I, float* S,
+                              HalfPrefilter half, HalfDelta half_delta) {
+  AlignedRows unit(static_cast<size_t>(Q * D));
+  if (!unit_rows_into(queries, Q, D, unit.data())) return kPreparedQueriesNotFinite;
+  int64_t whole_inline[2 * kQueryBlock];
+  std::vector<int64_t> whole_heap;
+  const int64_t* rg = ranges;
+  if (ranges == nullptr) {
+    if (Q > kQueryBlock) whole_heap.resize(2 * Q);
+    int64_t* whole = Q > kQueryBlock ? whole_heap.data() : whole_inline;
+    for (int64_t q = 0; q < Q; ++q) {
+      whole[2 * q] = 0;
+      whole[2 * q + 1] = N;
+    }
+    rg = whole;
+  } else {
+    for (int64_t q = 0; q < Q; ++q)
+      if (!(rg[2 * q] >= 0 && rg[2 * q] <= rg[2 * q + 1] && rg[2 * q + 1] <= N)) return kPreparedRangesOutside;
+  }
+  const float* Qm = unit.data();
+  std::vector<float> deltas;
+  if (half.rows != nullptr) {
+    deltas.resize(static_cast<size_t>(Q));
+    for (int64_t q = 0; q < Q; ++q) deltas[q] = half_delta(Qm + q * D);
+    half.delta = deltas.data();
+  }
+  std::fill(I, I + Q * k, int64_t(-1));
+  std::fill(S, S + Q * k, kNegInf);
+  const int threads = max_threads();
+  // As cosine_topk_into: about 100 us of work or less keeps one thread and the GIL.
+  if (Q * N * D < (int64_t(1) << 20)) {
+    scan_prepared(Qm, K, norms, alive, half, D, 0, Q, 0, N, rg, S, I, k);
+    return kPreparedOk;
+  }
+  py::gil_scoped_release nogil;
+  if (Q >= 2 * int64_t(threads) * kQueryBlock || threads == 1) {
+    const int64_t blocks = (Q + kQueryBlock - 1) / kQueryBlock;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t b = 0; b < blocks; ++b)
+      scan_prepared(Qm, K, norms, alive, half, D, b * kQueryBlock, std::min(Q, (b + 1) * kQueryBlock), 0, N, rg, S, I,
+                    k);
+  } else {
+    std::vector<float> part_s(size_t(threads) * Q * k, kNegInf);
+    std::vector<int64_t> part_i(size_t(threads) * Q * k, -1);
+#pragma omp parallel num_threads(threads)
+    {
+      int t = 0, nt = 1;
+#ifdef _OPENMP
+      t = omp_get_thread_num();
+      nt = omp_get_num_threads();
+#endif
+      const int64_t lo = N * t / nt, hi = N * (t + 1) / nt;
+      scan_prepared(Qm, K, norms, alive, half, D, 0, Q, lo, hi, rg, part_s.data() + size_t(t) * Q * k,
+                    part_i.data() + size_t(t) * Q * k, k);
+    }
+    for (int64_t q = 0; q < Q; ++q) {
+      TopK top(S + q * k, I + q * k, k);
+      for (int t = 0; t < threads; ++t)
+        for (int64_t j = 0; j < k; ++j) {
+          const size_t at = (size_t(t) * Q + q) * k + j;
+          if (part_i[at] < 0) break;
+          top.push(part_s[at], part_i[at]);
+        }
+    }
+  }
+  return kPreparedOk;
 }
 
 }  // namespace

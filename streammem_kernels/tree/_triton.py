@@ -318,8 +318,12 @@ def topk_slice(num_query_blocks: int, num_keys: int, block_n: int, k_pad: int, d
     return tiles * block_n
 
 
-def cosine_topk_triton(queries: torch.Tensor, keys: torch.Tensor, k: int, ranges: torch.Tensor):
-    """Exact top-k (ids, scores) of unit queries (Q, D) against raw keys (N, D) within ranges (Q, 2)."""
+def cosine_topk_triton(queries: torch.Tensor, keys: torch.Tensor, k: int, ranges: torch.Tensor,
+                       scale: torch.Tensor | None = None):
+    """Exact top-k (ids, scores) of unit queries (Q, D) against raw keys (N, D) within ranges (Q, 2).
+
+    ``scale``: the keys' :func:`~.reference.pow2_row_scale` (N,), when the caller keeps it (a
+    ``CosineIndex`` computes it once per key); computed here otherwise."""
     num_q, dim = queries.shape
     num_keys = keys.shape[0]
     dev = queries.device
@@ -333,7 +337,7 @@ def cosine_topk_triton(queries: torch.Tensor, keys: torch.Tensor, k: int, ranges
     splits = triton.cdiv(num_keys, keys_per_split)
     num_cand = splits * k_pad
     part = torch.empty((num_q, num_cand) if splits > 1 else (1,), dtype=torch.int64, device=dev)
-    scale = pow2_row_scale(keys).reshape(-1)
+    scale = pow2_row_scale(keys).reshape(-1) if scale is None else scale
     common = dict(BLOCK_Q=block_q, BLOCK_N=block_n, K_PAD=k_pad, num_warps=_NUM_WARPS, enable_fp_fusion=False)
     _cosine_topk_kernel[(q_blocks, splits)](queries, keys, scale, ranges, part, ids, scores, num_q, num_keys, dim, k,
                                             keys_per_split, num_cand, BLOCK_D=block_d,

@@ -12,8 +12,8 @@ The scoring rules, shared by :func:`~streammem_kernels.cosine_topk`,
   score identically wherever they lie and the tie rule holds.
 * A ranking orders by (score desc, id asc); ``-inf`` marks an absent entry (:func:`topk_low_id`).
 
-:func:`cosine_topk_reference` and :func:`tree_search_reference` are the specs the tests compare
-every backend with, and the torch backends themselves (chunked so that memory stays bounded).
+:func:`cosine_topk_reference`, :func:`index_topk_reference` and :func:`tree_search_reference` are the specs the
+tests compare every backend with, and the torch backends themselves (chunked so that memory stays bounded).
 Every shape in them comes from host metadata (query and root counts, the tree's height and
 ``max_fanout``, the beam widths), never from tensor values, so they run on a GPU without
 synchronising.  ``docs/ops/tree.md`` explains the algorithms.  Imports nothing of the op but the
@@ -124,6 +124,30 @@ def cosine_topk_reference(queries: torch.Tensor, keys: torch.Tensor, k: int, ran
         scores[:, lo : lo + chunk] = dot_rows(queries, unit[None, lo : lo + chunk].expand(num_q, -1, -1))
     idx = torch.arange(num_k, device=keys.device)
     inside = (idx[None, :] >= ranges[:, :1]) & (idx[None, :] < ranges[:, 1:])
+    scores = torch.where(inside, scores, torch.full_like(scores, float("-inf")))
+    return topk_low_id(idx.expand_as(scores), scores, k)
+
+
+def index_topk_reference(queries: torch.Tensor, keys: torch.Tensor, k: int, ranges: torch.Tensor,
+                         alive: torch.Tensor | None):
+    """(rows, scores) (Q, k) of the ``k`` best rows of a :class:`~streammem_kernels.CosineIndex`'s prepared
+    keys for each query by cosine, ties toward the lower row, query q scoring only the rows
+    ``ranges[q, 0] <= row < ranges[q, 1]`` whose ``alive`` flag is set (all rows when ``alive`` is None).
+
+    float32 queries (Q, D) of any norm; float32 keys (N, D), unit rows (or zero rows) as the index stores
+    them, *not* normalised again: a score is ``dot(q / |q|, key)``, so it equals
+    :func:`cosine_topk_reference` on the same keys up to the rounding of their norms (a few ulps).
+    """
+    queries = unit_rows(queries)
+    num_q, num_k = queries.shape[0], keys.shape[0]
+    scores = torch.empty((num_q, num_k), dtype=torch.float32, device=keys.device)
+    chunk = max(1, GATHER_BUDGET // (num_q * keys.shape[1]))  # bounds the (Q, chunk, D) product
+    for lo in range(0, num_k, chunk):
+        scores[:, lo : lo + chunk] = dot_rows(queries, keys[None, lo : lo + chunk].expand(num_q, -1, -1))
+    idx = torch.arange(num_k, device=keys.device)
+    inside = (idx[None, :] >= ranges[:, :1]) & (idx[None, :] < ranges[:, 1:])
+    if alive is not None:
+        inside = inside & alive[None, :]
     scores = torch.where(inside, scores, torch.full_like(scores, float("-inf")))
     return topk_low_id(idx.expand_as(scores), scores, k)
 

@@ -3,6 +3,7 @@ memory's ground truth, bounded growth, checkpoints, video input and the CLI."""
 import json
 import re
 import zlib
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from streammem.recipes.memverse import (
     compact_csr, extend_csr, interleave, name_key,
 )
 from streammem.recipes.memverse import GroundTruthExtractor, PlantedFactMemory, hit_rates
-from streammem_kernels import CSRGraph, khop_neighbourhood
+from streammem_kernels import CSRGraph, cosine_topk, khop_neighbourhood
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -112,6 +113,60 @@ def test_consolidate_merges_names_joins_relations_and_links_chunks_newest_first(
     assert g.num_nodes == 7 and g.num_chunks == 3 and g.entity_id("zed") is None  # unchanged
 
 
+def test_an_encoder_failing_after_some_blocks_leaves_the_graph_as_it_was(monkeypatch):
+    """Node texts are embedded in blocks (bounded memory for bulk consolidation); a failure in a later block
+    takes the earlier blocks' rows out of the node index again."""
+    import streammem.recipes.memverse.graph as graph_module
+
+    monkeypatch.setattr(graph_module, "EMBED_BLOCK", 2)
+    enc = PrefixHashEncoder()
+    g = LongTermGraph(enc.dim)
+    g.consolidate([_chunk(0, "Alice: the bakery", t=1.0)], [Extraction(("Alice", "bakery"))], enc.encode, now=1.0)
+    before = g.embeddings.clone()
+    calls = []
+
+    def fails_second(texts):
+        calls.append(len(texts))
+        if len(calls) == 2:
+            raise RuntimeError("encoder down")
+        return enc.encode(texts)
+
+    with pytest.raises(RuntimeError, match="encoder down"):
+        g.consolidate([_chunk(1, "Bob Carol Dave", t=2.0)], [Extraction(("Bob", "Carol", "Dave"))], fails_second, 2.0)
+    assert calls == [2, 1] and g.num_nodes == 2 and g.entity_id("Bob") is None
+    assert torch.equal(g.embeddings, before)
+    g.consolidate([_chunk(1, "Bob Carol Dave", t=2.0)], [Extraction(("Bob", "Carol", "Dave"))], enc.encode, 2.0)
+    assert g.num_nodes == 5 and g.entity_id("Dave") == 4
+    assert g.search(enc.encode(["Dave"]), seeds=1).seeds[0, 0] == 4
+
+
+def test_seed_relations_list_every_relation_touching_the_seeds_in_lightrag_order():
+    """LightRAG's local query: every relation of the seed entities, by (sum of endpoint degrees, weight) descending,
+    ties in the order first met.  Degrees: A 2, B 2, C 3, D 2, E 1; "A likes B" is stated twice (weight 2)."""
+    enc = PrefixHashEncoder()
+    g = LongTermGraph(enc.dim)
+    stated = [(("A", "likes", "B"), ("A", "sees", "C")), (("B", "near", "C"),), (("C", "owns", "D"),),
+              (("A", "likes", "B"),), (("D", "met", "E"),)]
+    for i, rels in enumerate(stated):
+        names = tuple(dict.fromkeys(n for h, _, t in rels for n in (h, t)))
+        g.consolidate([_chunk(i, " ".join(names), t=float(i))], [Extraction(names, rels)], enc.encode, float(i))
+    ab, ac, bc, cd, de = (g.relation_id(*r) for r in
+                          [("A", "likes", "B"), ("A", "sees", "C"), ("B", "near", "C"), ("C", "owns", "D"),
+                           ("D", "met", "E")])
+    a, c, e = g.entity_id("A"), g.entity_id("C"), g.entity_id("E")
+    assert g.neighbours(c) == [cd, bc, ac]  # newest first: the order ties keep
+    listing = g.seed_relations(torch.tensor([[a, -1], [c, a], [e, ab], [-1, -1]]))
+    assert listing[0] == [(ac, 5, 1), (ab, 4, 2)]  # rank first: A-C (2 + 3) before A-B (2 + 2, weight 2)
+    assert listing[1] == [(cd, 5, 1), (bc, 5, 1), (ac, 5, 1), (ab, 4, 2)]  # each relation once
+    assert listing[2] == [(ab, 4, 2), (de, 3, 1)]  # a relation seed lists itself
+    assert listing[3] == []
+    assert g.seed_relations(torch.tensor([[c, a]]), limit=2) == [[(cd, 5, 1), (bc, 5, 1)]]
+    with pytest.raises(ValueError, match="seeds"):
+        g.seed_relations(torch.tensor([a]))
+    with pytest.raises(ValueError, match="limit"):
+        g.seed_relations(torch.tensor([[a]]), limit=-1)
+
+
 def _random_graph(seed, n_chunks=40, dim=16):
     rng = np.random.default_rng(seed)
     vocab = [f"e{i}" for i in range(25)]
@@ -184,6 +239,40 @@ def test_search_matches_a_brute_force(ranking, seeds, hops, fanout, per_node):
         for row, node, s in zip(hits.chunks[i].tolist(), hits.chunk_nodes[i].tolist(), hits.chunk_scores[i].tolist()):
             if row >= 0:
                 assert row in g.node_chunks(node) and s == pytest.approx(scores[nodes.index(node)], abs=1e-5)
+
+
+def test_search_after_evictions_and_growth_matches_a_brute_force_over_the_surviving_rows():
+    """The node and chunk indexes lose exactly the evicted rows and keep the others in node / row order: after
+    rounds of eviction and consolidation, search, the flat baseline and the name look-ups answer as on
+    the surviving tables."""
+    g = _random_graph(11, n_chunks=48)
+    rng = np.random.default_rng(5)
+    removed = Counter()
+    for round_ in range(3):
+        report = g.evict(int(g.cost() * 0.4), 60.0 + round_)
+        removed.update(chunks=report.chunks, relations=report.relations, entities=report.entities)
+        start = 100 + 10 * round_
+        chunks = [MemoryChunk(i, 0, float(i), float(i), "text", f"chunk {i}", (),
+                              embedding=torch.from_numpy(rng.standard_normal(g.dim)).float())
+                  for i in range(start, start + 4)]
+        exts = [Extraction(("e1", f"new{i}"), (("e1", "sees", f"new{i}"),)) for i in range(start, start + 4)]
+        g.consolidate(chunks, exts, lambda texts: torch.from_numpy(rng.standard_normal((len(texts), g.dim))).float(),
+                      now=70.0 + round_)
+    assert min(removed.values()) > 0  # chunks, relations and orphaned entities all went
+    assert g.embeddings.shape == (g.num_nodes, g.dim) and g.chunk_embeddings.shape == (g.num_chunks, g.dim)
+    for v, (text, kind) in enumerate(zip(g.texts, g.kinds.tolist())):
+        if kind == 0:
+            assert g.entity_id(text) == v
+    queries = torch.randn(4, g.dim, generator=torch.Generator().manual_seed(3))
+    hits = g.search(queries, seeds=4, hops=2, capacity=g.num_nodes, max_fanout=16, chunks=12, chunks_per_node=2)
+    for i in range(queries.shape[0]):
+        nodes, _, chunks = _brute_force(g, F.normalize(queries[i], dim=0), 4, 2, 16, 12, 2, "round-robin")
+        assert hits.nodes[i][hits.nodes[i] >= 0].tolist() == nodes
+        assert hits.chunks[i][hits.chunks[i] >= 0].tolist() == chunks
+    rows, scores = g.search_flat(queries, 5)
+    want = cosine_topk(queries, g.chunk_embeddings, 5)
+    assert torch.equal(rows, want.ids)
+    torch.testing.assert_close(scores, want.scores, atol=2e-5, rtol=0)
 
 
 def test_search_on_an_empty_graph_and_bad_queries():
@@ -327,6 +416,13 @@ def test_modes_graph_flat_hybrid_and_answer_hook(planted):
                                                                                    [(c,) for c in graph_ids], 8)]
     assert all(c["via"] == "flat cosine" for c in views["flat"].chunks)
     assert views["graph"].facts and all(f["hop"] >= 0 for f in views["graph"].facts)
+    # LightRAG's relation listing as the facts: the graph's seed_relations of the question's seeds.
+    m = MemVerse(memory.text_encoder, config=MemVerseConfig(facts_order="lightrag", facts=5))
+    m.load_state_dict({**memory.state_dict(), "config": MemVerseConfig(facts_order="lightrag", facts=5).to_dict()})
+    ctx = m.ask(question)
+    hits = m.search(m.encode_questions([question]))
+    want = m.graph.seed_relations(hits.seeds, limit=5)[0]
+    assert ctx.facts == [{"fact": m.graph.texts[r], "rank": rank, "weight": w} for r, rank, w in want] and want
 
 
 def test_budget_evicts_least_useful_per_word_keeps_facts_and_stays_consistent(planted):
@@ -423,6 +519,7 @@ def test_video_frames_become_event_chunks_with_labels_and_time_links():
 @pytest.mark.parametrize("make,match", [
     (lambda: MemVerseConfig(window=0), "window"),
     (lambda: MemVerseConfig(seeds=9, capacity=8), "capacity"),
+    (lambda: MemVerseConfig(facts_order="bm25"), "facts_order"),
     (lambda: MemVerseConfig(ranking="best"), "ranking"),
     (lambda: MemVerseConfig(mode="both"), "mode"),
     (lambda: MemVerseConfig(low_water=0.0), "low_water"),

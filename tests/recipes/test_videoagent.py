@@ -29,6 +29,7 @@ from streammem.recipes.videoagent import (
     uniform_indices,
     unobserved_segments,
 )
+from streammem_kernels import cosine_topk
 
 TEXT = HashingTextEncoder()
 
@@ -87,7 +88,7 @@ def test_frame_positions_reject_bad_input():
         unobserved_segments([-1], 5)
 
 
-# ---- retrieval: one cosine_topk(ranges=...) call equals per-segment brute force ---------
+# ---- retrieval: one frame-index search (ranges=...) equals per-segment brute force and cosine_topk ---------
 @pytest.mark.parametrize("k", [1, 3, 40])
 def test_retrieve_is_exact_per_segment_topk(small, k):
     video, index = small
@@ -110,6 +111,10 @@ def test_retrieve_is_exact_per_segment_topk(small, k):
 
     for row, (start, end) in enumerate(segments.tolist()):
         check(row, queries[row], start, end)
+    # The frame index answers as cosine_topk on the raw embeddings (which normalises them on every call).
+    same = cosine_topk(queries, index.embeddings, k, ranges=segments)
+    assert torch.equal(found.ids, same.ids)
+    torch.testing.assert_close(found.scores, same.scores, atol=2e-5, rtol=0)
     # One query for every segment: a (E,) query broadcasts.
     found = agent.retrieve(queries[0], segments)
     for row, (start, end) in enumerate(segments.tolist()):

@@ -1,4 +1,4 @@
-// The module _cpu_tree: the tree family's CPU entries (search.cpp, topk.cpp, half_scan.cpp), each
+// The module _cpu_tree: the tree family's CPU entries (search.cpp, topk.cpp, half_scan.cpp, index.cpp), each
 // documented where it is defined.  Tensors are DLPack capsules read as TensorView; every entry
 // returns a Status.
 #include "tree.h"
@@ -24,6 +24,12 @@ PYBIND11_MODULE(_cpu_tree, m) {
   m.def("row_norms", &tree::row_norms, py::arg("keys"), py::arg("norms"));
   m.def("topk_merge", &tree::topk_merge, py::arg("dots"), py::arg("norms"), py::arg("queries"), py::arg("keys"),
         py::arg("offset"), py::arg("ranges"), py::arg("ids"), py::arg("scores"));
+  m.def("index_prepare", &tree::index_prepare, py::arg("src"), py::arg("dst"), py::arg("norms"), py::arg("scale"));
+  m.def("index_topk", &tree::index_topk, py::arg("queries"), py::arg("keys"), py::arg("norms"), py::arg("alive"),
+        py::arg("ranges"), py::arg("ids"), py::arg("scores"), py::arg("scan"), py::arg("scan_norm"),
+        py::arg("scan_err"), py::arg("norm_slack"));
+  m.def("index_merge", &tree::index_merge, py::arg("dots"), py::arg("norms"), py::arg("queries"), py::arg("keys"),
+        py::arg("offset"), py::arg("ranges"), py::arg("alive"), py::arg("ids"), py::arg("scores"));
   m.def("half_copy", &tree::half_copy, py::arg("src"), py::arg("dst"), py::arg("bounds"),
         "Write the float16 scan copy of float32 rows src (n, D) into dst (n, D) (round to nearest even, "
         "|x| < 2^-14 stored as 0) and bounds (2,) float64: the largest row norm and the largest L2 distance of a "

@@ -71,5 +71,13 @@ Status row_norms(TensorView keys, TensorView norms);
 Status topk_merge(TensorView dots, TensorView norms, TensorView queries, TensorView keys, int64_t offset,
                   TensorView ranges, TensorView ids, TensorView scores);
 
+// index.cpp (CosineIndex: prepared keys)
+Status index_prepare(TensorView src, TensorView dst, TensorView norms, TensorView scale);
+Status index_topk(TensorView queries, TensorView keys, TensorView norms, std::optional<TensorView> alive,
+                  std::optional<TensorView> ranges, TensorView ids, TensorView scores, std::optional<TensorView> scan,
+                  double scan_norm, double scan_err, double norm_slack);
+Status index_merge(TensorView dots, TensorView norms, TensorView queries, TensorView keys, int64_t offset,
+                   TensorView ranges, std::optional<TensorView> alive, TensorView ids, TensorView scores);
+
 }  // namespace tree
 }  // namespace streammem

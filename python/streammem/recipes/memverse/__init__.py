@@ -35,9 +35,11 @@ what the text says.
 questions):
 
 1. seeds -- cosine top-k over all node embeddings, entities and relations
-   alike (``cosine_topk``), and
-2. their k-hop neighbourhood (``khop_neighbourhood``; 1 and 2 are
-   ``graph_retrieve``), capped per node (``max_fanout``), per hop and per query;
+   alike (a ``CosineIndex`` of the node embeddings, normalised once when a
+   node is added: ``graph_retrieve``'s seeds without normalising every node
+   per question), and
+2. their k-hop neighbourhood (``khop_neighbourhood``), capped per node
+   (``max_fanout``), per hop and per query;
 3. ranking -- every listed node ``v``, reached from seed ``s``, scores
    ``cos(q, s) * max(0, cos(q, v))`` (a seed ``cos(q, s)^2``): a node counts
    as much as it matches the question and as the seed whose neighbourhood it
@@ -88,9 +90,10 @@ node per (head, predicate, tail).
 from .config import MODES, RANKINGS, MemVerseConfig
 from .evaluation import hit_rates
 from .extraction import CooccurrenceExtractor, Extraction, ExtractionContext, Extractor, MemoryChunk, name_key
-from .graph import ENTITY, RELATION, GraphEvictionReport, GraphHits, LongTermGraph, compact_csr, extend_csr, interleave
+from .graph import ENTITY, RELATION, GraphEvictionReport, GraphHits, LongTermGraph, interleave
 from .memory import MemVerse, MemVerseContext
 from .synthetic import GroundTruthExtractor, PlantedFactMemory, PlantedItem, PlantedQuestion
+from .tables import compact_csr, extend_csr
 
 __all__ = [
     "MemVerse",

@@ -11,6 +11,7 @@ __all__ = ["MemVerseConfig", "RANKINGS", "MODES"]
 
 RANKINGS = ("round-robin", "score")
 MODES = ("graph", "hybrid", "flat")
+FACT_ORDERS = ("rank", "lightrag")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,11 @@ class MemVerseConfig:
         baseline's, or both interleaved (flat first, duplicates skipped).
     facts : int
         Relations reported per question.
+    facts_order : {"rank", "lightrag"}
+        Which relations and in what order: the best-ranked relations of the
+        neighbourhood ("rank"), or LightRAG's local-query listing -- every
+        relation touching the seeds, by the sum of its endpoints' degrees, then
+        its weight (``LongTermGraph.seed_relations``).
     budget : int or None
         Word budget of the long-term memory (None: unbounded).
     alpha, beta, tau, low_water
@@ -80,6 +86,7 @@ class MemVerseConfig:
     ranking: str = "round-robin"
     mode: str = "graph"
     facts: int = 8
+    facts_order: str = "rank"
     budget: int | None = None
     alpha: float = 0.6
     beta: float = 0.4
@@ -109,6 +116,8 @@ class MemVerseConfig:
         object.__setattr__(self, "low_water", check_real(self.low_water, "low_water", 0.0, 1.0, open_low=True))
         if self.ranking not in RANKINGS:
             raise ValueError(f"ranking must be one of {RANKINGS}, got {self.ranking!r}")
+        if self.facts_order not in FACT_ORDERS:
+            raise ValueError(f"facts_order must be one of {FACT_ORDERS}, got {self.facts_order!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.preset not in PRESETS:

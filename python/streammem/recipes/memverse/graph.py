@@ -2,6 +2,7 @@
 links, retrieval by seeds and k-hop expansion, and eviction within a word budget."""
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import Counter
@@ -10,18 +11,18 @@ from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
+from streammem_kernels import CosineIndex
 
 from ...checks import check_int
 from ...components.bounded import EvictionReport, utility
 from .config import RANKINGS
 from .extraction import Extraction, MemoryChunk, _chunks_from_state, _chunks_state, name_key
+from .tables import Column, Handles, compact_csr, extend_csr, least_useful, row_counts
 
 __all__ = [
     "LongTermGraph",
     "GraphHits",
     "GraphEvictionReport",
-    "extend_csr",
-    "compact_csr",
     "interleave",
     "ENTITY",
     "RELATION",
@@ -31,96 +32,9 @@ __all__ = [
 ENTITY, RELATION = 0, 1
 
 
-def extend_csr(row_ptr: torch.Tensor, col_idx: torch.Tensor, num_rows: int, src: torch.Tensor,
-               dst: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Add entries ``src[i] -> dst[i]`` to a CSR, in front of each row's old entries, newest first.
-
-    Parameters
-    ----------
-    row_ptr : (R+1,) int64
-    col_idx : (E,) int64
-    num_rows : int >= R
-        Rows of the result (rows ``R..num_rows-1`` are new).
-    src, dst : (b,) int64
-        New entries; a later entry counts as newer.
-
-    Returns
-    -------
-    (row_ptr (num_rows+1,), col_idx (E+b,)): row ``u`` lists its new entries by
-    descending position in ``src``, then its old entries in their old order.
-    Equal to ``CSRGraph.from_edges`` over all entries with weight = insertion
-    order (tested), in O(E + b log b) instead of a sort of E + b entries.
-    """
-    old_rows = row_ptr.numel() - 1
-    if num_rows < old_rows:
-        raise ValueError(f"num_rows must be >= the CSR's {old_rows} rows, got {num_rows}")
-    device = row_ptr.device
-    degree_old = torch.zeros(num_rows, dtype=torch.int64, device=device)
-    degree_old[:old_rows] = row_ptr[1:] - row_ptr[:-1]
-    added = torch.bincount(src, minlength=num_rows)
-    new_ptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=device)
-    torch.cumsum(degree_old + added, 0, out=new_ptr[1:])
-    out = torch.empty(col_idx.numel() + src.numel(), dtype=torch.int64, device=device)
-    # Old entry i of row r lands at new_ptr[r] + added[r] + (i - row_ptr[r]) = i + (added up to and including r).
-    added_through = torch.cumsum(added, 0)
-    if col_idx.numel():
-        row_of = torch.repeat_interleave(torch.arange(old_rows, device=device), degree_old[:old_rows])
-        out[torch.arange(col_idx.numel(), device=device) + added_through[row_of]] = col_idx
-    if src.numel():
-        newest_first = torch.arange(src.numel() - 1, -1, -1, device=device)
-        order = newest_first[torch.argsort(src[newest_first], stable=True)]
-        rows = src[order]
-        rank = torch.arange(src.numel(), device=device) - (added_through - added)[rows]
-        out[new_ptr[rows] + rank] = dst[order]
-    return new_ptr, out
-
-
-def compact_csr(row_ptr: torch.Tensor, col_idx: torch.Tensor, row_map: torch.Tensor,
-                col_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drop removed rows and entries, renumber the rest, keep every row's order.
-
-    ``row_map (R,)`` / ``col_map (num_cols,)`` give each row's / target's new id,
-    or -1 when removed; new row ids must be increasing.  Returns the new
-    ``(row_ptr, col_idx)``.
-    """
-    num_rows = int((row_map >= 0).sum())
-    degree = row_ptr[1:] - row_ptr[:-1]
-    row_of = torch.repeat_interleave(torch.arange(row_map.numel(), device=row_ptr.device), degree)
-    keep = (row_map[row_of] >= 0) & (col_map[col_idx] >= 0)
-    new_rows = row_map[row_of[keep]]
-    new_ptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=row_ptr.device)
-    torch.cumsum(torch.bincount(new_rows, minlength=num_rows), 0, out=new_ptr[1:])
-    return new_ptr, col_map[col_idx[keep]]
-
-
-class _Column:
-    """Append-only tensor rows with amortised doubling (and compaction by a mask)."""
-
-    def __init__(self, dtype: torch.dtype, width: int | None = None):
-        self._data = torch.zeros((16,) if width is None else (16, width), dtype=dtype)
-        self.n = 0
-
-    def extend(self, values: torch.Tensor) -> None:
-        need = self.n + values.shape[0]
-        if need > self._data.shape[0]:
-            grown = torch.zeros((max(need, 2 * self._data.shape[0]),) + tuple(self._data.shape[1:]),
-                                dtype=self._data.dtype)
-            grown[: self.n] = self._data[: self.n]
-            self._data = grown
-        self._data[self.n:need] = values
-        self.n = need
-
-    @property
-    def values(self) -> torch.Tensor:
-        return self._data[: self.n]
-
-    def keep(self, mask: torch.Tensor) -> None:
-        self._data = self.values[mask]  # a new tensor of exactly the kept rows; the next extend regrows it
-        self.n = self._data.shape[0]
-
-    def load(self, values: torch.Tensor) -> None:
-        self.n = 0
-        self.extend(values)
+# Node texts embedded (and added to the node index) at once: bounds the embeddings held besides the
+# index to EMBED_BLOCK x dim floats (96 MB at D = 384) when a bulk consolidation adds millions of nodes.
+EMBED_BLOCK = 1 << 16
 
 
 class GraphHits(NamedTuple):
@@ -179,6 +93,13 @@ class LongTermGraph:
     them; chunk rows likewise (``chunks[row].chunk_id`` is the stable id).
     Change the graph through :meth:`consolidate` and :meth:`evict` only: each
     keeps tables, embeddings and both CSRs equal in the same call.
+
+    Node and chunk embeddings live in two :class:`streammem_kernels.CosineIndex`
+    (normalised and checked once, when added; a question's seeds and the flat
+    baseline search them without touching the rows again), keyed by stable
+    handles (``Handles``) that an eviction never renumbers: it removes the
+    evicted rows from the indexes and the name maps, and rewrites only the
+    dense-id tables and the CSRs.
     """
 
     def __init__(self, dim: int, *, backend: str = "auto"):
@@ -186,21 +107,24 @@ class LongTermGraph:
         self.backend = backend
         self.texts: list[str] = []  # entity name, or "head predicate tail"
         self.predicates: list[str] = []  # "" for entities
-        self._emb = _Column(torch.float32, self.dim)
-        self._kind = _Column(torch.int8)
-        self._head = _Column(torch.int64)
-        self._tail = _Column(torch.int64)
-        self._access = _Column(torch.int64)
-        self._last = _Column(torch.float64)
-        self._created = _Column(torch.float64)
-        self._cost = _Column(torch.int64)
-        self._entity_ids: dict[str, int] = {}
-        self._relation_ids: dict[tuple[int, str, int], int] = {}
+        self._nodes = CosineIndex(self.dim)  # node embeddings, ids = node handles
+        self._node_handles = Handles()
+        self._kind = Column(torch.int8)
+        self._head = Column(torch.int64)
+        self._tail = Column(torch.int64)
+        self._access = Column(torch.int64)
+        self._last = Column(torch.float64)
+        self._created = Column(torch.float64)
+        self._cost = Column(torch.int64)
+        self._entity_ids: dict[str, int] = {}  # name key -> node handle
+        self._relation_ids: dict[tuple[int, str, int], int] = {}  # (head handle, predicate, tail handle) -> handle
         self.chunks: list[MemoryChunk] = []
-        self._chunk_emb = _Column(torch.float32, self.dim)
-        self._chunk_access = _Column(torch.int64)
-        self._chunk_last = _Column(torch.float64)
-        self._chunk_cost = _Column(torch.int64)
+        self._chunk_keys = CosineIndex(self.dim)  # chunk embeddings, ids = chunk handles
+        self._chunk_handles = Handles()
+        self._chunk_access = Column(torch.int64)
+        self._chunk_last = Column(torch.float64)
+        self._chunk_cost = Column(torch.int64)
+        self._chunk_time = Column(torch.float64)  # t_end: the eviction's age among equals
         self._adj = (torch.zeros(1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
         self._map = (torch.zeros(1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
         self.graph = None  # CSRGraph over the nodes
@@ -230,30 +154,33 @@ class LongTermGraph:
 
     @property
     def embeddings(self) -> torch.Tensor:
-        """(num_nodes, dim) normalised node embeddings (a view: do not modify)."""
-        return self._emb.values
+        """(num_nodes, dim) normalised node embeddings, by node id (read it, do not modify it)."""
+        return self._nodes.keys
 
     @property
     def chunk_embeddings(self) -> torch.Tensor:
-        """(num_chunks, dim) normalised chunk embeddings (a view: do not modify)."""
-        return self._chunk_emb.values
+        """(num_chunks, dim) normalised chunk embeddings, by chunk row (read it, do not modify it)."""
+        return self._chunk_keys.keys
 
     @property
     def kinds(self) -> torch.Tensor:
         """(num_nodes,) int8: 0 entity, 1 relation."""
         return self._kind.values
 
+    def _node(self, handle: int | None) -> int | None:
+        return None if handle is None else int(self._node_handles.dense[handle])
+
     def entity_id(self, name: str) -> int | None:
-        return self._entity_ids.get(name_key(name))
+        return self._node(self._entity_ids.get(name_key(name)))
 
     def has_entity(self, name: str) -> bool:
         return name_key(name) in self._entity_ids
 
     def relation_id(self, head: str, predicate: str, tail: str) -> int | None:
-        h, t = self.entity_id(head), self.entity_id(tail)
+        h, t = self._entity_ids.get(name_key(head)), self._entity_ids.get(name_key(tail))
         if h is None or t is None:
             return None
-        return self._relation_ids.get((h, _predicate_key(predicate), t))
+        return self._node(self._relation_ids.get((h, _predicate_key(predicate), t)))
 
     def node_chunks(self, node: int) -> list[int]:
         """Chunk rows of a node, newest first."""
@@ -287,6 +214,9 @@ class LongTermGraph:
         t0 = time.perf_counter()
         embed_before = self.timings["embed"]
         first_node, first_row = self.num_nodes, self.num_chunks
+        # New nodes get the next handles in creation order: handle = first_handle + (node - first_node).
+        first_handle = self._node_handles.issued
+        dense_of = self._node_handles.dense
         new_texts, new_kind, new_head, new_tail, new_pred = [], [], [], [], []
         new_entities: dict[str, int] = {}
         new_relations: dict[tuple[int, str, int], int] = {}
@@ -294,9 +224,15 @@ class LongTermGraph:
         links: list[tuple[int, int]] = []
         touched: list[int] = []
 
+        def handle_of(node: int) -> int:
+            return int(self._node_handles.handle[node]) if node < first_node else first_handle + node - first_node
+
         def entity(name: str) -> int:
             key = name_key(name)
-            node = self._entity_ids.get(key, new_entities.get(key))
+            handle = self._entity_ids.get(key)
+            if handle is not None:
+                return int(dense_of[handle])
+            node = new_entities.get(key)
             if node is None:
                 node = new_entities[key] = first_node + len(new_texts)
                 new_texts.append(" ".join(name.split()))
@@ -311,8 +247,9 @@ class LongTermGraph:
             nodes = [entity(e) for e in ext.entities]
             for head, predicate, tail in ext.relations:
                 h, t = entity(head), entity(tail)
-                key = (h, _predicate_key(predicate), t)
-                rel = self._relation_ids.get(key, new_relations.get(key))
+                key = (handle_of(h), _predicate_key(predicate), handle_of(t))
+                known = self._relation_ids.get(key)
+                rel = int(dense_of[known]) if known is not None else new_relations.get(key)
                 if rel is None:
                     rel = new_relations[key] = first_node + len(new_texts)
                     new_texts.append(f"{self._text(h, new_texts, first_node)} {key[1]} "
@@ -330,8 +267,8 @@ class LongTermGraph:
             touched += nodes
         # Embeddings first: a failing encoder leaves the graph as it was.
         self._append_nodes(new_texts, new_kind, new_head, new_tail, new_pred, embed, now)
-        self._entity_ids.update(new_entities)
-        self._relation_ids.update(new_relations)
+        self._entity_ids.update({key: first_handle + node - first_node for key, node in new_entities.items()})
+        self._relation_ids.update({key: first_handle + node - first_node for key, node in new_relations.items()})
         self._append_chunks(chunks)
         t1 = time.perf_counter()
         self._extend(edges, links)
@@ -351,18 +288,30 @@ class LongTermGraph:
     def _append_nodes(self, texts, kinds, heads, tails, predicates, embed, now: float) -> None:
         if not texts:
             return
-        t0 = time.perf_counter()
-        emb = torch.as_tensor(embed(list(texts)))
-        self.timings["embed"] += time.perf_counter() - t0
-        if emb.shape != (len(texts), self.dim) or not emb.is_floating_point():
-            raise ValueError(f"embed must return a float ({len(texts)}, {self.dim}) tensor, got "
-                             f"{tuple(emb.shape)} {emb.dtype}")
-        if not bool(torch.isfinite(emb).all()):
-            raise ValueError("embed returned non-finite values")
+        n = len(texts)
+        # The new nodes' handles are the next n (issued below, once every embedding is in).
+        first = self._node_handles.issued
+        done = 0
+        try:
+            for lo in range(0, n, EMBED_BLOCK):
+                block = list(texts[lo:lo + EMBED_BLOCK])
+                t0 = time.perf_counter()
+                emb = torch.as_tensor(embed(block))
+                self.timings["embed"] += time.perf_counter() - t0
+                if emb.shape != (len(block), self.dim) or not emb.is_floating_point():
+                    raise ValueError(f"embed must return a float ({len(block)}, {self.dim}) tensor, got "
+                                     f"{tuple(emb.shape)} {emb.dtype}")
+                if not bool(torch.isfinite(emb).all()):
+                    raise ValueError("embed returned non-finite values")
+                self._nodes.add(emb.detach().float(), ids=torch.arange(first + lo, first + lo + len(block)))
+                done = lo + len(block)
+        except BaseException:
+            if done:  # a failing encoder leaves the graph as it was
+                self._nodes.remove(torch.arange(first, first + done))
+            raise
+        self._node_handles.issue(n)
         self.texts += texts
         self.predicates += predicates
-        n = len(texts)
-        self._emb.extend(F.normalize(emb.float(), dim=1))
         self._kind.extend(torch.tensor(kinds, dtype=torch.int8))
         self._head.extend(torch.tensor(heads, dtype=torch.int64))
         self._tail.extend(torch.tensor(tails, dtype=torch.int64))
@@ -374,11 +323,14 @@ class LongTermGraph:
     def _append_chunks(self, chunks: Sequence[MemoryChunk]) -> None:
         if not chunks:
             return
+        handles = self._chunk_handles.issue(len(chunks))
+        self._chunk_keys.add(torch.stack([c.embedding.detach().float() for c in chunks]),
+                             ids=torch.from_numpy(handles))
         self.chunks += list(chunks)
-        self._chunk_emb.extend(F.normalize(torch.stack([c.embedding.float() for c in chunks]), dim=1))
         self._chunk_access.extend(torch.zeros(len(chunks), dtype=torch.int64))
         self._chunk_last.extend(torch.tensor([c.t_end for c in chunks], dtype=torch.float64))
         self._chunk_cost.extend(torch.tensor([max(1, len(c.text.split())) for c in chunks], dtype=torch.int64))
+        self._chunk_time.extend(torch.tensor([c.t_end for c in chunks], dtype=torch.float64))
 
     def _extend(self, edges: list[tuple[int, int]], links: list[tuple[int, int]]) -> None:
         def pairs(items):
@@ -396,6 +348,19 @@ class LongTermGraph:
         self.chunk_map = CSRGraph(*self._map, num_cols=self.num_chunks)
 
     # ---- retrieval -------------------------------------------------------------
+    def seeds(self, queries: torch.Tensor, k: int, min_score: float | None = None):
+        """(node ids, cosines) (Q, k) of the ``k`` nodes nearest each normalised query (entities and
+        relations alike, ties toward the older node; ``-1`` / ``-inf`` where fewer exist or score below
+        ``min_score``): the node index's exact search."""
+        top = self._nodes.search(queries, k, backend=self.backend)
+        seeds = self._node_handles.dense_of(top.ids)
+        scores = top.scores
+        if min_score is not None:
+            low = scores < min_score
+            seeds = torch.where(low, torch.full_like(seeds, -1), seeds)
+            scores = torch.where(low, torch.full_like(scores, -math.inf), scores)
+        return seeds, scores
+
     def search(self, queries: torch.Tensor, *, seeds: int = 4, hops: int = 2, capacity: int = 512,
                max_fanout: int | None = 16, max_frontier: int | None = None, min_score: float | None = None,
                chunks: int = 8, chunks_per_node: int | None = 2, ranking: str = "round-robin") -> GraphHits:
@@ -412,7 +377,7 @@ class LongTermGraph:
         -------
         GraphHits
         """
-        from streammem_kernels import graph_retrieve, neighbourhood_chunks
+        from streammem_kernels import khop_neighbourhood, neighbourhood_chunks
 
         q = _check_queries(queries, self.dim)
         if ranking not in RANKINGS:
@@ -421,26 +386,24 @@ class LongTermGraph:
         if self.num_nodes == 0:
             return _empty_hits(num_q, seeds, capacity, chunks)
         t0 = time.perf_counter()
-        emb = self.embeddings
-        res = graph_retrieve(q, emb, self.graph, k=min(seeds, self.num_nodes), hops=hops, capacity=capacity,
-                             max_fanout=max_fanout, max_frontier=max_frontier, min_score=min_score,
-                             backend=self.backend)
+        seed_ids, seed_scores = self.seeds(q, min(seeds, self.num_nodes), min_score)
+        near = khop_neighbourhood(self.graph, seed_ids, hops, capacity=capacity, max_fanout=max_fanout,
+                                  max_frontier=max_frontier, backend=self.backend)
         t1 = time.perf_counter()
-        near = res.neighbourhood
         # Entries are packed at the front: work on the widest list, not the capacity (small tensors also
         # stay under torch's parallel grain, so no thread pool waits on a loaded machine).
         width = max(1, int(near.count.max()))
         near = near._replace(nodes=near.nodes[:, :width], seed=near.seed[:, :width], hop=near.hop[:, :width])
         valid = near.nodes >= 0
         # Rank and score of the seed each entry was reached from (entries carry the seed's id).
-        from_seed = (near.seed[:, :, None] == res.seeds[:, None, :]) & valid[:, :, None]
-        seed_score = torch.where(from_seed, res.seed_scores[:, None, :], -math.inf).amax(-1)
-        match = _row_cosines(emb, near.nodes.clamp_min(0), q)
+        from_seed = (near.seed[:, :, None] == seed_ids[:, None, :]) & valid[:, :, None]
+        seed_score = torch.where(from_seed, seed_scores[:, None, :], -math.inf).amax(-1)
+        match = self._cosines(near.nodes, q)
         score = seed_score.clamp_min(0.0) * match.clamp_min(0.0)
         score = torch.where(valid, score, -math.inf)
         order = torch.argsort(score, dim=1, descending=True, stable=True)
         if ranking == "round-robin":
-            order = _round_robin(order, from_seed.int().argmax(-1), valid, res.seeds.shape[1])
+            order = _round_robin(order, from_seed.int().argmax(-1), valid, seed_ids.shape[1])
         nodes = near.nodes.gather(1, order)
         node_scores = score.gather(1, order)
         node_hops = near.hop.gather(1, order)
@@ -456,19 +419,70 @@ class LongTermGraph:
             chunk_scores = torch.full((num_q, chunks), -math.inf)
         t3 = time.perf_counter()
         timings = {"seeds_and_expansion": t1 - t0, "rank": t2 - t1, "chunks": t3 - t2}
-        return GraphHits(res.seeds, res.seed_scores, nodes, node_scores.float(), node_hops, chunk_rows,
+        return GraphHits(seed_ids, seed_scores, nodes, node_scores.float(), node_hops, chunk_rows,
                          chunk_scores.float(), chunk_nodes, near.truncated, timings)
+
+    def _cosines(self, nodes: torch.Tensor, q: torch.Tensor, block: int = 16) -> torch.Tensor:
+        """(Q, C) dot products of each query with the embeddings of its nodes (``-1`` entries: any value),
+        in blocks of queries to bound memory."""
+        out = torch.empty(nodes.shape, dtype=torch.float32)
+        handles = self._node_handles.handles_of(nodes.clamp_min(0))
+        for start in range(0, nodes.shape[0], block):
+            rows = self._nodes.reconstruct(handles[start:start + block])
+            out[start:start + block] = torch.bmm(rows, q[start:start + block, :, None])[..., 0]
+        return out
 
     def search_flat(self, queries: torch.Tensor, chunks: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
         """The baseline: cosine top-k over chunk embeddings; (rows, scores) (Q, chunks), -1 / -inf padded."""
-        from streammem_kernels import cosine_topk
-
         q = _check_queries(queries, self.dim)
         if self.num_chunks == 0:
             return (torch.full((q.shape[0], chunks), -1, dtype=torch.int64),
                     torch.full((q.shape[0], chunks), -math.inf))
-        res = cosine_topk(q, self.chunk_embeddings, chunks, backend=self.backend)
-        return res.ids, res.scores
+        res = self._chunk_keys.search(q, chunks, backend=self.backend)
+        return self._chunk_handles.dense_of(res.ids), res.scores
+
+    def seed_relations(self, seeds: torch.Tensor, limit: int | None = None) -> list[list[tuple[int, int, int]]]:
+        """LightRAG's relation listing of a local query: every relation touching the seeds, ranked.
+
+        For each row of ``seeds`` (Q, k) node ids (``-1`` ignored): the relations adjacent to its entity
+        seeds (a relation seed lists itself), each once, as ``(relation node, rank, weight)`` ordered
+        by ``rank`` then ``weight``, both descending -- LightRAG's ``(edge_degree, weight)`` sort:
+        ``rank`` is the sum of the degrees of the relation's head and tail (a degree: the relations
+        touching an entity; LightRAG merges the relations of one entity pair into one edge, here
+        each predicate is its own relation), ``weight`` the chunks that stated the relation (where
+        LightRAG sums the strengths its extractor gave).  Equal keys keep the order first met: seeds in
+        their order, each seed's relations newest first (LightRAG's sort is stable too).  At most
+        ``limit`` per row (None: all).
+        """
+        seeds = torch.as_tensor(seeds)
+        if seeds.dim() != 2:
+            raise ValueError(f"seeds must be a (Q, k) tensor of node ids, got shape {tuple(seeds.shape)}")
+        if limit is not None:
+            limit = check_int(limit, "limit", 0)
+        ptr, col = self._adj
+        map_ptr = self._map[0]
+        kinds = self.kinds
+        out = []
+        for row in seeds.tolist():
+            listed: dict[int, None] = {}
+            for seed in row:
+                if seed < 0:
+                    continue
+                if seed >= self.num_nodes:
+                    raise ValueError(f"seeds must be node ids below {self.num_nodes} (or -1), got {seed}")
+                if int(kinds[seed]) == RELATION:
+                    listed.setdefault(seed)
+                else:
+                    listed.update(dict.fromkeys(col[ptr[seed]:ptr[seed + 1]].tolist()))
+            rels = torch.tensor(list(listed), dtype=torch.int64)
+            heads, tails = self._head.values[rels], self._tail.values[rels]
+            degree = ptr[1:] - ptr[:-1]
+            rank = degree[heads] + degree[tails]
+            weight = map_ptr[rels + 1] - map_ptr[rels]
+            entries = sorted(zip(rels.tolist(), rank.tolist(), weight.tolist()), key=lambda e: (e[1], e[2]),
+                             reverse=True)  # stable, as LightRAG's: equal keys keep the order first met
+            out.append(entries if limit is None else entries[:limit])
+        return out
 
     def touch(self, nodes: torch.Tensor, chunk_rows: torch.Tensor, now: float) -> None:
         """Count a retrieval of these nodes and chunks (ids, ``-1`` ignored): the utility's f and dt."""
@@ -488,25 +502,19 @@ class LongTermGraph:
             return None
         t0 = time.perf_counter()
         relations = (self.kinds == RELATION).nonzero()[:, 0]
-        rows = torch.arange(self.num_chunks)
+        num_rows = self.num_chunks
         u_rel = utility(self._access.values[relations], self._last.values[relations], now, alpha=alpha, beta=beta,
                         tau=tau)
         u_chunk = utility(self._chunk_access.values, self._chunk_last.values, now, alpha=alpha, beta=beta, tau=tau)
         cost = torch.cat([self._chunk_cost.values, self._cost.values[relations]])
         ratio = torch.cat([u_chunk, u_rel]) / cost.to(torch.float64)
-        created = torch.cat([self._chunk_last.values.new_tensor([c.t_end for c in self.chunks]),
-                             self._created.values[relations]])
-        # Least utility per word first; older first among equals (stable sorts, least significant key first).
-        order = torch.argsort(created, stable=True)
-        order = order[torch.argsort(ratio[order], stable=True)]
-        freed = torch.cumsum(cost[order], 0)
-        target = low_water * budget
-        count = int(torch.searchsorted(freed.to(torch.float64), total - target))
-        doomed = order[: count + 1]
-        chunk_keep = torch.ones(self.num_chunks, dtype=torch.bool)
-        chunk_keep[doomed[doomed < rows.numel()]] = False
+        created = torch.cat([self._chunk_time.values, self._created.values[relations]])
+        # Least utility per word first; older first among equals.
+        doomed = least_useful(ratio, created, cost, total - low_water * budget)
+        chunk_keep = torch.ones(num_rows, dtype=torch.bool)
+        chunk_keep[doomed[doomed < num_rows]] = False
         node_keep = torch.ones(self.num_nodes, dtype=torch.bool)
-        node_keep[relations[doomed[doomed >= rows.numel()] - rows.numel()]] = False
+        node_keep[relations[doomed[doomed >= num_rows] - num_rows]] = False
         report = GraphEvictionReport(cost_before=total)
         report.chunks = int((~chunk_keep).sum())
         report.relations = int((~node_keep).sum())
@@ -520,37 +528,48 @@ class LongTermGraph:
         adj_ptr, adj_col = self._adj
         map_ptr, map_col = self._map
         # An entity stays while a kept relation or a kept chunk links to it.
-        owner = torch.repeat_interleave(torch.arange(self.num_nodes), adj_ptr[1:] - adj_ptr[:-1])
-        live_edges = torch.bincount(owner[node_keep[adj_col]], minlength=self.num_nodes)
-        owner = torch.repeat_interleave(torch.arange(self.num_nodes), map_ptr[1:] - map_ptr[:-1])
-        live_links = torch.bincount(owner[chunk_keep[map_col]], minlength=self.num_nodes)
+        live_edges = row_counts(adj_ptr, node_keep[adj_col])
+        live_links = row_counts(map_ptr, chunk_keep[map_col])
         entities = self.kinds == ENTITY
         orphaned = entities & node_keep & (live_edges == 0) & (live_links == 0)
         node_keep = node_keep & ~orphaned
+        # The name maps and the indexes lose exactly the removed entries (keys computed before renumbering).
+        gone = (~node_keep).nonzero()[:, 0]
+        handle = self._node_handles.handle
+        for v, kind, head, tail in zip(gone.tolist(), self.kinds[gone].tolist(), self._head.values[gone].tolist(),
+                                       self._tail.values[gone].tolist()):
+            if kind == ENTITY:
+                del self._entity_ids[name_key(self.texts[v])]
+            else:
+                del self._relation_ids[(int(handle[head]), self.predicates[v], int(handle[tail]))]
+        if gone.numel():
+            self._nodes.remove(torch.from_numpy(handle[~node_keep.numpy()]))
+        gone_rows = ~chunk_keep
+        if bool(gone_rows.any()):
+            self._chunk_keys.remove(torch.from_numpy(self._chunk_handles.handle[gone_rows.numpy()]))
+        self._node_handles.keep(node_keep.numpy())
+        self._chunk_handles.keep(chunk_keep.numpy())
         node_map = torch.where(node_keep, torch.cumsum(node_keep, 0) - 1, -1)
         chunk_map = torch.where(chunk_keep, torch.cumsum(chunk_keep, 0) - 1, -1)
         self._adj = compact_csr(adj_ptr, adj_col, node_map, node_map)
         self._map = compact_csr(map_ptr, map_col, node_map, chunk_map)
-        for col in (self._emb, self._kind, self._access, self._last, self._created, self._cost):
+        for col in (self._kind, self._access, self._last, self._created, self._cost):
             col.keep(node_keep)
         for col in (self._head, self._tail):
             col.keep(node_keep)
             ids = col.values
             ids[ids >= 0] = node_map[ids[ids >= 0]]
         keep = node_keep.tolist()
-        self.texts = [t for t, k in zip(self.texts, keep) if k]
-        self.predicates = [p for p, k in zip(self.predicates, keep) if k]
-        for col in (self._chunk_emb, self._chunk_access, self._chunk_last, self._chunk_cost):
+        self.texts = list(itertools.compress(self.texts, keep))
+        self.predicates = list(itertools.compress(self.predicates, keep))
+        for col in (self._chunk_access, self._chunk_last, self._chunk_cost, self._chunk_time):
             col.keep(chunk_keep)
-        self.chunks = [c for c, k in zip(self.chunks, chunk_keep.tolist()) if k]
-        new_id = node_map.tolist()
-        self._entity_ids = {key: new_id[v] for key, v in self._entity_ids.items() if new_id[v] >= 0}
-        self._relation_ids = {(new_id[h], p, new_id[t]): new_id[v] for (h, p, t), v in self._relation_ids.items()
-                              if new_id[v] >= 0}
+        self.chunks = list(itertools.compress(self.chunks, chunk_keep.tolist()))
         self._commit()
         return int(orphaned.sum())
 
     def _rebuild_keys(self) -> None:
+        """Name maps of a loaded graph (handle = node id)."""
         kinds, heads, tails = self.kinds.tolist(), self._head.values.tolist(), self._tail.values.tolist()
         self._entity_ids = {name_key(t): i for i, (t, k) in enumerate(zip(self.texts, kinds)) if k == ENTITY}
         self._relation_ids = {(heads[i], self.predicates[i], tails[i]): i for i, k in enumerate(kinds)
@@ -562,7 +581,7 @@ class LongTermGraph:
         return {
             "dim": self.dim,
             "texts": list(self.texts), "predicates": list(self.predicates),
-            "embedding": self._emb.values.clone(), "kind": self._kind.values.clone(),
+            "embedding": self._nodes.keys.clone(), "kind": self._kind.values.clone(),
             "head": self._head.values.clone(), "tail": self._tail.values.clone(),
             "access": self._access.values.clone(), "last": self._last.values.clone(),
             "created": self._created.values.clone(), "cost": self._cost.values.clone(),
@@ -576,15 +595,25 @@ class LongTermGraph:
         if int(state["dim"]) != self.dim:
             raise ValueError(f"state holds a {state['dim']}-d graph, this graph is {self.dim}-d")
         self.texts, self.predicates = list(state["texts"]), list(state["predicates"])
-        for col, key in ((self._emb, "embedding"), (self._kind, "kind"), (self._head, "head"), (self._tail, "tail"),
+        for col, key in ((self._kind, "kind"), (self._head, "head"), (self._tail, "tail"),
                          (self._access, "access"), (self._last, "last"), (self._created, "created"),
                          (self._cost, "cost"), (self._chunk_access, "chunk_access"),
                          (self._chunk_last, "chunk_last")):
             col.load(state[key])
+        n = len(self.texts)
+        # The saved node rows are the index's own unit rows: stored as they are, so searches answer as before.
+        self._nodes = CosineIndex.from_state_dict(
+            {"dim": self.dim, "keys": state["embedding"].float(), "ids": torch.arange(n), "next_id": n},
+            path="MemVerse state 'graph.embedding'")
+        self._node_handles.reset(n)
         self.chunks = _chunks_from_state(state["chunks"])
-        self._chunk_emb.load(torch.stack([c.embedding for c in self.chunks]) if self.chunks
-                             else torch.zeros(0, self.dim))
+        self._chunk_keys = CosineIndex(self.dim)
+        self._chunk_handles = Handles()
+        self._chunk_handles.issue(len(self.chunks))
+        if self.chunks:
+            self._chunk_keys.add(torch.stack([c.embedding.float() for c in self.chunks]))
         self._chunk_cost.load(torch.tensor([max(1, len(c.text.split())) for c in self.chunks], dtype=torch.int64))
+        self._chunk_time.load(torch.tensor([c.t_end for c in self.chunks], dtype=torch.float64))
         self._adj = tuple(state["adjacency"])
         self._map = tuple(state["chunk_links"])
         self.timings = Counter(state.get("timings", {}))
@@ -605,15 +634,6 @@ def _check_queries(queries, dim: int) -> torch.Tensor:
     if not bool(torch.isfinite(q).all()):
         raise ValueError("queries must be finite")
     return F.normalize(q.float(), dim=1).contiguous()
-
-
-def _row_cosines(emb: torch.Tensor, ids: torch.Tensor, q: torch.Tensor, block: int = 16) -> torch.Tensor:
-    """(Q, C) dot products of each query with the rows ``emb[ids[q]]`` (in blocks of queries, to bound memory)."""
-    out = torch.empty(ids.shape, dtype=torch.float32)
-    for start in range(0, ids.shape[0], block):
-        rows = emb[ids[start:start + block]]
-        out[start:start + block] = torch.bmm(rows, q[start:start + block, :, None])[..., 0]
-    return out
 
 
 def interleave(first: Sequence, second: Sequence, k: int) -> list:

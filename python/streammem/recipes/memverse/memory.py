@@ -45,7 +45,9 @@ class MemVerseContext:
 
     ``short_term``: the window's chunks in time order (with their cosine);
     ``chunks``: long-term chunks by rank, each with the node that brought it;
-    ``facts``: the best-ranked relations; ``seeds``: the nodes the search
+    ``facts``: the best-ranked relations (``facts_order="lightrag"``: every
+    relation touching the seeds, LightRAG's order, with ``rank`` and
+    ``weight``); ``seeds``: the nodes the search
     started from.  ``timings`` in seconds.
 
     The decision (``MemVerse.ask``): ``basis`` the chunk the answer rests on
@@ -409,10 +411,14 @@ class MemVerse:
             chunks.append(view)
         kinds = g.kinds
         facts, seeds = [], []
-        for node, score, hop in zip(hits.nodes[0].tolist(), hits.node_scores[0].tolist(),
-                                    hits.node_hops[0].tolist()):
-            if node >= 0 and len(facts) < self.config.facts and int(kinds[node]) == RELATION:
-                facts.append({"fact": g.texts[node], "score": round(score, 4), "hop": hop})
+        if self.config.facts_order == "lightrag":
+            facts = [{"fact": g.texts[rel], "rank": rank, "weight": weight}
+                     for rel, rank, weight in g.seed_relations(hits.seeds[:1], limit=self.config.facts)[0]]
+        else:
+            for node, score, hop in zip(hits.nodes[0].tolist(), hits.node_scores[0].tolist(),
+                                        hits.node_hops[0].tolist()):
+                if node >= 0 and len(facts) < self.config.facts and int(kinds[node]) == RELATION:
+                    facts.append({"fact": g.texts[node], "score": round(score, 4), "hop": hop})
         for node, score in zip(hits.seeds[0].tolist(), hits.seed_scores[0].tolist()):
             if node >= 0:
                 seeds.append({"node": g.texts[node], "kind": "relation" if int(kinds[node]) else "entity",

@@ -35,8 +35,10 @@ is (deterministic, no model):
   Default ``CaptionVoteAnswerer``: a deterministic extractive answer (the
   option named by the most relevant captions), not a language model.
 
-The retrieval step is one ``cosine_topk(queries, frame_embeddings, k,
-ranges=segments)`` call per round: one query row per segment, each
+The retrieval step is one search of the frame index (a ``CosineIndex`` of
+the frame embeddings, normalised once when the index is built;
+``keys.search(queries, k, ranges=segments)``, equal to ``cosine_topk`` on the
+embeddings) per round: one query row per segment, each
 restricted to its segment's frames, so a round costs one kernel launch
 whatever the number of segments; after the first round only the segments
 split by the frames just added are searched (an unchanged segment keeps its

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from streammem_kernels import TopKResult, cosine_topk
+from streammem_kernels import TopKResult
 
 from ...components.answers import NOT_IN_MEMORY_ANSWER, Calibration, Outcome, WordVectors
 from ...components.memory import FrameRecord, LabelCaptioner, caption_text
@@ -97,7 +97,7 @@ class AgentState:
     segments : (S, 2) int64 ``[start, end)`` runs of frames not looked at yet
     candidates : ``TopKResult`` with (S, k) ids / scores, or None
         The question's best frames inside each segment (-1 / -inf past a
-        segment's end): this round's ``cosine_topk(ranges=segments)`` output.
+        segment's end): this round's ``index.keys.search(ranges=segments)`` output.
         None where no retrieval ran (``answer_frames``: the baselines answer
         from given frames and consult no policy).
     round : 0 for the uniform sample, then one per retrieval round
@@ -385,7 +385,7 @@ class VideoAgent:
     frames_per_segment : int
         Frames retrieved in each searched segment per round (the paper: 1).
     backend : str
-        ``cosine_topk`` backend.
+        Backend of the frame index's searches (``CosineIndex.search``).
     calibration : Calibration, optional
         Decides each answer's confidence and outcome (``calibration.agent_features``);
         default ``calibration.default_calibration(query_encoder)``.
@@ -448,7 +448,7 @@ class VideoAgent:
         return F.normalize(out, dim=1).to(self.index.embeddings.device)
 
     def retrieve(self, queries: torch.Tensor, segments: torch.Tensor, k: int | None = None) -> TopKResult:
-        """Row s: the best ``k`` frames of ``segments[s]`` for ``queries[s]``; one ``cosine_topk`` call.
+        """Row s: the best ``k`` frames of ``segments[s]`` for ``queries[s]``; one search of the frame index.
 
         ``queries`` (S, E) or (E,) (the same query for every segment),
         ``segments`` (S, 2) ``[start, end)``.  Ids are frame indices; -1 / -inf
@@ -460,8 +460,8 @@ class VideoAgent:
             return TopKResult(torch.zeros(0, k, dtype=torch.int64), torch.zeros(0, k))
         if queries.dim() == 1:
             queries = queries[None].expand(segments.shape[0], -1)
-        return cosine_topk(queries, self.index.embeddings, k, ranges=segments.to(self.index.embeddings.device),
-                           backend=self.backend)
+        return self.index.keys.search(queries, k, ranges=segments.to(self.index.embeddings.device),
+                                      backend=self.backend)
 
     def caption(self, frames: Sequence[int]) -> list[str]:
         """Captions of ``frames`` (cached; new ones through the captioner in one call)."""
@@ -488,8 +488,8 @@ class VideoAgent:
 
         ``searched`` maps a segment ``(start, end)`` to its row of candidates
         from an earlier round of the same question: only segments that are new
-        (split by the frames just added) are retrieved, in one ``cosine_topk``
-        call, since an unchanged segment's best frames for the same query are
+        (split by the frames just added) are retrieved, in one search of the frame
+        index, since an unchanged segment's best frames for the same query are
         unchanged.  None: no retrieval (``candidates`` None).
         """
         seen = sorted(observed)
@@ -601,7 +601,7 @@ class VideoAgent:
         anchor_span = None
         if ref.anchor is not None:
             a = self.encode_queries([ref.anchor])[0]
-            top = cosine_topk(a[None], self.index.embeddings, 1, backend=self.backend)
+            top = self.index.keys.search(a[None], 1, backend=self.backend)
             frame, score = int(top.ids[0, 0]), float(top.scores[0, 0])
             caption = self.caption([frame])[0]
             conf, outcome = self.calibration.decide(agent_features(ref.anchor, [caption], score, True,
@@ -689,7 +689,7 @@ class VideoAgent:
         """Baseline: the ``budget`` frames most similar to the question over the whole video, in one retrieval."""
         budget = self._budget(budget)
         q = self.encode_queries([question])[0]
-        top = cosine_topk(q[None], self.index.embeddings, budget, backend=self.backend)
+        top = self.index.keys.search(q[None], budget, backend=self.backend)
         return self.answer_frames(question, [i for i in top.ids[0].tolist() if i >= 0], options,
                                   strategy="retrieve-once")
 

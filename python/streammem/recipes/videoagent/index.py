@@ -6,7 +6,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from streammem_kernels import CosineIndex
 
 from ...components.memory import FrameRecord
 from ...models.encoders import EncodedFrames, encode_frames, encode_texts
@@ -87,7 +87,13 @@ class VideoIndex:
     ----------
     timestamps : (T,) float64 tensor, non-decreasing seconds
     embeddings : (T, E) float32 tensor
-        What retrieval ranks (``cosine_topk``); in the question encoder's space.
+        What retrieval ranks; in the question encoder's space.
+    keys : CosineIndex
+        The embeddings normalised once, id = frame position (built here): every retrieval searches it
+        (``keys.search(queries, k, ranges=segments)``, equal to ``cosine_topk`` on the embeddings), so
+        no question normalises the frames again.
+    unit : (T, E) float32 tensor
+        ``keys.keys``: the unit rows (relevance of frames already seen).
     labels : list of T tuples of str
         The frame encoder's labels (empty tuples when it has none).
     features : (T, D) float32 tensor, optional
@@ -131,7 +137,9 @@ class VideoIndex:
                                  f"{frames.shape}")
             self.frames = frames
         self.timestamps, self.embeddings, self.labels = t, e, labels
-        self.unit = F.normalize(e, dim=1)  # relevance of frames already seen: one small product per round
+        self.keys = CosineIndex(e.shape[1], device=e.device, capacity=e.shape[0])
+        self.keys.add(e)  # ids 0..T-1: ranges over ids are ranges over frame positions
+        self.unit = self.keys.keys  # relevance of frames already seen: one small product per round
 
     def __len__(self) -> int:
         return self.embeddings.shape[0]
