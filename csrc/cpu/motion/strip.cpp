@@ -11,7 +11,6 @@
 #include "motion.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -412,190 +411,6 @@ STREAMMEM_HOT void finish_row(const float* __restrict box, int64_t Wo, float are
   }
 }
 
-// Eight floats as one vector (GCC vector extensions: the clones of STREAMMEM_HOT compile them to
-// AVX2 or to SSE pairs).  Helpers are always inlined, so that they take their caller's target.
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-#define MOTION_INLINE __attribute__((always_inline)) inline
-// A product rounded on its own: -ffp-contract=fast fuses a product with the sum that uses it into
-// one FMA (one rounding) where the clone has FMA; in a difference of two products, which of them
-// gets fused would otherwise depend on the order of the compiler's statements.  The fused ones
-// are finish_row's (that of the first product of each difference and sum below).
-#define ROUNDED(x) __builtin_assoc_barrier(x)
-
-MOTION_INLINE v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-MOTION_INLINE void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
-MOTION_INLINE v8f sqrt8(v8f x) {
-  v8f r;
-  for (int l = 0; l < 8; ++l) r[l] = std::sqrt(x[l]);
-  return r;
-}
-// Whether every (any) lane of a comparison's mask is set: the two halves combined, then two words.
-typedef long long v4q __attribute__((vector_size(32)));
-typedef long long v2q __attribute__((vector_size(16)));
-MOTION_INLINE bool all_lanes(v8i m) {
-  const v4q q = reinterpret_cast<v4q>(m);
-  const v2q h = (v2q){q[0], q[1]} & (v2q){q[2], q[3]};
-  return (h[0] & h[1]) == -1;
-}
-MOTION_INLINE bool any_lane(v8i m) {
-  const v4q q = reinterpret_cast<v4q>(m);
-  const v2q h = (v2q){q[0], q[1]} | (v2q){q[2], q[3]};
-  return (h[0] | h[1]) != 0;
-}
-// Elements k .. k+7 of the sixteen (lo, hi).
-template <int K>
-MOTION_INLINE v8f shifted(v8f lo, v8f hi) {
-  if constexpr (K == 0) return lo;
-  else if constexpr (K == 8) return hi;
-  else return __builtin_shuffle(lo, hi, (v8i){K, K + 1, K + 2, K + 3, K + 4, K + 5, K + 6, K + 7});
-}
-// The window sums of eight outputs from the column sums lo = col[x .. x+7], hi = col[x+8 .. x+15]:
-// ((col[x] + col[x+1]) + ...) + col[x+W-1], box_row's order, from two loads instead of W.
-template <int W, int K = 1>
-MOTION_INLINE v8f box8(v8f acc, v8f lo, v8f hi) {
-  if constexpr (K >= W) {
-    return acc;
-  } else {
-    return box8<W, K + 1>(acc + shifted<K>(lo, hi), lo, hi);
-  }
-}
-
-// finish_row for eight outputs at a time, its operations in its order lane by lane (so the same
-// values bit for bit), with the window sums made from the column sums in registers (kW: the
-// window, 3 to 9) or read from box planes (kW == 0).  src: the five planes (column sums, stride
-// Wo + kW - 1, readable 16 floats past each plane's end; or window sums, stride Wo).
-template <int kW, int kCompose, int kMode>
-STREAMMEM_HOT void finish_row8(const float* __restrict src, int64_t Wo, float area, float min_eig,
-                               const float* __restrict gx, const float* __restrict gy,
-                               const float* __restrict inside, float lo, float hi, float* __restrict u_out,
-                               float* __restrict v_out, float* __restrict n_out, PairSums* sums) {
-  const int64_t stride = kW == 0 ? Wo : Wo + kW - 1;
-  const float slope = 1.0f / (hi - lo);
-  const float me = min_eig * area;
-  const float lo_square = lo > 0.0f ? lo * lo * (1.0f - 0x1p-20f) : -1.0f;
-  v8f acc0 = {}, acc1 = {}, acc2 = {}, acc3 = {};
-  int64_t x = 0;
-  for (; x + 8 <= Wo; x += 8) {
-    v8f s[5];
-    for (int p = 0; p < 5; ++p) {
-      const float* plane = src + p * stride + x;
-      if constexpr (kW == 0) s[p] = load8(plane);
-      else {
-        v8f acc = load8(plane);
-        for (int k = 1; k < kW; ++k) acc += load8(plane + k);
-        s[p] = acc;
-      }
-    }
-    const v8f a = s[0], bb = s[1], c = s[2], bx = -s[3], by = -s[4];
-    const v8f det = ROUNDED(a * c) - bb * bb;
-    // The test lmax > 0 and det > me * lmax, decided without lmax's square root where bounds on
-    // lmax decide it: lmax >= 0.5 (a + c) (exactly so in floats: the root is >= 0 and rounding is
-    // monotone) and, for a, c > 0, lmax <= (max(a, c) + |bb|) (1 + 2^-20) (the exact
-    // eigenvalue's bound, widened by far more than the few roundings of lmax's expression).  Most
-    // pixels are far from the threshold; a vector with a pixel between the bounds computes lmax.
-    const v8f s_ac = a + c;
-    const v8f lower = 0.5f * s_ac;
-    const v8f abs_bb = bb < 0.0f ? -bb : bb;
-    const v8f upper = ((a < c ? c : a) + abs_bb) * (1.0f + 0x1p-20f);
-    const v8i surely_valid = (a > 0.0f) & (c > 0.0f) & (s_ac > 0x1p-100f) & (det > me * upper);
-    const v8i surely_invalid = det <= me * lower;
-    v8i ok = surely_valid;
-    if (!all_lanes(surely_valid | surely_invalid)) {
-      const v8f lmax = 0.5f * (s_ac + sqrt8((a - c) * (a - c) + ROUNDED(4.0f * bb * bb)));
-      ok = (lmax > 0.0f) & (det > me * lmax);
-    }
-    const v8f one = {1, 1, 1, 1, 1, 1, 1, 1}, zero = {};
-    v8f valid = ok ? one : zero;
-    const bool any_valid = any_lane(ok);
-    // valid / 1 == +0 where invalid: the division only where some pixel is valid.
-    const v8f inv_det = any_valid ? valid / (valid != 0.0f ? det : one) : zero;
-    v8f u = (c * bx - ROUNDED(bb * by)) * inv_det;
-    v8f v = (a * by - ROUNDED(bb * bx)) * inv_det;
-    if constexpr (kCompose == 2) valid *= load8(inside + x);
-    if constexpr (kCompose != 0) {
-      u = load8(gx + x) + valid * u;
-      v = load8(gy + x) + valid * v;
-    }
-    if constexpr (kMode == 0) {
-      store8(u_out + x, u);
-      store8(v_out + x, v);
-      store8(n_out + x, valid);
-    } else {
-      // A pixel of weight 0 adds +0 to every sum (its flow is finite): a vector of them adds nothing.
-      // "moving": the weight is 0 where |flow| <= lo, surely so where u^2 + v^2 <= lo^2 (1 - 2^-20).
-      if (!any_valid) continue;
-      const v8f square = u * u + ROUNDED(v * v);
-      if constexpr (kMode == 2) {
-        if (!any_lane((valid != 0.0f) & (square > lo_square))) continue;
-      }
-      const v8f m = sqrt8(square);
-      v8f w = valid;
-      if constexpr (kMode == 2) {
-        const v8f t = (m - lo) * slope;
-        const v8f up = t < 0.0f ? zero : t;  // std::max(t, 0.0f)
-        w *= 1.0f < up ? one : up;          // std::min(up, 1.0f)
-      }
-      acc0 += w * m;
-      acc1 += w * u;
-      acc2 += w * v;
-      acc3 += w;
-    }
-  }
-  for (; x < Wo; ++x) {  // the last outputs, as finish_row's tail (its lane 0)
-    float box[5];
-    for (int p = 0; p < 5; ++p) {
-      const float* plane = src + p * stride + x;
-      float sum = plane[0];
-      for (int k = 1; k < (kW == 0 ? 1 : kW); ++k) sum += plane[k];
-      box[p] = sum;
-    }
-    const float a = box[0], bb = box[1], c = box[2], bx = -box[3], by = -box[4];
-    const float det = ROUNDED(a * c) - bb * bb;
-    const float lmax = 0.5f * ((a + c) + std::sqrt((a - c) * (a - c) + ROUNDED(4.0f * bb * bb)));
-    const bool ok = lmax > 0.0f && det > me * lmax;
-    float valid = ok ? 1.0f : 0.0f;
-    const float inv_det = valid / (valid != 0.0f ? det : 1.0f);
-    float u = (c * bx - ROUNDED(bb * by)) * inv_det;
-    float v = (a * by - ROUNDED(bb * bx)) * inv_det;
-    if (kCompose == 2) valid *= inside[x];
-    if (kCompose != 0) {
-      u = gx[x] + valid * u;
-      v = gy[x] + valid * v;
-    }
-    if (kMode == 0) {
-      u_out[x] = u;
-      v_out[x] = v;
-      n_out[x] = valid;
-      continue;
-    }
-    const float m = std::sqrt(u * u + ROUNDED(v * v));
-    float w = valid;
-    if (kMode == 2) w *= std::min(std::max((m - lo) * slope, 0.0f), 1.0f);
-    acc0[0] += w * m;
-    acc1[0] += w * u;
-    acc2[0] += w * v;
-    acc3[0] += w;
-  }
-  if constexpr (kMode != 0) {
-    double total[4] = {0, 0, 0, 0};
-    for (int l = 0; l < 8; ++l) {
-      total[0] += acc0[l];
-      total[1] += acc1[l];
-      total[2] += acc2[l];
-      total[3] += acc3[l];
-    }
-    sums->mag += total[0];
-    sums->u += total[1];
-    sums->v += total[2];
-    sums->weight += total[3];
-  }
-}
-
 }  // namespace
 
 // Output rows [r0, r1) of one level of one pair (window-output coordinates; global mode:
@@ -647,40 +462,29 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
   }
   const int64_t Wo = Wg - w + 1;
   std::vector<float> ring(static_cast<size_t>(w) * 5 * Wg, 0.0f);  // the last w product rows
-  // The vertical window sums, 5 planes of Wg; finish_row8 reads 16 floats past a plane's end.
-  std::vector<float> col_sums(5 * Wg + 16, 0.0f);
+  std::vector<float> col_sums(5 * Wg, 0.0f);                       // vertical box sums
   col = col_sums.data();
-  const bool fused = w == 3 || w == 5 || w == 7 || w == 9;  // window sums made in registers
-  std::vector<float> box_sums(fused ? 0 : 5 * Wo);             // else: 5 rows of window sums
+  std::vector<float> scratch(5 * Wo);
   const float area = static_cast<float>(w * w);
   auto slot = [&](int64_t g) { return ring.data() + (g % w) * 5 * Wg; };
   for (int64_t g = r0; g < r0 + w - 1; ++g) products(g, slot(g));
   int64_t offsets_row = -1;  // the grid row whose output offsets out_ox/out_oy hold
-  const int mode = sink.sums == nullptr ? 0 : (sink.stat.moving ? 2 : 1);
-  using Finish = void (*)(const float*, int64_t, float, float, const float*, const float*, const float*, float, float,
-                          float*, float*, float*, PairSums*);
-  // [compose: none, inside, checked][mode]
-  auto table = [](auto window) -> std::array<std::array<Finish, 3>, 3> {
-    constexpr int kW = decltype(window)::value;
-    return {{{&finish_row8<kW, 0, 0>, &finish_row8<kW, 0, 1>, &finish_row8<kW, 0, 2>},
-             {&finish_row8<kW, 1, 0>, &finish_row8<kW, 1, 1>, &finish_row8<kW, 1, 2>},
-             {&finish_row8<kW, 2, 0>, &finish_row8<kW, 2, 1>, &finish_row8<kW, 2, 2>}}};
-  };
-  const auto finish = w == 3 ? table(std::integral_constant<int, 3>{})
-                      : w == 5 ? table(std::integral_constant<int, 5>{})
-                      : w == 7 ? table(std::integral_constant<int, 7>{})
-                      : w == 9 ? table(std::integral_constant<int, 9>{})
-                               : table(std::integral_constant<int, 0>{});
+  float* box = scratch.data();  // 5 rows of window sums
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t g = r + w - 1;
     products(g, slot(g));
-    if (!fused) {
-      for (int c = 0; c < 5; ++c) {
-        float* __restrict dst = box_sums.data() + c * Wo;
-        const float* __restrict src = col + c * Wg;
-        for (int64_t x = 0; x < Wo; ++x) dst[x] = src[x];
-        for (int k = 1; k < w; ++k)
-          for (int64_t x = 0; x < Wo; ++x) dst[x] += src[x + k];
+    for (int c = 0; c < 5; ++c) {
+      float* __restrict dst = box + c * Wo;
+      const float* __restrict src = col + c * Wg;
+      switch (w) {  // fixed tap counts unroll into straight vector code
+        case 3: box_row<3>(src, dst, Wo); break;
+        case 5: box_row<5>(src, dst, Wo); break;
+        case 7: box_row<7>(src, dst, Wo); break;
+        case 9: box_row<9>(src, dst, Wo); break;
+        default:
+          for (int64_t x = 0; x < Wo; ++x) dst[x] = src[x];
+          for (int k = 1; k < w; ++k)
+            for (int64_t x = 0; x < Wo; ++x) dst[x] += src[x + k];
       }
     }
     const int64_t y = r + border;
@@ -700,15 +504,30 @@ void run_strip(const LevelPair<T>& lp, int w, float min_eig, int64_t r0, int64_t
       for (int64_t x = 0; x < Wo; ++x) row_in[x] = out_in[x] * (out_oy[x] >= top && out_oy[x] <= bottom ? 1.0f : 0.0f);
       inside = row_in.data();
     }
-    float *u = nullptr, *v = nullptr, *n = nullptr;
+    const int mode = sink.sums == nullptr ? 0 : (sink.stat.moving ? 2 : 1);
+    float* u = sink.u + r * Wo;
+    float* v = sink.v + r * Wo;
+    float* n = sink.valid + r * Wo;
     if (mode == 0) {
       u = sink.u + r * Wo;
-      v = sink.v + r * Wo;
-      n = sink.valid + r * Wo;
+    } else {
+      u = v = n = nullptr;
     }
-    finish[compose ? (checked ? 2 : 1) : 0][mode](fused ? col : box_sums.data(), Wo, area, min_eig, out_ox.data(),
-                                                  out_oy.data(), inside, sink.stat.lo, sink.stat.hi, u, v, n,
-                                                  sink.sums);
+    const auto args = std::make_tuple(box, Wo, area, min_eig, out_ox.data(), out_oy.data(), inside,
+                                      sink.stat.lo, sink.stat.hi, u, v, n, sink.sums);
+    if (compose && checked) {
+      if (mode == 0) std::apply(finish_row<2, 0>, args);
+      else if (mode == 1) std::apply(finish_row<2, 1>, args);
+      else std::apply(finish_row<2, 2>, args);
+    } else if (compose) {
+      if (mode == 0) std::apply(finish_row<1, 0>, args);
+      else if (mode == 1) std::apply(finish_row<1, 1>, args);
+      else std::apply(finish_row<1, 2>, args);
+    } else {
+      if (mode == 0) std::apply(finish_row<0, 0>, args);
+      else if (mode == 1) std::apply(finish_row<0, 1>, args);
+      else std::apply(finish_row<0, 2>, args);
+    }
   }
 }
 
