@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import cpu_backends
-from streammem_kernels import motion_magnitude, select_frames, select_frames_mask
+from streammem_kernels import StreamingMotionGate, motion_magnitude, select_frames, select_frames_mask
 from streammem_kernels.motion import LK_FLOW
 
 BACKENDS = [b for b in cpu_backends(LK_FLOW) if b != "triton"]  # the interpreter adds nothing here
@@ -108,3 +108,29 @@ def test_declaration_on_uint8_is_refused(rgb_u8):
 def test_channel_first_needs_one_or_three_channels(rgb_u8):
     with pytest.raises(ValueError, match="1 or 3 channels in dimension 1"):
         motion_magnitude(rgb_u8, channels="first")  # (T, H, W, 3) read as (T, C=37, H, W)
+
+
+def test_streaming_gate_on_clip_normalised_channel_first(rgb_u8):
+    """The gate on CLIP tensors makes the decisions it makes on the uint8 frames (within the float32
+    rounding of undoing the normalisation), and its state restores into a gate with the same declaration."""
+    unit = rgb_u8.float() / 255
+    clip = ((unit - torch.tensor(CLIP_MEAN)) / torch.tensor(CLIP_STD)).permute(0, 3, 1, 2).contiguous()
+    plain = StreamingMotionGate(0.1, size=None, backend="torch")
+    declared = StreamingMotionGate(0.1, size=None, backend="torch", channels="first", mean=CLIP_MEAN, std=CLIP_STD)
+    want = plain.push(unit[:2])
+    got = declared.push(clip[:2])
+    restored = StreamingMotionGate(0.1, size=None, backend="torch", channels="first", mean=CLIP_MEAN, std=CLIP_STD)
+    restored.load_state_dict(declared.state_dict())
+    want_rest, got_rest, restored_rest = plain.push(unit[2:]), declared.push(clip[2:]), restored.push(clip[2:])
+    np.testing.assert_allclose(got[0] + got_rest[0], want[0] + want_rest[0], rtol=1e-4, atol=1e-5)
+    assert got[1] + got_rest[1] == want[1] + want_rest[1]
+    assert restored_rest == got_rest
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(channels="middle"), "channels must be 'last'"),
+    (dict(mean=CLIP_MEAN), "mean and std .* go together"),
+])
+def test_streaming_gate_bad_declarations(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        StreamingMotionGate(0.1, **kwargs)
