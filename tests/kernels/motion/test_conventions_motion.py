@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cpu_backends
+from tests.support.device_checks import cpu_backends
 from streammem_kernels import StreamingMotionGate, motion_magnitude, select_frames, select_frames_mask
 from streammem_kernels.motion import LK_FLOW
 
