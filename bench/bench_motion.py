@@ -357,7 +357,7 @@ def single_thread_table(frames: int = 16, rounds: int = 21) -> str:
 
 # --------------------------------------------------------------------------
 # The default pyramid against OpenCV DIS ULTRAFAST at 224 x 224 with 1 and 2 threads, outside pytest:
-#   .venv/bin/python bench/bench_motion.py --threads 1 2
+#   .venv/bin/python -m bench.bench_motion --threads 1 2
 # Wall and CPU time per pair (p20 / p50 / p80 over interleaved rounds) and the DIS / ours ratio of
 # each round's wall time, with the load average before and after: on a loaded machine the wall
 # time of a multi-threaded call depends on the scheduler (and on OMP_WAIT_POLICY), the CPU time

@@ -1,6 +1,6 @@
 """How StreamChat's motion reading relates to ours: the share of frames each keeps at StreamChat's thresholds.
 
-Run:  .venv/bin/python bench/streamchat_scale.py [--step 1 2] [--scale 0.1525]
+Run:  .venv/bin/python -m bench.streamchat_scale [--step 1 2] [--scale 0.1525]
 
 StreamChat's gate (its published code, restated here in our words) reads a pair of CLIP-preprocessed
 frames (shortest side 224 bicubic, centre crop 224, normalised with CLIP's mean and std, channel-first)
