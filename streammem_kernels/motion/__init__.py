@@ -59,7 +59,8 @@ class MotionResult(NamedTuple):
 # Public functions: contract, validation, preparation
 # --------------------------------------------------------------------------
 def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5, min_eig: float = 1e-5,
-                     levels: int | str = "auto", statistic: str = "moving", backend: str = "auto") -> MotionResult:
+                     levels: int | str = "auto", statistic: str = "moving", backend: str = "auto",
+                     channels: str = "last", value_range=None, mean=None, std=None) -> MotionResult:
     """Lucas-Kanade motion magnitude of every consecutive frame pair.
 
     Parameters
@@ -67,7 +68,9 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
     frames : (T, H, W) or (T, H, W, C) tensor or array, C in {1, 3}
         uint8 (0..255) or floating frames with intensities in [0, 1] (checked:
         NaN, Inf and values outside raise ``ValueError``), T >= 2.  RGB is
-        converted to gray.  Not modified.
+        converted to gray.  Not modified.  Other layouts and value
+        conventions are accepted when declared (``channels``, ``value_range``,
+        ``mean`` / ``std``), never guessed.
     size : int, optional
         Working resolution: the long side is resized to ``size`` (aspect kept).
         ``None`` keeps the input size.
@@ -86,6 +89,21 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
         object move in a static scene; "textured": StreamChat's mean over all
         textured pixels.  Ignored with ``window=None``.
     backend : {"auto", "torch", "cpp", "triton", "cuda"}
+    channels : {"last", "first"}
+        Where a 4-D ``frames`` keeps its channels: (T, H, W, C) (default) or
+        (T, C, H, W) (torchvision, CLIP processors).
+    value_range : (low, high), optional
+        Floating frames whose intensities span [low, high] instead of [0, 1]
+        (``(0, 255)`` for unscaled floats, ``(-1, 1)``): mapped to [0, 1] by
+        ``(x - low) / (high - low)``.
+    mean, std : float or sequence of C floats, optional
+        Floating frames normalised per channel as ``(x - mean) / std`` (CLIP:
+        ``mean=(0.48145466, 0.4578275, 0.40821073)``,
+        ``std=(0.26862954, 0.26130258, 0.27577711)``), with x in [0, 1] or in
+        ``value_range``: undone before the gray conversion.  Given together.
+        After undoing, intensities may exceed [0, 1] by 1e-3 (the rounding of
+        the normalisation; they are clipped); anything further raises
+        ``ValueError`` naming these arguments.
 
     Returns
     -------
@@ -98,10 +116,12 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
     floating frames is a device-side assertion), so a call can be captured in a
     CUDA graph.
     """
-    fast = LK_FLOW.run_fast(backend, frames, size, window, min_eig, levels, statistic)
-    if fast is not None:
-        return fast
-    gray, window, min_eig, levels, statistic = _prepare(frames, size, window, min_eig, levels, statistic, backend)
+    if channels == "last" and value_range is None and mean is None and std is None:
+        fast = LK_FLOW.run_fast(backend, frames, size, window, min_eig, levels, statistic)
+        if fast is not None:
+            return fast
+    gray, window, min_eig, levels, statistic = _prepare(frames, size, window, min_eig, levels, statistic, backend,
+                                                        convention=(channels, value_range, mean, std))
     return _motion_of_gray(gray, window, min_eig, levels, statistic, _select(backend, gray))
 
 
@@ -122,7 +142,8 @@ _SELECT_FRAMES_EAGER = eager_only(
 
 def select_frames(frames, threshold: float, *, reference: str = "previous", size: int | None = None,
                   window: int | None = 5, min_eig: float = 1e-5, levels: int | str = "auto",
-                  statistic: str = "moving", backend: str = "auto") -> list[int]:
+                  statistic: str = "moving", backend: str = "auto", channels: str = "last", value_range=None,
+                  mean=None, std=None) -> list[int]:
     """Indices of the frames kept by the motion gate (the first is always kept).
 
     ``reference="previous"``: frame t is kept when ``score(t-1, t) > threshold``.
@@ -138,13 +159,15 @@ def select_frames(frames, threshold: float, *, reference: str = "previous", size
     """
     _SELECT_FRAMES_EAGER()
     keep = select_frames_mask(frames, threshold, reference=reference, size=size, window=window, min_eig=min_eig,
-                              levels=levels, statistic=statistic, backend=backend)
+                              levels=levels, statistic=statistic, backend=backend, channels=channels,
+                              value_range=value_range, mean=mean, std=std)
     return [t for t, k in enumerate(keep.tolist()) if k]
 
 
 def select_frames_mask(frames, threshold: float, *, reference: str = "previous", size: int | None = None,
                        window: int | None = 5, min_eig: float = 1e-5, levels: int | str = "auto",
-                       statistic: str = "moving", backend: str = "auto") -> torch.Tensor:
+                       statistic: str = "moving", backend: str = "auto", channels: str = "last", value_range=None,
+                       mean=None, std=None) -> torch.Tensor:
     """Which frames the motion gate keeps, as a device-resident boolean mask.
 
     Parameters
@@ -157,7 +180,7 @@ def select_frames_mask(frames, threshold: float, *, reference: str = "previous",
     reference : {"previous", "last_kept"}
         Score frame t against frame t-1, or against the last kept frame (slow
         drift accumulates until it crosses the threshold).
-    size, window, min_eig, levels, statistic, backend
+    size, window, min_eig, levels, statistic, backend, channels, value_range, mean, std
         As in :func:`motion_magnitude`.
 
     Returns
@@ -174,7 +197,8 @@ def select_frames_mask(frames, threshold: float, *, reference: str = "previous",
     threshold = check_float(threshold, "threshold", low=0.0, high=1.0)
     if reference not in ("previous", "last_kept"):
         raise ValueError(f"reference must be 'previous' or 'last_kept', got {reference!r}")
-    gray, window, min_eig, levels, statistic = _prepare(frames, size, window, min_eig, levels, statistic, backend)
+    gray, window, min_eig, levels, statistic = _prepare(frames, size, window, min_eig, levels, statistic, backend,
+                                                        convention=(channels, value_range, mean, std))
     name = _select(backend, gray)
     above = _float32_below(threshold)  # score > threshold  <=>  score > above, for float32 scores
     flow = functools.partial(_lk_flow, window=window, min_eig=min_eig, levels=levels, statistic=statistic,
@@ -275,10 +299,12 @@ def _plan(shape, size, window, min_eig, levels, statistic):
     return window, min_eig, levels, statistic, out_hw
 
 
-def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", backend="auto", min_frames=2):
+def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", backend="auto", min_frames=2,
+             convention=("last", None, None, None)):
     """Validate and convert to contiguous gray (T, H, W): uint8 kept, else float32.
 
     ``min_frames=1`` prepares single frames (the streaming gate keeps its reference frame's gray).
+    ``convention``: the public functions' (channels, value_range, mean, std).
     """
     if isinstance(frames, (list, tuple)):
         frames = [as_tensor(f, f"frames[{i}]") for i, f in enumerate(frames)]
@@ -292,13 +318,24 @@ def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", b
                 )
         frames = torch.stack(frames)
     frames = as_tensor(frames, "frames")
-    check_rank(frames, "frames", (3, 4), "(T, H, W) or (T, H, W, C)")
+    channels, value_range, mean, std = convention
+    if channels not in ("last", "first"):
+        raise ValueError(f"channels must be 'last' ((T, H, W, C) frames) or 'first' ((T, C, H, W)), got {channels!r}")
+    check_rank(frames, "frames", (3, 4), f"(T, H, W) or {'(T, H, W, C)' if channels == 'last' else '(T, C, H, W)'}")
     check_dtype(frames, "frames", FRAME_DTYPES)
     check_nonempty(frames, "frames")
+    if frames.dim() == 4 and channels == "first":
+        if frames.shape[1] not in (1, 3):
+            raise ValueError(f"frames must have 1 or 3 channels in dimension 1 (channels='first'), "
+                             f"got {frames.shape[1]}")
+        frames = frames.permute(0, 2, 3, 1)  # a view: the caller's tensor is not touched
     if frames.dim() == 4 and frames.shape[-1] not in (1, 3):
-        raise ValueError(f"frames must have 1 or 3 channels in the last dimension, got {frames.shape[-1]}")
+        hint = "; for (T, C, H, W) frames pass channels='first'" if frames.shape[1] in (1, 3) else ""
+        raise ValueError(f"frames must have 1 or 3 channels in the last dimension, got {frames.shape[-1]}{hint}")
     if frames.shape[0] < min_frames:
         raise ValueError(f"frames must hold at least {min_frames} frames (T >= {min_frames}), got T={frames.shape[0]}")
+    if value_range is not None or mean is not None or std is not None:
+        frames = _to_unit_intensities(frames, value_range, mean, std)
     if frames.is_floating_point():
         # Floating frames are intensities in [0, 1]: one min/max pass rejects NaN/Inf (they fail both
         # comparisons) and out-of-range data (0..255 floats, 1e20) that would otherwise overflow the
@@ -306,7 +343,8 @@ def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", b
         low, high = torch.aminmax(frames)
         check_values((low >= 0) & (high <= 1),
                      "frames must be finite and, for a floating dtype, intensities in [0, 1] (NaN, Inf and values "
-                     "outside are rejected); divide 0..255 data by 255 or pass uint8 frames")
+                     "outside are rejected); divide 0..255 data by 255, pass uint8 frames, or declare the "
+                     "convention (value_range=, mean= and std=)")
     if frames.dim() == 4 and frames.shape[-1] == 1:
         frames = frames[..., 0]
     h, w_ = frames.shape[1:3]
@@ -332,6 +370,56 @@ def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", b
     else:
         gray = gray_resize(frames, out_hw)
     return gray.contiguous(), window, min_eig, levels, statistic
+
+
+# Undoing a normalisation rounds: CLIP's (x - mean) / std in float32, undone, lands up to a few 1e-7
+# outside [0, 1]; anything beyond this slack is a wrong declaration, not rounding.
+_UNIT_SLACK = 1e-3
+
+
+def _per_channel(value, name: str, channels: int) -> list[float]:
+    """``value`` (a number or a sequence of 1 or ``channels`` numbers) as ``channels`` floats."""
+    items = list(value) if isinstance(value, (list, tuple, np.ndarray, torch.Tensor)) else [value]
+    if len(items) not in (1, channels):
+        raise ValueError(f"{name} must be a number or {channels} numbers (one per channel of frames), "
+                         f"got {len(items)} numbers")
+    items = [check_float(v.item() if isinstance(v, (np.ndarray, torch.Tensor)) else v, name) for v in items]
+    return items * channels if len(items) == 1 else items
+
+
+def _to_unit_intensities(frames: torch.Tensor, value_range, mean, std) -> torch.Tensor:
+    """Floating (T, H, W[, C]) frames declared by ``value_range`` and/or ``mean`` / ``std`` as float32
+    intensities in [0, 1] (a new tensor), checked: ValueError naming the declaration they contradict."""
+    given = [name for name, v in (("value_range", value_range), ("mean", mean), ("std", std)) if v is not None]
+    if not frames.is_floating_point():
+        raise ValueError(f"{' and '.join(given)} {'describes' if len(given) == 1 else 'describe'} floating frames; "
+                         f"frames of dtype {frames.dtype} are "
+                         "read as 0..255 already: drop the argument or pass the floating frames")
+    if (mean is None) != (std is None):
+        raise ValueError(f"mean and std undo one normalisation and go together, got only {given[-1]}")
+    x = frames.to(torch.float32)
+    channels = frames.shape[-1] if frames.dim() == 4 else 1
+    if mean is not None:
+        mean_c = _per_channel(mean, "mean", channels)
+        std_c = _per_channel(std, "std", channels)
+        if min(std_c) <= 0:
+            raise ValueError(f"std must be > 0 in every channel, got {std_c}")
+        shape = (channels,) if frames.dim() == 4 else ()
+        x = x * torch.tensor(std_c if shape else std_c[0], dtype=torch.float32, device=x.device).reshape(shape) \
+            + torch.tensor(mean_c if shape else mean_c[0], dtype=torch.float32, device=x.device).reshape(shape)
+    if value_range is not None:
+        if not isinstance(value_range, (list, tuple)) or len(value_range) != 2:
+            raise ValueError(f"value_range must be (low, high), got {value_range!r}")
+        low = check_float(value_range[0], "value_range[0]")
+        high = check_float(value_range[1], "value_range[1]")
+        if not low < high:
+            raise ValueError(f"value_range must be (low, high) with low < high, got {value_range!r}")
+        x = (x - low) / (high - low)
+    lowest, highest = torch.aminmax(x)
+    check_values((lowest >= -_UNIT_SLACK) & (highest <= 1 + _UNIT_SLACK),
+                 f"frames must be finite and, undone by {' and '.join(given)}, intensities in [0, 1]: values "
+                 "outside (or NaN, Inf) mean that the declaration does not describe these frames")
+    return x.clamp_(0.0, 1.0)
 
 
 def _select(backend: str, gray: torch.Tensor) -> str:

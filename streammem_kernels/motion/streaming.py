@@ -62,8 +62,13 @@ class StreamingMotionGate:
         Pyramid levels (``motion_magnitude``); 1 is single-scale LK.
     backend : str
         Passed to ``motion_magnitude``.
+    channels, value_range, mean, std
+        The frames' layout and value convention, when not (n, H, W[, C]) uint8
+        or [0, 1] floats (:func:`~streammem_kernels.motion_magnitude`): for
+        instance CLIP-normalised channel-first frames.  Declared frames take the
+        general path.
 
-    ``push(frames)`` takes a batch ``(n, H, W[, 3])`` of consecutive frames and
+    ``push(frames)`` takes a batch ``(n, H, W[, 3])`` (or as declared) of consecutive frames and
     returns ``(scores, kept)`` as two length-n lists; the score of the very first
     frame of the stream is reported as 1.0 (kept by definition).  Every frame of
     a stream has one shape and dtype.  The caller may reuse its frame buffer
@@ -79,7 +84,7 @@ class StreamingMotionGate:
 
     def __init__(self, threshold: float = 0.4, *, size: int | None = 224, reference: str = "previous",
                  window: int | None = 5, statistic: str = "moving", levels: int | str = "auto",
-                 backend: str = "auto"):
+                 backend: str = "auto", channels: str = "last", value_range=None, mean=None, std=None):
         threshold = check_float(threshold, "threshold", low=0.0, high=1.0)
         if size is not None:
             size = check_int(size, "size", minimum=8)
@@ -93,6 +98,15 @@ class StreamingMotionGate:
             raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
         if levels != "auto":
             levels = check_int(levels, "levels", minimum=1)
+        if not isinstance(channels, str) or channels not in ("last", "first"):
+            raise ValueError(f"channels must be 'last' ((n, H, W, C) frames) or 'first' ((n, C, H, W)), "
+                             f"got {channels!r}")
+        if (mean is None) != (std is None):
+            raise ValueError(f"mean and std undo one normalisation and go together, got only "
+                             f"{'mean' if std is None else 'std'}")
+        # (channels, value_range, mean, std), checked against the frames on each push.
+        self._convention = (channels, value_range, mean, std)
+        self._declared = self._convention != ("last", None, None, None)
         self.threshold = threshold
         self._above = _float32_below(threshold)  # score > threshold  <=>  score > above, for float32 scores
         self.statistic = statistic
@@ -112,7 +126,8 @@ class StreamingMotionGate:
     def _gray(self, frames):
         """Working-size gray of (n, H, W[, C]) frames, validated (n >= 1), and the resolved arguments."""
         gray, window, min_eig, levels, statistic = _prepare(frames, self.size, self.window, 1e-5, self.levels,
-                                                            self.statistic, self.backend, min_frames=1)
+                                                            self.statistic, self.backend, min_frames=1,
+                                                            convention=self._convention)
         if isinstance(frames, torch.Tensor):
             shared = gray.untyped_storage().data_ptr() == frames.untyped_storage().data_ptr()
         else:
@@ -182,7 +197,7 @@ class StreamingMotionGate:
         kept at their size stay on the general path, whose gray is uint8), and a float32 CPU
         reference gray of that size, or none yet; else None."""
         mod = LK_FLOW.cpp_module(self.backend)
-        if mod is None or torch.compiler.is_compiling():
+        if mod is None or self._declared or torch.compiler.is_compiling():
             return None
         plan = _uint8_plan(batch, self.size, self.window, 1e-5, self.levels, self.statistic, 1)
         if plan is None or plan[0] is None:
@@ -272,7 +287,9 @@ class StreamingMotionGate:
         shape, dtype = spec
         probe = np.zeros((1, *shape), dtype) if isinstance(dtype, np.dtype) else torch.zeros((1, *shape), dtype=dtype)
         # The reference preparation (any device, any backend) makes grays of the same shape and dtype.
-        want = _prepare(probe, self.size, self.window, 1e-5, self.levels, self.statistic, "torch", min_frames=1)[0][0]
+        # The layout decides the gray's shape; a declared value convention keeps float32 gray float32.
+        want = _prepare(probe, self.size, self.window, 1e-5, self.levels, self.statistic, "torch", min_frames=1,
+                        convention=(self._convention[0], None, None, None))[0][0]
         if not isinstance(gray, torch.Tensor) or tuple(gray.shape) != tuple(want.shape) or gray.dtype != want.dtype:
             got = f"{tuple(gray.shape)} {gray.dtype}" if isinstance(gray, torch.Tensor) else type(gray).__name__
             raise ValueError(f"state's anchor_gray must be this gate's working-size gray of a {shape} frame, "
