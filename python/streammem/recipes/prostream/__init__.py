@@ -63,6 +63,7 @@ from .config import ProStreamConfig
 from .dialogue import Question, Turn, read_dialogue, write_dialogue
 from .distill import Distillate, Distiller, ExtractiveDistiller, ModelDistiller, informative_tokens
 from .evaluation import FlatTurnMemory, evaluate, recalls_answer
+from .extract import Fact, FactExtractor, PatternExtractor, fact_key
 from .memory import DialogueTree, ProStream, ProStreamStats, Recall, RecalledUnit
 from .synthetic import KINDS, SyntheticDialogue, synthetic_dialogue
 
@@ -76,6 +77,10 @@ __all__ = [
     "ExtractiveDistiller",
     "ModelDistiller",
     "informative_tokens",
+    "Fact",
+    "FactExtractor",
+    "PatternExtractor",
+    "fact_key",
     "ProStreamConfig",
     "DialogueTree",
     "RecalledUnit",
