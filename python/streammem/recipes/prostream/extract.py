@@ -22,15 +22,13 @@ __all__ = ["Fact", "FactExtractor", "PatternExtractor", "fact_key", "check_facts
 class Fact:
     """One statement of a turn: ``entity``'s ``attribute`` is ``value``.
 
-    ``text``: the part of the turn that states it (a sentence), which the
-    memory keeps as the fact's unit; None means the whole turn.  Strings are
-    as written in the turn; :func:`fact_key` normalises entity and attribute.
+    Strings as written in the turn; :func:`fact_key` normalises entity and
+    attribute into the key under which a newer statement supersedes this one.
     """
 
     entity: str
     attribute: str
     value: str
-    text: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -87,8 +85,6 @@ def check_facts(out, where: str) -> list[Fact]:
             value = getattr(item, name)
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"{where}[{i}].{name} must be a non-empty string, got {value!r}")
-        if item.text is not None and (not isinstance(item.text, str) or not item.text.strip()):
-            raise ValueError(f"{where}[{i}].text must be None or a non-empty string, got {item.text!r}")
         facts.append(item)
     return facts
 
@@ -230,7 +226,7 @@ class PatternExtractor:
                         value = _strip_leading(value)
                     if not entity or not attribute or not value or not _asserted(sentence[: m.end()]):
                         continue
-                    fact = Fact(entity, attribute, value, sentence)
+                    fact = Fact(entity, attribute, value)
                     if fact.key in seen:
                         continue
                     seen.add(fact.key)
