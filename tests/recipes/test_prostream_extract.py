@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from streammem.recipes.prostream import Fact, FactExtractor, PatternExtractor, fact_key
+from streammem.recipes.prostream import Fact, FactExtractor, ModelExtractor, PatternExtractor, fact_key
 from streammem.recipes.prostream.extract import check_facts
 
 ASSERTED = [
@@ -101,3 +101,24 @@ def test_extractor_output_is_validated():
                        ([Fact("", "car", "Fiat")], r"x\[0\]\.entity"), ([Fact("M", "car", " ")], r"x\[0\]\.value")):
         with pytest.raises(ValueError, match=match):
             check_facts(bad, "x")
+
+
+def test_model_extractor_parses_the_models_lines_and_ignores_the_rest():
+    prompts = []
+
+    def generate(prompt):
+        prompts.append(prompt)
+        return ("Sure! Here are the facts:\n- Marlow | home city | Lisbon\nMarlow | Home City | Lisbon\n"
+                "Quentin | car\nnone") if "Lisbon" in prompt else "none"
+
+    extractor = ModelExtractor(generate)
+    assert isinstance(extractor, FactExtractor)
+    assert extractor.extract("Marlow moved to Lisbon last spring.") == [Fact("Marlow", "home city", "Lisbon")]
+    assert "Line: Marlow moved to Lisbon last spring." in prompts[0]
+    assert extractor.extract("Rain again.") == []
+    assert extractor.mentions("Where does Marlow live?") == ["Marlow"]
+    for bad, match in ((lambda: ModelExtractor("no"), "generate must be callable"),
+                       (lambda: ModelExtractor(generate, prompt="no slot"), "prompt must contain"),
+                       (lambda: ModelExtractor(lambda p: None).extract("x"), "must return a string")):
+        with pytest.raises(ValueError, match=match):
+            bad()

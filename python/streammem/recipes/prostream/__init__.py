@@ -30,8 +30,9 @@ package already has:
   :class:`FactExtractor`, which returns its (entity, attribute, value)
   :class:`Fact` objects.  The default :class:`PatternExtractor` reads a few
   English constructions with regular expressions and **uses no model**
-  (questions, negations, modals and conditions assert nothing); a model-based
-  extractor plugs in through the same two methods.  Each fact becomes the
+  (questions, negations, modals and conditions assert nothing);
+  :class:`ModelExtractor` wraps a user's language model, and any model-based
+  extractor (GLiNER, relation extraction) plugs in through the same two methods.  Each fact becomes the
   :class:`MemoryUnit` of its key (:func:`fact_key`: entity and attribute,
   normalised), held in :class:`KeyedUnits` beside the tree.
   **Supersession** is by key only: a newer statement of the same entity's
@@ -83,7 +84,7 @@ from .config import ProStreamConfig
 from .dialogue import Question, Turn, read_dialogue, write_dialogue
 from .distill import Distillate, Distiller, ExtractiveDistiller, ModelDistiller, informative_tokens
 from .evaluation import FlatTurnMemory, evaluate, recalls_answer
-from .extract import Fact, FactExtractor, PatternExtractor, fact_key
+from .extract import Fact, FactExtractor, ModelExtractor, PatternExtractor, fact_key
 from .memory import DialogueTree, ProStream, ProStreamStats, Recall, RecalledUnit
 from .synthetic import (
     DISTRACTOR_KINDS, FACT_FORMS, KINDS, STYLES, Distractor, PlantedFact, SyntheticDialogue, synthetic_dialogue,
@@ -103,6 +104,7 @@ __all__ = [
     "Fact",
     "FactExtractor",
     "PatternExtractor",
+    "ModelExtractor",
     "fact_key",
     "MemoryUnit",
     "KeyedUnits",

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
-__all__ = ["Fact", "FactExtractor", "PatternExtractor", "fact_key", "check_facts"]
+__all__ = ["Fact", "FactExtractor", "PatternExtractor", "ModelExtractor", "fact_key", "check_facts"]
 
 
 @dataclass(frozen=True)
@@ -243,3 +243,51 @@ class PatternExtractor:
             if name and name not in names:
                 names.append(name)
         return names
+
+
+class ModelExtractor:
+    """Facts read by a user's language model: ``generate(prompt) -> str`` (nothing is downloaded).
+
+    The prompt asks for one ``entity | attribute | value`` line per fact the
+    turn asserts, or ``none``; lines that do not split into three non-empty
+    fields are ignored (a model's chatter around its answer costs nothing).
+    ``mentions`` is the pattern extractor's (capitalised names): a model call
+    per question would sit on the recall's latency path.  A GLiNER or
+    relation-extraction pipeline plugs in the same way, as any object with
+    ``extract`` and ``mentions`` (:class:`FactExtractor`).
+
+    >>> extractor = ModelExtractor(lambda prompt: my_llm(prompt, max_new_tokens=64))
+    """
+
+    name = "model"
+
+    def __init__(self, generate: Callable[[str], str], *,
+                 prompt: str = "List the facts this line of a conversation states about a named person or thing, "
+                               "one per line as: entity | attribute | value. Questions, negations and guesses state "
+                               "nothing; answer none if there is no fact.\nLine: {text}\nFacts:"):
+        if not callable(generate):
+            raise ValueError(f"generate must be callable(prompt) -> str, got {type(generate).__name__}")
+        if "{text}" not in prompt:
+            raise ValueError("prompt must contain {text}")
+        self.generate = generate
+        self.prompt = prompt
+        self._names = PatternExtractor()
+
+    def extract(self, text: str) -> list[Fact]:
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a string, got {type(text).__name__}")
+        out = self.generate(self.prompt.format(text=text))
+        if not isinstance(out, str):
+            raise ValueError(f"generate(prompt) must return a string, got {type(out).__name__}")
+        facts, seen = [], set()
+        for line in out.splitlines():
+            fields = [f.strip(" -*\t") for f in line.split("|")]
+            if len(fields) == 3 and all(fields):
+                fact = Fact(*fields)
+                if fact.key not in seen:
+                    seen.add(fact.key)
+                    facts.append(fact)
+        return facts
+
+    def mentions(self, text: str) -> list[str]:
+        return self._names.mentions(text)
