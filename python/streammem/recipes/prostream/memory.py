@@ -213,8 +213,8 @@ class ProStream:
     Parameters
     ----------
     text_encoder : TextEncoder
-        Embeds turns (unless embeddings are passed to ``push``), summaries, fact
-        sentences and questions.
+        Embeds turns (unless embeddings are passed to ``push``), summaries, the
+        units' statements and questions.
     config : ProStreamConfig, optional
     distiller : Distiller, optional
         Default :class:`ExtractiveDistiller` (model-free).
