@@ -57,8 +57,8 @@ package already has:
   turns under those ranked by cos(q, v) x w (w = (1 + 0.05 u), halved for a
   superseded turn: ``rank_utility``, ``superseded_weight``) among those with
   cosine >= ``min_similarity`` -- beside the keyed units: the units of the
-  entities the question names and the best units by cosine (an exact scan:
-  the units fit in the budget), each matched through the embedding of its
+  entities the question names and the ``k`` best units by cosine (an exact
+  scan: the units fit in the budget), each matched through the embedding of its
   canonical statement ("Marlow's car is Fiat.") and weighted by ``key_weight``
   when the question names its entity (squared when it also names its
   attribute).  The default answer (``streammem.extractive_answer`` of a

@@ -650,7 +650,7 @@ class ProStream:
             The question's embedding (normalised here).
         question : str
             The question's text: the units keyed on an entity it names
-            (``extractor.mentions``) are candidates whatever their cosine rank,
+            (``extractor.mentions``) are candidates beside the ``k`` nearest units,
             weighted by ``key_weight`` (squared when it also names the unit's
             attribute: then min_similarity does not apply to them either; see
             :meth:`key_match`).
@@ -661,7 +661,7 @@ class ProStream:
         The best (``config.access="answer"``) or every returned item
         (``"context"``) counts a use at the current stream time.
         """
-        from streammem_kernels import cosine_topk, tree_search
+        from streammem_kernels import tree_search
 
         k = self.config.k if k is None else k
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -689,13 +689,9 @@ class ProStream:
                     node = self.tree.node_at(row)
                     found[node.first_frame] = (_unit(node, q, self.bounded.utility(node, now), score), node)
         t1 = time.perf_counter()
-        ids, keys = self.units.matrix()
-        if ids:
+        if self.units:
             matches = self.key_match(question)
-            candidates = set(matches)
-            res = cosine_topk(q[None], keys, min(k, len(ids)), backend=self.config.backend)
-            candidates.update(ids[i] for i in res.ids[0].tolist() if i >= 0)
-            for unit_id in sorted(candidates):
+            for unit_id in sorted(set(matches) | set(self.units.nearest(q, k))):
                 unit = self.units.units[unit_id]
                 cos = float(unit.embedding @ q)
                 match = matches.get(unit_id, 0)

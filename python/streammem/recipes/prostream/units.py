@@ -59,10 +59,11 @@ class KeyedUnits:
     :meth:`state` adds the newest statement of a key: a newer value of the
     same key supersedes the older unit (the newer inherits its uses plus one),
     the same value again adds a use to it; statements under different keys
-    never touch each other, however similar their texts.  :meth:`remove` drops units (eviction).  The
-    embedding matrix of the live units is rebuilt lazily, once after each
-    change, for the recall's exact scan (its size is bounded by the token
-    budget).  Not thread-safe (ProStream's single thread owns it).
+    never touch each other, however similar their texts.  :meth:`remove` drops units (eviction).
+    :meth:`nearest` is the recall's exact scan: the embeddings live in one
+    matrix whose rows are reused as units come and go (its size is bounded by
+    the most units ever held at once, so by the token budget).  Not
+    thread-safe (ProStream's single thread owns it).
     """
 
     def __init__(self):
@@ -71,7 +72,11 @@ class KeyedUnits:
         self.by_entity: dict[str, set[int]] = {}
         self.cost = 0
         self._next_id = 0
-        self._matrix: tuple[list[int], torch.Tensor] | None = None
+        self._rows = torch.zeros(0, 0)  # (capacity, E) unit embeddings, one row per slot
+        self._live = torch.zeros(0, dtype=torch.bool)  # (capacity,) whether a slot holds a unit
+        self._slot_unit: list[int] = []  # slot -> unit id (-1: free)
+        self._slot_of: dict[int, int] = {}  # unit id -> slot
+        self._free: list[int] = []
 
     def __len__(self) -> int:
         return len(self.units)
@@ -96,15 +101,32 @@ class KeyedUnits:
         if old is not None:
             self._pop(old.unit_id)
             unit.uses = old.uses + 1
-        self.units[unit.unit_id] = unit
-        self.by_key[unit.key] = unit.unit_id
-        self.by_entity.setdefault(unit.key[0], set()).add(unit.unit_id)
-        self.cost += unit.cost
-        self._matrix = None
+        self._put(unit)
         return unit, old
 
     def remove(self, unit_ids) -> list[MemoryUnit]:
         return [self._pop(i) for i in unit_ids]
+
+    def _put(self, unit: MemoryUnit) -> None:
+        self.units[unit.unit_id] = unit
+        self.by_key[unit.key] = unit.unit_id
+        self.by_entity.setdefault(unit.key[0], set()).add(unit.unit_id)
+        self.cost += unit.cost
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot = len(self._slot_unit)
+            self._slot_unit.append(-1)
+            if slot == self._rows.shape[0]:
+                grown = torch.zeros(max(16, 2 * slot), unit.embedding.shape[0])
+                if slot:
+                    grown[:slot] = self._rows[:slot]
+                self._rows = grown
+                self._live = torch.cat([self._live, torch.zeros(grown.shape[0] - slot, dtype=torch.bool)])
+        self._rows[slot] = unit.embedding
+        self._live[slot] = True
+        self._slot_unit[slot] = unit.unit_id
+        self._slot_of[unit.unit_id] = slot
 
     def _pop(self, unit_id: int) -> MemoryUnit:
         unit = self.units.pop(unit_id)
@@ -114,7 +136,10 @@ class KeyedUnits:
         if not ids:
             del self.by_entity[unit.key[0]]
         self.cost -= unit.cost
-        self._matrix = None
+        slot = self._slot_of.pop(unit_id)
+        self._live[slot] = False
+        self._slot_unit[slot] = -1
+        self._free.append(slot)
         return unit
 
     def of_entities(self, entities) -> list[MemoryUnit]:
@@ -122,12 +147,15 @@ class KeyedUnits:
         ids = sorted({i for e in entities for i in self.by_entity.get(e, ())})
         return [self.units[i] for i in ids]
 
-    def matrix(self) -> tuple[list[int], torch.Tensor | None]:
-        """(unit ids, (n, E) embeddings) of the live units in id order; (``[]``, None) when empty."""
-        if self._matrix is None:
-            ids = sorted(self.units)
-            self._matrix = (ids, torch.stack([self.units[i].embedding for i in ids]) if ids else None)
-        return self._matrix
+    def nearest(self, query: torch.Tensor, k: int) -> list[int]:
+        """Ids of the units whose embedding has one of the ``k`` highest dot products with ``query`` (every
+        unit tied with the k-th best included, so the answer does not depend on the rows' order)."""
+        if not self.units:
+            return []
+        n = len(self._slot_unit)
+        scores = torch.where(self._live[:n], self._rows[:n] @ query, torch.tensor(float("-inf")))
+        kth = torch.topk(scores, min(k, len(self.units))).values[-1]
+        return sorted(self._slot_unit[i] for i in (scores >= kth).nonzero()[:, 0].tolist())
 
     # ---- checkpoints ---------------------------------------------------------
     def state_dict(self) -> dict:
@@ -147,8 +175,5 @@ class KeyedUnits:
                               embedding=state["embedding"][i].clone())
             if unit.key in self.by_key:
                 raise ValueError(f"state holds two units under the key {unit.key}")
-            self.units[unit.unit_id] = unit
-            self.by_key[unit.key] = unit.unit_id
-            self.by_entity.setdefault(unit.key[0], set()).add(unit.unit_id)
-            self.cost += unit.cost
+            self._put(unit)
         self._next_id = int(state["next_id"])
