@@ -305,9 +305,9 @@ def prostream_rows(seed, size, encoder, calibration) -> list[AbstentionRow]:
     from streammem.recipes.prostream import ProStream, ProStreamConfig, Turn, recalls_answer, synthetic_dialogue
 
     data = synthetic_dialogue(size["turns"], seed=seed, questions=size["questions"])
-    stated = {subject for _, subject, _ in data.facts}
-    entities = sorted({s.split("'s ")[0] for s in stated})
-    attributes = sorted({s.split("'s ", 1)[1] for s in stated})
+    stated = {fact.subject for fact in data.facts}
+    entities = sorted({fact.entity for fact in data.facts})
+    attributes = sorted({fact.attribute for fact in data.facts})
     strangers = NEVER_MENTIONED
     rng = np.random.default_rng(seed)
     config = ProStreamConfig.for_encoder("hashing" if getattr(encoder, "name", "") == "hashing" else "minilm")
