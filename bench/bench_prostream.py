@@ -1,6 +1,7 @@
 """ProStream over a dialogue stream: recall accuracy, question latency and memory against stream length.
 
-Run:  nice .venv/bin/python -m pytest bench/bench_prostream.py -q -p no:cacheprovider --benchmark-json bench/results/prostream.json
+Run:  nice .venv/bin/python -m pytest bench/bench_prostream.py -q -p no:cacheprovider \
+          --benchmark-json bench/results/prostream.json
       (``STREAMMEM_BENCH_PROSTREAM_1E6=1``: also 10^6 turns, about 25 more minutes on two shared cores;
       ``STREAMMEM_BENCH_QUICK=1``: 10^3 and 10^4 turns, MiniLM at 10^3, no sweeps)
 

@@ -522,7 +522,8 @@ def test_custom_distillate_citations_are_checked(encoder):
 # ---- validation ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("changes, match", [
     ({"drift": 1.5}, "drift"), ({"budget": 0}, "budget"), ({"beam": (5,)}, "beam"), ({"k": 0}, "k must"),
-    ({"access": "all"}, "access"), ({"superseded_weight": 0.0}, "superseded_weight"), ({"key_weight": 0.5}, "key_weight"),
+    ({"access": "all"}, "access"), ({"superseded_weight": 0.0}, "superseded_weight"),
+    ({"key_weight": 0.5}, "key_weight"),
     ({"rank_utility": -1.0}, "rank_utility"), ({"tau": float("nan")}, "tau"),
 ])
 def test_config_validation(changes, match):
