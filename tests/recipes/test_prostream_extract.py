@@ -8,6 +8,8 @@ modals, conditions, doubt, chatter), which must yield nothing.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from streammem.recipes.prostream import Fact, FactExtractor, ModelExtractor, PatternExtractor, fact_key
@@ -122,3 +124,13 @@ def test_model_extractor_parses_the_models_lines_and_ignores_the_rest():
                        (lambda: ModelExtractor(lambda p: None).extract("x"), "must return a string")):
         with pytest.raises(ValueError, match=match):
             bad()
+
+
+def test_the_design_notes_extractor_example_runs_and_prints_what_they_say(capsys):
+    """docs/recipes/prostream.md's extractor example: the default extractor, a user's own, a stand-in model."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "recipes" / "prostream.md").read_text()
+    section = doc.split("<!-- example:extractor -->", 1)[1].split("<!-- end example:extractor -->", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    printed = doc.split("It prints:\n\n```\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/recipes/prostream.md (extractor example)", "exec"), {})
+    assert capsys.readouterr().out == printed
