@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -646,3 +647,16 @@ def test_extractive_answer_of_a_recall_is_its_best_turn_verbatim():
     other = RecalledUnit(4, 11, 11, 13.0, "user", "Lovely weather.", 0.1, 1.0, 0.1)
     assert extractive_answer(Recall("What is Marlow's car?", 20.0, [best, other], 0.001)) == best.text
     assert extractive_answer(Recall("What is Marlow's car?", 20.0, [], 0.001)) is None
+
+
+def test_readme_snippet_runs(tmp_path, monkeypatch, capsys):
+    """The README's ProStream snippet: the keyed unit answers the update, an unstated subject is not in memory."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("<!-- recipe:prostream:begin -->", 1)[1].split("<!-- recipe:prostream:end -->", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md (ProStream)", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Marlow's car is Fiat. extractive answered"
+    assert lines[2] == "Not in memory. not_in_memory True"
+    assert (tmp_path / "prostream.pt").exists()
