@@ -34,7 +34,8 @@ Planted data per system (sizes in ``SETS``):
   the last minute); unanswerable: "What is <entity>'s <attribute>?" for subjects never stated, and a time
   after the end of the stream.
 
-With ``--write`` the tables go to ``bench/results/abstention_summary[_quick].md`` and the fitted constants
+With ``--write`` the tables go to ``bench/results/abstention_summary[_quick].md`` (``--system`` naming some of the
+systems: ``abstention_summary_<systems>[_quick].md``, the whole table stays as it is) and the fitted constants
 (printed as Python) are what ``stream/calibration.py`` and the recipes' ``calibration`` modules hold.  The
 reported cases on real clips (the sample clips and the CLI demos, real models) are run at the end unless
 ``--no-clips``.
@@ -305,9 +306,9 @@ def prostream_rows(seed, size, encoder, calibration) -> list[AbstentionRow]:
     from streammem.recipes.prostream import ProStream, ProStreamConfig, Turn, recalls_answer, synthetic_dialogue
 
     data = synthetic_dialogue(size["turns"], seed=seed, questions=size["questions"])
-    stated = {subject for _, subject, _ in data.facts}
-    entities = sorted({s.split("'s ")[0] for s in stated})
-    attributes = sorted({s.split("'s ", 1)[1] for s in stated})
+    stated = {fact.subject for fact in data.facts}
+    entities = sorted({fact.entity for fact in data.facts})
+    attributes = sorted({fact.attribute for fact in data.facts})
     strangers = NEVER_MENTIONED
     rng = np.random.default_rng(seed)
     config = ProStreamConfig.for_encoder("hashing" if getattr(encoder, "name", "") == "hashing" else "minilm")
@@ -443,7 +444,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="smaller sets (a smoke run; not the record)")
     parser.add_argument("--no-clips", action="store_true", help="skip the real-clip cases (real models)")
     parser.add_argument("--clips-only", action="store_true", help="only the real-clip cases (default calibrations)")
-    parser.add_argument("--write", action="store_true", help="write bench/results/abstention_summary[_quick].md")
+    parser.add_argument("--write", action="store_true",
+                        help="write bench/results/abstention_summary[_<systems>][_quick].md")
     args = parser.parse_args()
     torch.set_num_threads(1)
     sets = QUICK if args.quick else SETS
@@ -491,7 +493,9 @@ def main():
     print("\n".join(text))
     if args.write:
         os.makedirs(RESULTS, exist_ok=True)
-        name = "abstention_summary_quick" if args.quick else "abstention_summary"
+        # A run of some of the systems writes its own record beside the whole table, not over it.
+        subset = "" if set(args.system) == set(SYSTEMS) else "_" + "_".join(s for s in SYSTEMS if s in args.system)
+        name = "abstention_summary" + subset + ("_quick" if args.quick else "")
         with open(os.path.join(RESULTS, name + ".md"), "w") as fh:
             fh.write("\n".join(text) + "\n")
         with open(os.path.join(RESULTS, name + ".json"), "w") as fh:

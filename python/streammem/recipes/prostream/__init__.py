@@ -25,33 +25,54 @@ package already has:
   segment summaries.  :class:`ModelDistiller` wraps a user's language model
   (any ``generate(prompt) -> str``) for abstractive summaries; any object with
   ``distill_segment`` / ``distill_session`` plugs in.
-* **Utility-based bounded memory**: ``BoundedMemory`` (ProStream sec. 5.3)
-  with its rule u = 0.6 log(f + 1) + 0.4 exp(-dt / tau), enforced at every
-  segment and session close: turns are evicted by least u / token cost, and a
-  segment or session goes with its last turn.  f counts uses of a turn: being
-  quoted by its segment summary is one (so distilled turns outlive chatter),
-  being a recall's best turn is another (``config.access``).
-  **Supersession** (at a segment's close, when its summary quotes a turn):
-  when a quoted turn is close to an older quoted turn (cosine >=
-  ``theta_update``: the same subject restated, e.g. a changed address), the
-  newer one takes over the older one's uses, the older one's drop to 0 (it is
-  evicted first) and it is marked superseded (it ranks lower in recall).
+* **Keyed memory units** (the paper keys its memory on entities and what is
+  said about them, extracted with GLiNER): every turn goes through a
+  :class:`FactExtractor`, which returns its (entity, attribute, value)
+  :class:`Fact` objects.  The default :class:`PatternExtractor` reads a few
+  English constructions with regular expressions and **uses no model**
+  (questions, negations, modals and conditions assert nothing);
+  :class:`ModelExtractor` wraps a user's language model, and any model-based
+  extractor (GLiNER, relation extraction) plugs in through the same two methods.  Each fact becomes the
+  :class:`MemoryUnit` of its key (:func:`fact_key`: entity and attribute,
+  normalised), held in :class:`KeyedUnits` beside the tree.
+  **Supersession** is by key only: a newer statement of the same entity's
+  same attribute replaces the unit (it inherits the older one's uses), and the
+  older turn, once none of its facts is current, is marked superseded;
+  statements about different entities, or different attributes, never touch
+  each other however similar their words.
+* **Retention by expected utility** under one token budget for the tree and
+  the units (a turn or unit costs its words + 1): at every segment and session
+  close over the budget, turns and units are evicted by least expected utility
+  per token, u = 0.6 log(f + 1) + 0.4 exp(-dt / tau) (ProStream sec. 5.3; 0
+  for a superseded turn), down to ``low_water`` x budget; a segment or session
+  goes with its last turn.  f counts a unit's statements (first, restatements,
+  updates) and the recalls it answered, a turn's recalls (``config.access``);
+  dt is the time since the last of them.  So a fact outlives the chatter and
+  the distractors around it (they have no statement to count), and among facts
+  the ones stated and asked more often, and more recently, stay longest.
 * **Ad-hoc recall** (:meth:`ProStream.recall`, :meth:`ProStream.ask`), at any
   point of the stream: ``tree_search`` beam search as in ProStream -- the top
   ``beam[0]`` sessions, the top ``beam[1]`` segments under them (plus the open
   session's segments and the open segment's turns, which are roots), and the
-  turns under those ranked by cos(q, v) x w (w = (1 + 0.05 u), halved for a superseded turn:
-  ``rank_utility``, ``superseded_weight``) among those with cosine >=
-  ``min_similarity``.  The default answer (``streammem.extractive_answer`` of a ``Recall``) is the
-  best unit's text, labelled extractive: it is not a language model; pass
-  ``answer_fn`` for one.
+  turns under those ranked by cos(q, v) x w (w = (1 + 0.05 u), halved for a
+  superseded turn: ``rank_utility``, ``superseded_weight``) among those with
+  cosine >= ``min_similarity`` -- beside the keyed units: the units of the
+  entities the question names and the ``k`` best units by cosine (an exact
+  scan: the units fit in the budget), each matched through the embedding of its
+  canonical statement ("Marlow's car is Fiat.") and weighted by ``key_weight``
+  when the question names its entity (squared when it also names its
+  attribute).  The default answer (``streammem.extractive_answer`` of a
+  ``Recall``) is the best item's text, labelled extractive: it is not a
+  language model; pass ``answer_fn`` for one.
 
 Baselines on the same embeddings (:class:`FlatTurnMemory`): retrieve-everything
 (exact ``cosine_topk`` over every turn: unbounded memory, latency linear in the
 stream) and a recent window (the newest turns within the same token budget).
 :func:`synthetic_dialogue` generates a deterministic STEM-like stream with
-planted facts, later updates of some of them, chatter on drifting topics and
-questions about near, far and superseded facts with their ground truth;
+planted facts in a dozen phrasings, later updates of some of them, chatter on
+drifting topics, distractor turns about the same entities and attributes
+(questions, negations, hypotheticals, mentions, asides) and questions about
+near, far and superseded facts with their ground truth;
 :func:`evaluate` streams it through any of the three and reports recall
 accuracy and question latency.  ``streammem prostream`` runs it from the shell.
 
@@ -63,8 +84,12 @@ from .config import ProStreamConfig
 from .dialogue import Question, Turn, read_dialogue, write_dialogue
 from .distill import Distillate, Distiller, ExtractiveDistiller, ModelDistiller, informative_tokens
 from .evaluation import FlatTurnMemory, evaluate, recalls_answer
+from .extract import Fact, FactExtractor, ModelExtractor, PatternExtractor, fact_key
 from .memory import DialogueTree, ProStream, ProStreamStats, Recall, RecalledUnit
-from .synthetic import KINDS, SyntheticDialogue, synthetic_dialogue
+from .synthetic import (
+    DISTRACTOR_KINDS, FACT_FORMS, KINDS, STYLES, Distractor, PlantedFact, SyntheticDialogue, synthetic_dialogue,
+)
+from .units import KeyedUnits, MemoryUnit
 
 __all__ = [
     "Turn",
@@ -76,6 +101,13 @@ __all__ = [
     "ExtractiveDistiller",
     "ModelDistiller",
     "informative_tokens",
+    "Fact",
+    "FactExtractor",
+    "PatternExtractor",
+    "ModelExtractor",
+    "fact_key",
+    "MemoryUnit",
+    "KeyedUnits",
     "ProStreamConfig",
     "DialogueTree",
     "RecalledUnit",
@@ -86,6 +118,11 @@ __all__ = [
     "SyntheticDialogue",
     "synthetic_dialogue",
     "KINDS",
+    "STYLES",
+    "FACT_FORMS",
+    "DISTRACTOR_KINDS",
+    "PlantedFact",
+    "Distractor",
     "evaluate",
     "recalls_answer",
 ]

@@ -27,10 +27,9 @@ class ProStreamConfig:
     budget : int >= 1
         Token budget of the memory (``BoundedMemory``: a node costs its words + 1).
     alpha, beta, tau, low_water
-        ``BoundedMemory`` utility u = alpha log(f + 1) + beta exp(-dt / tau)
-        (tau in stream seconds) and eviction hysteresis.
-    theta_update : float in [-1, 1] or None
-        Supersession threshold between cited turns (None: off).
+        Retention utility u = alpha log(f + 1) + beta exp(-dt / tau) (tau in
+        stream seconds; :meth:`ProStream.expected_utility`) and eviction
+        hysteresis (after a round the memory holds at most low_water x budget).
     theta_concept : float in [-1, 1] or None
         ``BoundedMemory``'s novelty check (skip a turn this close to a stored
         one).  Off by default: in a dialogue an update ("X is now B") is close
@@ -56,10 +55,16 @@ class ProStreamConfig:
         answer as a use would otherwise let a turn that was (wrongly) recalled
         once keep winning -- a feedback loop that the synthetic stream shows.
     superseded_weight : float in (0, 1]
-        w is further multiplied by this for a superseded turn, so the newer
-        version of a restated subject ranks above the older one (1: no effect).
+        w is further multiplied by this for a superseded turn (every fact it
+        stated has a newer value), so the newer statement ranks above it.
+    key_weight : float >= 1
+        w is further multiplied by this for a keyed unit whose entity the
+        question names, so "What is Marlow's car?" is answered by Marlow's car
+        unit rather than by a turn that merely repeats the question's words
+        ("What was Marlow's car again?").  1: entity names are not used.
     cite_threshold : float
-        Citation by similarity for distillers that do not cite (``Distillate.cited`` None).
+        Citation by similarity for distillers that do not cite (``Distillate.cited``
+        None); citations are counted in the statistics only.
     backend : str
         Kernel backend for every op.
 
@@ -76,7 +81,6 @@ class ProStreamConfig:
     beta: float = 0.4
     tau: float = 3600.0
     low_water: float = 0.8
-    theta_update: float | None = 0.66
     theta_concept: float | None = None
     beam: tuple[int, int] = (20, 100)
     k: int = 5
@@ -84,6 +88,7 @@ class ProStreamConfig:
     access: str = "answer"
     rank_utility: float = 0.05
     superseded_weight: float = 0.5
+    key_weight: float = 2.0
     cite_threshold: float = 0.5
     backend: str = "auto"
 
@@ -114,7 +119,6 @@ class ProStreamConfig:
         real("beta")
         real("tau", 0.0, open_low=True)
         real("low_water", 0.0, 1.0, open_low=True)
-        real("theta_update", -1.0, 1.0, optional=True)
         real("theta_concept", -1.0, 1.0, optional=True)
         beam = self.beam
         if (not isinstance(beam, (tuple, list)) or len(beam) != 2
@@ -127,6 +131,7 @@ class ProStreamConfig:
             raise ValueError(f"access must be one of {_ACCESS}, got {self.access!r}")
         real("rank_utility", 0.0)
         real("superseded_weight", 0.0, 1.0, open_low=True)
+        real("key_weight", 1.0)
         real("cite_threshold", -1.0, 1.0)
         if not isinstance(self.backend, str):
             raise ValueError(f"backend must be a string, got {self.backend!r}")
@@ -137,7 +142,7 @@ class ProStreamConfig:
         if name in ("minilm", "all-MiniLM-L6-v2"):
             base = {}
         elif name == "hashing":
-            base = {"drift": 0.08, "theta_update": 0.7, "min_similarity": 0.3}
+            base = {"drift": 0.08, "min_similarity": 0.3}
         else:
             raise ValueError(f"name must be 'minilm' or 'hashing' (calibrated encoders), got {name!r}")
         base.update(changes)

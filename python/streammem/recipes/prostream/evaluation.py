@@ -13,6 +13,7 @@ from ...components.knowledge import EmbeddingMatrix
 from .config import ProStreamConfig
 from .dialogue import Question, Turn
 from .distill import Distiller
+from .extract import FactExtractor
 from .memory import ProStream, Recall, RecalledUnit
 
 __all__ = ["evaluate", "FlatTurnMemory", "recalls_answer"]
@@ -124,13 +125,16 @@ def evaluate(items: Sequence[Turn | Question], text_encoder, *, config: ProStrea
              methods: Sequence[str] = ("prostream", "everything", "recent"),
              turn_embeddings: torch.Tensor | None = None,
              question_embeddings: torch.Tensor | None = None, distiller: Distiller | None = None,
-             keep_recalls: bool = False, keep_memories: bool = False) -> dict:
+             extractor: FactExtractor | None = None, keep_recalls: bool = False,
+             keep_memories: bool = False) -> dict:
     """Stream ``items`` through each method, asking every question when it comes; score and time the recalls.
 
-    Methods: ``"prostream"`` (:class:`ProStream`), ``"everything"``
-    (retrieve-everything), ``"recent"`` (the newest turns within
-    ``config.budget`` tokens).  All three get the same embeddings (computed
-    once here, or passed), the same ``k`` and ``min_similarity``.  A recall is
+    Methods: ``"prostream"`` (:class:`ProStream`, with ``distiller`` and
+    ``extractor`` when given), ``"everything"`` (retrieve-everything),
+    ``"recent"`` (flat retrieval over the newest turns within
+    ``config.budget`` tokens: flat RAG at ProStream's budget).  All three get
+    the same embeddings (computed once here, or passed), the same ``k`` and
+    ``min_similarity``, and every question's text.  A recall is
     correct when its best turn is the question's ground-truth turn (or states
     its answer); ``hit`` when any returned turn is; ``stale`` when the best
     turn is a superseded version.
@@ -162,7 +166,7 @@ def evaluate(items: Sequence[Turn | Question], text_encoder, *, config: ProStrea
 
     def build(name):
         if name == "prostream":
-            return ProStream(text_encoder, config, distiller=distiller)
+            return ProStream(text_encoder, config, distiller=distiller, extractor=extractor)
         window = None if name == "everything" else config.budget
         return FlatTurnMemory(text_encoder, window_tokens=window, k=config.k, min_similarity=config.min_similarity,
                               backend=config.backend)

@@ -3,6 +3,7 @@ turns and recalls them."""
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -12,19 +13,22 @@ import torch
 import torch.nn.functional as F
 
 from ...components.answers import NOT_IN_MEMORY_ANSWER, Calibration, Outcome, extractive_answer
-from ...components.bounded import BoundedMemory
+from ...components.bounded import BoundedMemory, utility
 from ...components.memory import FrameRecord, LongTermMemory, MemoryNode
 from ...components.timeref import parse_time_reference
 from .answering import decide, default_calibration, recall_in_window
 from .config import ProStreamConfig
 from .dialogue import Turn, _check_time
 from .distill import Distillate, Distiller, ExtractiveDistiller
+from .extract import Fact, FactExtractor, PatternExtractor, check_facts, fact_key
+from .units import KeyedUnits, MemoryUnit, statement
 
 __all__ = ["ProStream", "DialogueTree", "RecalledUnit", "Recall", "ProStreamStats"]
 
 
 _FORMAT = "streammem.ProStream"
-_VERSION = 1
+_WORDS = re.compile(r"[a-z0-9]+")
+_VERSION = 2
 
 
 # --------------------------------------------------------------------------
@@ -94,11 +98,14 @@ class DialogueTree(LongTermMemory):
 # --------------------------------------------------------------------------
 @dataclass
 class RecalledUnit:
-    """One recalled turn (or merged run of turns): turn indices, time, speaker, text and its scores.
+    """One recalled turn (or merged run of turns) or keyed fact: turn indices, time, speaker, text, scores.
 
-    ``cosine``: with the question; ``utility``: the eviction utility u at the
+    ``cosine``: with the question; ``utility``: the retention utility u at the
     recall's stream time; ``score``: what ranked it (cosine x rank weight, see
-    :meth:`ProStream.rank_weight`; the cosine for the flat baselines).
+    :meth:`ProStream.rank_weight`; the cosine for the flat baselines).  A
+    keyed fact (a :class:`MemoryUnit`) has ``node`` -1, its ``unit`` id, the
+    turn that stated it as ``first_turn`` = ``last_turn``, and its
+    ``entity`` / ``attribute`` / ``value``; a turn has them None.
     """
 
     node: int
@@ -110,6 +117,10 @@ class RecalledUnit:
     cosine: float
     utility: float
     score: float
+    unit: int | None = None
+    entity: str | None = None
+    attribute: str | None = None
+    value: str | None = None
 
     def covers(self, turn: int) -> bool:
         return self.first_turn <= turn <= self.last_turn
@@ -189,20 +200,27 @@ class ProStreamStats:
     segments: int = 0
     sessions: int = 0
     cited: int = 0
+    facts: int = 0
     superseded: int = 0
+    restated: int = 0
+    evicted_units: int = 0
     recalls: int = 0
 
 
 class ProStream:
-    """ProStream's bounded hierarchical memory of one dialogue stream (see the module docstring).
+    """ProStream's bounded hierarchical memory of one dialogue stream (see the package docstring).
 
     Parameters
     ----------
     text_encoder : TextEncoder
-        Embeds turns (unless embeddings are passed to ``push``), summaries and questions.
+        Embeds turns (unless embeddings are passed to ``push``), summaries, the
+        units' statements and questions.
     config : ProStreamConfig, optional
     distiller : Distiller, optional
         Default :class:`ExtractiveDistiller` (model-free).
+    extractor : FactExtractor, optional
+        Reads (entity, attribute, value) facts out of every turn and the entities
+        a question names; default :class:`PatternExtractor` (model-free).
     answer_fn : callable(Recall) -> str, optional
         A language model's answer from the recalled turns; default
         :func:`extractive_answer` (reported as ``answer_kind="extractive"``).
@@ -211,14 +229,22 @@ class ProStream:
         Decides the confidence and outcome of ``ask`` (``answering.decide``;
         default ``answering.default_calibration(text_encoder)``).
 
+    The memory holds two kinds of item under one token budget: the dialogue
+    tree (every turn, its segment and session summaries) and the keyed units
+    (:class:`MemoryUnit`, the newest statement of each (entity, attribute)).
+    When their total cost exceeds ``config.budget``, turns and units are evicted
+    by least expected utility per token (:meth:`expected_utility`) down to
+    ``low_water`` x budget.
+
     Single-threaded.  ``state_dict`` / ``save`` / ``load`` checkpoint
     everything (the segmenter's state, the node table and tree row for row,
-    the open segment and session, statistics), so a restored memory continues
-    exactly; the encoder and hooks are not state.
+    the units, the open segment and session, statistics), so a restored memory
+    continues exactly; the encoder and hooks are not state.
     """
 
     def __init__(self, text_encoder, config: ProStreamConfig | None = None, *, distiller: Distiller | None = None,
-                 answer_fn: Callable[[Recall], str] | None = None, calibration: Calibration | None = None):
+                 extractor: FactExtractor | None = None, answer_fn: Callable[[Recall], str] | None = None,
+                 calibration: Calibration | None = None):
         from streammem_kernels import StreamingSegmenter
 
         if text_encoder is None or not callable(getattr(text_encoder, "encode", None)):
@@ -230,11 +256,16 @@ class ProStream:
         if not (callable(getattr(distiller, "distill_segment", None))
                 and callable(getattr(distiller, "distill_session", None))):
             raise ValueError("distiller must have distill_segment(texts, embeddings) and distill_session(summaries)")
+        extractor = PatternExtractor() if extractor is None else extractor
+        if not (callable(getattr(extractor, "extract", None)) and callable(getattr(extractor, "mentions", None))):
+            raise ValueError("extractor must have extract(text) -> facts and mentions(text) -> names "
+                             "(a FactExtractor, e.g. PatternExtractor())")
         if answer_fn is not None and not callable(answer_fn):
             raise ValueError("answer_fn must be callable(Recall) -> str")
         self.text_encoder = text_encoder
         self.config = config
         self.distiller = distiller
+        self.extractor = extractor
         self.answer_fn = answer_fn
         if calibration is not None and not isinstance(calibration, Calibration):
             raise ValueError(f"calibration must be a Calibration or None, got {type(calibration).__name__}")
@@ -242,9 +273,12 @@ class ProStream:
         self.tree = DialogueTree(text_encoder, backend=config.backend)
         # theta_sim = 1: BoundedMemory never merges two different turns (a merge would blend an
         # update with what it replaces); only exact duplicates can exceed it through rounding.
+        # ProStream enforces the budget itself (turns and units together, _enforce); BoundedMemory
+        # prices the tree's nodes, scores them, keeps the eviction statistics and the novelty filter.
         self.bounded = BoundedMemory(self.tree, config.budget, alpha=config.alpha, beta=config.beta, tau=config.tau,
                                      theta_sim=1.0, theta_concept=config.theta_concept, tokens_per_centre=1,
                                      low_water=config.low_water)
+        self.units = KeyedUnits()
         self.segmenter = StreamingSegmenter(window=8, max_event=config.max_event, drift=config.drift,
                                             backend=config.backend)
         self.stats = ProStreamStats()
@@ -253,15 +287,14 @@ class ProStream:
         self._session: int | None = None  # Turn.session of the last turn
         self._open_turns: list[tuple[int, int | None]] = []  # (segmenter position, node id or None if skipped)
         self._open_segments: list[int] = []  # segment node ids of the open session
-        self._cited: set[int] = set()  # cited, not superseded turn node ids
-        self._superseded: set[int] = set()  # turn node ids replaced by a newer statement
-        self._cost = 0  # == self.bounded.total_cost(), kept incrementally
+        self._superseded: set[int] = set()  # turn node ids whose every stated fact has a newer value
+        self._cost = 0  # == self.bounded.total_cost() (the tree's tokens), kept incrementally
 
     # ---- reading the memory ----------------------------------------------------
     @property
     def memory_tokens(self) -> int:
-        """Token cost of everything stored (what ``budget`` bounds)."""
-        return self._cost
+        """Token cost of everything stored, tree and units (what ``budget`` bounds)."""
+        return self._cost + self.units.cost
 
     @property
     def stored_turns(self) -> int:
@@ -272,12 +305,16 @@ class ProStream:
         s = self.bounded.stats
         return {
             "turns": self.stats.turns, "skipped_redundant": self.stats.skipped, "segments": self.stats.segments,
-            "sessions": self.stats.sessions, "cited": self.stats.cited, "superseded": self.stats.superseded,
-            "recalls": self.stats.recalls, "stream_time": self.stream_time,
-            "stored": {"turns": levels.get(0, 0), "segments": levels.get(1, 0), "sessions": levels.get(2, 0)},
-            "memory_tokens": self.memory_tokens, "budget": self.bounded.budget, "peak_tokens": s.peak_cost,
-            "evicted_turns": s.removed_leaves, "evicted_summaries": s.removed_parents, "eviction_rounds": s.rounds,
+            "sessions": self.stats.sessions, "cited": self.stats.cited, "facts": self.stats.facts,
+            "superseded": self.stats.superseded, "restated": self.stats.restated, "recalls": self.stats.recalls,
+            "stream_time": self.stream_time,
+            "stored": {"turns": levels.get(0, 0), "segments": levels.get(1, 0), "sessions": levels.get(2, 0),
+                       "units": len(self.units)},
+            "memory_tokens": self.memory_tokens, "unit_tokens": self.units.cost, "budget": self.config.budget,
+            "peak_tokens": s.peak_cost, "evicted_turns": s.removed_leaves, "evicted_summaries": s.removed_parents,
+            "evicted_units": self.stats.evicted_units, "eviction_rounds": s.rounds,
             "distiller": getattr(self.distiller, "name", type(self.distiller).__name__),
+            "extractor": getattr(self.extractor, "name", type(self.extractor).__name__),
             "seconds": {k: round(v, 4) for k, v in sorted(self.timings.items())},
         }
 
@@ -294,6 +331,10 @@ class ProStream:
             Times must not decrease (across pushes too).
         embeddings : (n, E) float tensor, optional
             The turns' text embeddings, if already computed (else one encoder call).
+
+        Every turn is read by the extractor before anything is stored, so a
+        bad turn, bad embeddings or an extractor's bad output raise
+        ``ValueError`` and leave the memory as it was.
         """
         if isinstance(turns, Turn):
             turns = [turns]
@@ -320,12 +361,27 @@ class ProStream:
         if not bool(torch.isfinite(embeddings).all()):
             raise ValueError("embeddings must be finite")
         embeddings = F.normalize(embeddings.float(), dim=1)
+        facts = self._extract(turns, embeddings)
         closed = 0
-        for turn, emb in zip(turns, embeddings):
-            closed += self._push_one(turn, emb)
+        for turn, emb, (turn_facts, fact_embs) in zip(turns, embeddings, facts):
+            closed += self._push_one(turn, emb, turn_facts, fact_embs)
         return closed
 
-    def _push_one(self, turn: Turn, emb: torch.Tensor) -> int:
+    def _extract(self, turns: Sequence[Turn], embeddings: torch.Tensor) -> list[tuple[list[Fact], list[torch.Tensor]]]:
+        """Every turn's facts, and the embedding of each fact's statement (one encoder call per push)."""
+        t0 = time.perf_counter()
+        facts = [check_facts(self.extractor.extract(turn.text), f"extractor.extract(turns[{i}].text)")
+                 for i, turn in enumerate(turns)]
+        self._time("extract", t0)
+        statements = sorted({statement(f.entity, f.attribute, f.value) for fs in facts for f in fs})
+        encoded = {}
+        if statements:
+            t0 = time.perf_counter()
+            encoded = dict(zip(statements, F.normalize(self.text_encoder.encode(statements).float(), dim=1)))
+            self._time("encode", t0)
+        return [(fs, [encoded[statement(f.entity, f.attribute, f.value)] for f in fs]) for fs in facts]
+
+    def _push_one(self, turn: Turn, emb: torch.Tensor, facts: Sequence[Fact], fact_embs: Sequence[torch.Tensor]) -> int:
         closed = 0
         gap = self.stream_time is not None and turn.t - self.stream_time >= self.config.session_gap
         new_session = turn.session is not None and self._session is not None and turn.session != self._session
@@ -343,6 +399,10 @@ class ProStream:
         else:
             self._cost += self.bounded.cost(node)
         t0 = time.perf_counter()
+        for fact, fact_emb in zip(facts, fact_embs):
+            self._state_fact(fact, fact_emb, turn, index, -1 if node is None else node.node_id)
+        self._time("supersede", t0)
+        t0 = time.perf_counter()
         events = self.segmenter.push(emb)
         self._time("segment", t0)
         self._open_turns.append((self.segmenter.frames_seen - 1, None if node is None else node.node_id))
@@ -350,6 +410,23 @@ class ProStream:
             self._close_segment(event.start, event.end)
             closed += 1
         return closed
+
+    def _state_fact(self, fact: Fact, embedding: torch.Tensor, turn: Turn, index: int, node_id: int) -> None:
+        """Make ``fact`` the current unit of its key; the unit it replaces goes (supersession, same key only)."""
+        entity, attribute, value = fact.entity.strip(), fact.attribute.strip(), fact.value.strip()
+        unit = MemoryUnit(self.units.new_id(), entity, attribute, value, fact.key, index, node_id, turn.t,
+                          turn.speaker, statement(entity, attribute, value), embedding, uses=1, last_use=turn.t)
+        current, old = self.units.state(unit)
+        self.stats.facts += 1
+        if current is not unit:
+            self.stats.restated += 1
+        if old is None:
+            return
+        self.stats.superseded += 1
+        # The older turn now states a value that no longer holds; once none of its facts is current its
+        # expected utility is 0 (it is evicted first) and recall ranks it down.
+        if old.node in self.tree.nodes and not any(u.node == old.node for u in self.units.units.values()):
+            self._superseded.add(old.node)
 
     def _close_segment(self, start: int, end: int) -> None:
         members = [(pos, nid) for pos, nid in self._open_turns if start <= pos <= end]
@@ -378,10 +455,7 @@ class ProStream:
         self._time("insert", t0)
         self._open_segments.append(segment.node_id)
         self.stats.segments += 1
-        t0 = time.perf_counter()
-        for i in cited:
-            self._cite(nodes[i])
-        self._time("supersede", t0)
+        self.stats.cited += len(cited)
         self._enforce()
 
     def _embed_summary(self, summary: str, nodes: Sequence[MemoryNode]) -> torch.Tensor:
@@ -392,29 +466,6 @@ class ProStream:
         emb = self.text_encoder.encode([summary])[0]
         self._time("encode", t0)
         return F.normalize(emb.float(), dim=0)
-
-    def _cite(self, node: MemoryNode) -> None:
-        """Count the summary's use of a turn, then let it supersede the closest older cited turn."""
-        node.access_count += 1
-        self.stats.cited += 1
-        theta = self.config.theta_update
-        others = [i for i in self._cited if i in self.tree.nodes]
-        self._cited = set(others)
-        if theta is not None and others:
-            from streammem_kernels import cosine_topk
-
-            keys = torch.stack([self.tree.nodes[i].embedding for i in others])
-            res = cosine_topk(node.embedding[None], keys, 1, backend=self.config.backend)
-            if float(res.scores[0, 0]) >= theta:
-                old = self.tree.nodes[others[int(res.ids[0, 0])]]
-                # The newer statement takes over the older one's uses (not their sum: a subject
-                # restated ten times is not ten times as useful as one stated once).
-                node.access_count = max(node.access_count, old.access_count)
-                old.access_count = 0
-                self._cited.discard(old.node_id)
-                self._superseded.add(old.node_id)
-                self.stats.superseded += 1
-        self._cited.add(node.node_id)
 
     def close_session(self) -> int:
         """Close the open segment and the open session (a pause did); returns the segments closed."""
@@ -443,18 +494,68 @@ class ProStream:
         """End of stream: close the open segment and session."""
         return self.close_session()
 
+    # ---- retention -----------------------------------------------------------------
+    def expected_utility(self, item: MemoryNode | MemoryUnit, now: float | None = None) -> float:
+        """Expected utility of keeping a turn or a unit: u = alpha log(f + 1) + beta exp(-dt / tau), 0 for a
+        turn whose every fact has a newer value.
+
+        f: a unit's uses (its key's statements and the recalls it answered), a
+        turn's recalls; dt: stream seconds since the last of them (a turn's
+        creation otherwise).  Eviction removes the least u per token first.
+        """
+        now = (self.stream_time or 0.0) if now is None else now
+        if isinstance(item, MemoryUnit):
+            b = self.bounded
+            return utility(item.uses, item.last_use, now, alpha=b.alpha, beta=b.beta, tau=b.tau)
+        return 0.0 if item.node_id in self._superseded else self.bounded.utility(item, now)
+
     def _enforce(self) -> None:
         if self.stream_time is None:
             return
-        # Node costs are fixed at creation, so the running sum is exact and BoundedMemory's
-        # O(nodes) pass (total_cost, then eviction) runs only when the budget is exceeded.
+        # Costs are fixed at creation, so the running sums are exact and the O(stored) pass runs
+        # only when the budget is exceeded.
         stats = self.bounded.stats
-        stats.peak_cost = max(stats.peak_cost, self._cost)
-        if self._cost <= self.bounded.budget:
+        total = self.memory_tokens
+        stats.peak_cost = max(stats.peak_cost, total)
+        if total <= self.config.budget:
             return
         t0 = time.perf_counter()
-        self.bounded.enforce(self.stream_time)
+        now = self.stream_time
+        target = self.config.low_water * self.config.budget
+        nodes = self.tree.nodes
+        leaves = [n for n in nodes.values() if n.level == 0]
+        # (expected utility per token, creation time, kind, id, cost): least useful first, older first among
+        # equals.
+        ranked = sorted(
+            [(self.expected_utility(n, now) / max(1, self.bounded.cost(n)), n.created_at, 0, n.node_id,
+              self.bounded.cost(n)) for n in leaves]
+            + [(self.expected_utility(u, now) / u.cost, u.t, 1, u.unit_id, u.cost) for u in self.units.units.values()])
+        live_children = {n.node_id: len(n.children) for n in nodes.values() if n.children}
+        doomed_leaves, doomed_units = [], []
+        for _, _, kind, item_id, cost in ranked:
+            if total <= target:
+                break
+            total -= cost
+            if kind:
+                doomed_units.append(item_id)
+                continue
+            doomed_leaves.append(item_id)
+            # A segment or session goes with its last turn: count what that frees too.
+            parent = nodes[item_id].parent
+            while parent is not None:
+                live_children[parent] -= 1
+                if live_children[parent]:
+                    break
+                total -= self.bounded.cost(nodes[parent])
+                parent = nodes[parent].parent
+        removed = self.tree.remove(doomed_leaves) if doomed_leaves else []
+        self.units.remove(doomed_units)
+        self._superseded.difference_update(removed)
         self._cost = self.bounded.total_cost()
+        stats.rounds += 1
+        stats.removed_leaves += len(doomed_leaves)
+        stats.removed_parents += len(removed) - len(doomed_leaves)
+        self.stats.evicted_units += len(doomed_units)
         self._time("evict", t0)
 
     # ---- questions ---------------------------------------------------------------
@@ -496,11 +597,14 @@ class ProStream:
         sessions, segments = self.config.beam
         return (sessions, segments) if self.tree.tree.height >= 2 else (segments,)
 
-    def rank_weight(self, node: MemoryNode, now: float | None = None) -> float:
-        """Recall's weight of a turn: (1 + rank_utility x u) x (superseded_weight if superseded)."""
+    def rank_weight(self, item: MemoryNode | MemoryUnit, now: float | None = None, *, match: int = 0) -> float:
+        """Recall's weight: (1 + rank_utility x u), x superseded_weight for a superseded turn, and for a unit
+        x key_weight ** ``match`` (1: the question names its entity, 2: its entity and its attribute)."""
         now = (self.stream_time or 0.0) if now is None else now
-        w = 1.0 + self.config.rank_utility * self.bounded.utility(node, now)
-        return w * self.config.superseded_weight if node.node_id in self._superseded else w
+        if isinstance(item, MemoryUnit):
+            return (1.0 + self.config.rank_utility * self.expected_utility(item, now)) * self.config.key_weight ** match
+        w = 1.0 + self.config.rank_utility * self.bounded.utility(item, now)
+        return w * self.config.superseded_weight if item.node_id in self._superseded else w
 
     def refresh_utility(self) -> None:
         """Write every stored turn's rank weight at the current stream time into the tree's utility column."""
@@ -515,59 +619,106 @@ class ProStream:
         uses = torch.tensor([n.access_count for n in nodes], dtype=torch.float64)
         idle = (now - torch.tensor([n.last_access for n in nodes], dtype=torch.float64)).clamp_min(0.0)
         b = self.bounded
-        utility = b.alpha * torch.log1p(uses) + b.beta * torch.exp(-idle / b.tau)
-        weight = 1.0 + self.config.rank_utility * utility
+        u = b.alpha * torch.log1p(uses) + b.beta * torch.exp(-idle / b.tau)
+        weight = 1.0 + self.config.rank_utility * u
         superseded = torch.tensor([n.node_id in self._superseded for n in nodes], dtype=torch.bool)
         weight = torch.where(superseded, weight * self.config.superseded_weight, weight)
         tree.set_utility(rows, weight.to(torch.float32))
 
+    def key_match(self, question: str) -> dict[int, int]:
+        """How well ``question`` names each stored unit's key: {unit id: 1 (its entity) or 2 (its entity and
+        every word of its attribute)}, for the units whose entity ``extractor.mentions`` finds in it."""
+        if not question:
+            return {}
+        names = self.extractor.mentions(question)
+        if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"extractor.mentions must return a list of strings, got {names!r}")
+        entities = {fact_key(n, "")[0] for n in names} & self.units.by_entity.keys()
+        if not entities:
+            return {}
+        words = set(_WORDS.findall(question.lower()))
+        return {u.unit_id: 2 if words.issuperset(_WORDS.findall(u.key[1])) else 1
+                for u in self.units.of_entities(entities)}
+
     def recall(self, query_embedding, *, question: str = "", k: int | None = None) -> Recall:
-        """Ad-hoc recall now: beam over sessions and segments, turns by cos x rank weight (cos >= min_similarity).
+        """Ad-hoc recall now: the tree's turns (beam over sessions and segments) and the keyed units, ranked
+        by cos x rank weight among those with cos >= min_similarity.
 
         Parameters
         ----------
         query_embedding : (E,) float tensor
             The question's embedding (normalised here).
+        question : str
+            The question's text: the units keyed on an entity it names
+            (``extractor.mentions``) are candidates beside the ``k`` nearest units,
+            weighted by ``key_weight`` (squared when it also names the unit's
+            attribute: then min_similarity does not apply to them either; see
+            :meth:`key_match`).
         k : int, optional
-            Turns returned (default ``config.k``).
+            Items returned (default ``config.k``); a unit and the turn that
+            stated it are one item (the better scored is kept).
 
-        The returned turns count a use (``config.access``) at the current stream time.
+        The best (``config.access="answer"``) or every returned item
+        (``"context"``) counts a use at the current stream time.
         """
         from streammem_kernels import tree_search
 
         k = self.config.k if k is None else k
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be an int >= 1, got {k!r}")
+        if not isinstance(question, str):
+            raise ValueError(f"question must be a string, got {type(question).__name__}")
         q = torch.as_tensor(query_embedding, dtype=torch.float32).reshape(-1)
         if q.shape[0] != self.text_encoder.dim or not bool(torch.isfinite(q).all()):
             raise ValueError(f"query_embedding must be a finite ({self.text_encoder.dim},) vector, "
                              f"got {tuple(q.shape)}")
         q = F.normalize(q, dim=0)
         t0 = time.perf_counter()
+        now = self.stream_time if self.stream_time is not None else 0.0
         tree = self.tree.tree
-        units: list[RecalledUnit] = []
+        found: dict[int, tuple[RecalledUnit, object]] = {}  # turn index -> (unit, the item behind it)
         timings = {}
         if tree is not None and tree.num_live > 0:
             self.refresh_utility()
             t1 = time.perf_counter()
             res = tree_search(tree, q[None], beam=self._beam(), k=k, min_score=self.config.min_similarity,
                               use_utility=True, backend=self.config.backend)
-            t2 = time.perf_counter()
-            timings.update(utility=t1 - t0, search=t2 - t1)
-            now = self.stream_time if self.stream_time is not None else 0.0
+            timings.update(utility=t1 - t0, search=time.perf_counter() - t1)
             for row, score in zip(res.ids[0].tolist(), res.scores[0].tolist()):
                 if row >= 0:
                     node = self.tree.node_at(row)
-                    units.append(_unit(node, q, self.bounded.utility(node, now), score))
-            used = units if self.config.access == "context" else units[:1] if self.config.access == "answer" else []
-            for u in used:
-                node = self.tree.nodes[u.node]
-                node.access_count += 1
-                node.last_access = max(node.last_access, now)
+                    found[node.first_frame] = (_unit(node, q, self.bounded.utility(node, now), score), node)
+        t1 = time.perf_counter()
+        if self.units:
+            matches = self.key_match(question)
+            for unit_id in sorted(set(matches) | set(self.units.nearest(q, k))):
+                unit = self.units.units[unit_id]
+                cos = float(unit.embedding @ q)
+                match = matches.get(unit_id, 0)
+                # A question that names a unit's entity and attribute asks for it, however its wording
+                # scores: min_similarity applies to the other units only.
+                if cos < self.config.min_similarity and match < 2:
+                    continue
+                score = cos * self.rank_weight(unit, now, match=match)
+                held = found.get(unit.turn)
+                if held is None or held[0].score <= score:
+                    found[unit.turn] = (RecalledUnit(-1, unit.turn, unit.turn, unit.t, unit.speaker, unit.text, cos,
+                                                     self.expected_utility(unit, now), score, unit.unit_id,
+                                                     unit.entity, unit.attribute, unit.value), unit)
+        timings["units"] = time.perf_counter() - t1
+        ranked = sorted(found.values(), key=lambda pair: (-pair[0].score, pair[0].first_turn))[:k]
+        used = ranked if self.config.access == "context" else ranked[:1] if self.config.access == "answer" else []
+        for _, item in used:
+            if isinstance(item, MemoryUnit):
+                item.uses += 1
+                item.last_use = max(item.last_use, now)
+            else:
+                item.access_count += 1
+                item.last_access = max(item.last_access, now)
         latency = time.perf_counter() - t0
         timings["total"] = latency
         self.stats.recalls += 1
-        return Recall(question, self.stream_time, units, latency, timings)
+        return Recall(question, self.stream_time, [u for u, _ in ranked], latency, timings)
 
     # ---- checkpoints ---------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -575,19 +726,19 @@ class ProStream:
         return {
             "format": _FORMAT, "version": _VERSION, "config": self.config.to_dict(),
             "text_dim": int(self.text_encoder.dim),
-            "tree": self.tree.state_dict(), "bounded": self.bounded.state_dict(),
+            "tree": self.tree.state_dict(), "bounded": self.bounded.state_dict(), "units": self.units.state_dict(),
             "segmenter": self.segmenter.state_dict(),
             "stats": asdict(self.stats), "stream_time": self.stream_time, "timings": dict(self.timings),
             "session": self._session, "open_turns": [[p, -1 if n is None else n] for p, n in self._open_turns],
-            "open_segments": list(self._open_segments), "cited": sorted(self._cited),
-            "superseded": sorted(self._superseded),
+            "open_segments": list(self._open_segments), "superseded": sorted(self._superseded),
         }
 
     def load_state_dict(self, state: dict) -> None:
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
             raise ValueError("state is not a ProStream state_dict")
         if state.get("version") != _VERSION:
-            raise ValueError(f"unsupported ProStream state version {state.get('version')!r} (this is {_VERSION})")
+            raise ValueError(f"unsupported ProStream state version {state.get('version')!r} (this is {_VERSION}; "
+                             f"version 1 states hold no keyed units)")
         if ProStreamConfig.from_dict(state["config"]) != self.config:
             raise ValueError("state was saved with another ProStreamConfig")
         if state["text_dim"] != int(self.text_encoder.dim):
@@ -595,6 +746,7 @@ class ProStream:
                              f"{self.text_encoder.dim}-d")
         self.tree.load_state_dict(state["tree"])
         self.bounded.load_state_dict(state["bounded"])
+        self.units.load_state_dict(state["units"])
         self.segmenter.load_state_dict(state["segmenter"])
         self.stats = ProStreamStats(**state["stats"])
         self.stream_time = state["stream_time"]
@@ -602,7 +754,6 @@ class ProStream:
         self._session = state["session"]
         self._open_turns = [(int(p), None if n < 0 else int(n)) for p, n in state["open_turns"]]
         self._open_segments = [int(i) for i in state["open_segments"]]
-        self._cited = set(int(i) for i in state["cited"])
         self._superseded = set(int(i) for i in state["superseded"])
         self._cost = self.bounded.total_cost()
 
@@ -614,11 +765,12 @@ class ProStream:
 
     @classmethod
     def load(cls, path, text_encoder, **hooks) -> "ProStream":
-        """A memory saved with ``save`` (pass the same encoder; ``distiller`` / ``answer_fn`` / ``calibration``
-        as hooks)."""
+        """A memory saved with ``save`` (pass the same encoder; ``distiller`` / ``extractor`` / ``answer_fn`` /
+        ``calibration`` as hooks)."""
         state = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
             raise ValueError(f"{path} does not hold a ProStream state")
         memory = cls(text_encoder, ProStreamConfig.from_dict(state["config"]), **hooks)
         memory.load_state_dict(state)
         return memory
+
