@@ -85,7 +85,8 @@ from .dialogue import Question, Turn, read_dialogue, write_dialogue
 from .distill import Distillate, Distiller, ExtractiveDistiller, ModelDistiller, informative_tokens
 from .evaluation import FlatTurnMemory, evaluate, recalls_answer
 from .extract import Fact, FactExtractor, ModelExtractor, PatternExtractor, fact_key
-from .memory import DialogueTree, ProStream, ProStreamStats, Recall, RecalledUnit
+from .memory import DialogueTree, ProStream, ProStreamStats
+from .recall import Recall, RecalledUnit
 from .synthetic import (
     DISTRACTOR_KINDS, FACT_FORMS, KINDS, STYLES, Distractor, PlantedFact, SyntheticDialogue, synthetic_dialogue,
 )

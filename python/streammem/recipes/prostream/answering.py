@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from ...components.answers import Calibration, Outcome, answer_features, calibration_for, content_words
 from ...components.timeref import TimeReference, rank_in_window
+from .recall import Recall, RecalledUnit
 
 __all__ = ["PROSTREAM_CALIBRATIONS", "default_calibration", "decide", "recall_in_window"]
 
@@ -66,8 +67,6 @@ def recall_in_window(memory, q: torch.Tensor, ref: TimeReference, *, question: s
     closest to it, if the calibration accepts it, places the window).  Reads
     the memory without changing it (no use is counted).
     """
-    from .memory import Recall, RecalledUnit
-
     t0 = time.perf_counter()
     k = memory.config.k if k is None else k
     q = F.normalize(torch.as_tensor(q, dtype=torch.float32).reshape(-1), dim=0)
