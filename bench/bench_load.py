@@ -9,7 +9,9 @@ processes, ``2x`` twice the cores) and each thread count (``torch.set_num_thread
 kernels follow; faiss and OpenCV get the same count), every case alternates single calls of ours
 and of its peer for ``--seconds`` each, so a load change hits both alike, and reports wall p20 /
 p50 / p80 per call in microseconds with the 1-minute load average read when the level started and
-ended.  ``ratio`` is our p50 over the peer's.
+ended.  ``ratio`` is our p50 over the peer's.  The package is imported before torch, so OpenMP
+waits passively (``streammem_kernels.runtime.threads``) unless ``OMP_WAIT_POLICY`` is set: run with
+``OMP_WAIT_POLICY=ACTIVE`` to see what a process that imported torch first gets.
 
 Cases (D = 384, data from a fixed seed):
 
@@ -30,13 +32,13 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-import pytest
-import torch
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import streammem_kernels as sk  # noqa: E402
+import streammem_kernels as sk  # noqa: E402  (before torch: the package's OpenMP wait policy applies)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 DIM = 384
 
