@@ -1,6 +1,6 @@
 """Under load: each op's representative calls while background processes keep the cores busy, beside the peer.
 
-Run:  .venv/bin/python bench/bench_load.py [--loads 0,1,2x] [--threads 1,2] [--seconds 1.0] [--out FILE]
+Run:  .venv/bin/python -m bench.bench_load [--loads 0,1,2x] [--threads 1,2] [--seconds 1.0] [--out FILE]
       (pytest-benchmark form, at whatever load the machine has: .venv/bin/python -m pytest bench/bench_load.py)
 
 A model server sharing the machine is the usual setting: our calls then compete with busy processes
@@ -32,9 +32,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import streammem_kernels as sk  # noqa: E402  (before torch: the package's OpenMP wait policy applies)
+import streammem_kernels as sk  # before torch: the package's OpenMP wait policy applies  # isort: skip
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -1,6 +1,6 @@
 """The torch backend beside the C++ one: every op on a realistic input, both backends, one table.
 
-Run:  .venv/bin/python bench/torch_vs_cpp.py [--threads 1] [--seconds 1.0] [--out FILE]
+Run:  .venv/bin/python -m bench.torch_vs_cpp [--threads 1] [--seconds 1.0] [--out FILE]
 
 The torch backend is the reference (or, where the reference loops, its vectorised form with the same
 results); it is what runs without the C++ extension.  Each case alternates single calls of both
@@ -19,9 +19,7 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import streammem_kernels as sk  # noqa: E402
+import streammem_kernels as sk
 
 DIM = 384
 

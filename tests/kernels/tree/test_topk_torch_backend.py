@@ -3,10 +3,10 @@ and scores bit for bit (the reference scores every key and masks those outside).
 import pytest
 import torch
 
-from conftest import cpu_backends
 from streammem_kernels import cosine_topk
 from streammem_kernels.tree.reference import cosine_topk_reference
 from streammem_kernels.tree.topk import COSINE_TOPK
+from tests.support.device_checks import cpu_backends
 
 TORCH_TOPK = COSINE_TOPK.impls["torch"]
 
