@@ -212,7 +212,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     cases = {name: CASES[name]() for name in args.cases.split(",")}
     lines = [f"cores: {os.cpu_count()}, torch {torch.__version__}; wall per call in us, p20 / p50 / p80",
-             "", "| busy procs | load avg (start-end) | threads | case | ours | peer | peer p20 / p50 / p80 | ours/peer p50 |",
+             "", "| busy procs | load avg (start-end) | threads | case | ours | peer | peer p20 / p50 / p80 "
+             "| ours/peer p50 |",
              "|---:|---|---:|---|---|---|---|---:|"]
     print("\n".join(lines), flush=True)
     for count in load_counts(args.loads):
