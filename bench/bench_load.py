@@ -243,12 +243,24 @@ def main(argv=None) -> int:
 
 
 # --------------------------------------------------------------------------
-# pytest-benchmark form: ours alone, at the machine's current load and torch's thread count
+# pytest-benchmark form: ours and the peer, at the machine's current load and torch's thread count
 # --------------------------------------------------------------------------
 @pytest.mark.parametrize("case", list(CASES))
 def test_load_case(benchmark, case):
     ours, _, _ = CASES[case]()
+    benchmark.group = f"load {case}"
+    benchmark.extra_info["provider"] = "ours"
     benchmark(ours)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_load_peer(benchmark, case):
+    _, peer, peer_name = CASES[case]()
+    if peer is None:
+        pytest.skip(f"no peer installed for {case}")
+    benchmark.group = f"load {case}"
+    benchmark.extra_info["provider"] = peer_name
+    benchmark(peer)
 
 
 if __name__ == "__main__":
