@@ -427,42 +427,48 @@ inline int prepared_topk_into(const float* queries, int64_t Q, const float* K, c
   }
   std::fill(I, I + Q * k, int64_t(-1));
   std::fill(S, S + Q * k, kNegInf);
-  const int threads = max_threads();
-  // As cosine_topk_into: about 100 us of work or less keeps one thread and the GIL.
-  if (Q * N * D < (int64_t(1) << 20)) {
+  // As cosine_topk_into: the work is the pairs in range; small scans keep one thread and the GIL.
+  int64_t pairs = 0;
+  for (int64_t q = 0; q < Q; ++q) pairs += rg[2 * q + 1] - rg[2 * q];
+  const int64_t work = pairs * D;
+  if (work < kScanGilWork) {
     scan_prepared(Qm, K, norms, alive, half, D, 0, Q, 0, N, rg, S, I, k);
     return kPreparedOk;
   }
   py::gil_scoped_release nogil;
-  if (Q >= 2 * int64_t(threads) * kQueryBlock || threads == 1) {
-    const int64_t blocks = (Q + kQueryBlock - 1) / kQueryBlock;
-#pragma omp parallel for schedule(dynamic, 1)
+  const int threads = threads_for(work, kScanWorkPerThread);
+  const int64_t blocks = (Q + kQueryBlock - 1) / kQueryBlock;
+  if (threads == 1 || blocks >= 2 * int64_t(threads)) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t b = 0; b < blocks; ++b)
       scan_prepared(Qm, K, norms, alive, half, D, b * kQueryBlock, std::min(Q, (b + 1) * kQueryBlock), 0, N, rg, S, I,
                     k);
-  } else {
-    std::vector<float> part_s(size_t(threads) * Q * k, kNegInf);
-    std::vector<int64_t> part_i(size_t(threads) * Q * k, -1);
+    return kPreparedOk;
+  }
+  const int64_t chunk = std::max<int64_t>(64, kScanWorkPerThread / 4 / std::max<int64_t>(1, Q * D));
+  const int64_t chunks = (N + chunk - 1) / chunk;
+  std::vector<float> part_s(size_t(threads) * Q * k, kNegInf);
+  std::vector<int64_t> part_i(size_t(threads) * Q * k, -1);
 #pragma omp parallel num_threads(threads)
-    {
-      int t = 0, nt = 1;
+  {
+    int t = 0;
 #ifdef _OPENMP
-      t = omp_get_thread_num();
-      nt = omp_get_num_threads();
+    t = omp_get_thread_num();
 #endif
-      const int64_t lo = N * t / nt, hi = N * (t + 1) / nt;
-      scan_prepared(Qm, K, norms, alive, half, D, 0, Q, lo, hi, rg, part_s.data() + size_t(t) * Q * k,
-                    part_i.data() + size_t(t) * Q * k, k);
-    }
-    for (int64_t q = 0; q < Q; ++q) {
-      TopK top(S + q * k, I + q * k, k);
-      for (int t = 0; t < threads; ++t)
-        for (int64_t j = 0; j < k; ++j) {
-          const size_t at = (size_t(t) * Q + q) * k + j;
-          if (part_i[at] < 0) break;
-          top.push(part_s[at], part_i[at]);
-        }
-    }
+    float* my_s = part_s.data() + size_t(t) * Q * k;
+    int64_t* my_i = part_i.data() + size_t(t) * Q * k;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c = 0; c < chunks; ++c)
+      scan_prepared(Qm, K, norms, alive, half, D, 0, Q, c * chunk, std::min(N, (c + 1) * chunk), rg, my_s, my_i, k);
+  }
+  for (int64_t q = 0; q < Q; ++q) {
+    TopK top(S + q * k, I + q * k, k);
+    for (int t = 0; t < threads; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t at = (size_t(t) * Q + q) * k + j;
+        if (part_i[at] < 0) break;
+        top.push(part_s[at], part_i[at]);
+      }
   }
   return kPreparedOk;
 }
