@@ -4,8 +4,11 @@ One public function per op, torch tensors in and out (numpy accepted), with
 ``backend="auto" | "torch" | "cpp" | "triton" | "cuda"``; ``backend_report()``
 says which can run here and why not.  See each op module's docstring for its
 shape contract.  Importing the package is cheap: native
-modules and Triton load lazily on first use.
+modules and Triton load lazily on first use.  OpenMP threads wait passively
+unless torch was imported first or the environment chooses
+(:mod:`.runtime.threads`, imported before anything loads torch).
 """
+from .runtime import threads as _threads  # noqa: F401  (first: libgomp reads the wait policy as torch loads)
 from .backends import BackendReport, backend_report
 from .boundaries import Event, SegmentStep, adjacent_cosine, depth_scores, detect_boundaries, event_ends
 from .boundaries.streaming import StreamingSegmenter

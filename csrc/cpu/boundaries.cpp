@@ -4,7 +4,8 @@
 // Every tensor is a C-contiguous CPU tensor the caller validated and, for outputs, allocated:
 //   adjacent_cosine(features (B, T, D) float32, out (B, T-1) float32) -> Status (always 0; NaN marks a pair
 //                   holding NaN/Inf, the caller raises)
-//   depth_scores(sim (B, M) float32, peak, out (B, M) float64) -> Status (0)
+//   depth_scores(sim (B, M) or (M,) float32, peak, out of sim's shape, float64 or float32 (rounded once))
+//                -> Status; 1: sim holds NaN or Inf
 //   window_choices(sim (B, M) float32, window, tau, min_depth, peak, out (B, M-window+1) int64, flash = 0)
 //                   -> Status (0); a choice is j >= 0 (boundary), -1 (none) or -2 - r (a transient ending at r)
 //   scan_events(sims (B, M) float32, choices (B, P) int64, window, max_event, drift, ends (B, M+1) bool)
@@ -49,6 +50,8 @@ constexpr int kLanes = 16;  // floats per step of the similarity pass (four 4-wi
 // on an idle machine and milliseconds on a busy one, which would dominate a
 // streaming push of one frame or the cheap decision and scan passes.
 constexpr int64_t kParallelWork = int64_t(1) << 18;
+// depth_scores of at most this many similarities run inline on the caller's stack.
+constexpr int64_t kSmallDepth = 256;
 
 // `view` is a C-contiguous CPU tensor of `dtype` with exactly the sizes `sizes` (the caller's promise).
 void expect_sizes(const TensorView& view, DType dtype, std::initializer_list<int64_t> sizes, const char* entry,
@@ -138,7 +141,7 @@ void adjacent_cosine_into(const float* x, int64_t B, int64_t T, int64_t D, float
   const int64_t chunks = B >= threads ? 1 : std::min<int64_t>(M, (threads + B - 1) / B);
   const int64_t per = (M + chunks - 1) / chunks;
   py::gil_scoped_release release;
-#pragma omp parallel for schedule(static) if (B * M * D >= kParallelWork)
+#pragma omp parallel for schedule(static) num_threads(threads_for(B * M * D, kParallelWork))
   for (int64_t item = 0; item < B * chunks; ++item) {
     const int64_t s = item / chunks, c = item % chunks;
     const int64_t t0 = c * per, t1 = std::min(M, t0 + per);
@@ -230,20 +233,41 @@ int64_t window_choice(const float* s, int64_t w, double tau, double min_depth, i
 
 Status depth_scores(TensorView sim, int64_t peak, TensorView out) {
   constexpr const char* entry = "depth_scores";
-  expect_tensor(sim, DType::kFloat32, 2, entry, "sim");
+  expect(sim.ndim == 1 || sim.ndim == 2, entry, "sim must be (M,) or (B, M)");
+  expect_tensor(sim, DType::kFloat32, sim.ndim, entry, "sim");
   expect(peak == 0 || peak == 1, entry, "peak must be 0 (climb) or 1 (max)");
-  const int64_t B = sim.size(0), M = sim.size(1);
-  expect_sizes(out, DType::kFloat64, {B, M}, entry, "out");
+  const int64_t B = sim.ndim == 2 ? sim.size(0) : 1, M = sim.size(sim.ndim - 1);
+  const bool single = out.dtype == DType::kFloat32;  // the float64 depths rounded once, as .to(float32)
+  const DType out_dtype = single ? DType::kFloat32 : DType::kFloat64;
+  if (sim.ndim == 2)
+    expect_sizes(out, out_dtype, {B, M}, entry, "out");
+  else
+    expect_sizes(out, out_dtype, {M}, entry, "out");
   const float* s = sim.ptr<const float>();
-  double* o = out.ptr<double>();
   if (M == 0) return kOk;
+  // The values are checked in a pass of their own, so that a latency path can hand its input over
+  // unchecked: x - x is 0 for finite x and NaN for NaN/Inf.
+  float spread = 0.f;
+  for (int64_t i = 0; i < B * M; ++i) spread += s[i] - s[i];
+  if (!(spread == 0.f)) return 1;
+  auto row = [&](int64_t b, double* left, double* right, double* depth) {
+    double* o = single ? depth : out.ptr<double>() + b * M;
+    depth_row(s + b * M, M, static_cast<int>(peak), left, right, o);
+    if (single)
+      for (int64_t i = 0; i < M; ++i) out.ptr<float>()[b * M + i] = static_cast<float>(depth[i]);
+  };
+  if (B * M <= kSmallDepth) {
+    // A segmenter's window: no thread, no GIL hand-over, no allocation.
+    double left[kSmallDepth], right[kSmallDepth], depth[kSmallDepth];
+    for (int64_t b = 0; b < B; ++b) row(b, left, right, depth);
+    return kOk;
+  }
   py::gil_scoped_release release;
-#pragma omp parallel if (B * M >= kParallelWork)
+#pragma omp parallel num_threads(threads_for(B * M, kParallelWork))
   {
-    std::vector<double> scratch(2 * M);
+    std::vector<double> scratch(3 * M);
 #pragma omp for schedule(static)
-    for (int64_t b = 0; b < B; ++b)
-      depth_row(s + b * M, M, static_cast<int>(peak), scratch.data(), scratch.data() + M, o + b * M);
+    for (int64_t b = 0; b < B; ++b) row(b, scratch.data(), scratch.data() + M, scratch.data() + 2 * M);
   }
   return kOk;
 }
@@ -254,7 +278,7 @@ void window_choices_into(const float* s, int64_t B, int64_t M, int64_t window, d
   const int64_t P = std::max<int64_t>(M - window + 1, 0);
   if (P == 0 || B == 0) return;
   py::gil_scoped_release release;
-#pragma omp parallel if (B * P * window >= kParallelWork)
+#pragma omp parallel num_threads(threads_for(B * P * window, kParallelWork))
   {
     std::vector<double> scratch(3 * window);
 #pragma omp for schedule(static)
@@ -323,7 +347,7 @@ Status stream_step(TensorView last_frame, TensorView last_norm, TensorView windo
   int bad = 0;
   {
     py::gil_scoped_release release;
-#pragma omp parallel if (B * D >= kParallelWork)
+#pragma omp parallel num_threads(threads_for(B * D, kParallelWork))
     {
       std::vector<double> scratch(3 * window);
 #pragma omp for schedule(static) reduction(| : bad)
@@ -414,7 +438,7 @@ void scan_events_into(const float* s, const int64_t* ch, int64_t B, int64_t M, i
   const int64_t T = M + 1;
   const bool drift_mode = drift == drift;
   py::gil_scoped_release release;
-#pragma omp parallel for schedule(static) if (B * T >= kParallelWork)
+#pragma omp parallel for schedule(static) num_threads(threads_for(B * T, kParallelWork))
   for (int64_t b = 0; b < B; ++b) {
     uint8_t* ends = o + b * T;
     const float* row = s + b * M;

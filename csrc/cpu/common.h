@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -30,6 +31,18 @@ inline int max_threads() {
 #else
   return 1;
 #endif
+}
+
+// Threads for a parallel region of `work` units (multiply-adds, or what the caller counts) when
+// each thread should get at least `per_thread` of them: one below 2 x per_thread, never more than
+// max_threads().  A region's threads meet at its barrier, so on a machine whose cores run other
+// work every region waits for its slowest thread to be scheduled; a region is worth it only for
+// work that dwarfs that wait (docs/performance.md gives the measured thresholds).  max_threads()
+// follows torch.set_num_threads(): torch loads libgomp first and these modules share it.
+inline int threads_for(int64_t work, int64_t per_thread) {
+  const int most = max_threads();
+  if (most <= 1 || per_thread <= 0 || work < 2 * per_thread) return 1;
+  return static_cast<int>(std::min<int64_t>(most, work / per_thread));
 }
 
 // Contiguous array of a fixed dtype: pybind11 copies non-contiguous input and

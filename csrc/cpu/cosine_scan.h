@@ -34,6 +34,10 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 // Queries sharing one pass over a key row (the row stays in L1 for all of them).
 constexpr int64_t kQueryBlock = 8;
+// Scans below kScanGilWork multiply-adds keep the GIL and one thread; larger ones give each thread
+// at least kScanWorkPerThread (about 0.4 ms on one core: threads_for, common.h).
+constexpr int64_t kScanGilWork = int64_t(1) << 20;
+constexpr int64_t kScanWorkPerThread = int64_t(1) << 22;
 
 STREAMMEM_HOT inline float dot(const float* __restrict a, const float* __restrict b, int64_t d) {
   return simd::dot(a, b, d);
@@ -52,7 +56,7 @@ inline bool finite_values(const float* x, int64_t n) {
   constexpr int64_t kChunk = 1 << 16;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   int bad = 0;
-#pragma omp parallel for schedule(static) reduction(| : bad) if (n >= (int64_t(1) << 20))
+#pragma omp parallel for schedule(static) reduction(| : bad) num_threads(threads_for(n, int64_t(1) << 22))
   for (int64_t c = 0; c < chunks; ++c)
     if (!chunk_finite(x + c * kChunk, std::min(kChunk, n - c * kChunk))) bad |= 1;
   return bad == 0;
@@ -157,9 +161,20 @@ STREAMMEM_HOT inline void scan_keys(const float* __restrict Qm, const float* __r
     for (int64_t i = lo; i < hi; ++i) {
       const float* key = K + i * D;
       float nsq, first = 0.f;
-      // One query: its dot product and the key's squared norm in one pass (same bits as two dots).
-      if (single)
-        simd::dot_and_square(Qm + qb * D, key, D, &first, &nsq);
+      // The one query whose range holds the key, when exactly one does (a single query, or a
+      // VideoAgent round's disjoint segments): its dot product and the key's squared norm in one
+      // pass (same bits as two dots).
+      int64_t owner = single ? qb : -1;
+      for (int64_t q = qb; q < qe && !single; ++q) {
+        if (i < ranges[2 * q] || i >= ranges[2 * q + 1]) continue;
+        if (owner != -1) {
+          owner = -1;
+          break;
+        }
+        owner = q;
+      }
+      if (owner >= 0)
+        simd::dot_and_square(Qm + owner * D, key, D, &first, &nsq);
       else
         nsq = dot(key, key, D);
       const bool plain = plain_square(nsq);
@@ -180,7 +195,7 @@ STREAMMEM_HOT inline void scan_keys(const float* __restrict Qm, const float* __r
       }
       for (int64_t q = qb; q < qe; ++q) {
         if (i < ranges[2 * q] || i >= ranges[2 * q + 1]) continue;
-        const float s = norm > 0.f ? (single && plain ? first : dot(Qm + q * D, key, D)) / norm : 0.f;
+        const float s = norm > 0.f ? (q == owner && plain ? first : dot(Qm + q * D, key, D)) / norm : 0.f;
         TopK& t = tops[q - qb];
         if (t.admits(s, i)) t.push(s, i);
       }
@@ -242,57 +257,82 @@ inline int cosine_topk_into(const float* queries, int64_t Q, const float* K, int
   } else {  // keys outside every range are not scanned, but the contract covers all keys
     for (int64_t q = 0; q < Q; ++q)
       if (!(rg[2 * q] >= 0 && rg[2 * q] <= rg[2 * q + 1] && rg[2 * q + 1] <= N)) return kRangesOutside;
-    bool ok;
-    {
-      py::gil_scoped_release nogil;
-      ok = finite_values(K, N * D);
+    // With one query block the scan computes the squared norm of every key between the lowest
+    // start and the highest end (a finite one proves its row finite), so only the keys outside
+    // need a pass of their own.
+    int64_t lo = 0, hi = 0;
+    if (Q <= kQueryBlock) {
+      lo = N;
+      for (int64_t q = 0; q < Q; ++q) {
+        lo = std::min(lo, rg[2 * q]);
+        hi = std::max(hi, rg[2 * q + 1]);
+      }
+      if (lo >= hi) lo = hi = 0;
     }
-    if (!ok) return kKeysNotFinite;
+    if (lo > 0 || hi < N) {
+      bool ok;
+      {
+        py::gil_scoped_release nogil;
+        ok = finite_values(K, lo * D) && finite_values(K + hi * D, (N - hi) * D);
+      }
+      if (!ok) return kKeysNotFinite;
+    }
   }
   std::fill(I, I + Q * k, int64_t(-1));
   std::fill(S, S + Q * k, kNegInf);
   const float* Qm = unit.data();
-  const int threads = max_threads();
+  // The work is the (query, key) pairs in range, not Q x N: a VideoAgent round of 20 segments
+  // over 3,600 frames scores 3,600 pairs, not 72,000.
+  int64_t pairs = 0;
+  for (int64_t q = 0; q < Q; ++q) pairs += rg[2 * q + 1] - rg[2 * q];
+  const int64_t work = pairs * D;
   int bad = 0;
-  if (Q * N * D < (int64_t(1) << 20)) {
+  if (work < kScanGilWork) {
     // Up to about 100 us of work (one query against 2,700 keys of D = 384): one thread, and the
     // GIL kept, since handing it back and taking it again costs about 1 us, 3% of a scan of 1,000
     // keys (Python's switch interval, 5 ms, is far longer than this).
     for (int64_t b = 0; b < Q; b += kQueryBlock)
       scan_keys(Qm, K, D, b, std::min(Q, b + kQueryBlock), 0, N, rg, S, I, k, &bad);
-  } else {
-    py::gil_scoped_release nogil;
-    if (Q >= 2 * int64_t(threads) * kQueryBlock || threads == 1) {
-      // Enough query blocks to keep every thread busy.
-      const int64_t blocks = (Q + kQueryBlock - 1) / kQueryBlock;
-#pragma omp parallel for schedule(dynamic, 1)
-      for (int64_t b = 0; b < blocks; ++b)
-        scan_keys(Qm, K, D, b * kQueryBlock, std::min(Q, (b + 1) * kQueryBlock), 0, N, rg, S, I, k, &bad);
-    } else {
-      // Few queries: split the keys across threads, then merge the partial top-k.
-      std::vector<float> part_s(size_t(threads) * Q * k, kNegInf);
-      std::vector<int64_t> part_i(size_t(threads) * Q * k, -1);
+    return bad ? kKeysNotFinite : kScanOk;
+  }
+  py::gil_scoped_release nogil;
+  const int threads = threads_for(work, kScanWorkPerThread);
+  const int64_t blocks = (Q + kQueryBlock - 1) / kQueryBlock;
+  if (threads == 1 || blocks >= 2 * int64_t(threads)) {
+    // Enough query blocks to keep every thread busy; dynamic, so a thread the scheduler leaves
+    // waiting delays the region by one block, not by its share.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t b = 0; b < blocks; ++b)
+      scan_keys(Qm, K, D, b * kQueryBlock, std::min(Q, (b + 1) * kQueryBlock), 0, N, rg, S, I, k, &bad);
+    return bad ? kKeysNotFinite : kScanOk;
+  }
+  // Few queries: every thread folds key chunks, taken dynamically, into its own partial top-k,
+  // then the partials merge.  Chunks of about kScanWorkPerThread / 4 work each: a descheduled
+  // thread holds the others at the barrier for one chunk, not for its half of the keys.
+  const int64_t chunk = std::max<int64_t>(64, kScanWorkPerThread / 4 / std::max<int64_t>(1, Q * D));
+  const int64_t chunks = (N + chunk - 1) / chunk;
+  std::vector<float> part_s(size_t(threads) * Q * k, kNegInf);
+  std::vector<int64_t> part_i(size_t(threads) * Q * k, -1);
 #pragma omp parallel num_threads(threads)
-      {
-        int t = 0, nt = 1;
+  {
+    int t = 0;
 #ifdef _OPENMP
-        t = omp_get_thread_num();
-        nt = omp_get_num_threads();
+    t = omp_get_thread_num();
 #endif
-        const int64_t lo = N * t / nt, hi = N * (t + 1) / nt;
-        scan_keys(Qm, K, D, 0, Q, lo, hi, rg, part_s.data() + size_t(t) * Q * k, part_i.data() + size_t(t) * Q * k,
-                  k, &bad);
+    float* my_s = part_s.data() + size_t(t) * Q * k;
+    int64_t* my_i = part_i.data() + size_t(t) * Q * k;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c = 0; c < chunks; ++c)
+      scan_keys(Qm, K, D, 0, Q, c * chunk, std::min(N, (c + 1) * chunk), rg, my_s, my_i, k, &bad);
+  }
+  for (int64_t q = 0; q < Q; ++q) {
+    TopK top(S + q * k, I + q * k, k);
+    for (int t = 0; t < threads; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t at = (size_t(t) * Q + q) * k + j;
+        if (part_i[at] < 0) break;
+        top.push(part_s[at], part_i[at]);
       }
-      for (int64_t q = 0; q < Q; ++q) {
-        TopK top(S + q * k, I + q * k, k);
-        for (int t = 0; t < threads; ++t)
-          for (int64_t j = 0; j < k; ++j) {
-            const size_t at = (size_t(t) * Q + q) * k + j;
-            if (part_i[at] < 0) break;
-            top.push(part_s[at], part_i[at]);
-          }
-      }
-    }
   }
   return bad ? kKeysNotFinite : kScanOk;
 }
@@ -387,42 +427,48 @@ inline int prepared_topk_into(const float* queries, int64_t Q, const float* K, c
   }
   std::fill(I, I + Q * k, int64_t(-1));
   std::fill(S, S + Q * k, kNegInf);
-  const int threads = max_threads();
-  // As cosine_topk_into: about 100 us of work or less keeps one thread and the GIL.
-  if (Q * N * D < (int64_t(1) << 20)) {
+  // As cosine_topk_into: the work is the pairs in range; small scans keep one thread and the GIL.
+  int64_t pairs = 0;
+  for (int64_t q = 0; q < Q; ++q) pairs += rg[2 * q + 1] - rg[2 * q];
+  const int64_t work = pairs * D;
+  if (work < kScanGilWork) {
     scan_prepared(Qm, K, norms, alive, half, D, 0, Q, 0, N, rg, S, I, k);
     return kPreparedOk;
   }
   py::gil_scoped_release nogil;
-  if (Q >= 2 * int64_t(threads) * kQueryBlock || threads == 1) {
-    const int64_t blocks = (Q + kQueryBlock - 1) / kQueryBlock;
-#pragma omp parallel for schedule(dynamic, 1)
+  const int threads = threads_for(work, kScanWorkPerThread);
+  const int64_t blocks = (Q + kQueryBlock - 1) / kQueryBlock;
+  if (threads == 1 || blocks >= 2 * int64_t(threads)) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t b = 0; b < blocks; ++b)
       scan_prepared(Qm, K, norms, alive, half, D, b * kQueryBlock, std::min(Q, (b + 1) * kQueryBlock), 0, N, rg, S, I,
                     k);
-  } else {
-    std::vector<float> part_s(size_t(threads) * Q * k, kNegInf);
-    std::vector<int64_t> part_i(size_t(threads) * Q * k, -1);
+    return kPreparedOk;
+  }
+  const int64_t chunk = std::max<int64_t>(64, kScanWorkPerThread / 4 / std::max<int64_t>(1, Q * D));
+  const int64_t chunks = (N + chunk - 1) / chunk;
+  std::vector<float> part_s(size_t(threads) * Q * k, kNegInf);
+  std::vector<int64_t> part_i(size_t(threads) * Q * k, -1);
 #pragma omp parallel num_threads(threads)
-    {
-      int t = 0, nt = 1;
+  {
+    int t = 0;
 #ifdef _OPENMP
-      t = omp_get_thread_num();
-      nt = omp_get_num_threads();
+    t = omp_get_thread_num();
 #endif
-      const int64_t lo = N * t / nt, hi = N * (t + 1) / nt;
-      scan_prepared(Qm, K, norms, alive, half, D, 0, Q, lo, hi, rg, part_s.data() + size_t(t) * Q * k,
-                    part_i.data() + size_t(t) * Q * k, k);
-    }
-    for (int64_t q = 0; q < Q; ++q) {
-      TopK top(S + q * k, I + q * k, k);
-      for (int t = 0; t < threads; ++t)
-        for (int64_t j = 0; j < k; ++j) {
-          const size_t at = (size_t(t) * Q + q) * k + j;
-          if (part_i[at] < 0) break;
-          top.push(part_s[at], part_i[at]);
-        }
-    }
+    float* my_s = part_s.data() + size_t(t) * Q * k;
+    int64_t* my_i = part_i.data() + size_t(t) * Q * k;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c = 0; c < chunks; ++c)
+      scan_prepared(Qm, K, norms, alive, half, D, 0, Q, c * chunk, std::min(N, (c + 1) * chunk), rg, my_s, my_i, k);
+  }
+  for (int64_t q = 0; q < Q; ++q) {
+    TopK top(S + q * k, I + q * k, k);
+    for (int t = 0; t < threads; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t at = (size_t(t) * Q + q) * k + j;
+        if (part_i[at] < 0) break;
+        top.push(part_s[at], part_i[at]);
+      }
   }
   return kPreparedOk;
 }

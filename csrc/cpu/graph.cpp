@@ -142,10 +142,11 @@ void expand_into(const int64_t* rp, const int64_t* ci, const int64_t* src, int64
   };
   // A query lists at most `capacity` nodes (about 10-20 ns each with the edges it scans): below
   // about 16K list entries in all, a parallel region costs more than it saves.
-  if (num_q == 1 || num_q * capacity < (int64_t{1} << 14)) {
+  const int threads = num_q == 1 ? 1 : threads_for(num_q * capacity, int64_t{1} << 13);
+  if (threads == 1) {
     for (int64_t b = 0; b < num_q; ++b) run(b);
   } else {
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t b = 0; b < num_q; ++b) run(b);
   }
 }

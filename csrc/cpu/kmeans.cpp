@@ -67,6 +67,9 @@ struct Centres {
 // this the scores of near-boundary frames drift by more than their gap and
 // Lloyd can settle in a different fixed point than a float64 computation.
 constexpr int64_t kAccumBlock = 256;
+// Multiply-adds of one assignment pass each thread should get before a pass takes a second
+// thread (threads_for, common.h): about 0.1 ms on one core.
+constexpr int64_t kPassWorkPerThread = int64_t(1) << 18;
 // Features per block of the distance + centre-sum update (2 KB of floats).
 constexpr int64_t kSumBlock = 512;
 
@@ -324,16 +327,17 @@ void solve_problem(const float* x, const float* w, int64_t n, int64_t N, int64_t
 // Lloyd on B problems (x (B,N,D), w (B,N), len (B,)), centres holding the initial (B,k,D) on entry.
 void solve_all(const float* x, const float* w, const int64_t* len, int64_t B, int64_t N, int64_t D, int64_t k,
                double tol, int iters, bool cosine, float* c, int64_t* lab, float* inr, int64_t* nit) {
-  const int threads = max_threads();
+  // One assignment pass costs about N x k x D multiply-adds per problem.
+  const int threads = threads_for(B * N * D * k, kPassWorkPerThread);
   if (threads > 1 && B >= 2 * threads) {
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t b = 0; b < B; ++b)
       solve_problem(x + b * N * D, w + b * N, len[b], N, D, k, tol, iters, cosine, 1, c + b * k * D, lab + b * N,
                     inr + b, nit + b);
   } else {
     for (int64_t b = 0; b < B; ++b) {
       // Split points across threads only when each thread gets a useful share.
-      const int inner = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, len[b] * D * k / 4096)));
+      const int inner = threads_for(len[b] * D * k, kPassWorkPerThread);
       solve_problem(x + b * N * D, w + b * N, len[b], N, D, k, tol, iters, cosine, inner, c + b * k * D, lab + b * N,
                     inr + b, nit + b);
     }

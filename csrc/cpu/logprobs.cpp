@@ -39,6 +39,10 @@
 namespace streammem {
 namespace {
 
+// Work (logits read, or multiply-adds of the LM head) each thread should get before a region
+// takes a second thread (threads_for, common.h): about 0.1 ms on one core.
+constexpr int64_t kParallelWork = int64_t(1) << 18;
+
 enum DtypeCode : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 // The element format of a logits/hidden view (the caller passes only these three).
@@ -151,7 +155,7 @@ STREAMMEM_HOT bool row_has_nan(const float* __restrict x, int64_t n) {
 void token_logprobs_rows(const char* base, int64_t row_stride, int code, int64_t N, int64_t V,
                          const int64_t* tgt, float* o) {
   py::gil_scoped_release release;
-#pragma omp parallel
+#pragma omp parallel num_threads(threads_for(N * V, kParallelWork))
   {
     std::vector<float> buffer(code == kFloat32 ? 0 : V);
 #pragma omp for schedule(static)
@@ -276,7 +280,7 @@ Status linear_token_logprobs(TensorView hidden, TensorView weight, std::optional
     // Hidden rows packed once into 6-row panels (H x 6, zero-padded rows).
     const int64_t n_panels = (N + kRows - 1) / kRows;
     std::vector<float> a_packed(n_panels * H * kRows, 0.0f);
-#pragma omp parallel
+#pragma omp parallel num_threads(threads_for(N * H, kParallelWork))
     {
       std::vector<float> row(H);
 #pragma omp for schedule(static)
@@ -286,7 +290,7 @@ Status linear_token_logprobs(TensorView hidden, TensorView weight, std::optional
         for (int64_t h = 0; h < H; ++h) panel[h * kRows] = row[h];
       }
     }
-    const int n_threads = max_threads();
+    const int n_threads = threads_for(N * H * V, kParallelWork);
     std::vector<RowState> states;
     states.reserve(n_threads);
     for (int t = 0; t < n_threads; ++t) states.emplace_back(N);

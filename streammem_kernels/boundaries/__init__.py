@@ -79,10 +79,12 @@ def depth_scores(sim, *, peak: str = "climb", backend: str = "auto") -> torch.Te
     Same shape as ``sim``; float64 when ``sim`` is float64, else float32
     (computed in float64 on the float32-rounded similarities).
     """
+    fast = WINDOW_DEPTH.run_fast(backend, sim, peak)
+    if fast is not None:
+        return fast
     sim = as_tensor(sim, "sim")
     check_rank(sim, "sim", (1, 2), "(M,) or (B, M)")
     check_dtype(sim, "sim", FEATURE_DTYPES)
-    check_finite(sim, "sim")
     peak = check_peak(peak)
     x = sim if sim.dim() == 2 else sim[None]
     x = x.to(torch.float32).contiguous()
@@ -90,6 +92,8 @@ def depth_scores(sim, *, peak: str = "climb", backend: str = "auto") -> torch.Te
     # The decision arithmetic is float64 on float32 similarities; a float64
     # input is rounded to float32 first so every entry point sees one precision.
     name = _select(backend, x)
+    if name != "cpp":  # the C++ kernel checks the values in its own pass
+        check_finite(sim, "sim")
     d = call_op(torch.ops.streammem.window_depth, WINDOW_DEPTH.impls, name, x, PEAK_CODE[peak]).to(out_dtype)
     return d if sim.dim() == 2 else d[0]
 
@@ -365,10 +369,34 @@ def _adjacent_cosine_cpp(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+_SIM_CHECKS = NativeChecks(_NOT_FINITE.format(name="sim"))
+# Results of the latency paths allocated through numpy (cheaper than torch.empty for a few values).
+_np_empty, _NP_BOOL, _NP_F32, _from_numpy = np.empty, np.bool_, np.float32, torch.from_numpy
+
+
 def _window_depth_cpp(sim: torch.Tensor, peak_code: int) -> torch.Tensor:
     out = torch.empty(sim.shape, dtype=torch.float64)
-    _NO_CHECKS.raise_for(_module().depth_scores(view(sim), int(peak_code), view(out)))
+    _SIM_CHECKS.raise_for(_module().depth_scores(view(sim), int(peak_code), view(out)))
     return out
+
+
+def _depth_scores_fast(mod, sim, peak):
+    """depth_scores of a C-contiguous float32 CPU tensor (M,) or (B, M), M >= 1, and a plain peak: one
+    call of the C++ entry (which takes either shape), which also checks the values (same ValueError).
+    None for anything else."""
+    if not (cpu_fast_path(sim) and type(peak) is str and peak in PEAK_CODE):
+        return None
+    shape = sim.shape
+    nd = len(shape)
+    if not (1 <= nd <= 2 and shape[-1] >= 1):
+        return None
+    # float32: the entry rounds its float64 depths once, as the general path does.  Plain ints for the
+    # shape: numpy converts a torch.Size three times slower.
+    out = _np_empty(shape[0] if nd == 1 else (shape[0], shape[1]), _NP_F32)
+    status = mod.depth_scores(view(sim), PEAK_CODE[peak], out.__dlpack__())
+    if status:
+        _SIM_CHECKS.raise_for(status)
+    return _from_numpy(out)
 
 
 def _window_choices_cpp(sim, window, tau, min_depth, peak_code, flash):
@@ -395,7 +423,6 @@ def _event_ends_cpp(x, window, tau, min_depth, peak_code, max_event, drift, flas
 
 
 _INF, _NAN = float("inf"), float("nan")
-_np_empty, _NP_BOOL = np.empty, np.bool_
 
 
 def _plain_params(window, tau, min_depth, peak, max_event, drift, flash) -> bool:
@@ -445,7 +472,7 @@ ADJACENT_COSINE = Op("boundaries", {"torch": adjacent_cosine_torch, "cpp": _adja
                      tolerances={b: _SIM_TOL for b in _BACKENDS})
 WINDOW_DEPTH = Op("boundaries", {"torch": window_depth_torch, "cpp": _window_depth_cpp,
                                  "triton": _window_depth_triton},
-                  tolerances={b: _EXACT for b in _BACKENDS})
+                  tolerances={b: _EXACT for b in _BACKENDS}, fast=_depth_scores_fast)
 WINDOW_CHOICES = Op("boundaries", {"torch": window_choices_torch, "cpp": _window_choices_cpp,
                                    "triton": _window_choices_triton},
                     tolerances={b: _EXACT for b in _BACKENDS})

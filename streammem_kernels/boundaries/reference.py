@@ -130,21 +130,29 @@ def adjacent_cosine_torch(x: torch.Tensor) -> torch.Tensor:
 
 
 def depth_torch(s: torch.Tensor, peak_code: int) -> torch.Tensor:
-    """(..., M) float64 -> (..., M) float64 depth scores, peaks searched along the last dim."""
-    M = s.shape[-1]
-    left = s.clone()
-    right = s.clone()
-    for i in range(1, M):
-        if peak_code == 0:  # climb: keep walking while the neighbour does not drop
-            left[..., i] = torch.where(s[..., i - 1] >= s[..., i], left[..., i - 1], s[..., i])
-        else:
-            left[..., i] = torch.maximum(left[..., i - 1], s[..., i])
-    for i in range(M - 2, -1, -1):
-        if peak_code == 0:
-            right[..., i] = torch.where(s[..., i + 1] >= s[..., i], right[..., i + 1], s[..., i])
-        else:
-            right[..., i] = torch.maximum(right[..., i + 1], s[..., i])
+    """(..., M) float64 -> (..., M) float64 depth scores, peaks searched along the last dim.
+
+    ``left[i]`` is the peak left of i: for "climb" where a walk left from i stops (:func:`climb_peak`),
+    for "max" the running maximum of ``s[..i]``; ``right[i]`` the same walk to the right, taken on
+    the reversed row.  Both copy values of ``s``, so only the last line does arithmetic.
+    """
+    if peak_code == 0:
+        left, right = climb_peak(s), climb_peak(s.flip(-1)).flip(-1)
+    else:
+        left, right = torch.cummax(s, -1).values, torch.cummax(s.flip(-1), -1).values.flip(-1)
     return 0.5 * ((left - s) + (right - s))
+
+
+def climb_peak(s: torch.Tensor) -> torch.Tensor:
+    """``s[j]`` for every i, j the index where a walk left from i stops: it steps from m to m - 1
+    while ``s[m - 1] >= s[m]``, so j is the last rise at or before i (``s[j - 1] < s[j]``), or 0."""
+    if s.shape[-1] == 0:
+        return s.clone()
+    index = torch.arange(s.shape[-1], device=s.device).expand(s.shape)
+    rises = torch.zeros(s.shape, dtype=torch.bool, device=s.device)
+    rises[..., 1:] = s[..., :-1] < s[..., 1:]
+    start = torch.cummax(torch.where(rises, index, torch.zeros_like(index)), -1).values
+    return s.gather(-1, start)
 
 
 def window_depth_torch(sim: torch.Tensor, peak_code: int) -> torch.Tensor:

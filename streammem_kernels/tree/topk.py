@@ -15,7 +15,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .reference import FLOAT_INPUTS, INT_INPUTS, MAX_RESULTS, cosine_topk_reference, unit_rows
+from .reference import (FLOAT_INPUTS, INT_INPUTS, MAX_RESULTS, cosine_topk_reference, score_candidates, topk_low_id,
+                        unit_rows)
 from ..runtime.dispatch import Op, call_op
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_int, check_rank, check_values,
@@ -171,6 +172,33 @@ def _(queries, keys, k, ranges, backend):
 
 
 # --------------------------------------------------------------------------
+# Backend: torch (the reference, narrowed to the ranges)
+# --------------------------------------------------------------------------
+def _cosine_topk_torch(queries, keys, k, ranges):
+    """The reference, scoring only the keys in range when the ranges are narrow.
+
+    The reference scores all Q x N pairs and ranks each query over all N keys; with ranges (a
+    VideoAgent round: one query per segment) almost all of them lie outside.  Here each query
+    gathers the keys of its own range (``window``, the widest range, columns; -1 past its end) and
+    scores and ranks them by the reference's rules (``score_candidates``: the same products summed
+    along D; ``topk_low_id``), so ids and scores are the reference's bit for bit.  The window is a
+    tensor value: on a GPU reading it would synchronise, so there (and whenever the window covers
+    more than half the keys) the reference runs as it is.
+    """
+    num_k = keys.shape[0]
+    if ranges.device.type != "cpu" or queries.shape[0] == 0:
+        return cosine_topk_reference(queries, keys, k, ranges)
+    start, end = ranges[:, 0], ranges[:, 1]
+    window = int((end - start).max())
+    if 2 * window > num_k:
+        return cosine_topk_reference(queries, keys, k, ranges)
+    offsets = torch.arange(window, dtype=torch.int64)
+    ids = start[:, None] + offsets[None, :]
+    ids = torch.where(ids < end[:, None], ids, torch.full_like(ids, -1))
+    return topk_low_id(ids, score_candidates(unit_rows(queries), unit_rows(keys), ids), k)
+
+
+# --------------------------------------------------------------------------
 # Backend: C++ (csrc/cpu/tree/topk.cpp), and the latency path COSINE_TOPK declares
 # --------------------------------------------------------------------------
 # The value checks the C++ entries make in their own pass, in the order of their statuses (each
@@ -182,16 +210,18 @@ _TOPK_CHECKS = NativeChecks(_QUERIES_FINITE, _KEYS_FINITE, _RANGES_INSIDE)
 _QUERY_CHECKS = NativeChecks(_QUERIES_FINITE)
 _KEY_CHECKS = NativeChecks(_KEYS_FINITE)
 
-_TENSOR, _F32, _STRIDED = torch.Tensor, torch.float32, torch.strided
+_TENSOR, _F32, _I64, _STRIDED = torch.Tensor, torch.float32, torch.int64, torch.strided
 # Results allocated through numpy (about 0.7 us against 1.4 for torch.empty with a shape and a dtype),
 # handed to the kernel by the array's own DLPack capsule (0.08 us against 0.22 for a tensor's).
 _from_numpy, _np_empty, _NP_F32, _NP_I64 = torch.from_numpy, np.empty, np.float32, np.int64
 
 
 def _cosine_topk_fast(mod, queries, keys, k, ranges):
-    """cosine_topk of plain float32 CPU tensors, ``Q < BLAS_MIN_QUERIES``, an int k and no ranges: one
-    call of the fused scan, which also checks the values."""
-    if not (ranges is None and type(queries) is _TENSOR and type(keys) is _TENSOR and type(k) is int
+    """cosine_topk of plain float32 CPU tensors, ``Q < BLAS_MIN_QUERIES``, an int k and no ranges or
+    plain int64 (Q, 2) CPU ranges (a VideoAgent round): one call of the fused scan, which also checks
+    the values, ranges included."""
+    if not ((ranges is None or _plain_ranges(ranges)) and type(queries) is _TENSOR and type(keys) is _TENSOR
+            and type(k) is int
             and queries.dtype is _F32 and keys.dtype is _F32 and queries.is_cpu and keys.is_cpu
             and not (queries.requires_grad or keys.requires_grad) and queries.layout is _STRIDED
             and keys.layout is _STRIDED and queries.is_contiguous() and keys.is_contiguous()):
@@ -200,11 +230,19 @@ def _cosine_topk_fast(mod, queries, keys, k, ranges):
     if not (len(q_shape) == 2 and len(k_shape) == 2 and 1 <= q_shape[0] < BLAS_MIN_QUERIES and k_shape[0] >= 1
             and k_shape[1] >= 1 and q_shape[1] == k_shape[1] and 1 <= k <= _FAST_MAX_K):
         return None
+    if ranges is not None and ranges.shape != (q_shape[0], 2):
+        return None
     ids, scores = _np_empty((q_shape[0], k), _NP_I64), _np_empty((q_shape[0], k), _NP_F32)
-    status = mod.cosine_topk(view(queries), view(keys), None, ids.__dlpack__(), scores.__dlpack__())
+    status = mod.cosine_topk(view(queries), view(keys), None if ranges is None else view(ranges), ids.__dlpack__(),
+                             scores.__dlpack__())
     if status:
         _TOPK_CHECKS.raise_for(status, N=k_shape[0])
     return _new_tuple(TopKResult, (_from_numpy(ids), _from_numpy(scores)))
+
+
+def _plain_ranges(ranges) -> bool:
+    return (type(ranges) is _TENSOR and ranges.dtype is _I64 and ranges.is_cpu and ranges.layout is _STRIDED
+            and ranges.is_contiguous())
 
 
 def _cosine_topk_cpp_fused(queries, keys, k, ranges):
@@ -272,7 +310,7 @@ TOLERANCES = {"torch": {dtype: (0.0, 0.0) for dtype in FLOAT_INPUTS}, "cpp": SCO
 
 COSINE_TOPK = Op(
     "cosine_topk",
-    {"torch": cosine_topk_reference, "cpp": _cosine_topk_cpp, "triton": _cosine_topk_triton},
+    {"torch": _cosine_topk_torch, "cpp": _cosine_topk_cpp, "triton": _cosine_topk_triton},
     extra_reasons={"triton": _cosine_topk_triton_reasons},
     tolerances=TOLERANCES,
     native="tree",

@@ -90,7 +90,8 @@ __attribute__((target("avx2,fma,f16c"))) float dot_half_f16c(const float* __rest
 // for D <= 2^20, covered by the factor 1 + 2^-30).
 std::pair<double, double> half_copy_into(const float* src, uint16_t* dst, int64_t n, int64_t D) {
   double norm_sq = 0.0, err_sq = 0.0;
-#pragma omp parallel for schedule(static) reduction(max : norm_sq, err_sq) if (n * D >= (int64_t(1) << 22))
+#pragma omp parallel for schedule(static) reduction(max : norm_sq, err_sq) \
+    num_threads(threads_for(n * D, int64_t(1) << 22))
   for (int64_t r = 0; r < n; ++r) {
     const float* row = src + r * D;
     uint16_t* out = dst + r * D;

@@ -77,7 +77,7 @@ Status index_prepare(TensorView src, TensorView dst, TensorView norms, TensorVie
   int bad = 0;
   {
     py::gil_scoped_release nogil;
-#pragma omp parallel for schedule(static) reduction(| : bad) if (n * D >= (int64_t(1) << 20))
+#pragma omp parallel for schedule(static) reduction(| : bad) num_threads(threads_for(n * D, int64_t(1) << 22))
     for (int64_t r = 0; r < n; ++r) {
       float* row = out + r * D;
       if (!cosine::unit_rows_into(in + r * D, 1, D, row)) {
@@ -178,7 +178,7 @@ Status index_merge(TensorView dots, TensorView norms, TensorView queries, Tensor
   const float margin = 2.5f * static_cast<float>(D + 8) * 5.9604645e-8f;
   const float* iv = inv.data();
   constexpr int64_t kChunk = 16;
-#pragma omp parallel for schedule(static) if (Q * B >= 65536)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(Q * B, int64_t(1) << 17))
   for (int64_t q = 0; q < Q; ++q) {
     const int64_t lo = std::max<int64_t>(0, rg[2 * q] - offset), hi = std::min<int64_t>(B, rg[2 * q + 1] - offset);
     TopK top(S + q * k, I + q * k, k);

@@ -63,7 +63,7 @@ void greedy_into(const TreeArrays& t, const float* Qm, int64_t Q, int64_t height
   {
     // A parallel region costs more than a few short descents (and much more
     // when the cores are oversubscribed): small batches run on one thread.
-#pragma omp parallel for schedule(dynamic, 16) if (S * width >= 256)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(threads_for(S * width, 256))
     for (int64_t s = 0; s < S; ++s) {
       const int64_t q = from_every_root ? s / R : s;
       const float* qv = Qm + q * D;
@@ -166,7 +166,7 @@ void beam_into(const TreeArrays& t, const float* Qm, int64_t Q, const int64_t* W
   const float* util = t.utility;
   const DotHalf dot_half = dot_half_kernel();
   {
-#pragma omp parallel if (Q >= 8)
+#pragma omp parallel num_threads(threads_for(Q, 8))
     {
       std::vector<int64_t> pending, next, at_level, exact;
       std::vector<std::pair<float, int64_t>> pool;

@@ -89,7 +89,7 @@ Status row_norms(TensorView keys, TensorView norms) {
     py::gil_scoped_release nogil;
     // A finite squared norm proves its row finite; only a non-finite one (NaN/Inf, or huge finite
     // values whose squares overflow) has its row checked.
-#pragma omp parallel for schedule(static) reduction(| : bad) if (N * D >= (int64_t(1) << 20))
+#pragma omp parallel for schedule(static) reduction(| : bad) num_threads(threads_for(N * D, int64_t(1) << 22))
     for (int64_t j = 0; j < N; ++j) {
       const float sq = dot(K + j * D, K + j * D, D);
       o[j] = std::sqrt(sq);
@@ -146,7 +146,9 @@ Status topk_merge(TensorView dots, TensorView norms, TensorView queries, TensorV
   const float margin = 2.5f * static_cast<float>(D + 8) * 5.9604645e-8f;
   const float* iv = inv.data();
   constexpr int64_t kChunk = 16;
-#pragma omp parallel for schedule(static) if (Q * B >= 65536)
+  // Each (query, key) costs one filter comparison; a rescored key costs D more (few, after the
+  // first block).  Dynamic: a descheduled thread delays the region by one query, not its share.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(Q * B, int64_t(1) << 17))
   for (int64_t q = 0; q < Q; ++q) {
     const int64_t lo = std::max<int64_t>(0, rg[2 * q] - offset), hi = std::min<int64_t>(B, rg[2 * q + 1] - offset);
     TopK top(S + q * k, I + q * k, k);

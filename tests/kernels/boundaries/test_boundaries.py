@@ -111,6 +111,18 @@ def test_depth_scores_match_python_loop(device, backend, peak):
         assert torch.equal(exact, depth_scores(s.double(), peak=peak, backend="torch"))
 
 
+@pytest.mark.parametrize("peak", ["climb", "max"])
+def test_torch_depths_are_the_python_loop_bit_for_bit(peak):
+    """The vectorised reference (run starts, running maxima) copies the loop's peaks exactly."""
+    g = torch.Generator().manual_seed(5)
+    for M in (0, 1, 2, 9, 300):
+        # long plateaus; float32 values, since depth_scores rounds float64 input to float32 first
+        s = (torch.round(torch.rand(4, M, generator=g) * 5) / 5).double()
+        got = depth_scores(s, peak=peak, backend="torch")
+        assert torch.equal(got, torch.tensor([python_depths(row.tolist(), peak) for row in s],
+                                             dtype=torch.float64).reshape(4, M))
+
+
 def test_depth_scores_agree_with_nltk_texttiling():
     nltk_tt = pytest.importorskip("nltk.tokenize.texttiling")
     # The constructor loads the stopwords corpus (a download); _depth_scores needs no state.

@@ -17,6 +17,7 @@ from tests.support.device_checks import DEVICES, HAS_CUDA, capture_in_cuda_graph
 from streammem_kernels import CosineTree, cosine_topk, tree_search
 from streammem_kernels.runtime.launch import recording_gpu_launches
 from streammem_kernels.runtime.native import view
+from streammem_kernels.tree.reference import cosine_topk_reference
 from streammem_kernels.tree.reference import unit_rows as _unit_rows
 from streammem_kernels.tree.topk import COSINE_TOPK, _cosine_topk_cpp_blas, _cosine_topk_cpp_fused, cosine_topk_uses_blas
 from streammem_kernels.tree.search import TREE_SEARCH
@@ -731,6 +732,8 @@ def test_gpu_code_paths_never_synchronise(monkeypatch, backend):
     (item, tolist, bool(tensor), nonzero, boolean masks...): the code a GPU runs has none."""
     if backend not in TREE_BACKENDS:
         pytest.skip(f"{backend} is not available")
+    if backend == "torch":  # on a GPU the torch top-k is the reference as it is (narrowing to the ranges
+        monkeypatch.setitem(COSINE_TOPK.impls, "torch", cosine_topk_reference)  # reads them: CPU tensors only)
     for op in (TREE_SEARCH, COSINE_TOPK):
         guard_backend(monkeypatch, op, backend)
     tree, keys, queries = _gpu_path_inputs("cpu")
@@ -854,7 +857,8 @@ def test_topk_cpp_paths_validate_values_alike():
 
 def test_topk_fast_path_declines_what_it_does_not_read_in_place():
     """The latency path of cosine_topk (COSINE_TOPK.fast) takes only plain float32 contiguous CPU
-    tensors, Q < 8, an int k and no ranges: every other input goes through the general path, same answer."""
+    tensors, Q < 8, an int k and no ranges or int64 contiguous (Q, 2) CPU ranges: every other input goes
+    through the general path, same answer."""
     if "cpp" not in TOPK_BACKENDS:
         pytest.skip("the C++ backend is not built")
     mod, fast = COSINE_TOPK.cpp_module("cpp"), COSINE_TOPK.fast
@@ -870,7 +874,11 @@ def test_topk_fast_path_declines_what_it_does_not_read_in_place():
     }
     for name, (qq, kk, k) in declined.items():
         assert fast(mod, qq, kk, k, None) is None, name
-    assert fast(mod, q, keys, 4, torch.tensor([[0, 33], [0, 33]])) is None, "ranges"
+    assert fast(mod, q, keys, 4, torch.tensor([[0, 33], [0, 33]])) is not None, "int64 ranges"
+    for name, ranges in (("int32 ranges", torch.tensor([[0, 33], [0, 33]], dtype=torch.int32)),
+                         ("non-contiguous ranges", torch.tensor([[0, 0], [33, 33]]).T),
+                         ("ranges of another Q", torch.tensor([[0, 33]])), ("list ranges", [[0, 33], [0, 33]])):
+        assert fast(mod, q, keys, 4, ranges) is None, name
     for name in ("float64", "non-contiguous keys", "Parameter", "requires_grad", "Q = 8", "numpy"):
         qq, kk, k = declined[name]
         got = cosine_topk(qq, kk, k)
