@@ -296,8 +296,8 @@ class StateReader:
             return None
         if not isinstance(value, torch.Tensor):
             raise self.error(name, f"must be a tensor, got {type(value).__name__}")
-        if value.layout != torch.strided or value.device.type != "cpu":
-            raise self.error(name, f"must be a dense CPU tensor, got {value.layout} on {value.device}")
+        if value.layout != torch.strided or value.device.type == "meta":
+            raise self.error(name, f"must be a dense tensor holding data, got {value.layout} on {value.device}")
         if dtype is not None:
             allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
             if value.dtype not in allowed:
