@@ -334,7 +334,8 @@ class StreamingSegmenter:
         window = self.params.window
         seen = reader.int("frames_seen", low=0)
         batched = reader.get("batched")
-        reader.require(batched is None or isinstance(batched, bool), "batched", f"must be None or a bool, got {batched!r:.40}")
+        reader.require(batched is None or isinstance(batched, bool), "batched",
+                       f"must be None or a bool, got {batched!r:.40}")
         name = reader.str("backend_name", choices=tuple(STREAM_STEP.impls), optional=True)
         floats, ints = (torch.float32, torch.float64), (torch.int64, torch.int32)
         sims = reader.tensor("window_sims", dtype=floats, ndim=2, finite=True, low=-1.001, high=1.001,

@@ -29,8 +29,9 @@ import torch
 from ..runtime.dispatch import Op, call_op, eager_only, load_native
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import as_tensor, check_dtype, check_float, check_int, check_nonempty, check_rank, check_values
-from .reference import (FRAME_DTYPES, GUESS_BOX, MAX_AUTO_LEVELS, MAX_SIZE, MOVING_FLOOR_PX, MOVING_MIN_AREA, SEARCH_QUANT,
-                        SEARCH_RADIUS, STATISTICS, gray_resize, level_shapes, lk_flow_reference, pyramid_flow)
+from .reference import (FRAME_DTYPES, GUESS_BOX, MAX_AUTO_LEVELS, MAX_SIZE, MOVING_FLOOR_PX, MOVING_MIN_AREA,
+                        SEARCH_QUANT, SEARCH_RADIUS, STATISTICS, gray_resize, level_shapes, lk_flow_reference,
+                        pyramid_flow)
 
 __all__ = ["MotionResult", "motion_magnitude", "select_frames", "select_frames_mask", "lk_flow", "STATISTICS"]
 

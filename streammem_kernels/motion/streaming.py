@@ -298,8 +298,9 @@ class StreamingMotionGate:
             reader.require(len(shape) in (2, 3) and (len(shape) == 2 or shape[2] in (1, 3)), "frame_shape",
                            f"must be (H, W) or (H, W, C) with C in (1, 3), got {shape}")
             name = reader.str("frame_dtype")
-            reader.require(name.removeprefix("torch.") in _FRAME_DTYPE_NAMES and (is_numpy != name.startswith("torch.")),
-                           "frame_dtype", f"must name a {'numpy' if is_numpy else 'torch'} frame dtype, got {name!r:.40}")
+            known = name.removeprefix("torch.") in _FRAME_DTYPE_NAMES and is_numpy != name.startswith("torch.")
+            reader.require(known, "frame_dtype",
+                           f"must name a {'numpy' if is_numpy else 'torch'} frame dtype, got {name!r:.40}")
             spec = (tuple(shape), _dtype_of(name, is_numpy))
             want = self._anchor_like(spec)
             reader.require(tuple(gray.shape) == tuple(want.shape) and gray.dtype == want.dtype, "anchor_gray",

@@ -48,7 +48,8 @@ def validate_state(state, path=None) -> dict:
     """
     reader = checkpoint.reader_for(state, KIND, path)
     if reader.has("format"):
-        reader.require(reader.get("format") == FORMAT, "format", f"must be {FORMAT!r}, got {reader.get('format')!r:.60}")
+        reader.require(reader.get("format") == FORMAT, "format",
+                       f"must be {FORMAT!r}, got {reader.get('format')!r:.60}")
     version = reader.int("version", low=1, high=FORMAT_VERSION) if reader.has("version") else FORMAT_VERSION
     dim = reader.int("dim", low=1, high=MAX_DIM)
     arrays = {}

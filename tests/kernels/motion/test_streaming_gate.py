@@ -238,7 +238,7 @@ def test_gate_load_state_dict_refuses_each_invalid_field_naming_it(edit, field):
     naming it, and the gate is left as it was."""
     state = edit(_gate_after().state_dict())
     gate = StreamingMotionGate(0.3, size=32)
-    with pytest.raises(ValueError, match=f"field '{field}'"):
+    with pytest.raises(ValueError, match=rf"field '{field}(\[\d+\])?'"):
         gate.load_state_dict(state)
     assert gate.frames_seen == 0 and gate.state_dict()["anchor_gray"] is None
 
@@ -298,8 +298,8 @@ def test_a_gate_writer_killed_at_random_points_leaves_a_whole_gate(tmp_path):
     def check():
         gate = StreamingMotionGate.load(path)
         if gate.frames_seen:
-            anchor = (gate.state_dict()["anchor_gray"].numpy() * 255).round()
-            assert any(np.array_equal(anchor, f) for f in _KILL_FRAMES.astype(np.float64))
+            anchor = gate.state_dict()["anchor_gray"].numpy()  # uint8 frames at their own size: the frame
+            assert any(np.array_equal(anchor, f) for f in _KILL_FRAMES)
         return gate.frames_seen
 
     seen = kill_writer(__file__, "_gate_writer", [str(path)], check, kills=24, max_delay=0.1,
