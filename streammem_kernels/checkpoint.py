@@ -396,6 +396,42 @@ class StateReader:
             raise self.error(name, f"must be a dict, got {type(value).__name__}")
         return value
 
+    def all_finite(self, name: str, *, skip: Iterable[str] = ()) -> None:
+        """Every floating tensor and every float anywhere under field ``name`` (nested dicts and lists)
+        is finite; the first that is not is a ``ValueError`` naming its whole field
+        (``"long_term.nodes.embedding"``, ``"timings.caption"``).  Keys in ``skip`` are not visited."""
+        skip = set(skip)
+
+        def walk(value, field: str) -> None:
+            if isinstance(value, torch.Tensor):
+                if value.is_floating_point() and value.numel() and not bool(torch.isfinite(value).all()):
+                    raise self.error(field, "must be finite, found NaN or Inf")
+            elif isinstance(value, float):
+                if not math.isfinite(value):
+                    raise self.error(field, f"must be finite, got {value}")
+            elif isinstance(value, dict):
+                for key, item in value.items():
+                    if key not in skip:
+                        walk(item, f"{field}.{key}")
+            elif isinstance(value, (list, tuple)):
+                for i, item in enumerate(value):
+                    walk(item, f"{field}[{i}]")
+
+        walk(self.get(name), name)
+
+    def restore(self, name: str, load: Callable[[], Any]) -> Any:
+        """``load()`` (a component's ``load_state_dict`` of field ``name``), any error it raises turned
+        into one ``ValueError`` naming the path and the field: for the checks a component makes
+        itself, after the fields this reader checked."""
+        try:
+            return load()
+        except ValueError as exc:
+            if str(exc).startswith(f"{self.path}: "):
+                raise
+            raise self.error(name, f"is invalid ({exc})") from None
+        except (KeyError, IndexError, TypeError, AttributeError, RuntimeError, OverflowError) as exc:
+            raise self.error(name, f"is invalid ({type(exc).__name__}: {exc})") from None
+
     def sub(self, name: str, kind: str | None = None) -> "StateReader":
         """A reader of the sub-state ``name`` (errors name ``name.field``)."""
         return StateReader(self.path, kind or self.kind, self.dict(name), self.field(name) + ".")

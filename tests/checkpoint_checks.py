@@ -64,3 +64,19 @@ def assert_plain_torch_file_refused(path, load, state=None):
     torch.save({"format": "old"} if state is None else state, path)
     with pytest.raises(ValueError, match="predates checkpoint format 1"):
         load()
+
+
+def same_state(a, b) -> bool:
+    """Two states (nested dicts, lists, tensors, numbers, strings) hold the same values, tensors bit
+    for bit (dtype and shape included)."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and a.shape == b.shape and torch.equal(a, b))
+    if isinstance(a, dict) or isinstance(b, dict):
+        return isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys() and all(
+            same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b

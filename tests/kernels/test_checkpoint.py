@@ -109,7 +109,7 @@ def test_a_writer_killed_at_random_points_leaves_the_old_or_the_new_state(tmp_pa
         assert _same(state, _state(state["step"], 400_000))
         return state["step"]
 
-    steps = kill_writer(__file__, "_save_step", [str(path)], check, kills=24)
+    steps = kill_writer(__file__, "_save_step", [str(path)], check, kills=24, max_delay=0.4)
     assert len(set(steps)) > 1  # the kills did land between saves of different steps
     checkpoint.save(path, "Thing", _state(-1))
     assert sorted(os.listdir(tmp_path)) == ["state.ckpt"]

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from streammem_kernels import checkpoint
+
 try:
     import ray
 except ImportError as exc:  # pragma: no cover - make test installs ray
@@ -37,7 +39,7 @@ def ray_cluster():
 
 
 def _states(out, vid):
-    return torch.load(out / "videos" / vid / "state.pt", weights_only=True)
+    return checkpoint.load(out / "videos" / vid / "state.pt", "StreamMemory")[0]
 
 
 def test_archive_via_ray_equals_the_loop_and_resumes(tmp_path):
