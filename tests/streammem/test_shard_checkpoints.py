@@ -64,3 +64,23 @@ def test_an_attached_stream_is_durable_before_attach_returns(tmp_path):
     target.attach_stream("cam", source.remove_stream("cam"))
     restarted = _shard(tmp_path / "b")
     assert restarted.memory_state("cam")["counters"]["frames_seen"] == 15
+
+
+def test_archive_indexes_are_checked_and_never_leave_their_folder(tmp_path):
+    """The archive's manifest.json and result.json are index files too: damaged ones are one
+    ValueError naming them, and a video id cannot reach outside out_dir/videos."""
+    from streammem.distributed import index_archive
+    from test_distributed import ARCHIVE, write_clip
+
+    clip = write_clip(tmp_path / "clip0.avi", 0, n=12)
+    out = tmp_path / "index"
+    res = index_archive([clip], out, backend="local", **ARCHIVE)
+    with pytest.raises(ValueError, match="leaves the folder"):
+        res.load("../../..")
+    (vid,) = res.indexed
+    (out / "videos" / vid / "result.json").write_bytes(b"\x00{")
+    with pytest.raises(ValueError, match="result.json"):
+        res.load(vid)
+    (out / "manifest.json").write_bytes(b"[" * 50_000)
+    with pytest.raises(ValueError, match="manifest.json"):
+        index_archive([clip], out, backend="local", **ARCHIVE)
