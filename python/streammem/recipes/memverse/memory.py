@@ -334,6 +334,9 @@ class MemVerse:
         return out
 
     def _check_times(self, timestamps, n: int) -> list[float]:
+        kind = np.asarray(timestamps.detach() if isinstance(timestamps, torch.Tensor) else timestamps).dtype.kind
+        if kind not in "iuf":  # "9" would convert to 9.0: a time is a number, never text
+            raise ValueError(f"timestamps must be numbers (seconds), got {timestamps!r:.60}")
         times = [timestamps] if np.ndim(timestamps) == 0 else list(np.asarray(timestamps, np.float64).reshape(-1))
         if len(times) != n:
             raise ValueError(f"timestamps must hold one time per item ({n}), got {len(times)}")
