@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from checkpoint_checks import (assert_damage_refused_or_identical, assert_plain_torch_file_refused, same_state,
-                               temporaries)
-from kill_points import kill_writer
+from tests.support.checkpoint_checks import (
+    assert_damage_refused_or_identical, assert_plain_torch_file_refused, same_state, temporaries,
+)
+from tests.support.kill_points import kill_writer
 
 from streammem import HashingTextEncoder
 from streammem.cli import main

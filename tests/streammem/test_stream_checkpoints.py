@@ -4,9 +4,10 @@ instant leaves whole and whose temporaries the next save removes."""
 import numpy as np
 import pytest
 
-from checkpoint_checks import (assert_damage_refused_or_identical, assert_plain_torch_file_refused, same_state,
-                               temporaries)
-from kill_points import kill_writer
+from tests.support.checkpoint_checks import (
+    assert_damage_refused_or_identical, assert_plain_torch_file_refused, same_state, temporaries,
+)
+from tests.support.kill_points import kill_writer
 
 from streammem import HashingTextEncoder, MemoryConfig, PixelEncoder, Preset, StreamMemory, SyntheticVideo
 

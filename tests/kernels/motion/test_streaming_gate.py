@@ -244,7 +244,7 @@ def test_gate_load_state_dict_refuses_each_invalid_field_naming_it(edit, field):
 
 
 def test_gate_save_load_continues_the_stream_and_damaged_files_are_refused(tmp_path):
-    from checkpoint_checks import assert_damage_refused_or_identical, assert_plain_torch_file_refused
+    from tests.support.checkpoint_checks import assert_damage_refused_or_identical, assert_plain_torch_file_refused
 
     rng = np.random.default_rng(12)
     frames = rng.integers(0, 256, (8, 24, 32, 3), dtype=np.uint8)
@@ -288,8 +288,8 @@ def _gate_writer(path, step):
 def test_a_gate_writer_killed_at_random_points_leaves_a_whole_gate(tmp_path):
     """Killed 24 times at random instants while pushing and saving: every load is a whole gate (its
     reference gray is one of the frames pushed, its counters consistent), never a torn file."""
-    from checkpoint_checks import temporaries
-    from kill_points import kill_writer
+    from tests.support.checkpoint_checks import temporaries
+    from tests.support.kill_points import kill_writer
 
     path = tmp_path / "gate.ckpt"
     _gate_writer_setup(str(path))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cpu_backends
+from tests.support.device_checks import cpu_backends
 from streammem_kernels import (CSRGraph, StreamingSegmenter, cosine_topk, graph_retrieve, khop_neighbourhood,
                                linear_token_logprobs, motion_magnitude, neighbourhood_chunks, select_frames)
 from streammem_kernels import graph as graph_op
