@@ -135,3 +135,13 @@ def test_cli_refuses_an_empty_question_and_an_absurd_synthetic_video(capsys):
     assert "--ask must be a non-empty question" in capsys.readouterr().err
     assert main(["videoagent", "--synthetic", "--frames", "1000000000"]) == 2
     assert "--frames must be an int in [1, 1000000]" in capsys.readouterr().err
+
+
+def test_prostream_names_embeddings_of_the_wrong_width():
+    """ProStream named its internal `emb` for a wrong-size `embeddings`."""
+    from streammem import HashingTextEncoder
+    from streammem.recipes.prostream import ProStream, ProStreamConfig, Turn
+
+    memory = ProStream(HashingTextEncoder(64), ProStreamConfig.for_encoder("hashing"))
+    with pytest.raises(ValueError, match=r"embeddings must be a float \(1, E\) tensor with E = 64"):
+        memory.push([Turn(1.0, "a", "hi")], torch.zeros(1, 10))

@@ -270,8 +270,11 @@ class ProStream:
             embeddings = self.text_encoder.encode([turn.text for turn in turns])
             self._time("encode", t0)
         embeddings = torch.as_tensor(embeddings)
-        if embeddings.dim() != 2 or embeddings.shape[0] != len(turns) or not embeddings.is_floating_point():
-            raise ValueError(f"embeddings must be a float ({len(turns)}, E) tensor, got {tuple(embeddings.shape)}")
+        dim = int(self.text_encoder.dim)
+        if embeddings.dim() != 2 or embeddings.shape[0] != len(turns) or not embeddings.is_floating_point() \
+                or embeddings.shape[1] != dim:
+            raise ValueError(f"embeddings must be a float ({len(turns)}, E) tensor with E = {dim} (the text "
+                             f"encoder's), got {tuple(embeddings.shape)} {embeddings.dtype}")
         if not bool(torch.isfinite(embeddings).all()):
             raise ValueError("embeddings must be finite")
         embeddings = F.normalize(embeddings.float(), dim=1)
