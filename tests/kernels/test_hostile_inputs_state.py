@@ -145,3 +145,13 @@ def test_prostream_names_embeddings_of_the_wrong_width():
     memory = ProStream(HashingTextEncoder(64), ProStreamConfig.for_encoder("hashing"))
     with pytest.raises(ValueError, match=r"embeddings must be a float \(1, E\) tensor with E = 64"):
         memory.push([Turn(1.0, "a", "hi")], torch.zeros(1, 10))
+
+
+def test_a_huge_broadcast_view_is_refused_before_it_is_copied():
+    """Stride-0 inputs (an expand of a huge shape) reached the allocator when an op copied them."""
+    view = torch.zeros(1, 1, 1, 3, dtype=torch.uint8).expand(100_000, 1080, 1920, 3)
+    with pytest.raises(ValueError, match="frames is a broadcast view"):
+        motion_magnitude(view)
+    with pytest.raises(ValueError, match="keys is a broadcast view"):
+        cosine_topk(torch.randn(2, 8), torch.zeros(1, 8).expand(10**9, 8), 1)
+    assert cosine_topk(torch.randn(2, 8), torch.randn(1, 8).expand(5, 8), 1).ids.shape == (2, 1)  # small: copied
