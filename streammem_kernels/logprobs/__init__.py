@@ -174,9 +174,9 @@ def linear_token_logprobs(hidden, weight, targets, bias=None, *, backend: str = 
     name = LINEAR_TOKEN_LOGPROBS.select(backend, hidden.device, dtype=hidden.dtype)
     out = call_op(torch.ops.streammem.linear_token_logprobs, LINEAR_TOKEN_LOGPROBS.impls, name, rows2d, weight, bias,
                   flat_targets)
-    if out.device.type == "cpu" and out.numel() and bool(torch.isnan(out).any()):
+    if out.numel() and host_checks(out) and bool(torch.isnan(out).any()):
         raise ValueError(_linear_nan_message(out, weight))
-    _raise_on_nan(out, "hidden @ weight.T (hidden and weight)")
+    _raise_on_nan(out, "hidden @ weight.T (hidden and weight)")  # device-side (CUDA, torch.compile)
     return out.reshape(hidden.shape[:-1])
 
 
