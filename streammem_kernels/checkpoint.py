@@ -21,7 +21,10 @@ never a part; a temporary left by a killed writer is removed by the next :func:`
 target.  :func:`load` turns every way a file can be wrong (missing, empty, truncated, another
 kind, flipped bits, not a checkpoint at all) into one ``ValueError`` naming the path and what is
 wrong; :class:`StateReader` then checks each field of the state (type, dtype, shape, finiteness,
-ranges) with errors naming the path and the field.
+ranges) with errors naming the path and the field.  A file from before this format (a plain
+``torch.save`` file) is refused with one error naming the format version this code reads.
+
+``docs/checkpoints.md`` describes the format, what each object saves and how it is validated.
 """
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ from typing import Any, BinaryIO, Callable, Iterable
 
 import torch
 
-__all__ = ["FORMAT_VERSION", "StateReader", "atomic_write", "load", "save", "inside", "sweep_temporaries"]
+__all__ = ["FORMAT_VERSION", "StateReader", "atomic_write", "ensure_folder", "load", "save", "inside", "reader_for",
+           "sweep_temporaries"]
 
 MAGIC = b"SMKCKPT\0"
 FORMAT_VERSION = 1
@@ -45,6 +49,9 @@ _HEADER = struct.Struct("<8sI24sIQ32s")
 HEADER_BYTES = _HEADER.size  # 80
 # A state larger than this is refused before it is read (a corrupt length field must not allocate).
 MAX_PAYLOAD_BYTES = 1 << 40
+# How the files of torch.save begin (a zip archive, or a pickle of the legacy format): a checkpoint
+# written before this format.
+_TORCH_SAVE_MAGICS = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 
 
 def _temporary_name(path: Path) -> Path:
@@ -93,6 +100,23 @@ def _fsync_folder(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def ensure_folder(folder) -> Path:
+    """Create ``folder`` and its missing parents, fsyncing the parent of each one created, so that a
+    checkpoint written into it is found after a crash (a rename is durable only in a durable folder)."""
+    folder = Path(folder)
+    missing = []
+    probe = folder
+    while not probe.is_dir():
+        missing.append(probe)
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    for created in reversed(missing):
+        created.mkdir(exist_ok=True)
+        _fsync_folder(created.parent)
+    return folder
 
 
 def atomic_write(path, write: Callable[[BinaryIO], object]) -> Path:
@@ -164,7 +188,11 @@ def load(path, kind: str, *, versions: Iterable[int] = (1,)) -> tuple[dict, int]
                 raise fail(f"{len(head)} bytes, shorter than the {HEADER_BYTES}-byte header")
             magic, fmt, got_kind, version, length, digest = _HEADER.unpack(head)
             if magic != MAGIC:
-                raise fail("no checkpoint header (the file is not a streammem checkpoint, or predates this format)")
+                if magic.startswith(_TORCH_SAVE_MAGICS):
+                    raise fail(f"it predates checkpoint format {FORMAT_VERSION} (a plain torch.save file, written "
+                               f"before every checkpoint carried a header and a checksum); this version reads "
+                               f"checkpoint format {FORMAT_VERSION} only: build the state again")
+                raise fail(f"no checkpoint header (the file is not a streammem checkpoint of format {FORMAT_VERSION})")
             if fmt != FORMAT_VERSION:
                 raise fail(f"checkpoint format {fmt}, this version reads format {FORMAT_VERSION}")
             if got_kind != kind_bytes:
@@ -206,21 +234,49 @@ def inside(folder, relative) -> Path:
     return folder / relative
 
 
+def reader_for(state, kind: str, path=None) -> "StateReader":
+    """``state`` as a :class:`StateReader`: a reader is returned as it is; a dict is wrapped (errors
+    name ``path``, default ``"state_dict"``, and the field); anything else is a ``ValueError``."""
+    if isinstance(state, StateReader):
+        return state
+    where = "state_dict" if path is None else path
+    if not isinstance(state, dict):
+        raise ValueError(f"{where}: a {kind} state must be a dict (a state_dict), got {type(state).__name__}")
+    return StateReader(where, kind, state)
+
+
 class StateReader:
     """Checks the fields of a loaded state, each failure a ``ValueError`` naming the path and the field.
 
     >>> reader = StateReader(path, "CosineTree", state)
     >>> emb = reader.tensor("embeddings", dtype=torch.float32, ndim=2, finite=True)
     >>> count = reader.int("num_nodes", low=0, high=emb.shape[0])
+
+    :meth:`sub` reads a nested state (a component's ``state_dict`` inside its owner's): its errors
+    name the whole dotted field (``"long_term.nodes.embedding"``).  :meth:`require` states any
+    other consistency rule.
     """
 
-    def __init__(self, path, kind: str, state: dict):
+    def __init__(self, path, kind: str, state: dict, prefix: str = ""):
         self.path = path
         self.kind = kind
         self.state = state
+        self.prefix = prefix
+
+    def field(self, name: str) -> str:
+        """The full name of field ``name`` (with the prefixes of the enclosing states)."""
+        return self.prefix + name
 
     def error(self, name: str, why: str) -> ValueError:
-        return ValueError(f"{self.path}: {self.kind} checkpoint field {name!r} {why}")
+        return ValueError(f"{self.path}: {self.kind} checkpoint field {self.field(name)!r} {why}")
+
+    def require(self, condition, name: str, why: str) -> None:
+        """``ValueError`` naming field ``name`` (``why``: what is wrong) unless ``condition`` holds."""
+        if not condition:
+            raise self.error(name, why)
+
+    def has(self, name: str) -> bool:
+        return isinstance(self.state, dict) and name in self.state
 
     def get(self, name: str) -> Any:
         node: Any = self.state
@@ -240,6 +296,8 @@ class StateReader:
             return None
         if not isinstance(value, torch.Tensor):
             raise self.error(name, f"must be a tensor, got {type(value).__name__}")
+        if value.layout != torch.strided or value.device.type == "meta":
+            raise self.error(name, f"must be a dense tensor holding data, got {value.layout} on {value.device}")
         if dtype is not None:
             allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
             if value.dtype not in allowed:
@@ -260,11 +318,13 @@ class StateReader:
         return value
 
     def int(self, name: str, *, low: int | None = None, high: int | None = None, optional: bool = False) -> int | None:
-        value = self.get(name)
+        return self._int(name, self.get(name), low, high, optional)
+
+    def _int(self, name, value, low, high, optional):
         if value is None and optional:
             return None
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise self.error(name, f"must be an int, got {value!r}")
+            raise self.error(name, f"must be an int, got {value!r:.80}")
         value = int(value)
         if (low is not None and value < low) or (high is not None and value > high):
             raise self.error(name, f"must lie in [{low}, {high}], got {value}")
@@ -272,11 +332,13 @@ class StateReader:
 
     def real(self, name: str, *, low: float | None = None, high: float | None = None,
              optional: bool = False) -> float | None:
-        value = self.get(name)
+        return self._real(name, self.get(name), low, high, optional)
+
+    def _real(self, name, value, low, high, optional):
         if value is None and optional:
             return None
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-            raise self.error(name, f"must be a finite number, got {value!r}")
+            raise self.error(name, f"must be a finite number, got {value!r:.80}")
         value = float(value)
         if (low is not None and value < low) or (high is not None and value > high):
             raise self.error(name, f"must lie in [{low}, {high}], got {value}")
@@ -289,13 +351,13 @@ class StateReader:
         if not isinstance(value, str):
             raise self.error(name, f"must be a string, got {type(value).__name__}")
         if choices is not None and value not in tuple(choices):
-            raise self.error(name, f"must be one of {sorted(choices)}, got {value!r}")
+            raise self.error(name, f"must be one of {sorted(choices)}, got {value!r:.80}")
         return value
 
     def bool(self, name: str) -> bool:
         value = self.get(name)
         if not isinstance(value, bool):
-            raise self.error(name, f"must be a bool, got {value!r}")
+            raise self.error(name, f"must be a bool, got {value!r:.80}")
         return value
 
     def list(self, name: str, *, length: int | None = None, optional: bool = False) -> list | None:
@@ -308,21 +370,68 @@ class StateReader:
             raise self.error(name, f"must hold {length} entries, got {len(value)}")
         return list(value)
 
+    def ints(self, name: str, *, length: int | None = None, low: int | None = None, high: int | None = None,
+             optional_items: bool = False) -> list:
+        """A list of ints (each in ``[low, high]``; None entries allowed with ``optional_items``)."""
+        values = self.list(name, length=length)
+        return [self._int(f"{name}[{i}]", v, low, high, optional_items) for i, v in enumerate(values)]
+
+    def reals(self, name: str, *, length: int | None = None, low: float | None = None, high: float | None = None,
+              optional_items: bool = False) -> list:
+        """A list of finite numbers (each in ``[low, high]``; None entries allowed with ``optional_items``)."""
+        values = self.list(name, length=length)
+        return [self._real(f"{name}[{i}]", v, low, high, optional_items) for i, v in enumerate(values)]
+
+    def strs(self, name: str, *, length: int | None = None, optional_items: bool = False) -> list:
+        """A list of strings (None entries allowed with ``optional_items``)."""
+        values = self.list(name, length=length)
+        for i, v in enumerate(values):
+            if not (isinstance(v, str) or (v is None and optional_items)):
+                raise self.error(f"{name}[{i}]", f"must be a string, got {type(v).__name__}")
+        return values
+
     def dict(self, name: str) -> dict:
         value = self.get(name)
         if not isinstance(value, dict):
             raise self.error(name, f"must be a dict, got {type(value).__name__}")
         return value
 
+    def all_finite(self, name: str, *, skip: Iterable[str] = ()) -> None:
+        """Every floating tensor and every float anywhere under field ``name`` (nested dicts and lists)
+        is finite; the first that is not is a ``ValueError`` naming its whole field
+        (``"long_term.nodes.embedding"``, ``"timings.caption"``).  Keys in ``skip`` are not visited."""
+        skip = set(skip)
+
+        def walk(value, field: str) -> None:
+            if isinstance(value, torch.Tensor):
+                if value.is_floating_point() and value.numel() and not bool(torch.isfinite(value).all()):
+                    raise self.error(field, "must be finite, found NaN or Inf")
+            elif isinstance(value, float):
+                if not math.isfinite(value):
+                    raise self.error(field, f"must be finite, got {value}")
+            elif isinstance(value, dict):
+                for key, item in value.items():
+                    if key not in skip:
+                        walk(item, f"{field}.{key}")
+            elif isinstance(value, (list, tuple)):
+                for i, item in enumerate(value):
+                    walk(item, f"{field}[{i}]")
+
+        walk(self.get(name), name)
+
+    def restore(self, name: str, load: Callable[[], Any]) -> Any:
+        """``load()`` (a component's ``load_state_dict`` of field ``name``), any error it raises turned
+        into one ``ValueError`` naming the path and the field: for the checks a component makes
+        itself, after the fields this reader checked."""
+        try:
+            return load()
+        except ValueError as exc:
+            if str(exc).startswith(f"{self.path}: "):
+                raise
+            raise self.error(name, f"is invalid ({exc})") from None
+        except (KeyError, IndexError, TypeError, AttributeError, RuntimeError, OverflowError) as exc:
+            raise self.error(name, f"is invalid ({type(exc).__name__}: {exc})") from None
+
     def sub(self, name: str, kind: str | None = None) -> "StateReader":
         """A reader of the sub-state ``name`` (errors name ``name.field``)."""
-        return _SubReader(self, name, kind)
-
-
-class _SubReader(StateReader):
-    def __init__(self, parent: StateReader, prefix: str, kind: str | None):
-        super().__init__(parent.path, kind or parent.kind, parent.dict(prefix))
-        self.prefix = prefix
-
-    def error(self, name: str, why: str) -> ValueError:
-        return ValueError(f"{self.path}: {self.kind} checkpoint field {self.prefix + '.' + name!r} {why}")
+        return StateReader(self.path, kind or self.kind, self.dict(name), self.field(name) + ".")

@@ -12,6 +12,7 @@ import functools
 import numpy as np
 import torch
 
+from .. import checkpoint
 from ..runtime.dispatch import Op, call_op, load_native
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import as_tensor, check_dtype, check_finite, check_nonempty, check_rank, cpu_fast_path
@@ -319,13 +320,60 @@ class StreamingSegmenter:
             "last_norm": _cloned(self._last_norm),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict` output into a segmenter built with the same parameters."""
-        self.frames_seen = int(state["frames_seen"])
-        self._batched = state["batched"]
-        self._backend_name = state["backend_name"]
-        for name in ("last_frame", "window_sims", "frames_in_window", "last_end", "last_norm"):
-            setattr(self, "_" + name, _cloned(state[name]))
+    def load_state_dict(self, state) -> None:
+        """Restore :meth:`state_dict` output into a segmenter built with the same parameters.
+
+        ``state`` is a dict or a ``checkpoint.StateReader`` (a segmenter nested in another object's
+        checkpoint).  Every field is checked before the segmenter changes, each failure a
+        ``ValueError`` naming the field: the counter, the layout flag and backend name, and the state
+        tensors (dtypes, one row per stream, ``window`` similarities that are finite cosines, window
+        counts in ``[0, window + 1]``, event ends before the current frame, a finite last frame and, for
+        the C++ backend, its squared norm); all of them absent before the first push.
+        """
+        reader = checkpoint.reader_for(state, "StreamingSegmenter")
+        window = self.params.window
+        seen = reader.int("frames_seen", low=0)
+        batched = reader.get("batched")
+        reader.require(batched is None or isinstance(batched, bool), "batched",
+                       f"must be None or a bool, got {batched!r:.40}")
+        name = reader.str("backend_name", choices=tuple(STREAM_STEP.impls), optional=True)
+        floats, ints = (torch.float32, torch.float64), (torch.int64, torch.int32)
+        sims = reader.tensor("window_sims", dtype=floats, ndim=2, finite=True, low=-1.001, high=1.001,
+                             optional=True)
+        tensors = {}
+        if sims is None:
+            for field in ("last_frame", "frames_in_window", "last_end", "last_norm"):
+                reader.require(reader.get(field) is None, field, "must be None before the first push (window_sims is)")
+            reader.require(seen == 0, "frames_seen", "must be 0 before the first push (window_sims is None)")
+        else:
+            B = sims.shape[0]
+            reader.require(B >= 1 and sims.shape[1] == window, "window_sims",
+                           f"must have shape (B, window={window}) with B >= 1, got {tuple(sims.shape)}")
+            reader.require(batched is not None and name is not None, "batched",
+                           "and backend_name must be set once window_sims is")
+            reader.require(batched or B == 1, "window_sims", f"must hold one stream when batched is False, got {B}")
+            tensors["frames_in_window"] = reader.tensor("frames_in_window", dtype=ints, shape=(B,), low=0,
+                                                        high=window + 1)
+            tensors["last_end"] = reader.tensor("last_end", dtype=ints, shape=(B,), low=-1,
+                                                high=max(seen - 1, -1))
+            tensors["last_frame"] = reader.tensor("last_frame", dtype=floats, ndim=2, finite=True,
+                                                  optional=seen == 0)
+            if tensors["last_frame"] is not None:
+                reader.require(tensors["last_frame"].shape[0] == B and tensors["last_frame"].shape[1] >= 1,
+                               "last_frame", f"must have shape (B={B}, D), got {tuple(tensors['last_frame'].shape)}")
+            tensors["last_norm"] = reader.tensor("last_norm", dtype=floats, shape=(B,), finite=True, low=0.0,
+                                                 optional=name != "cpp")
+            reader.require(name != "cpp" or tensors["last_frame"] is not None, "last_frame",
+                           "must be present for the C++ backend")
+        # The state layout's dtypes (a restored state may hold others: they are converted once, here).
+        layout = dict(_STATE_LAYOUT)
+        self.frames_seen = seen
+        self._batched = batched
+        self._backend_name = name
+        self._window_sims = None if sims is None else sims.detach().to(torch.float32, copy=True)
+        for field in ("last_frame", "frames_in_window", "last_end", "last_norm"):
+            t = tensors.get(field)
+            setattr(self, "_" + field, None if t is None else t.detach().to(layout["_" + field], copy=True))
 
     @staticmethod
     def push_many(segmenters, features) -> list[list[Event]]:

@@ -15,6 +15,7 @@ and the kernels.
 """
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -138,6 +139,14 @@ def _check_capacity(value, name: str) -> int:
     return value
 
 
+def _check_lists(queries: int, capacity: int, name: str, most: int) -> None:
+    """``ValueError`` naming ``name`` when ``queries x capacity`` result entries exceed :data:`MAX_LIST_ENTRIES`."""
+    if queries * capacity > MAX_LIST_ENTRIES:
+        raise ValueError(f"{name}={capacity} for {queries} queries asks for {queries * capacity} result entries, more "
+                         f"than {MAX_LIST_ENTRIES} (2**28); a result lists at most {most} ids here, so {name} <= "
+                         f"{max(most, 1)} suffices")
+
+
 def _prepare_ids(ids, name: str, upper: int, device: torch.device) -> torch.Tensor:
     """(B, S) int64 ids in [-1, upper), contiguous, on ``device`` (value check device-side on CUDA)."""
     ids = as_tensor(ids, name)
@@ -211,15 +220,16 @@ def khop_neighbourhood(graph: CSRGraph, seeds, hops: int, *, capacity: int, max_
     fanout = _check_cap(max_fanout, "max_fanout")
     frontier = _check_cap(max_frontier, "max_frontier")
     sources = _prepare_ids(seeds, "seeds", graph.num_rows, graph.device)
+    _check_lists(sources.shape[0], capacity, "capacity", graph.num_rows)
     name = GRAPH.select(backend, graph.device)
     width = _reference_width(graph, fanout) if name == "torch" else 0
-    out = call_op(torch.ops.streammem.graph_expand, GRAPH.impls, name, graph.row_ptr, graph.col_idx, sources,
+    out = call_op(torch.ops.streammem.graph_expand, GRAPH.impls, name, graph._row_ptr, graph._col_idx, sources,
                   graph.num_cols, hops, capacity, fanout, frontier, True, width)
     return Neighbourhood(*out)
 
 
 def neighbourhood_chunks(nodes, chunk_map: CSRGraph, *, capacity: int, max_per_node: int | None = None,
-                         backend: str = "auto") -> SourceChunks:
+                         backend: str = "auto", capacity_name: str = "capacity") -> SourceChunks:
     """The distinct chunks each query's nodes came from, through a node -> chunk CSR map.
 
     Parameters
@@ -236,6 +246,8 @@ def neighbourhood_chunks(nodes, chunk_map: CSRGraph, *, capacity: int, max_per_n
     max_per_node : int >= 1, optional
         Entries of each node's chunk row followed (the first ones); default all.
     backend : {"auto", "torch", "cpp", "triton"}
+    capacity_name : str
+        The name errors about ``capacity`` give it (a caller's own argument's).
 
     Returns
     -------
@@ -244,13 +256,14 @@ def neighbourhood_chunks(nodes, chunk_map: CSRGraph, *, capacity: int, max_per_n
     that contributed each, ``count (B,)`` and ``truncated (B,)``.
     """
     chunk_map = _check_graph(chunk_map, "chunk_map")
-    capacity = _check_capacity(capacity, "capacity")
+    capacity = _check_capacity(capacity, capacity_name)
     fanout = _check_cap(max_per_node, "max_per_node")
     sources = _prepare_ids(nodes, "nodes", chunk_map.num_rows, chunk_map.device)
+    _check_lists(sources.shape[0], capacity, capacity_name, chunk_map.num_cols)
     name = GRAPH.select(backend, chunk_map.device)
     width = _reference_width(chunk_map, fanout) if name == "torch" else 0
     chunks, _, _, node, _, count, truncated = call_op(
-        torch.ops.streammem.graph_expand, GRAPH.impls, name, chunk_map.row_ptr, chunk_map.col_idx, sources,
+        torch.ops.streammem.graph_expand, GRAPH.impls, name, chunk_map._row_ptr, chunk_map._col_idx, sources,
         chunk_map.num_cols, 1, capacity, fanout, NO_CAP, False, width)
     return SourceChunks(chunks, node, count, truncated)
 
@@ -300,15 +313,19 @@ def graph_retrieve(queries, node_embeddings, graph: CSRGraph, *, k: int, hops: i
                          f"got shape {tuple(emb.shape)}")
     if emb.device != graph.device:
         raise ValueError(f"node_embeddings must be on the graph's device {graph.device}, got {emb.device}")
+    chunk_capacity_default = chunk_capacity is None
     if chunk_map is not None:
         _check_graph(chunk_map, "chunk_map")
         if chunk_map.num_rows != graph.num_rows:
             raise ValueError(f"chunk_map must have one row per graph node (N={graph.num_rows}), "
                              f"got {chunk_map.num_rows} rows")
-        chunk_capacity = capacity if chunk_capacity is None else chunk_capacity
+        chunk_capacity = capacity if chunk_capacity is None else _check_capacity(chunk_capacity, "chunk_capacity")
     elif chunk_capacity is not None:
         raise ValueError("chunk_capacity needs a chunk_map")
-    top: TopKResult = cosine_topk(queries, emb, k, backend=backend)
+    try:
+        top: TopKResult = cosine_topk(queries, emb, k, backend=backend)
+    except ValueError as exc:  # its own argument names: the caller passed node_embeddings as keys
+        raise ValueError(re.sub(r"\bkeys\b", "node_embeddings", str(exc))) from None
     seeds = top.ids
     if min_score is not None:
         seeds = torch.where(top.scores >= check_float(min_score, "min_score"), seeds, torch.full_like(seeds, -1))
@@ -316,7 +333,8 @@ def graph_retrieve(queries, node_embeddings, graph: CSRGraph, *, k: int, hops: i
                               max_frontier=max_frontier, backend=backend)
     chunks = None
     if chunk_map is not None:
-        chunks = neighbourhood_chunks(near.nodes, chunk_map, capacity=chunk_capacity, backend=backend)
+        chunks = neighbourhood_chunks(near.nodes, chunk_map, capacity=chunk_capacity, backend=backend,
+                                      capacity_name="capacity" if chunk_capacity_default else "chunk_capacity")
     # cosine_topk already scores its -1 ids -inf; only min_score adds -1 seeds with finite scores.
     scores = top.scores if min_score is None else torch.where(seeds >= 0, top.scores,
                                                               torch.full_like(top.scores, float("-inf")))
@@ -358,7 +376,12 @@ def _(row_ptr, col_idx, sources, num_cols, hops, capacity, max_fanout, max_front
 _IDS_RANGE = "{name} must hold ids in [0, {upper}) or -1 for none"
 _EXPAND_CHECKS = NativeChecks(_IDS_RANGE)
 # graph_retrieve's seeds come from cosine_topk's scan: its checks, with its messages.
-_RETRIEVE_CHECKS = NativeChecks("queries must be finite, found NaN or Inf", "keys must be finite, found NaN or Inf")
+_RETRIEVE_CHECKS = NativeChecks("queries must be finite, found NaN or Inf",
+                                "node_embeddings must be finite, found NaN or Inf")
+# The entries of a call's (B, capacity) results (five int64 arrays): beyond this (10 GiB of results) a
+# capacity is a mistake, stopped with a ValueError before any allocation.  A neighbourhood lists at most
+# the graph's node (or chunk) count, so capacity <= that count always suffices.
+MAX_LIST_ENTRIES = 1 << 28
 
 _TENSOR, _F32, _I64, _STRIDED, _INF = torch.Tensor, torch.float32, torch.int64, torch.strided, float("inf")
 # Results allocated through numpy (about 0.7 us against 1.4 for torch.empty with a shape and a dtype),
@@ -413,6 +436,8 @@ def _khop_fast(mod, graph, seeds, hops, capacity, max_fanout, max_frontier):
         return None
     row_ptr, col_idx, num_rows = views
     num_q = shape[0]
+    if num_q * capacity > MAX_LIST_ENTRIES:
+        return None  # the checked path says why
     lists = (num_q, capacity)
     nodes, hop, seed, parent, edge = (_np_empty(lists, _NP_I64), _np_empty(lists, _NP_I64), _np_empty(lists, _NP_I64),
                                       _np_empty(lists, _NP_I64), _np_empty(lists, _NP_I64))
@@ -464,6 +489,8 @@ def _retrieve_fast(mod, queries, node_embeddings, graph, k, hops, capacity, max_
         return None
     row_ptr, col_idx, num_rows = views
     num_q = q_shape[0]
+    if num_q * capacity > MAX_LIST_ENTRIES:
+        return None  # the checked path says why
     seeds, seed_scores = _np_empty((num_q, k), _NP_I64), _np_empty((num_q, k), _NP_F32)
     lists = (num_q, capacity)
     nodes, hop, seed, parent, edge = (_np_empty(lists, _NP_I64), _np_empty(lists, _NP_I64), _np_empty(lists, _NP_I64),

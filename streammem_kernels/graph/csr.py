@@ -16,7 +16,11 @@ from .reference import FLOAT_INPUTS as _FLOAT_INPUTS
 from .reference import INT_INPUTS as _INT_INPUTS
 from .reference import NO_CAP
 
-__all__ = ["CSRGraph"]
+__all__ = ["CSRGraph", "MAX_BUILT_ROWS"]
+
+# The most rows from_edges builds (4 GiB of row offsets and degree counts): a larger num_rows is a
+# mistake (num_rows=1e9 for a graph of a few nodes), stopped before any allocation.
+MAX_BUILT_ROWS = 1 << 28
 
 
 def _index_vector(x, name: str, device=None) -> torch.Tensor:
@@ -42,8 +46,9 @@ class CSRGraph:
         Size of the target id space (default ``R``: a graph over R nodes).
         A node -> chunk map has ``num_cols`` = the number of chunks.
 
-    The tensors are converted to contiguous int64 (a copy only when they are
-    not already) and must not be modified afterwards.  On CUDA tensors the
+    The graph owns its arrays: ``row_ptr`` and ``col_idx`` are copied (as
+    contiguous int64), so the caller may change or free its tensors afterwards,
+    and the ``row_ptr`` / ``col_idx`` properties return copies.  On CUDA tensors the
     value checks are device-side assertions (no synchronisation).  A graph is
     immutable after construction, so any number of threads may query it at
     once.
@@ -57,8 +62,10 @@ class CSRGraph:
         check_dtype(row_ptr, "row_ptr", _INT_INPUTS)
         if row_ptr.numel() < 1:
             raise ValueError("row_ptr must have shape (R+1,) with R >= 0, got an empty tensor")
-        col_idx = _index_vector(col_idx, "col_idx", row_ptr.device)
-        row_ptr = row_ptr.to(torch.int64).contiguous()
+        # Copies, never the caller's storage: a caller writing to its tensors later would otherwise
+        # change a validated graph under the C++ backend (an out-of-range id read out of bounds).
+        col_idx = _index_vector(col_idx, "col_idx", row_ptr.device).clone()
+        row_ptr = row_ptr.to(torch.int64).contiguous().clone()
         num_rows = row_ptr.numel() - 1
         num_cols = num_rows if num_cols is None else check_int(num_cols, "num_cols", minimum=0)
         num_edges = col_idx.numel()
@@ -115,6 +122,9 @@ class CSRGraph:
         num_cols = num_rows if num_cols is None else check_int(num_cols, "num_cols", minimum=0)
         if num_rows >= NO_CAP or num_cols >= NO_CAP:
             raise ValueError(f"a CSRGraph holds fewer than 2**31 - 1 rows and columns, got {num_rows} x {num_cols}")
+        if num_rows > MAX_BUILT_ROWS:
+            raise ValueError(f"num_rows must be <= {MAX_BUILT_ROWS} (2**28) to build from an edge list (its row_ptr "
+                             f"and degree counts take 16 bytes a row), got {num_rows}")
         src = _index_vector(src, "src")
         dst = _index_vector(dst, "dst", src.device)
         if dst.numel() != src.numel():
@@ -158,13 +168,13 @@ class CSRGraph:
     # ---- read-only views -------------------------------------------------
     @property
     def row_ptr(self) -> torch.Tensor:
-        """(R+1,) int64 row offsets into ``col_idx``."""
-        return self._row_ptr
+        """(R+1,) int64 row offsets into ``col_idx`` (a copy: the graph's own array never changes)."""
+        return self._row_ptr.clone()
 
     @property
     def col_idx(self) -> torch.Tensor:
-        """(E,) int64 targets, each row in priority order."""
-        return self._col_idx
+        """(E,) int64 targets, each row in priority order (a copy: the graph's own array never changes)."""
+        return self._col_idx.clone()
 
     @property
     def edge_ids(self) -> torch.Tensor | None:

@@ -174,7 +174,9 @@ def linear_token_logprobs(hidden, weight, targets, bias=None, *, backend: str = 
     name = LINEAR_TOKEN_LOGPROBS.select(backend, hidden.device, dtype=hidden.dtype)
     out = call_op(torch.ops.streammem.linear_token_logprobs, LINEAR_TOKEN_LOGPROBS.impls, name, rows2d, weight, bias,
                   flat_targets)
-    _raise_on_nan(out, "weight")
+    if out.numel() and host_checks(out) and bool(torch.isnan(out).any()):
+        raise ValueError(_linear_nan_message(out, weight))
+    _raise_on_nan(out, "hidden @ weight.T (hidden and weight)")  # device-side (CUDA, torch.compile)
     return out.reshape(hidden.shape[:-1])
 
 
@@ -299,6 +301,16 @@ def _nan_rows_message(source: str, out: torch.Tensor) -> str:
     return f"{source} must be finite: rows {rows} produced NaN {_NAN_WHY}"
 
 
+def _linear_nan_message(out: torch.Tensor, weight: torch.Tensor) -> str:
+    """Why rows of ``linear_token_logprobs`` came out NaN: a non-finite ``weight``, or finite inputs whose
+    logits overflow (huge ``hidden`` or ``weight``); ``hidden`` and ``bias`` were checked finite before."""
+    if not bool(torch.isfinite(weight).all()):
+        return _nan_rows_message("weight", out)
+    rows = torch.nonzero(torch.isnan(out.reshape(-1))).flatten()[:5].tolist()
+    return (f"hidden @ weight.T must stay finite: rows {rows} of hidden give logits beyond the float range "
+            f"(|hidden| x |weight| too large); scale hidden or weight down")
+
+
 def _raise_on_nan(out: torch.Tensor, source: str) -> None:
     # A NaN or +inf anywhere in a row poisons that row's running sum, so checking
     # the O(T) output replaces an O(T*V) scan (and its (T, V) boolean mask).
@@ -360,7 +372,7 @@ def _(logprobs, lengths, delta, alpha, beta, backend):
 # --------------------------------------------------------------------------
 _TOKEN_CHECKS = NativeChecks(lambda vocab, targets, out, source: _targets_message(vocab, targets),
                              lambda vocab, targets, out, source: _nan_rows_message(source, out))
-_LINEAR_CHECKS = NativeChecks(lambda out: _nan_rows_message("weight", out))
+_LINEAR_CHECKS = NativeChecks(lambda out, weight: _linear_nan_message(out, weight))
 _DIVERGENCE_CHECKS = NativeChecks(_LENGTHS_RANGE, _LOGPROBS_FINITE)
 
 
@@ -393,7 +405,7 @@ def _linear_token_logprobs_cpp(hidden, weight, bias, targets):
     bias_view = None if bias is None else view(bias.contiguous())
     status = mod.linear_token_logprobs(view(hidden.contiguous()), view(weight.contiguous()), bias_view, view(targets),
                                        view(out))
-    _LINEAR_CHECKS.raise_for(status, out=out)
+    _LINEAR_CHECKS.raise_for(status, out=out, weight=weight)
     return out
 
 

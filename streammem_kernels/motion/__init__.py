@@ -29,8 +29,9 @@ import torch
 from ..runtime.dispatch import Op, call_op, eager_only, load_native
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import as_tensor, check_dtype, check_float, check_int, check_nonempty, check_rank, check_values
-from .reference import (FRAME_DTYPES, GUESS_BOX, MAX_AUTO_LEVELS, MOVING_FLOOR_PX, MOVING_MIN_AREA, SEARCH_QUANT,
-                        SEARCH_RADIUS, STATISTICS, gray_resize, level_shapes, lk_flow_reference, pyramid_flow)
+from .reference import (FRAME_DTYPES, GUESS_BOX, MAX_AUTO_LEVELS, MAX_SIZE, MOVING_FLOOR_PX, MOVING_MIN_AREA,
+                        SEARCH_QUANT, SEARCH_RADIUS, STATISTICS, gray_resize, level_shapes, lk_flow_reference,
+                        pyramid_flow)
 
 __all__ = ["MotionResult", "motion_magnitude", "select_frames", "select_frames_mask", "lk_flow", "STATISTICS"]
 
@@ -71,7 +72,7 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
         converted to gray.  Not modified.  Other layouts and value
         conventions are accepted when declared (``channels``, ``value_range``,
         ``mean`` / ``std``), never guessed.
-    size : int, optional
+    size : int in [3, 8192], optional
         Working resolution: the long side is resized to ``size`` (aspect kept).
         ``None`` keeps the input size.
     window : int or None
@@ -280,6 +281,8 @@ def _plan(shape, size, window, min_eig, levels, statistic):
     min_eig = check_float(min_eig, "min_eig", low=0.0)
     if size is not None:
         size = check_int(size, "size", minimum=3)
+        if size > MAX_SIZE:
+            raise ValueError(f"size must be <= {MAX_SIZE} (the working size's bound, 8K), got {size}")
     if statistic not in STATISTICS:
         raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
     if not (levels == "auto" or (isinstance(levels, (int, np.integer)) and not isinstance(levels, bool))):

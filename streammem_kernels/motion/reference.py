@@ -25,6 +25,9 @@ STATISTICS = ("moving", "textured")
 MOVING_FLOOR_PX = (0.25, 0.5)
 MOVING_MIN_AREA = 0.002
 MAX_AUTO_LEVELS = 5
+# The working size's upper bound (8K): a typo (size=100000) stops with a ValueError instead of
+# allocating frames of that size.
+MAX_SIZE = 8192
 GUESS_BOX = 5  # side of the box that smooths a coarse level's flow into the next level's guess
 SEARCH_RADIUS = 4  # largest whole-pixel shift per axis tried by the coarsest level's search
 SEARCH_QUANT = 4096.0  # the search's differences are counted in 1/4096ths of the intensity range

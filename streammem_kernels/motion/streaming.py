@@ -11,15 +11,20 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .. import checkpoint
 from ..runtime.validate import check_float, check_int
 from . import (LK_FLOW, _BoundGateStep, _float32_below, _gate_step_cpp, _motion_of_gray, _prepare, _select,
                _uint8_plan)
-from .reference import STATISTICS
+from .reference import MAX_SIZE, STATISTICS
 
 __all__ = ["StreamingMotionGate", "MAX_GATE_SIZE", "GATE_STATE_VERSION"]
 
-# The working size's upper bound (8K): a typo stops here instead of allocating frames of that size.
-MAX_GATE_SIZE = 8192
+# The working size's upper bound (8K), motion_magnitude's: a typo stops here instead of allocating
+# frames of that size.
+MAX_GATE_SIZE = MAX_SIZE
+# The kind of a gate's own checkpoint file (save / load).
+GATE_KIND = "MotionGate"
+_FRAME_DTYPE_NAMES = ("uint8", "float16", "bfloat16", "float32", "float64")
 # Version of state_dict()'s layout.  Version 1 held the full-size reference frame under "anchor";
 # version 2 holds its working-size gray under "anchor_gray".
 GATE_STATE_VERSION = 2
@@ -261,39 +266,88 @@ class StreamingMotionGate:
                 "anchor_is_numpy": spec is not None and not isinstance(spec[1], torch.dtype),
                 "frames_seen": self.frames_seen, "frames_kept": self.frames_kept}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore ``state_dict()`` output.  A state whose gray is not what this gate makes of the
-        stream's frames (another ``size``), or a state of layout version 1 (the full-size reference
-        frame under ``anchor``), raises ``ValueError``."""
-        if "anchor_gray" not in state:
-            raise ValueError(
-                f"state is a motion gate state of layout version {state.get('version', 1)} (the full-size reference "
-                f"frame under 'anchor'); this version reads layout {GATE_STATE_VERSION} only: start the stream "
-                "anew (reset()) or save the state again with this version")
-        is_numpy = bool(state["anchor_is_numpy"])
-        gray = state["anchor_gray"]
-        spec = None
-        if gray is not None:
-            spec = (tuple(int(d) for d in state["frame_shape"]), _dtype_of(state["frame_dtype"], is_numpy))
-            self._check_anchor_gray(gray, spec)
-        self._anchor_gray, self._frame_spec = gray, spec
-        self.frames_seen = int(state["frames_seen"])
-        self.frames_kept = int(state["frames_kept"])
+    def load_state_dict(self, state) -> None:
+        """Restore ``state_dict()`` output (a dict, or a ``checkpoint.StateReader`` of the gate's state
+        inside another object's checkpoint).
 
-    def _check_anchor_gray(self, gray, spec) -> None:
-        """``gray`` must be what this gate makes of a frame of ``spec``: the working size and dtype of one
-        frame converted here (a state saved by a gate with another ``size`` would be compared at the
-        wrong scale)."""
+        Every field is checked before the gate changes, each failure a ``ValueError`` naming the
+        field: the layout version (a state of layout version 1 holds the full-size reference frame
+        under ``anchor``), the counters (``0 <= frames_kept <= frames_seen``, a reference frame exactly
+        when frames were seen), the frame shape and dtype, and the reference gray: this gate's working
+        size and dtype for such a frame (a state saved by a gate with another ``size`` would be
+        compared at the wrong scale) and finite intensities in [0, 1].
+        """
+        reader = checkpoint.reader_for(state, GATE_KIND)
+        if not reader.has("anchor_gray"):
+            version = reader.state.get("version", 1)
+            raise reader.error("anchor_gray", (
+                f"is missing: a motion gate state of layout version {version!r:.20} (the full-size reference "
+                f"frame under 'anchor'); this version reads layout {GATE_STATE_VERSION} only: start the stream "
+                "anew (reset()) or save the state again with this version"))
+        reader.int("version", low=GATE_STATE_VERSION, high=GATE_STATE_VERSION)
+        is_numpy = reader.bool("anchor_is_numpy")
+        seen = reader.int("frames_seen", low=0)
+        kept = reader.int("frames_kept", low=0, high=seen)
+        gray = reader.tensor("anchor_gray", dtype=(torch.uint8, torch.float32), ndim=2, finite=True, optional=True)
+        spec = None
+        reader.require((gray is None) == (seen == 0), "anchor_gray",
+                       f"must be present exactly when frames were seen (frames_seen={seen})")
+        reader.require(seen == 0 or kept >= 1, "frames_kept", "must be >= 1 once frames were seen (the first is kept)")
+        if gray is not None:
+            shape = reader.ints("frame_shape", low=1, high=1 << 20)
+            reader.require(len(shape) in (2, 3) and (len(shape) == 2 or shape[2] in (1, 3)), "frame_shape",
+                           f"must be (H, W) or (H, W, C) with C in (1, 3), got {shape}")
+            name = reader.str("frame_dtype")
+            known = name.removeprefix("torch.") in _FRAME_DTYPE_NAMES and is_numpy != name.startswith("torch.")
+            reader.require(known, "frame_dtype",
+                           f"must name a {'numpy' if is_numpy else 'torch'} frame dtype, got {name!r:.40}")
+            spec = (tuple(shape), _dtype_of(name, is_numpy))
+            want = self._anchor_like(spec)
+            reader.require(tuple(gray.shape) == tuple(want.shape) and gray.dtype == want.dtype, "anchor_gray",
+                           f"must be this gate's working-size gray of a {tuple(shape)} frame, {tuple(want.shape)} "
+                           f"{want.dtype}, got {tuple(gray.shape)} {gray.dtype} (saved by a gate with another size?)")
+            if gray.is_floating_point():
+                reader.tensor("anchor_gray", low=0.0, high=1.0)
+            gray = gray.clone()
+        self._anchor_gray, self._frame_spec, self._bound_step = gray, spec, None
+        self.frames_seen, self.frames_kept = seen, kept
+
+    def _anchor_like(self, spec) -> torch.Tensor:
+        """The gray this gate makes of one frame of ``spec`` = (shape, dtype): its working size and dtype."""
         shape, dtype = spec
         probe = np.zeros((1, *shape), dtype) if isinstance(dtype, np.dtype) else torch.zeros((1, *shape), dtype=dtype)
         # The reference preparation (any device, any backend) makes grays of the same shape and dtype.
         # The layout decides the gray's shape; a declared value convention keeps float32 gray float32.
-        want = _prepare(probe, self.size, self.window, 1e-5, self.levels, self.statistic, "torch", min_frames=1,
+        return _prepare(probe, self.size, self.window, 1e-5, self.levels, self.statistic, "torch", min_frames=1,
                         convention=(self._convention[0], None, None, None))[0][0]
-        if not isinstance(gray, torch.Tensor) or tuple(gray.shape) != tuple(want.shape) or gray.dtype != want.dtype:
-            got = f"{tuple(gray.shape)} {gray.dtype}" if isinstance(gray, torch.Tensor) else type(gray).__name__
-            raise ValueError(f"state's anchor_gray must be this gate's working-size gray of a {shape} frame, "
-                             f"{tuple(want.shape)} {want.dtype}, got {got} (saved by a gate with another size?)")
+
+    def params(self) -> dict:
+        """The constructor's arguments (what :meth:`save` writes beside the state)."""
+        channels, value_range, mean, std = self._convention
+        return {"threshold": self.threshold, "size": self.size, "reference": self.reference, "window": self.window,
+                "statistic": self.statistic, "levels": self.levels, "backend": self.backend, "channels": channels,
+                "value_range": value_range, "mean": mean, "std": std}
+
+    def save(self, path) -> None:
+        """Write the gate (its parameters and :meth:`state_dict`) to one checkpoint file, atomically
+        (``streammem_kernels.checkpoint``: a header, a SHA-256 of the payload, a temporary renamed
+        over ``path``)."""
+        checkpoint.save(path, GATE_KIND, {"params": self.params(), "state": self.state_dict()},
+                        version=GATE_STATE_VERSION)
+
+    @classmethod
+    def load(cls, path) -> "StreamingMotionGate":
+        """A gate saved with :meth:`save`; every damaged or invalid file is one ``ValueError`` naming
+        ``path`` (and the field, for a readable file holding an invalid state)."""
+        state, _ = checkpoint.load(path, GATE_KIND, versions=(GATE_STATE_VERSION,))
+        reader = checkpoint.StateReader(path, GATE_KIND, state)
+        params = reader.dict("params")
+        try:
+            gate = cls(**params)
+        except (TypeError, ValueError) as exc:
+            raise reader.error("params", f"are not a gate's parameters ({exc})") from None
+        gate.load_state_dict(reader.sub("state"))
+        return gate
 
     def reset(self) -> None:
         """Forget the stream: the next push starts a new one (its first frame is kept)."""

@@ -25,6 +25,23 @@ import torch
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+# The most bytes a broadcast view (a stride of 0: ``expand``, ``np.broadcast_to``) may stand for: an op
+# copies a non-contiguous input, so a view of a huge shape would reach the allocator (a typo in an
+# ``expand``), stopped here with a ValueError instead.
+MAX_VIEW_BYTES = 1 << 33
+
+
+def _check_broadcast_view(name: str, shape, strides, itemsize: int) -> None:
+    if not any(st == 0 and n > 1 for n, st in zip(shape, strides)):
+        return
+    size = itemsize
+    for n in shape:
+        size *= int(n)
+    if size > MAX_VIEW_BYTES:
+        raise ValueError(f"{name} is a broadcast view (a stride of 0) of shape {tuple(shape)}: {size / 2**30:.0f} GiB "
+                         f"once copied, more than the {MAX_VIEW_BYTES >> 30} GiB bound; pass the data it stands for")
+
+
 def as_tensor(x, name: str) -> torch.Tensor:
     """Accept a torch tensor or anything numpy can hold; never copies a tensor.
 
@@ -36,7 +53,10 @@ def as_tensor(x, name: str) -> torch.Tensor:
         if x.device.type == "meta":
             raise ValueError(f"{name} must hold data (a CPU or CUDA tensor), got a meta tensor of shape "
                              f"{tuple(x.shape)}")
+        _check_broadcast_view(name, x.shape, x.stride(), x.element_size())
         return x
+    if isinstance(x, np.ndarray):
+        _check_broadcast_view(name, x.shape, x.strides, x.itemsize)
     if isinstance(x, np.ndarray) or isinstance(x, (list, tuple)):
         arr = np.asarray(x)
         if arr.dtype == object:

@@ -489,7 +489,7 @@ class CosineIndex:
         fast = INDEX_TOPK.run_fast(backend, self, queries, k, ranges)
         if fast is not None:
             return fast
-        queries = prepare_queries(queries, self._dim, self._device)
+        queries = prepare_queries(queries, self._dim, self._device, against="the index's keys")
         k = check_int(k, "k", minimum=1)
         num_q = queries.shape[0]
         if num_q * k > MAX_RESULTS:

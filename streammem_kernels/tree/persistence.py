@@ -1,20 +1,22 @@
-"""The file format of :meth:`CosineTree.save <streammem_kernels.CosineTree.save>` and
-:meth:`~streammem_kernels.CosineTree.load`: the saved arrays, their checksum and the validation of a
-loaded state, which every malformed file fails with a ``ValueError`` naming what is wrong.
+"""The saved state of a :class:`~streammem_kernels.CosineTree`: what :meth:`CosineTree.save
+<streammem_kernels.CosineTree.save>` writes (through :mod:`streammem_kernels.checkpoint`, the one
+checkpoint format: a header, a SHA-256 of the payload, an atomic replace) and the validation of a
+loaded state, which every malformed state fails with a ``ValueError`` naming the path and the field.
 """
 from __future__ import annotations
 
-import zlib
-
-import numpy as np
 import torch
 
+from .. import checkpoint
 from .reference import MAX_DIM, MAX_NODES, MAX_TABLE
 
 FORMAT = "streammem.CosineTree"
-# Version 2 adds the tombstone mask "alive"; version 1 files (no removals) still load.
-# Version 3 adds a CRC32 of the arrays ("checksum"); files without one are validated structurally.
+# Version 2 added the tombstone mask "alive"; version 3 is version 2 in a file of the one checkpoint
+# format (the checksum moved from a CRC32 field of the state to the file's header).  State dicts of
+# versions 1 and 2 (a tree nested in an older in-memory state) still load; files before the checkpoint
+# format do not (checkpoint.load refuses them, naming the format version).
 FORMAT_VERSION = 3
+KIND = "CosineTree"
 
 
 # Saved arrays: name -> (dtype, shape as a function of (n, n_edges, dim)).
@@ -34,104 +36,87 @@ SAVED_ARRAYS = {
 UNIT_TOLERANCE = 1e-4
 
 
-def checksum(state: dict) -> int:
-    """CRC32 of the dimension, then each saved array's shape and bytes (in SAVED_ARRAYS order)."""
-    crc = zlib.crc32(str(int(state["dim"])).encode())
-    for name in SAVED_ARRAYS:
-        t = state[name].contiguous()
-        crc = zlib.crc32(repr((name, tuple(t.shape))).encode(), crc)
-        if t.numel():
-            crc = zlib.crc32(t.numpy().reshape(-1).view(np.uint8), crc)
-    return crc
+def validate_state(state, path=None) -> dict:
+    """The arrays of a tree state, checked (a ``ValueError`` naming ``path`` and the field otherwise).
 
-
-def validate_state(state: dict, path) -> None:
-    """ValueError naming the first problem of a loaded state (see :meth:`CosineTree.load`)."""
-    def bad(what: str) -> ValueError:
-        return ValueError(f"path holds an invalid CosineTree ({what}): {path}")
-
-    dim = state.get("dim")
-    if type(dim) is not int or not 1 <= dim <= MAX_DIM:
-        raise bad(f"dim must be an int in [1, {MAX_DIM}], got {dim!r}")
+    ``state`` is a dict from :meth:`CosineTree.state_dict` or a :class:`~streammem_kernels.checkpoint.StateReader`
+    of one (a tree nested in another object's checkpoint).  Checks: the layout version, every array's
+    dtype, contiguity and shape, the size bounds, finite unit-norm (or zero) embeddings, finite utility,
+    CSR offsets rising from 0 to the edge count, ids in range, parents after their children (so no
+    cycle), child runs that match ``parent`` exactly and hold live nodes in ascending order, removed
+    nodes without links, and levels ``1 + max(level of children)`` (0 for leaves).
+    """
+    reader = checkpoint.reader_for(state, KIND, path)
+    if reader.has("format"):
+        reader.require(reader.get("format") == FORMAT, "format",
+                       f"must be {FORMAT!r}, got {reader.get('format')!r:.60}")
+    version = reader.int("version", low=1, high=FORMAT_VERSION) if reader.has("version") else FORMAT_VERSION
+    dim = reader.int("dim", low=1, high=MAX_DIM)
+    arrays = {}
     for name, (dtype, _) in SAVED_ARRAYS.items():
-        t = state.get(name)
-        if not isinstance(t, torch.Tensor):
-            raise bad(f"'{name}' missing or not a tensor")
-        if t.dtype != dtype or t.layout != torch.strided or t.device.type != "cpu":
-            raise bad(f"'{name}' must be a dense {dtype} tensor, got {t.dtype} {t.layout}")
-        if not t.is_contiguous() or any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape)):
-            raise bad(f"'{name}' must be contiguous (no stride-0 or strided views)")
-    emb = state["embeddings"]
-    if emb.dim() != 2:
-        raise bad(f"'embeddings' must be (num_nodes, dim), got shape {tuple(emb.shape)}")
-    n, n_edges = emb.shape[0], state["child_idx"].shape[0] if state["child_idx"].dim() == 1 else -1
+        if name == "alive" and version == 1 and not reader.has("alive"):
+            continue
+        t = reader.tensor(name, dtype=dtype)
+        reader.require(t.is_contiguous() and not any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape)),
+                       name, "must be contiguous (no stride-0 or strided views)")
+        arrays[name] = t
+    emb = arrays["embeddings"]
+    reader.require(emb.dim() == 2, "embeddings", f"must be (num_nodes, dim), got shape {tuple(emb.shape)}")
+    n = emb.shape[0]
+    if "alive" not in arrays:  # version 1: no removals yet
+        arrays["alive"] = torch.ones(n, dtype=torch.bool)
+    kids_raw = arrays["child_idx"]
+    n_edges = kids_raw.shape[0] if kids_raw.dim() == 1 else -1
     for name, (_, shape) in SAVED_ARRAYS.items():
-        if tuple(state[name].shape) != shape(n, max(n_edges, 0), dim):
-            raise bad(f"shape of '{name}' is {tuple(state[name].shape)}, expected {shape(n, max(n_edges, 0), dim)} "
-                      f"for {n} nodes, {n_edges} edges and dim {dim} (mismatched lengths)")
-    if n > MAX_NODES or n * dim > MAX_TABLE:
-        raise bad(f"{n} nodes of dim {dim} exceed the bounds (<= {MAX_NODES} nodes, <= {MAX_TABLE} floats)")
-    if "checksum" in state:
-        if type(state["checksum"]) is not int or state["checksum"] != checksum(state):
-            raise bad("checksum mismatch: the file was modified or corrupted after it was saved")
-    if not bool(torch.isfinite(emb).all()):
-        raise bad("non-finite embeddings")
+        want = shape(n, max(n_edges, 0), dim)
+        reader.require(tuple(arrays[name].shape) == want, name,
+                       f"has shape {tuple(arrays[name].shape)}, expected {want} for {n} nodes, {n_edges} edges and "
+                       f"dim {dim} (mismatched lengths)")
+    reader.require(n <= MAX_NODES and n * dim <= MAX_TABLE, "embeddings",
+                   f"holds {n} nodes of dim {dim}, beyond the bounds (<= {MAX_NODES} nodes, <= {MAX_TABLE} floats)")
+    reader.tensor("embeddings", finite=True)
     norms = torch.linalg.vector_norm(emb, dim=1)
-    if not bool(((norms == 0) | ((norms - 1).abs() <= UNIT_TOLERANCE)).all()):
-        raise bad("embeddings must be unit-norm rows (or zero rows)")
-    if not bool(torch.isfinite(state["utility"]).all()):
-        raise bad("non-finite utility")
-    ptr, kids, parent, level, alive = (state[k] for k in ("child_ptr", "child_idx", "parent", "level", "alive"))
-    if int(ptr[0]) != 0 or int(ptr[-1]) != n_edges or not bool((ptr[1:] >= ptr[:-1]).all()):
-        raise bad("inconsistent arrays: child_ptr must rise from 0 to the number of edges")
-    if not bool(((kids >= 0) & (kids < n)).all()):
-        raise bad("inconsistent arrays: child_idx must hold node ids in [0, num_nodes)")
-    if not bool(((parent >= -1) & (parent < n)).all()):
-        raise bad("inconsistent arrays: parent must hold -1 or node ids in [0, num_nodes)")
+    reader.require(bool(((norms == 0) | ((norms - 1).abs() <= UNIT_TOLERANCE)).all()), "embeddings",
+                   "must hold unit-norm rows (or zero rows)")
+    reader.tensor("utility", finite=True)
+    ptr, kids, parent, level, alive = (arrays[k] for k in ("child_ptr", "child_idx", "parent", "level", "alive"))
+    reader.require(int(ptr[0]) == 0 and int(ptr[-1]) == n_edges and bool((ptr[1:] >= ptr[:-1]).all()), "child_ptr",
+                   "is inconsistent: it must rise from 0 to the number of edges")
+    reader.require(bool(((kids >= 0) & (kids < n)).all()), "child_idx",
+                   "is inconsistent: it must hold node ids in [0, num_nodes)")
+    reader.require(bool(((parent >= -1) & (parent < n)).all()), "parent",
+                   "is inconsistent: it must hold -1 or node ids in [0, num_nodes)")
     ids = torch.arange(n)
-    if not bool(((parent == -1) | (parent > ids)).all()):
-        raise bad("inconsistent arrays: every parent must come after its children (a cycle or a forward link)")
-    if not bool(((level >= 0) & (level < max(n, 1))).all()):
-        raise bad("levels must lie in [0, num_nodes)")
+    reader.require(bool(((parent == -1) | (parent > ids)).all()), "parent",
+                   "is inconsistent: every parent must come after its children (a cycle or a forward link)")
+    reader.require(bool(((level >= 0) & (level < max(n, 1))).all()), "level", "must lie in [0, num_nodes)")
     # Kernels follow child_idx from live roots: a dead id there would be searched.
-    if not bool(alive[kids].all()):
-        raise bad("inconsistent arrays: child runs must hold live nodes only")
+    reader.require(bool(alive[kids].all()), "child_idx", "is inconsistent: child runs must hold live nodes only")
     runs = ptr[1:] - ptr[:-1]
     owner = torch.repeat_interleave(ids, runs)
-    if not bool((parent[kids] == owner).all()):
-        raise bad("inconsistent arrays: child runs and parent disagree")
-    if int(((parent >= 0) & alive).sum()) != n_edges:
-        raise bad("inconsistent arrays: a node with a parent is missing from its parent's child run")
+    reader.require(bool((parent[kids] == owner).all()), "child_idx", "is inconsistent: child runs and parent disagree")
+    reader.require(int(((parent >= 0) & alive).sum()) == n_edges, "parent",
+                   "is inconsistent: a node with a parent is missing from its parent's child run")
     same_run = owner[1:] == owner[:-1]
-    if not bool((~same_run | (kids[1:] > kids[:-1])).all()):
-        raise bad("inconsistent arrays: child runs must be ascending (chronological)")
+    reader.require(bool((~same_run | (kids[1:] > kids[:-1])).all()), "child_idx",
+                   "is inconsistent: child runs must be ascending (chronological)")
     dead = ~alive
-    if not bool((parent[dead] == -1).all()) or not bool((runs[dead] == 0).all()):
-        raise bad("inconsistent arrays: removed nodes must have no parent and no children")
+    reader.require(bool((parent[dead] == -1).all()) and bool((runs[dead] == 0).all()), "alive",
+                   "is inconsistent: removed nodes must have no parent and no children")
     expect = torch.zeros(n, dtype=torch.int64)
     if n_edges:
         expect.scatter_reduce_(0, owner, level[kids] + 1, reduce="amax", include_self=True)
-    if not bool((level[alive] == expect[alive]).all()):
-        raise bad("inconsistent levels: a node's level must be 1 + the largest level of its children (0 for leaves)")
+    reader.require(bool((level[alive] == expect[alive]).all()), "level",
+                   "is inconsistent: a node's level must be 1 + the largest level of its children (0 for leaves)")
+    return {"dim": dim, **arrays}
+
+
+def save_state(path, state: dict) -> None:
+    """Write a tree's ``state_dict()`` to ``path`` in the one checkpoint format (atomically)."""
+    checkpoint.save(path, KIND, state, version=FORMAT_VERSION)
 
 
 def read_state(path) -> dict:
-    """The validated state of a file :meth:`CosineTree.save` wrote (see :meth:`CosineTree.load`)."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (FileNotFoundError, IsADirectoryError, PermissionError):
-        raise
-    except Exception as exc:  # truncated/corrupt archive, hostile pickle, absurd sizes
-        raise ValueError(f"path does not hold a readable saved CosineTree ({type(exc).__name__}: "
-                         f"{str(exc)[:200]}): {path}") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError(f"path does not hold a saved CosineTree: {path}")
-    version = state.get("version")
-    if type(version) is not int or version not in (1, 2, FORMAT_VERSION):
-        raise ValueError(f"path holds an unsupported CosineTree format version {version!r}: {path}")
-    if "alive" not in state and version == 1:
-        emb = state.get("embeddings")
-        n = emb.shape[0] if isinstance(emb, torch.Tensor) and emb.dim() >= 1 else 0
-        state["alive"] = torch.ones(n, dtype=torch.bool)
-    validate_state(state, path)
-    return state
+    """The validated arrays of a file :meth:`CosineTree.save` wrote (see :meth:`CosineTree.load`)."""
+    state, _ = checkpoint.load(path, KIND, versions=(FORMAT_VERSION,))
+    return validate_state(checkpoint.StateReader(path, KIND, state))

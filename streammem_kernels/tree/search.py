@@ -99,7 +99,7 @@ def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_ev
     snap = tree.search_arrays()  # one consistent snapshot, whatever other threads do to the tree
     if snap.num_live == 0:
         raise ValueError("tree must not be empty (add leaves first; every node was removed otherwise)")
-    q = prepare_queries(queries, tree.dim, tree.device)
+    q = prepare_queries(queries, tree.dim, tree.device, against="the tree's embeddings")
     k = check_int(k, "k", minimum=1)
     if q.shape[0] * k > MAX_RESULTS:
         raise ValueError(f"k must keep Q x k <= {MAX_RESULTS} results, got k={k} for Q={q.shape[0]}")

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..runtime.validate import as_tensor, check_dtype, check_finite, check_int, check_nonempty, check_rank
-from .persistence import FORMAT, FORMAT_VERSION, checksum, read_state
+from .persistence import FORMAT, FORMAT_VERSION, read_state, save_state, validate_state
 from .reference import FLOAT_INPUTS as _FLOAT_INPUTS
 from .reference import INT_INPUTS as _INT_INPUTS
 from .reference import MAX_DIM, MAX_NODES, MAX_TABLE, check_size
@@ -708,10 +708,10 @@ class CosineTree:
         }
 
     def save(self, path) -> None:
-        """Write the tree to one file (``torch.save`` of its tensors and a CRC32 of them)."""
-        state = self.state_dict()
-        state["checksum"] = checksum(state)
-        torch.save(state, path)
+        """Write the tree to one file of the checkpoint format (:mod:`streammem_kernels.checkpoint`): a
+        versioned header, a SHA-256 of the payload, written atomically (a crash leaves the old file or
+        the new one, never a part)."""
+        save_state(path, self.state_dict())
 
     @classmethod
     def load(cls, path, *, device="cpu", half_scan: bool = False) -> "CosineTree":
@@ -720,16 +720,25 @@ class CosineTree:
         ``half_scan`` builds the half-precision scan copy (see :class:`CosineTree`; the file
         never holds it).
 
-        The file is validated before anything is trusted, and every malformed file
-        raises ``ValueError`` naming what is wrong: a file :meth:`save` wrote carries
-        a CRC32 of its arrays (overwritten or flipped bytes are rejected); every file
-        (older versions and hand-made states have no checksum) must hold contiguous
-        tensors of the saved dtypes and consistent shapes, parents after their
-        children (so no cycle), child runs that match ``parent`` exactly, levels
-        ``1 + max(level of children)`` (0 for leaves), and finite embeddings of unit
-        norm (or zero rows).  A missing or unreadable path raises the OS error.
+        Every malformed file raises one ``ValueError`` naming the path and what is wrong: a
+        missing, empty, truncated or damaged file (the checksum covers every byte), a file of
+        another kind, a plain ``torch.save`` file from before the checkpoint format, and any
+        state :meth:`from_state_dict` refuses.
         """
-        state = read_state(path)
+        return cls._from_arrays(read_state(path), device, half_scan)
+
+    @classmethod
+    def from_state_dict(cls, state, *, device="cpu", half_scan: bool = False) -> "CosineTree":
+        """A tree from :meth:`state_dict` output (or a ``checkpoint.StateReader`` of one, nested in
+        another object's checkpoint), validated before anything is trusted: ``ValueError`` naming the
+        field for wrong dtypes, shapes or non-contiguous arrays, non-finite or non-unit embeddings,
+        CSR offsets or ids out of range, a parent before its child (a cycle), child runs that
+        disagree with ``parent`` or hold removed nodes, and levels other than ``1 + max(level of
+        children)``."""
+        return cls._from_arrays(validate_state(state), device, half_scan)
+
+    @classmethod
+    def _from_arrays(cls, state: dict, device, half_scan: bool) -> "CosineTree":
         n = state["embeddings"].shape[0]
         n_edges = state["child_idx"].shape[0]
         tree = cls(state["dim"], capacity=max(n, 1), device=device, half_scan=half_scan)

@@ -111,15 +111,18 @@ def _cosine_topk_general(queries, keys, k, ranges, backend) -> TopKResult:
     return TopKResult(ids, scores)
 
 
-def prepare_queries(queries, dim: int, device: torch.device, name: str = "queries") -> torch.Tensor:
-    """(Q, D) float32 contiguous queries on ``device`` (metadata checked here, values by the backends)."""
+def prepare_queries(queries, dim: int, device: torch.device, name: str = "queries",
+                    against: str = "keys") -> torch.Tensor:
+    """(Q, D) float32 contiguous queries on ``device`` (metadata checked here, values by the backends);
+    ``against`` names what holds the D columns they must match (in the error, which may be either's)."""
     queries = as_tensor(queries, name)
     check_rank(queries, name, (2,), "(Q, D)")
     check_dtype(queries, name, FLOAT_INPUTS)
     if queries.shape[0] < 1:
         raise ValueError(f"{name} must hold at least one query, got shape {tuple(queries.shape)}")
     if queries.shape[1] != dim:
-        raise ValueError(f"{name} must have D={dim} columns to match, got shape {tuple(queries.shape)}")
+        raise ValueError(f"{name} and {against} must have the same number of columns D: {name} has shape "
+                         f"{tuple(queries.shape)}, {against} D={dim}")
     if queries.device != device:
         raise ValueError(f"{name} must be on {device}, got {queries.device}")
     return queries.detach().to(torch.float32).contiguous()

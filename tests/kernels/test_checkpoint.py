@@ -68,7 +68,10 @@ def test_every_damaged_file_is_refused_naming_the_path(tmp_path):
     with pytest.raises(ValueError, match="no checkpoint header"):
         checkpoint.load(bad, "Thing")
     torch.save(_state(1), bad)
-    with pytest.raises(ValueError, match="no checkpoint header"):
+    with pytest.raises(ValueError, match="predates checkpoint format 1"):
+        checkpoint.load(bad, "Thing")
+    torch.save(_state(1), bad, _use_new_zipfile_serialization=False)
+    with pytest.raises(ValueError, match="predates checkpoint format 1"):
         checkpoint.load(bad, "Thing")
     with pytest.raises(ValueError, match="no such checkpoint file"):
         checkpoint.load(tmp_path / "missing.ckpt", "Thing")
@@ -106,7 +109,7 @@ def test_a_writer_killed_at_random_points_leaves_the_old_or_the_new_state(tmp_pa
         assert _same(state, _state(state["step"], 400_000))
         return state["step"]
 
-    steps = kill_writer(__file__, "_save_step", [str(path)], check, kills=24)
+    steps = kill_writer(__file__, "_save_step", [str(path)], check, kills=24, max_delay=0.4)
     assert len(set(steps)) > 1  # the kills did land between saves of different steps
     checkpoint.save(path, "Thing", _state(-1))
     assert sorted(os.listdir(tmp_path)) == ["state.ckpt"]
@@ -154,3 +157,24 @@ def test_state_reader_names_the_path_and_the_field():
         reader.get("missing")
     with pytest.raises(ValueError, match="'sub.ids' must be <= 3"):
         reader.sub("sub").tensor("ids", high=3)
+
+
+def test_nested_readers_name_the_whole_field_and_lists_name_the_entry():
+    state = {"outer": {"inner": {"times": [0.0, float("nan")], "ids": [1, "2"], "names": ["a", 3]}}}
+    inner = StateReader("/ckpt", "Thing", state).sub("outer").sub("inner")
+    with pytest.raises(ValueError, match=r"'outer\.inner\.times\[1\]' must be a finite number"):
+        inner.reals("times")
+    with pytest.raises(ValueError, match=r"'outer\.inner\.ids\[1\]' must be an int"):
+        inner.ints("ids")
+    with pytest.raises(ValueError, match=r"'outer\.inner\.names\[1\]' must be a string"):
+        inner.strs("names")
+    with pytest.raises(ValueError, match=r"'outer\.inner\.ids' holds a duplicate"):
+        inner.require(False, "ids", "holds a duplicate")
+    assert checkpoint.reader_for(inner, "Thing") is inner
+    with pytest.raises(ValueError, match="state_dict: a Thing state must be a dict"):
+        checkpoint.reader_for([1], "Thing")
+
+
+def test_ensure_folder_creates_the_missing_parents(tmp_path):
+    folder = checkpoint.ensure_folder(tmp_path / "a" / "b" / "c")
+    assert folder.is_dir() and checkpoint.ensure_folder(folder) == folder

@@ -20,7 +20,7 @@ from streammem.recipes.memverse import (
     compact_csr, extend_csr, interleave, name_key,
 )
 from streammem.recipes.memverse import GroundTruthExtractor, PlantedFactMemory, hit_rates
-from streammem_kernels import CSRGraph, cosine_topk, khop_neighbourhood
+from streammem_kernels import CSRGraph, checkpoint, cosine_topk, khop_neighbourhood
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -478,7 +478,7 @@ def test_state_dict_round_trip_answers_identically(tmp_path, planted):
         x, y = a.ask(q.question).to_dict(), b.ask(q.question).to_dict()
         x.pop("timings_ms"), y.pop("timings_ms")
         assert x == y
-    state = torch.load(tmp_path / "mv" / "state.pt", weights_only=True)
+    state, _ = checkpoint.load(tmp_path / "mv" / "state.pt", "MemVerse")
     assert state["format"] == "streammem.MemVerse"
     assert json.loads((tmp_path / "mv" / "memverse.json").read_text())["summary"]["long_term_chunks"] > 0
     with pytest.raises(ValueError, match="another MemVerseConfig"):

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from streammem_kernels import checkpoint
+
 from streammem import HashingTextEncoder, MemoryConfig, PixelEncoder, Preset, StreamMemory, SyntheticVideo
 from streammem.distributed import (
     HashRing, ShardMemory, ShardOverloaded, StreamRouter, VideoMemory, configure_threads, index_archive,
@@ -345,8 +347,8 @@ def test_index_archive_local_processes_equal_the_loop(tmp_path):
     procs = index_archive(clips, tmp_path / "procs", backend="local", num_workers=2, **ARCHIVE)
     assert procs.num_workers == 2 and sorted(procs.indexed) == sorted(loop.indexed)
     for vid in loop.indexed:
-        _assert_same_state(torch.load(tmp_path / "loop" / "videos" / vid / "state.pt", weights_only=True),
-                           torch.load(tmp_path / "procs" / "videos" / vid / "state.pt", weights_only=True))
+        _assert_same_state(checkpoint.load(tmp_path / "loop" / "videos" / vid / "state.pt", "StreamMemory")[0],
+                           checkpoint.load(tmp_path / "procs" / "videos" / vid / "state.pt", "StreamMemory")[0])
 
 
 # --------------------------------------------------------------------------

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from streammem_kernels import checkpoint
+
 try:
     import ray
 except ImportError as exc:  # pragma: no cover - make test installs ray
@@ -37,7 +39,7 @@ def ray_cluster():
 
 
 def _states(out, vid):
-    return torch.load(out / "videos" / vid / "state.pt", weights_only=True)
+    return checkpoint.load(out / "videos" / vid / "state.pt", "StreamMemory")[0]
 
 
 def test_archive_via_ray_equals_the_loop_and_resumes(tmp_path):
@@ -114,3 +116,29 @@ def test_router_overflow_is_reported(tmp_path):
     cam = rep["streams"]["cam"]
     assert cam["dropped_frames"] == cam["frames_missing"] == 4 and cam["lost_to_restarts"] == 0
     assert cam["frames_seen"] == 102 and cam["frames_sent"] == 98
+
+
+def test_a_shard_killed_before_its_first_checkpoint_keeps_its_streams_and_counts_the_lost_frames(tmp_path):
+    """A shard restarted before its first checkpoint came back with no streams (lost_to_restarts 0,
+    failed_frames 20, every later push raised "not on this shard").  Its stream list is durable before
+    a stream is acknowledged: after the kill, every stream is there, and the frames it cannot replay are
+    counted in lost_to_restarts exactly."""
+    streams = {f"cam{i}": stream_items(i) for i in range(2)}
+    router = StreamRouter.with_ray(1, CONFIG, checkpoint_dir=tmp_path, checkpoint_every_s=None, max_restarts=2,
+                                   max_task_retries=2, **SPECS)
+    for sid in streams:
+        router.add_stream(sid)
+    router.push_many({sid: _batch(items[:20]) for sid, items in streams.items()})
+    router.flush()
+    pid = router.report()["shards"][0]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.5)
+    router.push_many({sid: _batch(items[20:]) for sid, items in streams.items()})
+    router.flush(timeout=120)
+    after = router.report()
+    assert after["shards"][0]["restarted"] and after["totals"]["lost_to_restarts"] == 2 * 20
+    for sid, items in streams.items():
+        s = after["streams"][sid]
+        assert s["lost_to_restarts"] == s["frames_missing"] == 20 and s["failed_frames"] == 0
+        assert s["frames_seen"] == len(items)
+    assert router.ask("cam0", "what colour now?").stream_time == pytest.approx(streams["cam0"][-1][0])

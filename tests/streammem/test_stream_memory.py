@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from streammem_kernels import checkpoint
+
 from streammem import (
     BoundedConfig, HashingTextEncoder, InjectorConfig, MemoryConfig, PixelEncoder, Preset, SegmenterConfig,
     ShortTermConfig, StreamMemory, SyntheticVideo, encoder_from_spec, encoder_spec,
@@ -246,7 +248,8 @@ def test_checkpoint_restored_in_a_fresh_process(tmp_path):
         memory = StreamMemory.load({str(tmp_path / "ckpt")!r}, answer_fn=t._answer)
         json.dump(t._run_second_half(memory, times, frames, {half}), sys.stdout)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the code under test
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     want = json.loads(json.dumps(_run_second_half(memory, times, frames, half)))
@@ -277,7 +280,7 @@ def test_state_is_plain_data_and_save_is_atomic(tmp_path, monkeypatch):
     memory.push(times[:30], frames[:30])
     memory.ask(QUESTIONS[0])
     path = memory.save(tmp_path / "m")
-    state = torch.load(path / "state.pt", weights_only=True)  # no pickled objects inside
+    state, _ = checkpoint.load(path / "state.pt", "StreamMemory")  # read weights-only: no pickled objects inside
     assert state["counters"]["frames_seen"] == 30
     info = json.loads((path / "memory.json").read_text())
     assert info["summary"]["frames_seen"] == 30 and info["encoders"]["frame"] == {"name": "pixel", "grid": 8}

@@ -76,6 +76,9 @@ def _check_args(args) -> None:
         check_real(args.drift, "--drift", -1.0, 1.0)
     if args.beam is not None:
         _parse_beam(args.beam)
+    for question in args.ask or ():
+        if not question.strip():
+            raise ValueError(f"--ask must be a non-empty question, got {question!r}")
     if args.dialogue is not None:
         check_input_file(args.dialogue, "dialogue")
 

@@ -95,8 +95,9 @@ def _check_args(args) -> None:
     """Every check that needs no torch: done first, so a mistake is reported at once."""
     from ..checks import check_int, check_real
 
-    for name in ("budget", "initial", "frames", "questions"):
+    for name in ("budget", "initial", "questions"):
         check_int(getattr(args, name), "--" + name, 1)
+    check_int(args.frames, "--frames", 1, 1_000_000)  # the synthetic video's bound (PlantedEventVideo's)
     check_int(args.max_rounds, "--max-rounds", 0)
     if args.max_segments is not None:
         check_int(args.max_segments, "--max-segments", 1)

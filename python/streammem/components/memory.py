@@ -642,13 +642,8 @@ def _nodes_from_state(state: dict) -> list[MemoryNode]:
     return nodes
 
 
-def _tree_from_state(state: dict):
-    """A ``CosineTree`` from its ``state_dict()`` (through its own validated loader)."""
-    import io
-
+def _tree_from_state(state):
+    """A ``CosineTree`` from its ``state_dict()`` (or a reader of one), through its own validation."""
     from streammem_kernels import CosineTree
 
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return CosineTree.load(buffer)
+    return CosineTree.from_state_dict(state)

@@ -39,7 +39,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..checkpoint import atomic_write
+from ..checkpoint import atomic_write, inside
 from ..config import MemoryConfig
 from ..models.encoders import encoder_spec, resolve_encoder
 from ..stream.context import Context
@@ -198,7 +198,7 @@ class ArchiveResult:
 
     def load(self, vid: str, **kwargs) -> "VideoMemory":
         """The memory of one video (by id)."""
-        return VideoMemory.load(self.out_dir / "videos" / vid, **kwargs)
+        return VideoMemory.load(inside(self.out_dir / "videos", vid), **kwargs)
 
     @property
     def frames(self) -> int:
@@ -221,7 +221,7 @@ class VideoMemory:
         if not result_path.is_file():
             raise FileNotFoundError(f"{directory} is not an indexed video (missing {_RESULT})")
         memory = StreamMemory.load(directory, frame_encoder, text_encoder, **hooks)
-        return cls(memory, json.loads(result_path.read_text()), directory)
+        return cls(memory, _read_json(result_path), directory)
 
     @property
     def source(self) -> str:
@@ -232,6 +232,17 @@ class VideoMemory:
 
     def summary(self) -> dict:
         return self.memory.summary()
+
+
+def _read_json(path: Path) -> dict:
+    """The JSON object in ``path`` (an index file); a damaged one is one ``ValueError`` naming ``path``."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{path}: not a readable index file ({type(exc).__name__}: {exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a readable index file (a JSON {type(data).__name__}, not an object)")
+    return data
 
 
 def _expand(paths) -> list[Path]:
@@ -256,7 +267,7 @@ def _done(video_dir: Path, source: dict, settings: dict) -> dict | None:
     path = video_dir / _RESULT
     if not path.is_file() or not (video_dir / "state.pt").is_file():
         return None
-    result = json.loads(path.read_text())
+    result = _read_json(path)
     return result if result.get("source") == source and result.get("settings") == settings else None
 
 
@@ -301,7 +312,9 @@ def index_archive(paths: Iterable | str | os.PathLike, out_dir, *, preset: str =
     out_dir = Path(out_dir)
     (out_dir / "videos").mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / _MANIFEST
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+    manifest = _read_json(manifest_path) if manifest_path.is_file() else None
+    if manifest is not None and not isinstance(manifest.get("videos"), dict):
+        raise ValueError(f"{manifest_path}: field 'videos' must map video ids to their entries")
     if manifest is not None and manifest.get("settings") != settings:
         if resume:
             raise ValueError(f"out_dir {out_dir} was indexed with other settings (config, fps, size or encoders); "

@@ -19,9 +19,15 @@ Checkpoints: with ``checkpoint_dir`` the shard writes every stream changed
 since the last checkpoint (``StreamMemory.save``, atomic per stream) and then
 the shard's index ``shard.json`` (atomic), at most every
 ``checkpoint_every_s`` seconds (checked after each push) and on
-``checkpoint()``; the constructor restores whatever the directory holds.  A
-crash loses at most the frames pushed since the last checkpoint, and the next
-push of each stream reports exactly how many (its ``seq`` gap).
+``checkpoint()``; the constructor restores whatever the directory holds.  The
+index is also written, durably, before ``add_stream`` / ``attach_stream``
+return (an attached memory is saved first), so a shard restarted before its
+first checkpoint still holds every stream it acknowledged.  A crash loses at
+most the frames pushed since the last checkpoint, and the next push of each
+stream reports exactly how many (its ``seq`` gap, counted in
+``frames_missing``).  ``shard.json`` is checked on restore: a damaged file, or
+a stream folder outside ``checkpoint_dir/streams``, is a ``ValueError`` naming
+the file.
 
 Concurrency: pushes are serialised (one at a time); questions (``ask``,
 ``search``, ``stats``) may run in other threads at the same time and only wait
@@ -45,7 +51,7 @@ import torch
 
 from streammem_kernels import StreamingSegmenter
 
-from ..checkpoint import atomic_write
+from ..checkpoint import atomic_write, ensure_folder, inside
 from ..components.answers import NOT_IN_MEMORY_ANSWER, Outcome
 from ..components.knowledge import InstantaneityScorer
 from ..config import MemoryConfig
@@ -155,7 +161,10 @@ class ShardMemory:
             self._memories[stream_id] = self._new_memory()
             self._locks[stream_id] = threading.Lock()
             self._dirty.add(stream_id)
-            return True
+        if self.checkpoint_dir is not None:  # durable before the stream is acknowledged
+            with self._push_lock:
+                self._write_index()
+        return True
 
     def remove_stream(self, stream_id: str) -> StreamMemory:
         """Drop a stream (and its checkpoint); returns its memory (e.g. to move it elsewhere)."""
@@ -183,6 +192,10 @@ class ShardMemory:
             self._memories[stream_id] = fresh
             self._locks[stream_id] = threading.Lock()
             self._dirty.add(stream_id)
+        if self.checkpoint_dir is not None:  # its frames and its place in the index, durable before returning
+            with self._push_lock:
+                fresh.save(self.checkpoint_dir / "streams" / _stream_dir(stream_id))
+                self._write_index()
 
     def streams(self) -> list[str]:
         with self._table_lock:
@@ -423,18 +436,16 @@ class ShardMemory:
     def _write_index(self) -> None:
         index = {"format": "streammem.ShardMemory", "version": 1, "config": self.config.to_dict(),
                  "streams": {sid: _stream_dir(sid) for sid in self.streams()}, "time": time.time()}
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        ensure_folder(self.checkpoint_dir)
         atomic_write(self.checkpoint_dir / _INDEX, lambda fh: fh.write(json.dumps(index, indent=1).encode()))
 
     def _restore(self) -> None:
         path = self.checkpoint_dir / _INDEX
         if not path.is_file():
             return
-        index = json.loads(path.read_text())
-        if MemoryConfig.from_dict(index["config"]) != self.config:
-            raise ValueError(f"checkpoint_dir {self.checkpoint_dir} holds a shard with another config")
-        for stream_id, dirname in index["streams"].items():
-            stream_dir = self.checkpoint_dir / "streams" / dirname
+        streams = _read_index(path, self.config)
+        for stream_id, dirname in streams.items():
+            stream_dir = inside(self.checkpoint_dir / "streams", dirname)
             if (stream_dir / "state.pt").is_file():
                 memory = StreamMemory.load(stream_dir, self.frame_encoder, self.text_encoder,
                                            captioner=self.captioner, answer_fn=self.answer_fn,
@@ -444,6 +455,36 @@ class ShardMemory:
             self._memories[stream_id] = memory
             self._locks[stream_id] = threading.Lock()
             self.restored_streams += 1
+
+
+def _read_index(path: Path, config: MemoryConfig) -> dict[str, str]:
+    """The streams (id -> folder name) of the shard index ``path``, checked: JSON of this format and
+    version, the shard's config, stream ids non-empty strings, folder names strings that stay inside
+    the ``streams`` folder (``checkpoint.inside``); otherwise one ``ValueError`` naming ``path``."""
+    try:
+        index = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{path}: not a readable shard index ({type(exc).__name__}: {exc})") from None
+    if not isinstance(index, dict) or index.get("format") != "streammem.ShardMemory" or index.get("version") != 1:
+        raise ValueError(f"{path}: not a shard index of format 'streammem.ShardMemory' version 1")
+    try:
+        saved = MemoryConfig.from_dict(index.get("config"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: field 'config' is not a MemoryConfig ({exc})") from None
+    if saved != config:
+        raise ValueError(f"{path}: the checkpoint folder holds a shard with another config")
+    streams = index.get("streams")
+    if not isinstance(streams, dict):
+        raise ValueError(f"{path}: field 'streams' must map stream ids to folder names")
+    folder = path.parent / "streams"
+    for stream_id, dirname in streams.items():
+        if not stream_id or not isinstance(dirname, str):
+            raise ValueError(f"{path}: field 'streams' entry {stream_id!r:.60} must name a folder")
+        try:
+            inside(folder, dirname)
+        except ValueError as exc:
+            raise ValueError(f"{path}: field 'streams' entry {stream_id!r:.60}: {exc}") from None
+    return streams
 
 
 def _rss_mb() -> float | None:

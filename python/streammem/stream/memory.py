@@ -59,7 +59,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import atomic_write
+from ..checkpoint import StateReader, atomic_write, ensure_folder, reader_for
+from ..checkpoint import load as load_checkpoint, save as save_checkpoint
 from ..checks import is_real
 from ..components.answers import (
     NOT_IN_MEMORY_ANSWER, Calibration, Outcome, WordVectors, answer_features, choose_basis, content_words, grounding,
@@ -77,16 +78,14 @@ from ..models.encoders import EncodedFrames, encode_frames, encoder_spec, encode
 from .basis import candidates as basis_candidates, time_basis
 from .calibration import default_calibration
 from .context import Context, PushResult, node_view
+from .state_checks import FORMAT as _FORMAT, VERSION as _VERSION
+from .state_checks import check_header, check_memory_state, saved_config
 
 __all__ = ["StreamMemory"]
 
-_FORMAT = "streammem.StreamMemory"
-_VERSION = 1
 _STATE_FILE = "state.pt"
 _INFO_FILE = "memory.json"
 MAX_FEATURE_ABS = 1e15  # float32 squared distances of D <= 4096 such features over 10^4 rows stay finite
-_STATE_KEYS = ("config", "encoders", "counters", "stream_time", "timings", "gate", "short_term", "long_term",
-               "events", "bounded", "dialogue")
 
 
 def _check_frames(frames, *, batched: bool):
@@ -644,68 +643,52 @@ class StreamMemory:
                     state[name] = cap.state_dict()
             return state
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore ``state_dict()`` output into a memory built with the same config and encoder dimensions."""
+    def load_state_dict(self, state) -> None:
+        """Restore ``state_dict()`` output into a memory built with the same config and encoder dimensions.
+
+        ``state`` is a dict or a ``checkpoint.StateReader`` (what :meth:`load` reads from a file).
+        Every field is checked before the memory changes (``state_checks.check_memory_state``:
+        counters, stream time, finite floats, the node table's ids, children and embeddings, ...),
+        each failure one ``ValueError`` naming the field (and the file).
+        """
+        reader = reader_for(state, "StreamMemory")
         with self._push_lock, self._quiet():
-            if not isinstance(state, dict) or state.get("format") != _FORMAT:
-                raise ValueError("state is not a StreamMemory state_dict")
-            if state.get("version") != _VERSION:
-                raise ValueError(f"unsupported StreamMemory state version {state.get('version')!r} "
-                                 f"(this is {_VERSION})")
-            missing = [k for k in _STATE_KEYS if k not in state]
-            if missing:
-                raise ValueError(f"state is not a complete StreamMemory state_dict (missing {missing})")
-            saved = MemoryConfig.from_dict(state["config"])
-            if saved != self.config:
-                diff = sorted(k for k, v in saved.to_dict().items() if self.config.to_dict()[k] != v)
-                raise ValueError(f"state was saved with another config (fields {diff} differ)")
-            enc = state["encoders"]
-            if enc["text_dim"] != int(self.text_encoder.dim):
-                raise ValueError(f"state was saved with a {enc['text_dim']}-d text encoder, this memory has "
-                                 f"{self.text_encoder.dim}-d")
-            if enc["frame_dim"] is not None and self.frame_encoder is not None \
-                    and enc["frame_dim"] != int(self.frame_encoder.dim):
-                raise ValueError(f"state was saved with a {enc['frame_dim']}-d frame encoder, this memory has "
-                                 f"{self.frame_encoder.dim}-d")
-            try:
-                c = state["counters"]
-                self.frames_seen = int(c["frames_seen"])
-                self.frames_missing = int(c["frames_missing"])
-                self.frames_formed = int(c["frames_formed"])
-                self._encoded_kept = int(c["encoded_kept"])
-                self.questions = int(c["questions"])
-                self.stream_time = state["stream_time"]
-                self.timings = Counter(state["timings"])
-                self.gate.load_state_dict(state["gate"])
-                self.short_term.load_state_dict(state["short_term"])
-                self.long_term.load_state_dict(state["long_term"])
-                self.events.load_state_dict(state["events"])
-                if self.bounded is not None:
-                    self.bounded.load_state_dict(state["bounded"])
-                self.dialogue.load_state_dict(state["dialogue"])
-                for name in ("captioner", "event_captioner"):
-                    cap = getattr(self, name)
-                    if name in state and cap is not None and callable(getattr(cap, "load_state_dict", None)):
-                        cap.load_state_dict(state[name])
-            except (KeyError, IndexError, TypeError, AttributeError) as exc:
-                raise ValueError(f"state is a malformed StreamMemory state_dict ({type(exc).__name__}: {exc}); this "
-                                 f"memory is left partly restored, build a new one") from exc
+            check_memory_state(reader, self.config, int(self.text_encoder.dim),
+                               None if self.frame_encoder is None else int(self.frame_encoder.dim),
+                               self.bounded is not None)
+            c = reader.state["counters"]
+            self.frames_seen = int(c["frames_seen"])
+            self.frames_missing = int(c["frames_missing"])
+            self.frames_formed = int(c["frames_formed"])
+            self._encoded_kept = int(c["encoded_kept"])
+            self.questions = int(c["questions"])
+            self.stream_time = None if reader.state["stream_time"] is None else float(reader.state["stream_time"])
+            self.timings = Counter(reader.state["timings"])
+            for name in ("gate", "short_term", "long_term", "events", "dialogue"):
+                component = getattr(self, name)
+                reader.restore(name, lambda: component.load_state_dict(reader.state[name]))
+            if self.bounded is not None:
+                reader.restore("bounded", lambda: self.bounded.load_state_dict(reader.state["bounded"]))
+            for name in ("captioner", "event_captioner"):
+                cap = getattr(self, name)
+                if name in reader.state and cap is not None and callable(getattr(cap, "load_state_dict", None)):
+                    reader.restore(name, lambda: cap.load_state_dict(reader.state[name]))
 
     def save(self, directory) -> Path:
         """Write the memory to ``directory`` (created): ``state.pt`` and a readable ``memory.json``.
 
-        ``state.pt`` is replaced atomically (written beside, then renamed), so
-        a crash during ``save`` leaves the previous checkpoint intact.
+        ``state.pt`` is a checkpoint file (``streammem.checkpoint``: a header, a SHA-256 of the
+        payload) replaced atomically, so a crash during ``save`` leaves the previous checkpoint
+        intact and no temporary behind (one left by a killed process is removed by the next save).
         """
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = ensure_folder(directory)
         with self._quiet():  # state and summary of the same moment
             state = self.state_dict()
             summary = self.summary()
         info = {"format": _FORMAT, "version": _VERSION, "config": state["config"], "encoders": state["encoders"],
                 "summary": summary}
         atomic_write(directory / _INFO_FILE, lambda fh: fh.write(json.dumps(info, indent=1).encode()))
-        atomic_write(directory / _STATE_FILE, lambda fh: torch.save(state, fh))
+        save_checkpoint(directory / _STATE_FILE, "StreamMemory", state, version=_VERSION)
         return directory
 
     @classmethod
@@ -713,22 +696,28 @@ class StreamMemory:
         """A memory saved with ``save``; encoders not passed are rebuilt from their saved spec.
 
         ``hooks``: ``captioner``, ``event_captioner``, ``answer_fn``, ``instantaneity``,
-        ``calibration`` as for the constructor (they are code and settings, not state).
+        ``calibration`` as for the constructor (they are code and settings, not state).  A missing
+        ``state.pt`` raises ``FileNotFoundError``; a damaged, truncated or foreign one, or a state
+        with an invalid field, one ``ValueError`` naming the file (and the field).
         """
         path = Path(directory) / _STATE_FILE
         if not path.is_file():
             raise FileNotFoundError(f"no saved StreamMemory in {directory} (missing {_STATE_FILE})")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        return cls.from_state_dict(state, frame_encoder, text_encoder, **hooks)
+        state, _ = load_checkpoint(path, "StreamMemory", versions=(_VERSION,))
+        return cls.from_state_dict(StateReader(path, "StreamMemory", state), frame_encoder, text_encoder, **hooks)
 
     @classmethod
-    def from_state_dict(cls, state: dict, frame_encoder=None, text_encoder=None, **hooks) -> "StreamMemory":
-        """Build a memory from its config in ``state`` and restore it (encoders as for ``load``)."""
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
-            raise ValueError("state is not a StreamMemory state_dict")
-        frame_encoder, text_encoder = encoders_from_specs(state["encoders"], frame_encoder, text_encoder)
-        memory = cls(MemoryConfig.from_dict(state["config"]), frame_encoder, text_encoder, **hooks)
-        memory.load_state_dict(state)
+    def from_state_dict(cls, state, frame_encoder=None, text_encoder=None, **hooks) -> "StreamMemory":
+        """Build a memory from its config in ``state`` (a dict or a ``StateReader``) and restore it
+        (encoders as for ``load``)."""
+        reader = reader_for(state, "StreamMemory")
+        check_header(reader)
+        config = saved_config(reader)
+        specs = reader.dict("encoders")
+        frame_encoder, text_encoder = reader.restore(
+            "encoders", lambda: encoders_from_specs(specs, frame_encoder, text_encoder))
+        memory = cls(config, frame_encoder, text_encoder, **hooks)
+        memory.load_state_dict(reader)
         return memory
 
     # ---- pickling ------------------------------------------------------------

@@ -470,7 +470,7 @@ def test_graph_retrieve_fused_call_raises_the_general_errors():
         q, e = queries.clone(), emb.clone()
         q[1, 3] = bad
         e[40, 0] = bad
-        for args, match in (((q, emb), "queries must be finite"), ((queries, e), "keys must be finite")):
+        for args, match in (((q, emb), "queries must be finite"), ((queries, e), "node_embeddings must be finite")):
             with pytest.raises(ValueError, match=match):
                 graph_retrieve(*args, graph, k=2, hops=1, capacity=8)
             with pytest.raises(ValueError, match=match):
@@ -578,7 +578,7 @@ def test_bad_retrieval_arguments_name_the_argument():
         graph_retrieve(queries, emb, graph, k=2, hops=-1, capacity=8)
     with pytest.raises(ValueError, match="k must be >= 1"):
         graph_retrieve(queries, emb, graph, k=0, hops=1, capacity=8)
-    with pytest.raises(ValueError, match="queries must have D=24"):
+    with pytest.raises(ValueError, match="queries and node_embeddings must have the same number of columns D"):
         graph_retrieve(queries[:, :5], emb, graph, k=2, hops=1, capacity=8)
 
 

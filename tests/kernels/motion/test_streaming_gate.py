@@ -198,3 +198,112 @@ def test_streaming_gate_keeps_what_select_frames_mask_keeps(reference, backend):
     for a, b in ((0, 1), (1, 4), (4, 9), (9, 14)):
         kept += gate.push(clip[a:b])[1]
     assert kept == want and 0 < sum(kept) < len(kept)
+
+
+# --------------------------------------------------------------------------
+# Checkpoints: every field of a restored state checked; the gate's own file
+# --------------------------------------------------------------------------
+def _gate_after(frames=5, reference="previous"):
+    rng = np.random.default_rng(11)
+    gate = StreamingMotionGate(0.3, size=32, reference=reference)
+    gate.push(rng.integers(0, 256, (frames, 24, 32, 3), dtype=np.uint8))
+    return gate
+
+
+def _edit(**changes):
+    def edit(state):
+        for key, value in changes.items():
+            state[key] = value(state) if callable(value) else value
+        return state
+    return edit
+
+
+@pytest.mark.parametrize("edit, field", [
+    (_edit(anchor_gray=lambda s: s["anchor_gray"].fill_(float("nan"))), "anchor_gray"),
+    (_edit(anchor_gray=lambda s: s["anchor_gray"] * 3), "anchor_gray"),
+    (_edit(anchor_gray=lambda s: s["anchor_gray"][:, :5]), "anchor_gray"),
+    (_edit(anchor_gray=None), "anchor_gray"),
+    (_edit(frames_seen=-1), "frames_seen"),
+    (_edit(frames_seen="5"), "frames_seen"),
+    (_edit(frames_kept=lambda s: s["frames_seen"] + 1), "frames_kept"),
+    (_edit(frames_kept=0), "frames_kept"),
+    (_edit(frame_shape=[24, 32, 7]), "frame_shape"),
+    (_edit(frame_shape=[24, -32, 3]), "frame_shape"),
+    (_edit(frame_dtype="object"), "frame_dtype"),
+    (_edit(anchor_is_numpy="yes"), "anchor_is_numpy"),
+    (_edit(version=7), "version"),
+])
+def test_gate_load_state_dict_refuses_each_invalid_field_naming_it(edit, field):
+    """A restored gate state was trusted field by field; each invalid field is now a ValueError
+    naming it, and the gate is left as it was."""
+    state = edit(_gate_after().state_dict())
+    gate = StreamingMotionGate(0.3, size=32)
+    with pytest.raises(ValueError, match=rf"field '{field}(\[\d+\])?'"):
+        gate.load_state_dict(state)
+    assert gate.frames_seen == 0 and gate.state_dict()["anchor_gray"] is None
+
+
+def test_gate_save_load_continues_the_stream_and_damaged_files_are_refused(tmp_path):
+    from tests.support.checkpoint_checks import assert_damage_refused_or_identical, assert_plain_torch_file_refused
+
+    rng = np.random.default_rng(12)
+    frames = rng.integers(0, 256, (8, 24, 32, 3), dtype=np.uint8)
+    whole = StreamingMotionGate(0.2, size=32, reference="last_kept")
+    want = whole.push(frames)
+    gate = StreamingMotionGate(0.2, size=32, reference="last_kept")
+    first = gate.push(frames[:5])
+    path = tmp_path / "gate.ckpt"
+    gate.save(path)
+    back = StreamingMotionGate.load(path)
+    assert back.params() == gate.params()
+    rest = back.push(frames[5:])
+    assert (first[0] + rest[0], first[1] + rest[1]) == want
+
+    def same(loaded):
+        a, b = loaded.state_dict(), gate.state_dict()
+        return loaded.params() == gate.params() and torch.equal(a["anchor_gray"], b["anchor_gray"]) and \
+            (a["frames_seen"], a["frames_kept"]) == (b["frames_seen"], b["frames_kept"])
+
+    assert assert_damage_refused_or_identical(path, lambda: StreamingMotionGate.load(path), same) > 40
+    assert_plain_torch_file_refused(path, lambda: StreamingMotionGate.load(path), gate.state_dict())
+
+
+_KILL_FRAMES = None
+
+
+def _gate_writer_setup(path):
+    global _KILL_FRAMES
+    _KILL_FRAMES = np.random.default_rng(13).integers(0, 256, (64, 24, 32), dtype=np.uint8)
+
+
+def _gate_writer(path, step):
+    """Each step pushes one more frame into a gate of this child and saves it."""
+    global _KILL_GATE
+    if step % 1_000_000 == 1:
+        _KILL_GATE = StreamingMotionGate(0.3, size=None)
+    _KILL_GATE.push(_KILL_FRAMES[step % 64][None])
+    _KILL_GATE.save(path)
+
+
+def test_a_gate_writer_killed_at_random_points_leaves_a_whole_gate(tmp_path):
+    """Killed 24 times at random instants while pushing and saving: every load is a whole gate (its
+    reference gray is one of the frames pushed, its counters consistent), never a torn file."""
+    from tests.support.checkpoint_checks import temporaries
+    from tests.support.kill_points import kill_writer
+
+    path = tmp_path / "gate.ckpt"
+    _gate_writer_setup(str(path))
+    StreamingMotionGate(0.3, size=None).save(path)
+
+    def check():
+        gate = StreamingMotionGate.load(path)
+        if gate.frames_seen:
+            anchor = gate.state_dict()["anchor_gray"].numpy()  # uint8 frames at their own size: the frame
+            assert any(np.array_equal(anchor, f) for f in _KILL_FRAMES)
+        return gate.frames_seen
+
+    seen = kill_writer(__file__, "_gate_writer", [str(path)], check, kills=24, max_delay=0.1,
+                       setup="_gate_writer_setup")
+    assert len(set(seen)) > 1
+    StreamingMotionGate(0.3, size=None).save(path)
+    assert temporaries(tmp_path) == []

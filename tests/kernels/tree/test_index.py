@@ -332,7 +332,7 @@ def test_load_refuses_damaged_and_invalid_files_naming_what_is_wrong(tmp_path):
     (lambda ix: ix.add(torch.randn(1, 4), ids=[0]), "ids must not be held"),
     (lambda ix: ix.add(torch.randn(1, 4), ids=[-1]), "ids must be non-negative"),
     (lambda ix: ix.remove([0, 99]), r"not found: \[99\]"),
-    (lambda ix: ix.search(torch.randn(2, 3), 1), "queries must have D=4"),
+    (lambda ix: ix.search(torch.randn(2, 3), 1), "queries and the index.s keys must have the same number of columns D"),
     (lambda ix: ix.search(torch.tensor([[float("inf"), 0, 0, 0]]), 1), "queries must be finite"),
     (lambda ix: ix.search(torch.randn(1, 4), 0), "k must be"),
     (lambda ix: ix.search(torch.randn(2, 4), 1, ranges=[[0, 1]]), r"ranges must have shape \(Q, 2\)"),

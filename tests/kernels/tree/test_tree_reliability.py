@@ -7,8 +7,11 @@ import threading
 import pytest
 import torch
 
+from streammem_kernels import CosineTree, checkpoint, cosine_topk, tree_search
+from tests.support.checkpoint_checks import (assert_damage_refused_or_identical, assert_plain_torch_file_refused,
+                                             temporaries)
 from tests.support.device_checks import cpu_backends
-from streammem_kernels import CosineTree, cosine_topk, tree_search
+from tests.support.kill_points import kill_writer
 from streammem_kernels.tree.search import TREE_SEARCH
 from streammem_kernels.tree.topk import COSINE_TOPK
 
@@ -30,8 +33,8 @@ def _saved(tmp_path, tree=None, **edits):
     state = tree.state_dict()
     for key, value in edits.items():
         state[key] = value(state) if callable(value) else value
-    path = tmp_path / "edited.pt"
-    torch.save(state, path)
+    path = tmp_path / "edited.ckpt"
+    checkpoint.save(path, "CosineTree", state, version=3)  # a valid file around a hostile state
     return path
 
 
@@ -57,7 +60,7 @@ def _three_node_cycle(state):
     ({"child_idx": _set("child_idx", 0, 10**6)}, "child_idx"),
     ({"child_idx": _set("child_idx", 0, 1)}, "inconsistent"),  # duplicate child in a run
     ({"child_ptr": _set("child_ptr", 3, 10**9)}, "child_ptr"),
-    ({"embeddings": _set("embeddings", (0, 0), float("nan"))}, "non-finite"),
+    ({"embeddings": _set("embeddings", (0, 0), float("nan"))}, "'embeddings' must be finite"),
     ({"embeddings": _set("embeddings", 0, 3.0)}, "unit-norm"),
     ({"embeddings": lambda s: s["embeddings"][:1].expand(s["embeddings"].shape[0], -1)}, "stride-0"),
     ({"embeddings": lambda s: s["embeddings"].t().contiguous().t()}, "contiguous"),
@@ -68,11 +71,18 @@ def _three_node_cycle(state):
     ({"dim": 10**12}, "dim"),
     ({"dim": "6"}, "dim"),
     ({"version": 99}, "version"),
-    ({"checksum": 12345}, "checksum"),
+    ({"format": "streammem.Other"}, "format"),
 ])
 def test_load_rejects_malformed_states_with_a_value_error_naming_the_problem(tmp_path, edits, match):
+    """Each hostile state, inside a file whose header and checksum are valid, is refused naming the
+    file and the field; the same state handed to from_state_dict is refused naming the field."""
+    path = _saved(tmp_path, **edits)
+    with pytest.raises(ValueError, match=match) as info:
+        CosineTree.load(path)
+    assert str(path) in str(info.value) and "CosineTree checkpoint field" in str(info.value)
+    state, _ = checkpoint.load(path, "CosineTree", versions=(3,))
     with pytest.raises(ValueError, match=match):
-        CosineTree.load(_saved(tmp_path, **edits))
+        CosineTree.from_state_dict(state)
 
 
 def test_load_rejects_a_parent_cycle_and_never_hangs_in_remove(tmp_path):
@@ -94,17 +104,25 @@ def test_load_rejects_a_root_level_beyond_the_node_count(tmp_path, root_level):
 def test_load_rejects_missing_keys_and_non_states(tmp_path):
     state = _tree().state_dict()
     del state["child_idx"]
-    torch.save(state, tmp_path / "missing.pt")
-    with pytest.raises(ValueError, match="child_idx"):
-        CosineTree.load(tmp_path / "missing.pt")
-    torch.save([1, 2, 3], tmp_path / "list.pt")
-    with pytest.raises(ValueError, match="saved CosineTree"):
-        CosineTree.load(tmp_path / "list.pt")
-    (tmp_path / "text.pt").write_text("not a tree")
-    with pytest.raises(ValueError, match="readable"):
-        CosineTree.load(tmp_path / "text.pt")
-    with pytest.raises(FileNotFoundError):
-        CosineTree.load(tmp_path / "absent.pt")
+    checkpoint.save(tmp_path / "missing.ckpt", "CosineTree", state, version=3)
+    with pytest.raises(ValueError, match="'child_idx' is missing"):
+        CosineTree.load(tmp_path / "missing.ckpt")
+    checkpoint.save(tmp_path / "other.ckpt", "StreamMemory", _tree().state_dict())
+    with pytest.raises(ValueError, match="holds a 'StreamMemory' state"):
+        CosineTree.load(tmp_path / "other.ckpt")
+    (tmp_path / "text.ckpt").write_text("not a tree " * 20)
+    with pytest.raises(ValueError, match="text.ckpt.*no checkpoint header"):
+        CosineTree.load(tmp_path / "text.ckpt")
+    with pytest.raises(ValueError, match="absent.ckpt: no such checkpoint file"):
+        CosineTree.load(tmp_path / "absent.ckpt")
+    with pytest.raises(ValueError, match="must be a dict"):
+        CosineTree.from_state_dict([1, 2, 3])
+
+
+def test_a_tree_file_from_before_the_checkpoint_format_is_refused_naming_the_version(tmp_path):
+    state = _tree().state_dict()
+    state["checksum"] = 0  # what the CRC32 files held
+    assert_plain_torch_file_refused(tmp_path / "old.pt", lambda: CosineTree.load(tmp_path / "old.pt"), state)
 
 
 def _corrupt_and_load(path, mutate):
@@ -143,8 +161,8 @@ def test_load_rejects_corrupted_files(tmp_path, mutate):
 
 
 def test_every_single_byte_flip_of_the_arrays_is_rejected_or_harmless(tmp_path):
-    """The CRC covers every array byte: flipping any single byte of a saved file either makes
-    it unreadable or fails the checksum (never a tree with different contents)."""
+    """The SHA-256 covers every byte: flipping any single byte of a saved file either makes it
+    unreadable or fails the checksum (never a tree with different contents)."""
     tree = _tree(leaves=5, dim=4)
     path = tmp_path / "tree.pt"
     tree.save(path)
@@ -162,6 +180,56 @@ def test_every_single_byte_flip_of_the_arrays_is_rejected_or_harmless(tmp_path):
         state, ref = back.state_dict(), tree.state_dict()
         assert all(torch.equal(state[key], ref[key]) for key in ref if isinstance(ref[key], torch.Tensor))
     assert changed > 0
+
+
+def test_damaged_tree_files_are_refused_naming_the_file(tmp_path):
+    tree = _tree(leaves=20, dim=8)
+    tree.remove([3])
+    path = tmp_path / "tree.ckpt"
+    tree.save(path)
+    ref = tree.state_dict()
+
+    def same(back):
+        state = back.state_dict()
+        return all(torch.equal(state[k], ref[k]) for k in ref if isinstance(ref[k], torch.Tensor))
+
+    assert assert_damage_refused_or_identical(path, lambda: CosineTree.load(path), same) > 40
+
+
+def _grown_tree(step: int) -> CosineTree:
+    """The tree of a writer's step: 300 leaves (a 50 KB file) whose first row encodes the step."""
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randn(300, 32, generator=g)
+    rows[0, :2] = torch.tensor([float(step % 1000), float(step // 1000)])
+    tree = CosineTree(32)
+    tree.add_leaves(rows)
+    tree.grow(5)
+    return tree
+
+
+def _save_tree_step(path, step):
+    _grown_tree(step).save(path)
+
+
+def test_a_tree_writer_killed_at_random_points_leaves_the_old_or_the_new_tree(tmp_path):
+    """CosineTree.save wrote in place (a kill during the write destroyed the previous file): killed
+    24 times at random instants, every load afterwards gives the whole tree of one step, and the next
+    save sweeps the temporaries the killed writers left."""
+    path = tmp_path / "tree.ckpt"
+    _save_tree_step(path, 0)
+
+    def check():
+        back = CosineTree.load(path)
+        first = torch.nn.functional.normalize(back.embeddings[0], dim=0)
+        expected = _grown_tree(0)  # the leaves of every step differ in row 0 only (and so do its parents)
+        assert torch.equal(back.embeddings[1:300], expected.embeddings[1:300])
+        assert torch.equal(back.parent, expected.parent) and torch.equal(back.child_idx, expected.child_idx)
+        return tuple(first[:2].tolist())
+
+    seen = kill_writer(__file__, "_save_tree_step", [str(path)], check, kills=24, max_delay=0.1)
+    assert len(set(seen)) > 1
+    _save_tree_step(path, 1)
+    assert temporaries(tmp_path) == []
 
 
 def test_loaded_tree_is_usable_after_validation(tmp_path):

@@ -290,8 +290,7 @@ def test_load_version1_file_without_tombstones(tmp_path):
     state = tree.state_dict()
     state["version"] = 1
     del state["alive"]
-    torch.save(state, tmp_path / "v1.pt")
-    back = CosineTree.load(tmp_path / "v1.pt")
+    back = CosineTree.from_state_dict(state)
     assert bool(back.alive.all()) and torch.equal(back.roots, tree.roots)
 
 
@@ -299,9 +298,8 @@ def test_load_rejects_dead_ids_in_child_runs(tmp_path):
     tree = _random_tree(6, leaves=10)
     state = tree.state_dict()
     state["alive"][int(state["child_idx"][0])] = False
-    torch.save(state, tmp_path / "bad.pt")
     with pytest.raises(ValueError, match="inconsistent"):
-        CosineTree.load(tmp_path / "bad.pt")
+        CosineTree.from_state_dict(state)
 
 
 def test_set_embeddings_normalises_and_changes_search():

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...checkpoint import atomic_write
+from ...checkpoint import StateReader, atomic_write, ensure_folder, reader_for
+from ...checkpoint import load as load_checkpoint, save as save_checkpoint
 from ...components.answers import (
     NOT_IN_MEMORY_ANSWER, Calibration, Outcome, WordVectors, answer_features, content_words, extractive_answer,
 )
@@ -31,6 +32,7 @@ from .extraction import (
     CooccurrenceExtractor, ExtractionContext, MemoryChunk, _call_extractor, _chunks_from_state, _chunks_state, name_key,
 )
 from .graph import RELATION, GraphEvictionReport, GraphHits, LongTermGraph, interleave
+from .state_checks import check_memverse_state
 
 __all__ = ["MemVerse", "MemVerseContext"]
 
@@ -332,6 +334,9 @@ class MemVerse:
         return out
 
     def _check_times(self, timestamps, n: int) -> list[float]:
+        kind = np.asarray(timestamps.detach() if isinstance(timestamps, torch.Tensor) else timestamps).dtype.kind
+        if kind not in "iuf":  # "9" would convert to 9.0: a time is a number, never text
+            raise ValueError(f"timestamps must be numbers (seconds), got {timestamps!r:.60}")
         times = [timestamps] if np.ndim(timestamps) == 0 else list(np.asarray(timestamps, np.float64).reshape(-1))
         if len(times) != n:
             raise ValueError(f"timestamps must hold one time per item ({n}), got {len(times)}")
@@ -525,16 +530,13 @@ class MemVerse:
             "evictions": [asdict(r) for r in self.evictions], "timings": dict(self.timings),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
-            raise ValueError("state is not a MemVerse state_dict")
-        if state.get("version") != _VERSION:
-            raise ValueError(f"unsupported MemVerse state version {state.get('version')!r} (this is {_VERSION})")
-        if MemVerseConfig.from_dict(state["config"]) != self.config:
-            raise ValueError("state was saved with another MemVerseConfig")
-        if int(state["encoders"]["text_dim"]) != int(self.text_encoder.dim):
-            raise ValueError(f"state was saved with a {state['encoders']['text_dim']}-d text encoder, this memory "
-                             f"has {self.text_encoder.dim}-d")
+    def load_state_dict(self, state) -> None:
+        """Restore ``state_dict()`` output (a dict, or a ``checkpoint.StateReader`` of a file).  Every
+        field is checked before the memory changes (``state_checks.check_memverse_state``), each
+        failure one ``ValueError`` naming the field (and the file)."""
+        reader = reader_for(state, "MemVerse")
+        check_memverse_state(reader, _FORMAT, _VERSION, self.config, int(self.text_encoder.dim))
+        state = reader.state
         self._new_video_front()
         self.session, self.stream_time = int(state["session"]), state["stream_time"]
         self._next_chunk, self.questions = int(state["next_chunk"]), int(state["questions"])
@@ -543,23 +545,23 @@ class MemVerse:
         last = state["last_consolidated"]
         self._last_consolidated = None if last is None else (_chunks_from_state(last["chunk"])[0],
                                                              tuple(last["entities"]))
-        self.graph.load_state_dict(state["graph"])
-        self.gate.load_state_dict(state["gate"])
-        self.events.load_state_dict(state["events"])
+        reader.restore("graph", lambda: self.graph.load_state_dict(state["graph"]))
+        reader.restore("gate", lambda: self.gate.load_state_dict(state["gate"]))
+        reader.restore("events", lambda: self.events.load_state_dict(state["events"]))
         self._open, self._open_first = records_from_state(state["open"]), int(state["open_first"])
         self.frames_seen = int(state["frames_seen"])
         self.evictions = [GraphEvictionReport(**r) for r in state["evictions"]]
         self.timings = Counter(state["timings"])
 
     def save(self, directory) -> Path:
-        """``state.pt`` (``torch.load(weights_only=True)``) and a readable ``memverse.json`` in ``directory``."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        """``state.pt`` (a checkpoint file: ``streammem.checkpoint``'s header, SHA-256 and atomic
+        replacement) and a readable ``memverse.json`` in ``directory``."""
+        directory = ensure_folder(directory)
         state = self.state_dict()
         info = {"format": _FORMAT, "version": _VERSION, "config": state["config"], "encoders": state["encoders"],
                 "summary": self.summary()}
         atomic_write(directory / "memverse.json", lambda fh: fh.write(json.dumps(info, indent=1).encode()))
-        atomic_write(directory / "state.pt", lambda fh: torch.save(state, fh))
+        save_checkpoint(directory / "state.pt", "MemVerse", state, version=_VERSION)
         return directory
 
     @classmethod
@@ -571,10 +573,12 @@ class MemVerse:
         path = Path(directory) / "state.pt"
         if not path.is_file():
             raise FileNotFoundError(f"no saved MemVerse in {directory} (missing state.pt)")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
-            raise ValueError(f"{path} is not a saved MemVerse")
-        frame_encoder, text_encoder = encoders_from_specs(state["encoders"], frame_encoder, text_encoder)
-        memory = cls(text_encoder, frame_encoder, config=MemVerseConfig.from_dict(state["config"]), **hooks)
-        memory.load_state_dict(state)
+        state, _ = load_checkpoint(path, "MemVerse", versions=(_VERSION,))
+        reader = StateReader(path, "MemVerse", state)
+        specs = reader.dict("encoders")
+        frame_encoder, text_encoder = reader.restore("encoders",
+                                                     lambda: encoders_from_specs(specs, frame_encoder, text_encoder))
+        config = reader.restore("config", lambda: MemVerseConfig.from_dict(reader.dict("config")))
+        memory = cls(text_encoder, frame_encoder, config=config, **hooks)
+        memory.load_state_dict(reader)
         return memory

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Iterable
 
@@ -22,6 +23,14 @@ class Turn:
     speaker: str
     text: str
     session: int | None = None
+
+    def __post_init__(self):
+        _check_time(self.t, "Turn")
+        if not isinstance(self.speaker, str) or not isinstance(self.text, str):
+            raise ValueError(f"Turn: speaker and text must be strings, got {type(self.speaker).__name__} and "
+                             f"{type(self.text).__name__}")
+        if self.session is not None and (isinstance(self.session, bool) or not isinstance(self.session, Integral)):
+            raise ValueError(f"Turn: session must be an int or None, got {self.session!r:.40}")
 
 
 @dataclass(frozen=True)
@@ -44,8 +53,12 @@ class Question:
 
 
 def _check_time(value, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{where}: t must be a finite number of seconds, got {value!r}")
+    try:  # an int beyond float's range (10**400) overflows: not a time either
+        ok = not isinstance(value, bool) and isinstance(value, Real) and math.isfinite(float(value))
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{where}: t must be a finite number of seconds, got {value!r:.60}")
     return float(value)
 
 
@@ -97,6 +110,8 @@ def read_dialogue(path) -> list[Turn | Question]:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
+            except RecursionError:
+                raise ValueError(f"{where}: JSON nested too deeply (a turn or question is one flat object)") from None
             item = _item_from_json(obj, where)
             if item.t < last:
                 raise ValueError(f"{where}: t = {item.t} is before the previous line's {last}")

@@ -12,6 +12,8 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ...checkpoint import StateReader, reader_for
+from ...checkpoint import load as load_checkpoint, save as save_checkpoint
 from ...components.answers import NOT_IN_MEMORY_ANSWER, Calibration, Outcome, extractive_answer
 from ...components.bounded import BoundedMemory, utility
 from ...components.memory import FrameRecord, LongTermMemory, MemoryNode
@@ -23,6 +25,7 @@ from .distill import Distillate, Distiller, ExtractiveDistiller
 from .extract import Fact, FactExtractor, PatternExtractor, check_facts, fact_key
 from .recall import Recall, RecalledUnit
 from .units import KeyedUnits, MemoryUnit, statement
+from .state_checks import check_prostream_state
 
 __all__ = ["ProStream", "DialogueTree", "RecalledUnit", "Recall", "ProStreamStats"]
 
@@ -267,8 +270,11 @@ class ProStream:
             embeddings = self.text_encoder.encode([turn.text for turn in turns])
             self._time("encode", t0)
         embeddings = torch.as_tensor(embeddings)
-        if embeddings.dim() != 2 or embeddings.shape[0] != len(turns) or not embeddings.is_floating_point():
-            raise ValueError(f"embeddings must be a float ({len(turns)}, E) tensor, got {tuple(embeddings.shape)}")
+        dim = int(self.text_encoder.dim)
+        if embeddings.dim() != 2 or embeddings.shape[0] != len(turns) or not embeddings.is_floating_point() \
+                or embeddings.shape[1] != dim:
+            raise ValueError(f"embeddings must be a float ({len(turns)}, E) tensor with E = {dim} (the text "
+                             f"encoder's), got {tuple(embeddings.shape)} {embeddings.dtype}")
         if not bool(torch.isfinite(embeddings).all()):
             raise ValueError("embeddings must be finite")
         embeddings = F.normalize(embeddings.float(), dim=1)
@@ -644,21 +650,18 @@ class ProStream:
             "open_segments": list(self._open_segments), "superseded": sorted(self._superseded),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
-            raise ValueError("state is not a ProStream state_dict")
-        if state.get("version") != _VERSION:
-            raise ValueError(f"unsupported ProStream state version {state.get('version')!r} (this is {_VERSION}; "
-                             f"version 1 states hold no keyed units)")
-        if ProStreamConfig.from_dict(state["config"]) != self.config:
-            raise ValueError("state was saved with another ProStreamConfig")
-        if state["text_dim"] != int(self.text_encoder.dim):
-            raise ValueError(f"state was saved with a {state['text_dim']}-d text encoder, this memory has "
-                             f"{self.text_encoder.dim}-d")
-        self.tree.load_state_dict(state["tree"])
-        self.bounded.load_state_dict(state["bounded"])
-        self.units.load_state_dict(state["units"])
-        self.segmenter.load_state_dict(state["segmenter"])
+    def load_state_dict(self, state) -> None:
+        """Restore ``state_dict()`` output (a dict, or a ``checkpoint.StateReader`` of a file).  Every
+        field is checked before the memory changes (``state_checks.check_prostream_state``), each
+        failure one ``ValueError`` naming the field (and the file)."""
+        reader = reader_for(state, "ProStream")
+        check_prostream_state(reader, _FORMAT, _VERSION, self.config, int(self.text_encoder.dim))
+        state = reader.state
+        # The segmenter checks its own tensors before it changes: first, so a bad one leaves all as it was.
+        reader.restore("segmenter", lambda: self.segmenter.load_state_dict(reader.sub("segmenter")))
+        reader.restore("tree", lambda: self.tree.load_state_dict(state["tree"]))
+        reader.restore("bounded", lambda: self.bounded.load_state_dict(state["bounded"]))
+        reader.restore("units", lambda: self.units.load_state_dict(state["units"]))
         self.stats = ProStreamStats(**state["stats"])
         self.stream_time = state["stream_time"]
         self.timings = dict(state["timings"])
@@ -669,19 +672,19 @@ class ProStream:
         self._cost = self.bounded.total_cost()
 
     def save(self, path) -> Path:
-        """Write ``state_dict()`` to ``path`` (a file)."""
-        path = Path(path)
-        torch.save(self.state_dict(), path)
-        return path
+        """Write ``state_dict()`` to ``path`` (a file) in the checkpoint format (``streammem.checkpoint``:
+        a header, a SHA-256 of the payload, atomic replacement: a crash leaves the previous file)."""
+        return save_checkpoint(path, "ProStream", self.state_dict(), version=_VERSION)
 
     @classmethod
     def load(cls, path, text_encoder, **hooks) -> "ProStream":
         """A memory saved with ``save`` (pass the same encoder; ``distiller`` / ``extractor`` / ``answer_fn`` /
-        ``calibration`` as hooks)."""
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
-            raise ValueError(f"{path} does not hold a ProStream state")
-        memory = cls(text_encoder, ProStreamConfig.from_dict(state["config"]), **hooks)
-        memory.load_state_dict(state)
+        ``calibration`` as hooks).  A missing, damaged, truncated or foreign file, or a state with an invalid
+        field, is one ``ValueError`` naming the file (and the field)."""
+        state, _ = load_checkpoint(path, "ProStream", versions=(_VERSION,))
+        reader = StateReader(path, "ProStream", state)
+        config = reader.restore("config", lambda: ProStreamConfig.from_dict(reader.dict("config")))
+        memory = cls(text_encoder, config, **hooks)
+        memory.load_state_dict(reader)
         return memory
 

@@ -6,6 +6,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -14,6 +15,8 @@ import torch.nn.functional as F
 
 from streammem_kernels import TopKResult
 
+from ...checkpoint import StateReader, reader_for
+from ...checkpoint import load as load_checkpoint, save as save_checkpoint
 from ...components.answers import NOT_IN_MEMORY_ANSWER, Calibration, Outcome, WordVectors
 from ...components.memory import FrameRecord, LabelCaptioner, caption_text
 from ...components.timeref import TimeReference, in_window, parse_time_reference
@@ -21,6 +24,7 @@ from ...io.video import VideoSource
 from ...models.encoders import encode_texts
 from .calibration import agent_features, default_calibration
 from .index import LabelTextEmbedder, VideoIndex, _check_count, uniform_indices, unobserved_segments
+from .state import KIND, VERSION as STATE_VERSION, agent_state, read_agent_state
 
 __all__ = [
     "FrameCaptioner",
@@ -438,6 +442,39 @@ class VideoAgent:
         index = VideoIndex.from_frames(None, video, frame_encoder, LabelTextEmbedder(text_encoder),
                                        keep_frames=keep_frames)
         return cls(index, text_encoder, **kwargs)
+
+    # ---- checkpoints ---------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The index, the caption cache and the loop's settings (``state.agent_state``); the hooks and
+        the query encoder are not state."""
+        return agent_state(self, self._captions)
+
+    def save(self, path) -> Path:
+        """Write the agent to ``path`` (one checkpoint file, ``streammem.checkpoint``: a header, a
+        SHA-256 of the payload, atomic replacement)."""
+        return save_checkpoint(path, KIND, self.state_dict(), version=STATE_VERSION)
+
+    @classmethod
+    def load(cls, path, query_encoder, **hooks) -> "VideoAgent":
+        """An agent saved with :meth:`save`; pass the same query encoder and the hooks (``captioner``,
+        ``policy``, ``answerer``, ``calibration``).  A missing, damaged or foreign file, or a state
+        with an invalid field, is one ``ValueError`` naming the file (and the field)."""
+        state, _ = load_checkpoint(path, KIND, versions=(STATE_VERSION,))
+        return cls.from_state_dict(StateReader(path, KIND, state), query_encoder, **hooks)
+
+    @classmethod
+    def from_state_dict(cls, state, query_encoder, **hooks) -> "VideoAgent":
+        """An agent from :meth:`state_dict` output (a dict or a ``StateReader``), every field checked."""
+        reader = reader_for(state, KIND)
+        dim = getattr(query_encoder, "dim", None)
+        got = read_agent_state(reader, None if dim is None else int(dim))
+        index = reader.restore("index", lambda: VideoIndex(**got["index"]))
+        settings = {name: got[name] for name in ("initial", "budget", "max_rounds", "frames_per_segment",
+                                                 "backend")}
+        agent = reader.restore("settings", lambda: cls(index, query_encoder, **settings, **hooks))
+        agent._captions = dict(got["captions"])
+        agent.captions_computed = got["captions_computed"]
+        return agent
 
     # ---- stages --------------------------------------------------------------
     def encode_queries(self, texts: Sequence[str]) -> torch.Tensor:

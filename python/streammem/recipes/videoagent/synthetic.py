@@ -10,6 +10,9 @@ from .index import LabelTextEmbedder, VideoIndex, _check_count
 
 __all__ = ["PlantedQuestion", "PlantedEventVideo", "SCENES", "CUE_FAMILIES", "OBJECTS", "TEMPLATES"]
 
+# The longest synthetic video: a typo (1000000000 frames) stops with a ValueError, not an allocation.
+MAX_FRAMES = 1_000_000
+
 
 # Every name below is an ImageNet-1k class (EfficientNet-lite0's label set), so the
 # synthetic frames carry labels the real frame encoder could emit.
@@ -132,6 +135,9 @@ class PlantedEventVideo:
                  scene_frames: tuple[int, int] = (30, 150),
                  seed: int = 0):
         self.num_frames = _check_count(num_frames, "num_frames", 1)
+        if self.num_frames > MAX_FRAMES:
+            raise ValueError(f"num_frames must be <= {MAX_FRAMES} (about 12 days at 1 fps; its index would not fit in "
+                             f"memory beyond), got {num_frames}")
         n_questions = _check_count(questions, "questions", 1)
         self.distractors = _check_count(distractors, "distractors", 0)
         self.n_options = _check_count(options, "options", 2)
