@@ -174,6 +174,20 @@ def test_kmeans_near_float32_max_or_tiny_is_finite_and_scale_equivariant_on_ever
             torch.testing.assert_close(res.inertia / scale**2, unit.inertia, atol=0, rtol=1e-4)
 
 
+@pytest.mark.parametrize("scale", [3.0e38 / 4.5, 1e38 / 4.5])
+def test_kmeans_one_cluster_near_float32_max_equals_the_reference_on_every_backend(scale):
+    """k = 1 at |x| ~ 1e38: the Triton centre sums overflowed where the reference stays finite."""
+    x = _blobs(scale)
+    want = sk.batched_kmeans(x, 1, init="first", iters=4, backend="torch")
+    assert torch.isfinite(want.centroids).all() and torch.isfinite(want.inertia).all()
+    for backend in KM_BACKENDS:
+        res = sk.batched_kmeans(x, 1, init="first", iters=4, backend=backend)
+        assert torch.equal(res.labels, want.labels), backend
+        atol, rtol = kmeans.LLOYD.tolerance(backend, torch.float32)
+        torch.testing.assert_close(res.centroids, want.centroids, atol=atol, rtol=rtol)
+        torch.testing.assert_close(res.inertia, want.inertia, atol=0, rtol=1e-4)
+
+
 def test_kmeans_inputs_inside_the_scale_range_are_not_rescaled():
     x = _blobs(1.0)
     points, *_ = kmeans._prepare(x, 3, 10, 1e-4, "l2", None, None)
