@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import math
 import numbers
 import os
@@ -40,8 +41,8 @@ from typing import Any, BinaryIO, Callable, Iterable
 
 import torch
 
-__all__ = ["FORMAT_VERSION", "StateReader", "atomic_write", "ensure_folder", "load", "save", "inside", "reader_for",
-           "sweep_temporaries"]
+__all__ = ["FORMAT_VERSION", "StateReader", "atomic_write", "ensure_folder", "load", "load_json", "save", "save_json",
+           "inside", "reader_for", "sweep_temporaries"]
 
 MAGIC = b"SMKCKPT\0"
 FORMAT_VERSION = 1
@@ -219,6 +220,70 @@ def load(path, kind: str, *, versions: Iterable[int] = (1,)) -> tuple[dict, int]
     if not isinstance(state, dict):
         raise fail(f"the state is a {type(state).__name__}, not a dict")
     return state, version
+
+
+def _json_digest(kind: str, version: int, data: dict) -> str:
+    canonical = json.dumps([kind, version, data], sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def save_json(path, kind: str, data: dict, *, version: int = 1) -> Path:
+    """Write the JSON object ``data`` as an index file of ``kind`` to ``path``, atomically.
+
+    Index files (a shard's stream list, an archive's manifest) stay readable JSON:
+    ``{"format": kind, "version": version, "sha256": ..., "data": data}``, the SHA-256 taken over
+    the canonical JSON of kind, version and data (sorted keys, no spaces), so a damaged file is
+    refused by :func:`load_json` like a damaged checkpoint.
+    """
+    _kind_field(kind)
+    if not isinstance(data, dict):
+        raise ValueError(f"data must be a dict, got {type(data).__name__}")
+    doc = {"format": kind, "version": version, "sha256": _json_digest(kind, version, data), "data": data}
+    text = json.dumps(doc, indent=1, allow_nan=False).encode()
+    return atomic_write(path, lambda fh: fh.write(text))
+
+
+def load_json(path, kind: str, *, versions: Iterable[int] = (1,)) -> tuple[dict, int]:
+    """Read an index file of ``kind`` written by :func:`save_json`; returns ``(data, version)``.
+
+    Raises ``ValueError`` naming ``path`` when the file is missing, not JSON, too deeply nested, of
+    another kind or version, or when its data do not match their checksum.
+    """
+    path = Path(path)
+
+    def fail(why: str):
+        return ValueError(f"{path}: not a readable {kind} index: {why}")
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such index file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a folder, not an index file") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be read ({exc.strerror})") from None
+    if len(raw) > MAX_PAYLOAD_BYTES:
+        raise fail(f"{len(raw)} bytes")
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise fail(f"{type(exc).__name__}: {str(exc)[:200]}") from None
+    if not isinstance(doc, dict) or set(doc) != {"format", "version", "sha256", "data"}:
+        raise fail("not an index document (format, version, sha256, data)")
+    if doc["format"] != kind:
+        raise fail(f"it holds a {str(doc['format'])[:40]!r} index")
+    version = doc["version"]
+    if isinstance(version, bool) or not isinstance(version, int) or version not in tuple(versions):
+        raise fail(f"index version {version!r}, this version reads {sorted(versions)}")
+    data = doc["data"]
+    try:
+        ok = isinstance(data, dict) and isinstance(doc["sha256"], str) and \
+            doc["sha256"] == _json_digest(kind, version, data)
+    except (ValueError, TypeError, RecursionError):
+        ok = False
+    if not ok:
+        raise fail("its contents do not match their checksum (the file was damaged)")
+    return data, version
 
 
 def inside(folder, relative) -> Path:

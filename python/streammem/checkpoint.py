@@ -7,6 +7,7 @@ here so that every layer of ``streammem`` takes it from its bottom layer.
 """
 from __future__ import annotations
 
-from streammem_kernels.checkpoint import StateReader, atomic_write, ensure_folder, inside, load, reader_for, save
+from streammem_kernels.checkpoint import (StateReader, atomic_write, ensure_folder, inside, load, load_json, reader_for,
+                                         save, save_json)
 
-__all__ = ["StateReader", "atomic_write", "ensure_folder", "inside", "load", "reader_for", "save"]
+__all__ = ["StateReader", "atomic_write", "ensure_folder", "inside", "load", "load_json", "reader_for", "save", "save_json"]

@@ -131,10 +131,10 @@ def test_shard_periodic_checkpoints_and_removal(tmp_path):
     time.sleep(0.01)
     shard.push([("a", 5, *_batch(items[5:10]))])
     assert shard.stats()["counters"]["checkpoints"] == 2
-    index = json.loads((tmp_path / "shard.json").read_text())
+    index = json.loads((tmp_path / "shard.json").read_text())["data"]
     assert sorted(index["streams"]) == ["a", "b"]
     moved = shard.remove_stream("a")
-    assert moved.frames_seen == 10 and "a" not in json.loads((tmp_path / "shard.json").read_text())["streams"]
+    assert moved.frames_seen == 10 and "a" not in json.loads((tmp_path / "shard.json").read_text())["data"]["streams"]
     other = ShardMemory(CONFIG, PixelEncoder(), HashingTextEncoder())
     other.attach_stream("a", moved)
     assert other.memory_state("a")["counters"]["frames_seen"] == 10
@@ -302,7 +302,7 @@ def test_index_archive_local_manifest_resume_and_failures(tmp_path):
     res = index_archive(clips, out, backend="local", **ARCHIVE)
     ids = [video_id(c) for c in clips]
     assert sorted(res.indexed) == sorted(ids) and res.skipped == [] and res.frames == 3 * 36
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())["data"]
     assert {v["status"] for v in manifest["videos"].values()} == {"done"}
     vm = VideoMemory.load(out / "videos" / ids[1])
     assert vm.source == str(clips[1].resolve()) and vm.summary()["frames_seen"] == 36
@@ -328,7 +328,7 @@ def test_index_archive_local_manifest_resume_and_failures(tmp_path):
     third = index_archive(clips, out, backend="local", **ARCHIVE)
     assert sorted(third.indexed) == sorted([ids[0], ids[2]]) and third.skipped == [ids[1]]
     assert third.videos[ids[0]]["frames"] == 30
-    assert len(json.loads((out / "manifest.json").read_text())["videos"]) == 3
+    assert len(json.loads((out / "manifest.json").read_text())["data"]["videos"]) == 3
 
     with pytest.raises(ValueError, match="other settings"):
         index_archive(clips, out, backend="local", **{**ARCHIVE, "gate_batch": 4})
@@ -338,7 +338,7 @@ def test_index_archive_local_manifest_resume_and_failures(tmp_path):
         index_archive([bad, clips[1]], out, backend="local", **ARCHIVE)
     recorded = index_archive([bad], out, backend="local", on_error="record", **ARCHIVE)
     assert recorded.failed == [video_id(bad)] and "ValueError" in recorded.videos[video_id(bad)]["error"]
-    assert json.loads((out / "manifest.json").read_text())["videos"][video_id(bad)]["status"] == "failed"
+    assert json.loads((out / "manifest.json").read_text())["data"]["videos"][video_id(bad)]["status"] == "failed"
 
 
 def test_index_archive_local_processes_equal_the_loop(tmp_path):

@@ -1,10 +1,9 @@
 """Shard checkpoints: the index may not point outside its folder, a damaged index is one ValueError,
 and a shard restarted before its first checkpoint keeps every stream it acknowledged."""
-import json
-
 import pytest
 
 from streammem import HashingTextEncoder, PixelEncoder
+from streammem.checkpoint import load_json, save_json
 from streammem.distributed import ShardMemory
 from test_distributed import CONFIG, _batch, stream_items
 
@@ -15,13 +14,14 @@ def _shard(folder, **kwargs):
 
 @pytest.mark.parametrize("dirname", ["../../..", "/etc", "../elsewhere", "a/../../../x"])
 def test_shard_json_pointing_outside_its_checkpoint_dir_is_refused(tmp_path, dirname):
-    """shard.json could point a stream at a folder outside the checkpoint directory (../../..)."""
+    """shard.json could point a stream at a folder outside the checkpoint directory (../../..): even a
+    crafted index with a valid checksum is refused."""
     folder = tmp_path / "ckpt"
     shard = _shard(folder)
     shard.add_stream("cam")
-    index = json.loads((folder / "shard.json").read_text())
+    index, version = load_json(folder / "shard.json", "streammem.ShardMemory")
     index["streams"]["cam"] = dirname
-    (folder / "shard.json").write_text(json.dumps(index))
+    save_json(folder / "shard.json", "streammem.ShardMemory", index, version=version)
     with pytest.raises(ValueError, match=r"shard\.json.*leaves the folder|shard\.json.*relative"):
         _shard(folder)
 
@@ -34,6 +34,24 @@ def test_damaged_shard_json_is_one_value_error_naming_it(tmp_path, content):
     (folder / "shard.json").write_bytes(content)
     with pytest.raises(ValueError, match=r"shard\.json"):
         _shard(folder)
+
+
+def test_every_flipped_byte_or_truncation_of_shard_json_is_refused_or_loads_identical(tmp_path):
+    """The stream list is checksummed like a checkpoint: a damaged shard.json never restores another list."""
+    folder = tmp_path / "ckpt"
+    shard = _shard(folder)
+    for sid in ("cam0", "cam1"):
+        shard.add_stream(sid)
+    raw = (folder / "shard.json").read_bytes()
+    for i in range(0, len(raw), max(1, len(raw) // 60)):
+        for damaged in (raw[:i] + bytes([raw[i] ^ 0x04]) + raw[i + 1:], raw[:i]):
+            (folder / "shard.json").write_bytes(damaged)
+            try:
+                restored = _shard(folder)
+            except ValueError as exc:
+                assert "shard.json" in str(exc)
+            else:
+                assert sorted(restored.streams()) == ["cam0", "cam1"]
 
 
 def test_a_shard_restarted_before_its_first_checkpoint_keeps_its_streams_and_counts_the_lost_frames(tmp_path):
@@ -84,3 +102,9 @@ def test_archive_indexes_are_checked_and_never_leave_their_folder(tmp_path):
     (out / "manifest.json").write_bytes(b"[" * 50_000)
     with pytest.raises(ValueError, match="manifest.json"):
         index_archive([clip], out, backend="local", **ARCHIVE)
+    index_archive([clip], tmp_path / "again", backend="local", **ARCHIVE)
+    manifest = tmp_path / "again" / "manifest.json"
+    text = manifest.read_text()
+    manifest.write_text(text.replace('"frames": 12', '"frames": 13'))  # a flipped digit: the checksum refuses it
+    with pytest.raises(ValueError, match="manifest.json.*checksum"):
+        index_archive([clip], tmp_path / "again", backend="local", **ARCHIVE)

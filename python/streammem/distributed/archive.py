@@ -27,7 +27,6 @@ Backends (same result, tested equal):
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import time
@@ -39,7 +38,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..checkpoint import atomic_write, inside
+from ..checkpoint import inside, load_json, save_json
 from ..config import MemoryConfig
 from ..models.encoders import encoder_spec, resolve_encoder
 from ..stream.context import Context
@@ -50,6 +49,8 @@ __all__ = ["index_archive", "index_video", "ArchiveResult", "VideoMemory", "vide
 
 _MANIFEST = "manifest.json"
 _RESULT = "result.json"
+_MANIFEST_KIND = "streammem.Archive"
+_RESULT_KIND = "streammem.VideoResult"
 _VIDEO_EXTENSIONS = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg")
 
 
@@ -114,7 +115,7 @@ def index_video(path, out_dir, config: MemoryConfig, frame_encoder, text_encoder
     result["seconds"]["save"] = round(time.perf_counter() - t2, 4)
     result["seconds"]["total"] = round(time.perf_counter() - t0, 4)
     result["seconds"]["cpu"] = round(time.process_time() - cpu0, 4)  # every thread of this process
-    atomic_write(tmp / _RESULT, lambda fh: fh.write(json.dumps(result, indent=1).encode()))
+    save_json(tmp / _RESULT, _RESULT_KIND, result)
     _replace_dir(tmp, out_dir)
     return result
 
@@ -221,7 +222,7 @@ class VideoMemory:
         if not result_path.is_file():
             raise FileNotFoundError(f"{directory} is not an indexed video (missing {_RESULT})")
         memory = StreamMemory.load(directory, frame_encoder, text_encoder, **hooks)
-        return cls(memory, _read_json(result_path), directory)
+        return cls(memory, _read_json(result_path, _RESULT_KIND), directory)
 
     @property
     def source(self) -> str:
@@ -234,14 +235,10 @@ class VideoMemory:
         return self.memory.summary()
 
 
-def _read_json(path: Path) -> dict:
-    """The JSON object in ``path`` (an index file); a damaged one is one ``ValueError`` naming ``path``."""
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"{path}: not a readable index file ({type(exc).__name__}: {exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a readable index file (a JSON {type(data).__name__}, not an object)")
+def _read_json(path: Path, kind: str) -> dict:
+    """The data of the index file ``path`` (``checkpoint.load_json``: kind, version and checksum checked);
+    a damaged one is one ``ValueError`` naming ``path``."""
+    data, _ = load_json(path, kind)
     return data
 
 
@@ -267,7 +264,7 @@ def _done(video_dir: Path, source: dict, settings: dict) -> dict | None:
     path = video_dir / _RESULT
     if not path.is_file() or not (video_dir / "state.pt").is_file():
         return None
-    result = _read_json(path)
+    result = _read_json(path, _RESULT_KIND)
     return result if result.get("source") == source and result.get("settings") == settings else None
 
 
@@ -312,7 +309,7 @@ def index_archive(paths: Iterable | str | os.PathLike, out_dir, *, preset: str =
     out_dir = Path(out_dir)
     (out_dir / "videos").mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / _MANIFEST
-    manifest = _read_json(manifest_path) if manifest_path.is_file() else None
+    manifest = _read_json(manifest_path, _MANIFEST_KIND) if manifest_path.is_file() else None
     if manifest is not None and not isinstance(manifest.get("videos"), dict):
         raise ValueError(f"{manifest_path}: field 'videos' must map video ids to their entries")
     if manifest is not None and manifest.get("settings") != settings:
@@ -360,7 +357,7 @@ def _manifest_entry(result: dict) -> dict:
 
 
 def _write_manifest(path: Path, manifest: dict) -> None:
-    atomic_write(path, lambda fh: fh.write(json.dumps(manifest, indent=1).encode()))
+    save_json(path, _MANIFEST_KIND, manifest)
 
 
 def _record(result: ArchiveResult, manifest: dict, manifest_path: Path, out: dict) -> None:

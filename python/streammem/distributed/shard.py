@@ -36,7 +36,6 @@ for the formation of the stream they read, never for encoding.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shutil
 import threading
@@ -51,7 +50,7 @@ import torch
 
 from streammem_kernels import StreamingSegmenter
 
-from ..checkpoint import atomic_write, ensure_folder, inside
+from ..checkpoint import ensure_folder, inside, load_json, save_json
 from ..components.answers import NOT_IN_MEMORY_ANSWER, Outcome
 from ..components.knowledge import InstantaneityScorer
 from ..config import MemoryConfig
@@ -63,6 +62,7 @@ from ._threads import ensure_thread, thread_settings
 __all__ = ["ShardMemory", "SearchHit", "stream_shard_class"]
 
 _INDEX = "shard.json"
+_INDEX_KIND = "streammem.ShardMemory"
 
 
 @dataclass(frozen=True)
@@ -434,10 +434,10 @@ class ShardMemory:
         return {"streams_saved": len(saved), "seconds": seconds}
 
     def _write_index(self) -> None:
-        index = {"format": "streammem.ShardMemory", "version": 1, "config": self.config.to_dict(),
-                 "streams": {sid: _stream_dir(sid) for sid in self.streams()}, "time": time.time()}
+        index = {"config": self.config.to_dict(), "streams": {sid: _stream_dir(sid) for sid in self.streams()},
+                 "time": time.time()}
         ensure_folder(self.checkpoint_dir)
-        atomic_write(self.checkpoint_dir / _INDEX, lambda fh: fh.write(json.dumps(index, indent=1).encode()))
+        save_json(self.checkpoint_dir / _INDEX, _INDEX_KIND, index)
 
     def _restore(self) -> None:
         path = self.checkpoint_dir / _INDEX
@@ -458,15 +458,11 @@ class ShardMemory:
 
 
 def _read_index(path: Path, config: MemoryConfig) -> dict[str, str]:
-    """The streams (id -> folder name) of the shard index ``path``, checked: JSON of this format and
-    version, the shard's config, stream ids non-empty strings, folder names strings that stay inside
-    the ``streams`` folder (``checkpoint.inside``); otherwise one ``ValueError`` naming ``path``."""
-    try:
-        index = json.loads(path.read_bytes())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"{path}: not a readable shard index ({type(exc).__name__}: {exc})") from None
-    if not isinstance(index, dict) or index.get("format") != "streammem.ShardMemory" or index.get("version") != 1:
-        raise ValueError(f"{path}: not a shard index of format 'streammem.ShardMemory' version 1")
+    """The streams (id -> folder name) of the shard index ``path``, checked: an index of this kind and
+    version with its checksum (``checkpoint.load_json``), the shard's config, stream ids non-empty
+    strings, folder names strings that stay inside the ``streams`` folder (``checkpoint.inside``);
+    otherwise one ``ValueError`` naming ``path``."""
+    index, _ = load_json(path, _INDEX_KIND)
     try:
         saved = MemoryConfig.from_dict(index.get("config"))
     except (TypeError, ValueError) as exc:
