@@ -295,8 +295,10 @@ class StreamingMotionGate:
         reader.require(seen == 0 or kept >= 1, "frames_kept", "must be >= 1 once frames were seen (the first is kept)")
         if gray is not None:
             shape = reader.ints("frame_shape", low=1, high=1 << 20)
-            reader.require(len(shape) in (2, 3) and (len(shape) == 2 or shape[2] in (1, 3)), "frame_shape",
-                           f"must be (H, W) or (H, W, C) with C in (1, 3), got {shape}")
+            first = self._convention[0] == "first"  # this gate takes (C, H, W) frames
+            channel = shape[0] if first else shape[-1]
+            reader.require(len(shape) in (2, 3) and (len(shape) == 2 or channel in (1, 3)), "frame_shape",
+                           f"must be (H, W) or {'(C, H, W)' if first else '(H, W, C)'} with C in (1, 3), got {shape}")
             name = reader.str("frame_dtype")
             known = name.removeprefix("torch.") in _FRAME_DTYPE_NAMES and is_numpy != name.startswith("torch.")
             reader.require(known, "frame_dtype",
