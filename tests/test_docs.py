@@ -53,3 +53,27 @@ def test_python_blocks_run(page, tmp_path, monkeypatch):
     for line, code, skip in blocks:
         if skip is None:
             exec(compile(code, f"{page.relative_to(ROOT)}:{line}", "exec"), namespace)
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", text, flags=re.M | re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_relative_links_point_at_files_and_headings_that_exist():
+    broken = []
+    for page in PAGES:
+        for target in _LINK.findall(page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # a URL
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file.read_text()):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, broken
