@@ -83,7 +83,7 @@ bench: build
 bench-quick: build
 	$(PY) -m bench.run --quick $(BENCH_ARGS)
 
-# The wheels bench/gpu.sh installs on the GPU machine (no network there): see README "GPU run".
+# The wheels bench/gpu.sh installs on the GPU machine (no network there): see docs/testing.md.
 gpu-carry:
 	bash bench/gpu_carry.sh
 

@@ -61,4 +61,4 @@ __all__ = [
     "linear_token_logprobs",
     "divergence_point",
 ]
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402  (the one place the version is written)

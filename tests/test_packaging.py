@@ -18,6 +18,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import zipfile
 
 import pytest
 
@@ -75,6 +76,34 @@ def test_core_dependencies_are_torch_and_numpy_and_extras_are_coherent():
     for extra, reqs in names.items():
         missing = reqs - dev - {"streammem-kernels"}
         assert not missing, f"[{extra}] packages not in requirements-dev.txt: {sorted(missing)}"
+
+
+def test_version_is_written_once():
+    """streammem_kernels/_version.py is the one place: both packages, the metadata and the changelog agree."""
+    project = _pyproject()
+    assert "version" not in project["project"] and project["project"]["dynamic"] == ["version"]
+    attr = project["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    assert attr == "streammem_kernels._version.__version__"
+    with open(os.path.join(ROOT, "streammem_kernels", "_version.py")) as fh:
+        written = re.search(r'^__version__ = "([^"]+)"$', fh.read(), re.M)[1]
+    import streammem
+    import streammem_kernels
+
+    assert streammem_kernels.__version__ == streammem.__version__ == written
+    literal = re.compile(r'^__version__\s*=', re.M)
+    sources = glob.glob(os.path.join(ROOT, "streammem_kernels", "**", "*.py"), recursive=True)
+    sources += glob.glob(os.path.join(ROOT, "python", "streammem", "**", "*.py"), recursive=True)
+    assert [os.path.relpath(f, ROOT) for f in sources if literal.search(open(f).read())] == \
+        ["streammem_kernels/_version.py"]
+    with open(os.path.join(ROOT, "CHANGELOG.md")) as fh:
+        releases = re.findall(r"^## \[(\d[^\]]*)\]", fh.read(), re.M)
+    assert releases and releases[0] == written, "CHANGELOG.md's newest release is the package version"
+
+
+def test_both_packages_ship_py_typed():
+    package_data = _pyproject()["tool"]["setuptools"]["package-data"]
+    for package, folder in (("streammem_kernels", "streammem_kernels"), ("streammem", "python/streammem")):
+        assert "py.typed" in package_data[package] and os.path.isfile(os.path.join(ROOT, folder, "py.typed"))
 
 
 def test_build_requirements_are_declared():
@@ -165,7 +194,8 @@ def test_sdist_holds_every_source_test_and_bench_file(sdist):
     for needed in ("LICENSE", "README.md", "pyproject.toml", "setup.py", "MANIFEST.in", "Makefile",
                    "requirements-dev.txt", "csrc/cuda/motion.cu", "csrc/cpu/common.h", "tests/conftest.py",
                    "tests/support/motion_baselines.py", "streammem_kernels/runtime/dispatch.py",
-                   "python/streammem/cli/__init__.py"):
+                   "python/streammem/cli/__init__.py", "CHANGELOG.md", "streammem_kernels/py.typed",
+                   "python/streammem/py.typed"):
         assert needed in files, needed
     assert not [f for f in files if f.endswith((".so", ".o", ".pyc")) or f.startswith((".venv/", "build/"))]
     tracked = _tracked_files()
@@ -203,7 +233,12 @@ def test_wheel_in_a_fresh_venv_runs_the_cli_on_the_sample_clip(sdist, tmp_path):
     source = str(next((tmp_path / "src").iterdir()))
     _seed_compiled_modules(source)
     wheel = _build("build_wheel", source, str(tmp_path))
-    assert re.search(r"streammem_kernels-0\.1\.0-.+\.whl$", wheel)
+    from streammem_kernels import __version__
+
+    assert re.search(rf"streammem_kernels-{re.escape(__version__)}-.+\.whl$", wheel)
+    with zipfile.ZipFile(wheel) as zf:
+        shipped = set(zf.namelist())
+    assert {"streammem_kernels/py.typed", "streammem/py.typed", "streammem_kernels/_version.py"} <= shipped
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)

@@ -113,7 +113,6 @@ __all__ = [
     "sample_video_path",
     "update_caption",
 ]
-__version__ = "0.1.0"
 
 
 def __getattr__(name):
@@ -124,6 +123,10 @@ def __getattr__(name):
         return value
     if name == "distributed":
         return importlib.import_module(".distributed", __name__)
+    if name == "__version__":  # one version for both packages, written in streammem_kernels/_version.py
+        from streammem_kernels import __version__
+
+        return __version__
     raise AttributeError(f"module 'streammem' has no attribute {name!r}")
 
 

@@ -4,7 +4,7 @@ Without a browser (always): the page parses, its SVG is well-formed XML, every e
 report promises is there and agrees with the run (one tick per kept frame, points above the
 threshold line exactly for the kept frames, one boundary per event change, one rectangle per tree
 node, one card per question), every image is an inline JPEG thumbnail, and nothing points outside
-the file.  In a real headless Chromium (when one is installed; see README "Tests"): the page loads
+the file.  In a real headless Chromium (when one is installed; see docs/testing.md): the page loads
 with no console error or exception and no network request, its script runs, images decode, a
 click highlights the question's retrieved nodes, the cursor read-out works, and a screenshot
 shows a drawn page.

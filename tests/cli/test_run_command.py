@@ -18,7 +18,7 @@ from streammem.cli.run import (
 from streammem.stream.questions import SAMPLE_QUERIES, parse_query
 from streammem.io.video import sample_video_path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CLI_DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 COLOURS = [c for c, _, _ in SCENES]
 SMALL = ["--no-progress", "--frame-encoder", "pixel", "--text-encoder", "hashing"]
 
@@ -74,9 +74,9 @@ def test_every_flag_of_every_subcommand_has_help():
     assert all(a.help for a in sub._choices_actions)
 
 
-def test_json_fields_documented_in_readme_and_help():
-    text = README.read_text()
-    section = text[text.index("### JSON output"):]
+def test_json_fields_documented_in_docs_and_help():
+    text = CLI_DOC.read_text()
+    section = text[text.index("## JSON output of `streammem run`"):]
     documented = re.findall(r"^\| `([a-z_]+)` \| (summary|queries) \|", section, re.M)
     assert [k for k, where in documented if where == "summary"] == list(SUMMARY_FIELDS)
     assert [k for k, where in documented if where == "queries"] == list(QUERY_FIELDS)

@@ -575,12 +575,11 @@ def test_cli_on_the_sample_clip_with_small_encoders(capsys):
         assert needle in out, needle
 
 
-def test_readme_snippet_runs(tmp_path, monkeypatch, capsys):
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("<!-- MemVerse recipe -->", 1)[1].split("<!-- end MemVerse recipe -->", 1)[0]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+def test_docs_snippet_runs(tmp_path, monkeypatch, capsys):
+    page = (Path(__file__).resolve().parents[2] / "docs" / "recipes" / "memverse.md").read_text()
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md (MemVerse)", "exec"), {})
+    exec(compile(code, "docs/recipes/memverse.md", "exec"), {})
     assert "Ana: I am waiting for the taxi" in capsys.readouterr().out
     assert MemVerse.load(tmp_path / "memverse_ckpt").ask("Who is waiting for a taxi?").facts
 

@@ -649,13 +649,14 @@ def test_extractive_answer_of_a_recall_is_its_best_turn_verbatim():
     assert extractive_answer(Recall("What is Marlow's car?", 20.0, [], 0.001)) is None
 
 
-def test_readme_snippet_runs(tmp_path, monkeypatch, capsys):
-    """The README's ProStream snippet: the keyed unit answers the update, an unstated subject is not in memory."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("<!-- recipe:prostream:begin -->", 1)[1].split("<!-- recipe:prostream:end -->", 1)[0]
+def test_docs_snippet_runs(tmp_path, monkeypatch, capsys):
+    """The usage snippet of docs/recipes/prostream.md: the keyed unit answers the update, an unstated subject is
+    not in memory."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "recipes" / "prostream.md").read_text()
+    section = page.split("<!-- recipe:prostream:begin -->", 1)[1].split("<!-- recipe:prostream:end -->", 1)[0]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md (ProStream)", "exec"), {})
+    exec(compile(code, "docs/recipes/prostream.md (usage)", "exec"), {})
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "Marlow's car is Fiat. extractive answered"
     assert lines[2] == "Not in memory. not_in_memory True"

@@ -459,13 +459,12 @@ def test_cli_errors_exit_2(extra, match, capsys):
     assert match in capsys.readouterr().err
 
 
-def test_readme_snippet_runs_and_prints_what_it_says(capsys):
+def test_docs_snippet_runs_and_prints_what_it_says(capsys):
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("## VideoAgent"):]
+    section = (Path(__file__).resolve().parents[2] / "docs" / "recipes" / "videoagent.md").read_text()
     code = section[section.index("```python\n") + len("```python\n"):section.index("\n```\n")]
-    exec(compile(code, "README.md (VideoAgent)", "exec"), {})
+    exec(compile(code, "docs/recipes/videoagent.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert out[0].split(" | ")[0] == out[0].split(" | ")[1].removeprefix("truth: ")  # the first question: right
     assert out[1].startswith("iterative: accuracy") and out[2].startswith("uniform: accuracy")

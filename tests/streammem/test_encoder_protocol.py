@@ -1,6 +1,6 @@
 """The encoder protocol: a user's frame or text encoder may return EncodedFrames, or bare (n, dim) arrays,
 tensors or rows; anything else is refused with one line saying what to return.  The module docstring's
-and the README's examples run."""
+and the example in docs/streaming.md run."""
 import doctest
 from pathlib import Path
 
@@ -16,7 +16,7 @@ from streammem.models.encoders import encode_frames, encode_texts
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+STREAMING_DOC = Path(__file__).resolve().parents[2] / "docs" / "streaming.md"
 
 
 class Returning:
@@ -120,8 +120,8 @@ def test_module_docstring_example_runs():
     assert result.attempted >= 5 and result.failed == 0
 
 
-def test_readme_encoder_snippet_runs(capsys):
-    section = README.read_text().split("<!-- encoder protocol -->", 1)[1].split("<!-- end encoder protocol -->", 1)[0]
+def test_docs_encoder_snippet_runs(capsys):
+    section = STREAMING_DOC.read_text().split("<!-- encoder protocol -->", 1)[1].split("<!-- end encoder protocol -->", 1)[0]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(code, "README.md (encoder protocol)", "exec"), {"sm": sm})
+    exec(compile(code, "docs/streaming.md (encoder protocol)", "exec"), {"sm": sm})
     assert "ValueError: frame_encoder.encode(frames) returned" in capsys.readouterr().out

@@ -46,7 +46,7 @@ GENERIC_QUESTIONS = (
 )
 
 # The JSON of `streammem run --json`: {"summary": {...}, "queries": [{...}, ...]}.  Every time is
-# stream seconds (the video's own timestamps); durations end in _s or _ms.  README "Command line" shows
+# stream seconds (the video's own timestamps); durations end in _s or _ms.  docs/cli.md shows
 # the same tables (tests/cli/test_run_command.py keeps them equal to these and to the output).
 SUMMARY_FIELDS = {
     "video": "path of the video file",

@@ -223,12 +223,12 @@ def test_predict_checks_its_input():
         km.predict(np.full((2, 3), np.nan))
 
 
-def test_readme_snippet_runs():
+def test_docs_snippet_runs():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    code = readme.split("<!-- k-means -->", 1)[1].split("<!-- end k-means -->", 1)[0]
+    page = (Path(__file__).resolve().parents[3] / "docs" / "ops" / "kmeans.md").read_text()
+    code = page.split("<!-- k-means -->", 1)[1].split("<!-- end k-means -->", 1)[0]
     code = code.split("```python\n", 1)[1].split("```", 1)[0]
     scope = {}
-    exec(compile(code, "README.md (k-means)", "exec"), scope)
+    exec(compile(code, "docs/ops/kmeans.md (k-means)", "exec"), scope)
     assert scope["km"].cluster_centers_.shape == (3, 2) and scope["one"].centroids.shape == (4, 64)
