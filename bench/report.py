@@ -355,7 +355,9 @@ def fmt_value(value: object) -> str:
 
 
 def fmt_ratio(ratio: float) -> str:
-    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}"
+    if ratio < 0.1:
+        return f"{ratio:.2g}"
+    return f"{ratio:.2f}" if ratio < 10 else f"{ratio:.1f}" if ratio < 100 else f"{ratio:.0f}"
 
 
 def run_date(meta: dict) -> str:
@@ -597,7 +599,7 @@ def render_gpu(doc: dict) -> list[str]:
            f"| {device.get('gpu') or doc.get('device') or '?'} | {device.get('driver', '?')} | "
            f"{device.get('compute_cap', '?')} | {device.get('memory', '?')} | "
            f"{(summary.get('host') or {}).get('cores', '?')} | {str(summary.get('started_utc') or '')[:10] or '?'} | "
-           "not recorded (a machine lent to this run alone) |",
+           "not recorded |",
            "", f"Versions: {libs or 'not recorded'}.", "",
            "`bash bench/gpu.sh` (bench/gpu_oneshot.py, the cases in bench/gpu_bench.py). Timings are CUDA events "
            "around each call after one warm-up call; GB/s and TFLOP/s are each case's compulsory bytes and FLOPs over "
