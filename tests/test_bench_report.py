@@ -217,7 +217,9 @@ def test_the_committed_record_is_exactly_what_the_committed_json_generates():
     with open(report.OUTPUTS["full"][0]) as fh:
         committed = fh.read()
     assert committed == page, "bench/RESULTS.md is generated: run `python -m bench.report` (make record)"
-    assert sorted(name for plan in plans for _, name, _, _ in plan) == sorted(os.listdir(report.OUTPUTS["full"][1]))
+    if os.path.isdir(report.OUTPUTS["full"][1]):  # an sdist carries the page without its plots
+        assert sorted(name for plan in plans for _, name, _, _ in plan) == \
+            sorted(os.listdir(report.OUTPUTS["full"][1]))
     # no dates but the headers', no branch names, issue numbers or times of day
     headers = {line for line in committed.splitlines() if line.startswith("| `") and "load average" not in line}
     body = "\n".join(line for line in committed.splitlines() if line not in headers)
