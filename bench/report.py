@@ -404,20 +404,22 @@ def suite_table(rows: list[dict]) -> list[str]:
             stats = bench["stats"]
             lo, hi, band = spread(stats)
             mark = "" if band == main_band else " *"
+            low_cell, high_cell = ("-", "-") if band == "median" else (fmt_time(lo) + mark, fmt_time(hi) + mark)
             units = units_of(bench)
             rate = f"{fmt_rate(units[0] / stats['median'])} {units[1]}/s" if units and stats["median"] > 0 else "-"
             ratio = fmt_ratio(stats["median"] / peer["stats"]["median"]) if peer is not None else "-"
             name = f"`{provider_of(bench)}`"
-            cells = ["" if i else f"`{group}`", f"**{name}**" if is_ours(bench) else name, fmt_time(lo) + mark,
-                     fmt_time(stats["median"]), fmt_time(hi) + mark, ratio, rate,
+            cells = ["" if i else f"`{group}`", f"**{name}**" if is_ours(bench) else name, low_cell,
+                     fmt_time(stats["median"]), high_cell, ratio, rate,
                      *(fmt_value(quality_of(bench)[q]) if q in quality_of(bench) else "-" for q in quality)]
             if memory:
                 peak = (bench.get("extra_info") or {}).get("peak_extra_bytes")
                 cells.append(f"{peak / 2**20:.3g} MiB" if isinstance(peak, (int, float)) else "-")
             body.append(cells)
     lines = table(header, body)
-    if len(bands) > 1:
-        lines += ["", f"\\* {' / '.join(b for b in bands if b != main_band)} instead of {main_band}: "
+    marked = [b for b in bands if b not in (main_band, "median")]
+    if marked:
+        lines += ["", f"\\* {' / '.join(marked)} instead of {main_band}: "
                   "that row's run kept only pytest-benchmark's statistics."]
     return lines
 
