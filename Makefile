@@ -36,7 +36,7 @@ print(needed[0] if needed else "triton==" + (installed or sys.argv[1]))
 endef
 export PINS_PY
 
-.PHONY: demo test test-fast build bench bench-quick gpu-carry clean
+.PHONY: demo test test-fast build bench bench-quick record gpu-carry clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -75,9 +75,14 @@ demo: $(DEMO_STAMP)
 test: build
 	TRITON_INTERPRET=1 STREAMMEM_REQUIRE_CPP=1 $(PY) -m pytest -q -p no:cacheprovider tests
 
-# Full run: rewrites the committed record (bench/RESULTS.md, bench/plots/).
+# Full run that becomes the record: bench/baseline/<machine>-full.json, then bench/RESULTS.md and
+# bench/plots/ regenerated from it (commit all three).
 bench: build
-	$(PY) -m bench.run $(BENCH_ARGS)
+	$(PY) -m bench.run --save-baseline $(BENCH_ARGS)
+
+# The record regenerated from the committed JSON alone (no benchmark runs).
+record: $(STAMP)
+	$(PY) -m bench.report
 
 # Smoke run: writes bench/results/quick/ (git-ignored) and never touches the record.
 bench-quick: build

@@ -20,8 +20,8 @@ after the first, with the same prompt-prefix cache on both sides:
 * exactness: the reuse output is compared token for token with
   ``model.generate`` on [prefix; kept caption prefix].
 
-Run ``python bench/bench_caption_reuse.py`` for the table kept in
-bench/RESULTS.md, or ``pytest bench/bench_caption_reuse.py --benchmark-only``
+Run ``python -m bench.bench_caption_reuse`` for the table (printed), or
+``pytest bench/bench_caption_reuse.py --benchmark-only``
 for pytest-benchmark timings of one event.  ``STREAMMEM_BENCH_QUICK=1`` uses
 fewer events and repeats.
 """

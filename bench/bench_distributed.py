@@ -2,7 +2,7 @@
 
 Run:  .venv/bin/python -m pytest bench/bench_distributed.py -s -p no:cacheprovider \
           --benchmark-json bench/results/distributed.json
-(``-s`` prints the tables for bench/RESULTS.md; ``STREAMMEM_BENCH_QUICK=1`` shrinks every grid.
+(``-s`` prints the tables; ``STREAMMEM_BENCH_QUICK=1`` shrinks every grid.
 ``bench/run.py`` runs it in full mode only.)
 
 Models: EfficientNet-lite0 frames and all-MiniLM-L6-v2 text (the package's real offline models),
@@ -369,7 +369,7 @@ def _f(x, nd=1):
 
 
 def test_report():
-    """Print the tables for bench/RESULTS.md (runs last) and save them as JSON."""
+    """Print the tables (runs last) and save them as JSON."""
     lines = [f"ray.init: {_f(RESULTS.get('ray_init_s'))} s; CPUs: {CPUS}; load average at start: "
              f"{RESULTS.get('machine', {}).get('load_before')}"]
     if RESULTS.get("archive"):

@@ -7,8 +7,7 @@ Two ways to run it:
 * ``python bench/bench_logprobs.py`` -- one fresh subprocess per (case,
   provider) measuring the median time *and* the peak extra memory: the RSS
   high-water mark (``ru_maxrss``) after the op minus the high-water mark once
-  the inputs exist and the libraries are warm.  Prints the markdown table kept
-  in bench/RESULTS.md.
+  the inputs exist and the libraries are warm.  Prints a markdown table.
 
 ``STREAMMEM_BENCH_QUICK=1`` shrinks the grid.  Inputs: H = 576 (SmolLM2-135M),
 V = 49,152 (SmolLM2) and 151,936 (Qwen2), float32, T rows of random data.

@@ -367,7 +367,7 @@ def _ms(values):
 
 
 def test_report():
-    """Print the tables for bench/RESULTS.md (runs last in this file)."""
+    """Print the tables (runs last in this file)."""
     lines = []
     if "clip_ours" in RESULTS and "clip_seed" in RESULTS:
         o, s = RESULTS["clip_ours"], RESULTS["clip_seed"]

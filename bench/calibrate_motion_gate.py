@@ -2,7 +2,7 @@
 
 Run:  .venv/bin/python -m bench.calibrate_motion_gate [--quick] [--sweep]
 
-Prints the tables recorded in bench/RESULTS.md ("Motion gate calibration"):
+Prints the tables of the calibration:
 
 1. static camera (tests/support/motion_clips.py: a fixed multi-scale texture, fresh
    Gaussian sensor noise of 1, 2 and 4 grey levels every frame, 8-bit): the

@@ -5,7 +5,8 @@
 #                                # results in $OUT (bench/results/gpu/ when $OUT is unset); README "GPU run"
 #   bash bench/gpu.sh --full [run.py arguments]
 #                                # the whole suite on the GPU, then every benchmark suite's GPU cases
-#                                # (bench/run.py --gpu): needs make, a venv and a package index; tens of minutes
+#                                # (bench/run.py --gpu --save-baseline: the record gains a GPU section): needs make,
+#                                # a venv and a package index; tens of minutes
 #
 # The one-shot run uses $PYTHON (default python3) as it is: it must import a CUDA build of
 # torch.  It never calls make, pip against an index or venv: the checkout goes on the path
@@ -66,8 +67,8 @@ fi
 
 echo "bench/gpu.sh: benchmark suites with STREAMMEM_BENCH_DEVICE=cuda"
 bench_status=0
-"$PY" -m bench.run --gpu ${run_args[@]+"${run_args[@]}"} || bench_status=$?
+"$PY" -m bench.run --gpu --save-baseline ${run_args[@]+"${run_args[@]}"} || bench_status=$?
 
 echo "bench/gpu.sh: done (tests exit code $tests_status, benchmarks exit code $bench_status); results in" \
-     "bench/results/, report in bench/RESULTS.md"
+     "bench/results/, baseline in bench/baseline/, record in bench/RESULTS.md"
 [[ $tests_status -eq 0 && $bench_status -eq 0 ]]

@@ -1,34 +1,33 @@
-"""Run every benchmark suite in ``bench/`` and regenerate the report of the run's mode.
+"""Run every benchmark suite in ``bench/`` with pytest-benchmark, compare with the committed baseline.
 
-    python -m bench.run                 # full run (up to ~45 min on 2 cores) -> bench/RESULTS.md, bench/plots/
+    python -m bench.run                 # full run (up to ~45 min on 2 cores): JSON in bench/results/
+    python -m bench.run --save-baseline # ... and make it the record: bench/baseline/<machine>-full.json,
+                                        #   then bench/RESULTS.md and bench/plots/ regenerated from it (make bench)
+    python -m bench.run --only tree --save-baseline   # re-measure one suite, replace it in the record
     python -m bench.run --quick         # smoke run: small sizes, few rounds (< 3 min on 2 idle cores)
                                         #   -> bench/results/quick/RESULTS.md and plots/ (git-ignored)
-    python -m bench.run --only motion kmeans
-    python -m bench.run --gpu           # on a CUDA machine (bench/gpu.sh calls this)
-    python -m bench.run --save-baseline # also write bench/baseline/<machine>-<mode>.json to commit
-    python -m bench.run --only tree --save-baseline   # re-measure one suite, replace it in the baseline
+    python -m bench.run --gpu           # on a CUDA machine (bench/gpu.sh --full calls this)
 
 Each ``bench/bench_<suite>.py`` runs with pytest-benchmark in its own subprocess,
 so a crash, a missing optional peer or a timeout in one suite is reported and the
 others still run; the exit status is then 1 (a suite that errors or runs past its
-time limit fails the run, after the results and the report are written).  The per-suite JSON files are merged into one
+time limit fails the run, after the results are written).  The per-suite JSON
+files (``--benchmark-json``) are merged into one
 ``bench/results/<machine>-<mode>-<date>.json`` (pytest-benchmark's own format,
-plus a ``streammem`` key recording the command, the library versions and how
-every suite ended); ``bench/report.py --mode <mode>`` then turns the newest
-files of that mode into its page and plots: full runs write the committed
-record (bench/RESULTS.md, bench/plots/), quick runs their own git-ignored copy,
-so a smoke run never rewrites the record.  While a suite runs, a line reports
-progress at most every 20 s, and a heartbeat names a case that has run for a
-minute without a word.
+with each row's p20 and p80, plus a ``streammem`` key recording the command, the
+library versions, the load average and how every suite ended).
 
-Regressions are judged against the last committed results of the same machine
-and mode, ``bench/baseline/<machine>-<mode>.json`` at git HEAD: when one exists,
-``pytest-benchmark compare`` puts both side by side into
-``bench/results/<run>.compare.txt`` and the report lists every row of ours whose
-median grew by more than 10 % with its p20-p80 range entirely above the
-baseline's (see bench/report.py).  ``--save-baseline`` writes this run (without
-the per-round samples, with their p20 and p80) as the new baseline, to be
-committed with the RESULTS.md it produced.
+Regressions are judged against the committed baseline of the same machine and
+mode, ``bench/baseline/<machine>-<mode>.json`` at git HEAD: ``pytest-benchmark
+compare`` writes both side by side into ``bench/results/<run>.compare.txt``, and a
+``REGRESSION:`` line names every row of ours whose p20-p80 range lies entirely
+above the baseline's (``bench/report.py``, ``regression_lines``).  Regressions are
+report lines, never failures.
+
+The record, ``bench/RESULTS.md``, is generated from the committed JSON only
+(``python -m bench.report``): a full run changes it only with ``--save-baseline``,
+which writes the run (without the per-round samples) as the new baseline and
+regenerates the page from it; commit both.
 """
 from __future__ import annotations
 
@@ -262,6 +261,7 @@ def run_suite(suite: str, json_path: str, quick: bool, gpu: bool, timeout_s: flo
     # CPU seconds of the suite's process: unlike wall time they barely grow when other jobs share
     # the cores, so they estimate what an idle machine needs (wall >= cpu / cores).
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load_before = load_average()
     read_fd, write_fd = os.pipe()
     env["STREAMMEM_PROGRESS_FD"] = str(write_fd)
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty suite can never block on it
@@ -299,7 +299,8 @@ def run_suite(suite: str, json_path: str, quick: bool, gpu: bool, timeout_s: flo
     if quick and suite in QUICK_SELECT:
         status += f" (quick: -k '{QUICK_SELECT[suite][0]}')"
     return {"suite": suite, "status": status, "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1),
-            "pytest_summary": summary.strip("= ")}
+            "pytest_summary": summary.strip("= "), "load_average_before": load_before,
+            "load_average_after": load_average()}
 
 
 def merge_results(parts: list[tuple[str, str]]) -> dict:
@@ -323,10 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes and few rounds (STREAMMEM_BENCH_QUICK=1)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="suites to run, e.g. motion kmeans")
     parser.add_argument("--gpu", action="store_true", help="GPU run: sets STREAMMEM_BENCH_DEVICE=cuda")
-    parser.add_argument("--no-report", action="store_true", help="write the JSON only, leave the report alone")
+    parser.add_argument("--no-report", action="store_true", help="write the JSON only, regenerate no page")
     parser.add_argument("--save-baseline", action="store_true",
-                        help="also write the run to bench/baseline/<machine>-<mode>.json (commit it to make it the "
-                             "reference of later regression checks); with --only, replace just those suites in it")
+                        help="also write the run to bench/baseline/<machine>-<mode>.json, the reference of later "
+                             "regression checks (a full run's is the record: bench/RESULTS.md is regenerated from "
+                             "it); with --only, replace just those suites in it")
     args = parser.parse_args(argv)
 
     available = discover_suites()
@@ -383,15 +385,22 @@ def main(argv: list[str] | None = None) -> int:
     }
     with open(out_path, "w") as fh:
         json.dump(merged, fh, indent=1)
-    print(f"[bench] {len(merged['benchmarks'])} benchmarks from {len(parts)} suites in {total:.0f} s wall, {total_cpu:.0f} s CPU -> "
+    print(f"[bench] {len(merged['benchmarks'])} benchmarks from {len(parts)} suites in {total:.0f} s wall, "
+          f"{total_cpu:.0f} s CPU -> "
           f"{os.path.relpath(out_path, REPO_ROOT)}", flush=True)
 
-    # The report prints the REGRESSION lines itself; without it, print them here.
-    compare_with_baseline(merged, out_path, machine, mode, print_regressions=args.no_report)
+    compare_with_baseline(merged, out_path, machine, mode)
     if args.save_baseline:
         save_baseline(merged, machine, mode, suites if args.only else None)
-    if not args.no_report:
-        report.main(["--mode", mode, "--results-dir", RESULTS_DIR])
+    if args.no_report:
+        pass
+    elif mode == "quick":
+        report.main(["--mode", "quick", "--results-dir", RESULTS_DIR])
+    elif args.save_baseline:
+        report.main(["--mode", "full", "--baseline-dir", report.BASELINE_DIR])
+    else:
+        print("[bench] the record (bench/RESULTS.md) is generated from the committed baseline: this run changes it "
+              "only with --save-baseline", flush=True)
     failed = [r["suite"] for r in runs if not suite_succeeded(r["status"])]
     if failed:
         print(f"[bench] FAILED suites: {', '.join(failed)} (their status above); exit 1", flush=True)
@@ -430,17 +439,31 @@ def save_baseline(merged: dict, machine: str, mode: str, only: list[str] | None)
           flush=True)
 
 
-def compare_with_baseline(merged: dict, out_path: str, machine: str, mode: str, print_regressions: bool) -> None:
-    """``pytest-benchmark compare`` of the committed baseline and this run, saved as ``<run>.compare.txt``."""
+def compare_with_baseline(merged: dict, out_path: str, machine: str, mode: str) -> list[str]:
+    """Print the regressions against the committed baseline and save ``pytest-benchmark compare``'s table of both
+    as ``<run>.compare.txt``; return the regression lines."""
     baseline = report.committed_baseline(report.BASELINE_DIR, machine, mode)
     if baseline is None:
         print(f"[bench] no committed baseline for {machine}-{mode} in bench/baseline/: no comparison", flush=True)
-        return
-    if print_regressions:
-        for line in report.regression_lines(merged, baseline):
-            print(f"[bench] {line}", flush=True)
+        return []
+    regressions = report.regression_lines(merged, baseline)
+    before = (baseline.get("streammem") or {}).get("load_average_before", "?")
+    verdict = f"{len(regressions)} found" if regressions else "none"
+    print(f"[bench] regression check against the committed {os.path.relpath(baseline['_path'], REPO_ROOT)} (rows of "
+          f"ours whose p20-p80 range lies above the baseline's; load average {before} before the baseline's run, "
+          f"{merged.get('streammem', {}).get('load_average_before', '?')} before this one): {verdict}", flush=True)
+    for line in regressions:
+        print(f"[bench] {line}", flush=True)
+    compare_path = write_compare_table(baseline, out_path)
+    print(f"[bench] side-by-side table with the committed baseline: {os.path.relpath(compare_path, REPO_ROOT)}",
+          flush=True)
+    return regressions
+
+
+def write_compare_table(baseline: dict, out_path: str) -> str:
+    """``pytest-benchmark compare`` of the baseline and the run at ``out_path``, saved as ``<run>.compare.txt``."""
     with tempfile.TemporaryDirectory(prefix="streammem-baseline-") as tmp:
-        committed = os.path.join(tmp, f"committed-{machine}-{mode}.json")
+        committed = os.path.join(tmp, "committed-" + os.path.basename(baseline["_path"]))
         with open(committed, "w") as fh:
             json.dump(report.strip_for_baseline(baseline), fh)
         cmd = [sys.executable, "-m", "pytest_benchmark", "compare", committed, out_path, "--group-by=fullname",
@@ -454,8 +477,7 @@ def compare_with_baseline(merged: dict, out_path: str, machine: str, mode: str, 
     with open(compare_path, "w") as fh:
         fh.write(f"# {os.path.relpath(out_path, REPO_ROOT)} vs the committed "
                  f"{os.path.relpath(baseline['_path'], REPO_ROOT)} (git HEAD)\n{text}")
-    print(f"[bench] side-by-side table with the committed baseline: {os.path.relpath(compare_path, REPO_ROOT)}",
-          flush=True)
+    return compare_path
 
 
 if __name__ == "__main__":

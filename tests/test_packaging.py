@@ -202,7 +202,7 @@ def test_sdist_holds_every_source_test_and_bench_file(sdist):
     if tracked is None:
         pytest.skip("not a git checkout: the sdist is checked against the named files only")
     wanted = [f for f in tracked if f.startswith(("csrc/", "streammem_kernels/", "python/", "tests/"))
-              or re.fullmatch(r"bench/[^/]+\.(py|sh|md)|bench/baseline/.+\.json", f)]
+              or re.fullmatch(r"bench/[^/]+\.(py|sh|md)|bench/(baseline|results/gpu)/.+\.json", f)]
     missing = sorted(set(wanted) - files)
     assert not missing, f"tracked files missing from the sdist: {missing}"
 

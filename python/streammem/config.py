@@ -38,7 +38,7 @@ class Preset:
 
 # StreamChat's thresholds t (0.13 / 0.35 / 0.58) were set on its single-scale mean over all textured
 # pixels; these are re-derived for the gate's default pyramid and "moving" statistic
-# (bench/calibrate_motion_gate.py, tables in bench/RESULTS.md, "Motion gate calibration"):
+# (bench/calibrate_motion_gate.py prints the calibration tables):
 # t = 0.25 / 0.40 / 0.65, i.e. 0.33 / 0.67 / 1.86 px per frame at the 224 px working size.  Base
 # keeps, with a 15 % margin, an 8 px object (at 224) moving 1.4 px/frame on a static camera (scores
 # 0.47-0.54; the literal statistic reads 0.04 px and kept nothing); slow keeps objects from about a

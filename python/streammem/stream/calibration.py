@@ -6,7 +6,7 @@ the question with a :class:`~streammem.components.answers.Calibration`: the
 confidence is a logistic function of the basis's ``cosine``, ``grounding`` and
 ``names`` (``answer_features``), the outcome "not in memory" below the
 threshold.  The values below were fitted by ``bench/bench_abstention.py``
-(command and figures: ``bench/results/abstention_summary.md``) on its
+(command and figures: ``docs/answers.md``) on its
 calibration set for the pipeline -- planted label streams with seeds separate
 from the evaluation set -- with at most 2 % of the unanswerable calibration
 questions answered.  Pass ``calibration=`` to ``StreamMemory`` /

@@ -55,7 +55,7 @@ questions):
    each node.
 
 The flat baseline (:meth:`LongTermGraph.search_flat`) is cosine top-k over the
-chunk embeddings; ``bench/RESULTS.md`` compares both on a planted-fact
+chunk embeddings; ``bench/bench_memverse.py`` compares both on a planted-fact
 multi-session memory (``synthetic.PlantedFactMemory``, scored by ``evaluation.hit_rates``).
 
 **CSR growth.**  Rows list their entries newest first (under ``max_fanout`` a
@@ -64,7 +64,7 @@ entity's newest chunks).  A consolidation batch of ``b`` new entries is merged
 into the existing CSR by :func:`extend_csr`: old entries move by the number of
 new entries in rows up to theirs, new ones are written in front of each row
 -- O(E + b log b), no re-sort of the E old entries (``CSRGraph.from_edges``
-would sort everything again; both are measured in RESULTS.md).  Evictions
+would sort everything again; both are measured in bench/bench_memverse.py).  Evictions
 filter entries in place of order (:func:`compact_csr`), also without a sort.
 
 **Bounded growth** (``budget``): a graph-aware equivalent of

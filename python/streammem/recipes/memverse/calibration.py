@@ -10,7 +10,7 @@ encoder's word embeddings: "work" and "job") -- which a
 :class:`~streammem.components.answers.Calibration` turns into a confidence;
 below the threshold the answer is "not in memory".  The
 values below were fitted by ``bench/bench_abstention.py`` (command and
-figures: ``bench/results/abstention_summary.md``) on planted-fact memories
+figures: ``docs/answers.md``) on planted-fact memories
 (``PlantedFactMemory`` with its questions and as many about people and kin
 never mentioned) whose seeds are not those of the evaluation set, with at most
 2 % of the unanswerable calibration questions answered.  Pass

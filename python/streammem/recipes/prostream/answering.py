@@ -10,7 +10,7 @@ question with a time reference ("in the last minute", "at the beginning",
 time meets its window.
 
 The default calibrations were fitted by ``bench/bench_abstention.py`` (command
-and figures: ``bench/results/abstention_summary_prostream.md``) on synthetic dialogues
+and figures: ``docs/answers.md``) on synthetic dialogues
 (``synthetic_dialogue`` with its questions and as many about subjects never
 stated: an entity's attribute nobody mentioned) whose seeds are not those of
 the evaluation set, with at most 2 % of the unanswerable calibration questions

@@ -9,7 +9,7 @@ chosen option, 0 for the answerer's fallback), and a
 :class:`~streammem.components.answers.Calibration` turns them into the
 confidence that the answer is right; below its threshold the answer is "not
 in memory".  The values below were fitted by ``bench/bench_abstention.py``
-(command and figures: ``bench/results/abstention_summary.md``) on planted
+(command and figures: ``docs/answers.md``) on planted
 videos (``PlantedEventVideo`` with its questions and as many about animals that
 never appear) whose seeds are not those of the evaluation set, with at most
 2 % of the unanswerable calibration questions answered.  Pass
