@@ -28,6 +28,7 @@ from tests.support.motion_baselines import seed_style_flow  # noqa: E402
 from streammem import MotionGate  # noqa: E402
 from streammem_kernels import motion_magnitude  # noqa: E402
 from streammem_kernels.runtime.dispatch import load_native  # noqa: E402
+from streammem_kernels.runtime.native import view  # noqa: E402
 from streammem_kernels.samples import read_video, sample_video_path  # noqa: E402
 
 cv2 = pytest.importorskip("cv2")
@@ -229,13 +230,19 @@ def test_raw_kernel_tiny(benchmark):
     mod, why = load_native("cpu", "motion")
     if mod is None:
         pytest.skip(why)
-    frames = torch.rand(2, 9, 9).numpy()
+    frames = torch.rand(2, 9, 9)
     benchmark.group = "motion-overhead"
     benchmark.extra_info.update(pairs=1, provider="ours-raw-cpp-module")
     from streammem_kernels import motion
 
     args = motion._cpp_lk_args(5, 1e-5, 1, "moving")
-    benchmark(lambda: mod.lk_flow(frames, *args))
+
+    def raw():  # the C++ entry alone, on buffers allocated per call as the public function's are
+        flow_px, mean_uv = np.empty(1, np.float32), np.empty((1, 2), np.float32)
+        return mod.lk_flow(view(frames), *args, flow_px.__dlpack__(), mean_uv.__dlpack__(), None)
+
+    assert raw() == 0
+    benchmark(raw)
 
 
 # --------------------------------------------------------------------------
