@@ -298,7 +298,7 @@ def test_interleave_alternates_and_skips_duplicates():
 # Extraction
 # --------------------------------------------------------------------------
 def test_cooccurrence_extractor_is_deterministic_labels_and_time():
-    ext = CooccurrenceExtractor(gap=5.0)
+    ext = CooccurrenceExtractor(gap=5.0, statements=False)
     known = {"parking meter", "taxicab"}
     prev = _chunk(0, "0.0-4.0s: taxicab, street sign", t=4.0, labels=("taxicab", "street sign"))
     turn = _chunk(1, "the Parking-Meter was broken, said Ana", t=6.0, speaker="Ana", labels=("car",))
@@ -312,6 +312,25 @@ def test_cooccurrence_extractor_is_deterministic_labels_and_time():
     late = _chunk(2, "later", t=60.0, labels=("car",))
     assert ext.extract(late, ExtractionContext(turn, out.entities, lambda n: False)).relations == ()
     assert name_key(" Car-Mirror ") == "car mirror"
+
+
+def test_cooccurrence_extractor_statements_keep_the_turns_words():
+    ext = CooccurrenceExtractor(gap=5.0)
+    known = {"parking meter", "taxicab"}
+    prev = _chunk(0, "0.0-4.0s: taxicab, street sign", t=4.0, labels=("taxicab", "street sign"))
+    turn = _chunk(1, "Ana: the Parking-Meter was broken", t=6.0, speaker="Ana", labels=("car",))
+    out = ext.extract(turn, ExtractionContext(prev, ("taxicab", "street sign"), lambda n: name_key(n) in known))
+    said = "said ana the parking meter was broken"
+    # The speaker is reached through the statements: not an entity of the chunk, no co-occurrence pairs with it.
+    assert out.entities == ("car", "parking meter")
+    assert out.relations == (("car", "appears with", "parking meter"), ("Ana", said, "car"),
+                             ("Ana", said, "parking meter"))
+    clip = _chunk(2, "8.0-9.0s: minivan", t=9.0, labels=("minivan",))
+    out = ext.extract(clip, ExtractionContext(turn, out.entities, lambda n: False))
+    assert out == Extraction(("minivan",), (("Ana", said + " before", "minivan"),))
+    small_talk = _chunk(3, "Ana: so tired", t=10.0, speaker="Ana")  # no other entity: the plain default
+    assert ext.extract(small_talk, ExtractionContext(clip, ("minivan",), lambda n: False)) == \
+        Extraction(("Ana",), (("minivan", "followed by", "Ana"),))
 
 
 def test_bad_extractor_output_is_a_clear_error():
@@ -505,7 +524,8 @@ def test_video_frames_become_event_chunks_with_labels_and_time_links():
     g = memory.graph
     assert g.relation_id("red", "followed by", "green") is not None
     assert g.relation_id("blue", "followed by", "Ana") is not None  # the turn right after the blue event
-    assert g.relation_id("Ben", "appears with", "green") is not None  # "green" spelled out in the turn: a known name
+    # "green" spelled out in the turn: a known name, and what Ben said about it is a relation
+    assert g.relation_id("Ben", "said ben i liked the green part", "green") is not None
     ctx = memory.ask("when was the screen green?")
     (green,) = [c for c in ctx.chunks if c["modality"] == "video" and c["text"].endswith("green")]
     assert green["text"] == "2.0-3.4s: green" and green["frames"] == [20, 34] and ctx.seeds[0]["node"] == "green"
