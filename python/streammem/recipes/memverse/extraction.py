@@ -104,7 +104,7 @@ class CooccurrenceExtractor:
     previous chunk's entities to this chunk's new ones when the chunks are at
     most ``gap`` seconds apart; at most ``max_pairs`` of each.
 
-    ``statements`` (default on) adds what a speaker said about each other
+    ``statements`` (default on) keeps what a speaker said about each other
     entity of the turn, the way an open information extractor keeps the
     clause as the predicate: ``(speaker, "said " + <the turn's words>,
     entity)``, e.g. ``"Alice: Yara is my sister."`` -> ``("Alice", "said alice
@@ -116,13 +116,15 @@ class CooccurrenceExtractor:
     "minivan")``).  The words are the turn's own (lower case, as the memory
     shows it, speaker included), no type is inferred; the relation's text,
     and so its embedding, carries what was said, which a question's
-    embedding can match.  A chunk with statements gets no "appears with"
-    pair involving its speaker and no "followed by" relation, and its
-    speaker is not linked to it (the speaker is reached through the
-    statements, so a speaker's node does not bring every turn they spoke).
-    At most ``max_pairs`` statements per chunk; ``statements=False`` is the
-    plain co-occurrence extractor.  A user's model extracting typed facts
-    ("Alice works at the bakery") goes in its place.
+    embedding can match.  A chunk with statements is linked through them
+    only: no entities of its own (a person's node would otherwise bring
+    whichever turns mention them last), no "appears with" or "followed by"
+    relations.  A turn that names no entity but its speaker ("Alice: I am
+    so tired.") extracts its speaker and no relation; a clip that no turn
+    just before describes gets the co-occurrence entities and relations.  At
+    most ``max_pairs`` statements per chunk; ``statements=False`` is the
+    plain co-occurrence extractor.  A user's model extracting typed facts ("Alice works at the
+    bakery") goes in its place.
     """
 
     name = "co-occurrence (deterministic default, not a model)"
@@ -155,23 +157,20 @@ class CooccurrenceExtractor:
             before = {name_key(p): p for p in context.previous_entities}
             followed = [(before[a], "followed by", names[b]) for a in sorted(before) for b in keys
                         if a != b and a not in names]
-        said = []
-        if self.statements:
-            speaker = name_key(chunk.speaker) if chunk.speaker else ""
-            if speaker:
-                said = [(chunk.speaker, _said(chunk), names[k]) for k in keys if k != speaker]
-            if prev is not None and prev.speaker and not chunk.speaker and chunk.t_start - prev.t_end <= self.gap:
-                said += [(prev.speaker, _said(prev) + " before", names[k]) for k in keys
-                         if k != name_key(prev.speaker)]
-            if said:
-                # The statements say more than co-occurrence: no "appears with" for the speaker's pairs, no
-                # "followed by"; the speaker is reached through its statements (not linked to every turn).
-                with_pairs = [r for r in with_pairs if speaker not in (name_key(r[0]), name_key(r[2]))]
-                followed = []
-                names.pop(speaker, None)
-                keys = sorted(names)
-        relations = with_pairs[: self.max_pairs] + followed[: self.max_pairs] + said[: self.max_pairs]
-        return Extraction(tuple(names[k] for k in keys), tuple(relations))
+        if not self.statements:
+            return Extraction(tuple(names[k] for k in keys), tuple(with_pairs[: self.max_pairs] +
+                                                                  followed[: self.max_pairs]))
+        speaker = name_key(chunk.speaker) if chunk.speaker else ""
+        said = [(chunk.speaker, _said(chunk), names[k]) for k in keys if k != speaker] if speaker else []
+        if prev is not None and prev.speaker and not chunk.speaker and chunk.t_start - prev.t_end <= self.gap:
+            said += [(prev.speaker, _said(prev) + " before", names[k]) for k in keys
+                     if k != name_key(prev.speaker)]
+        if said:  # linked through what was said only
+            return Extraction((), tuple(said[: self.max_pairs]))
+        if speaker and keys == [speaker]:  # a turn that names nothing else: its speaker, no relation
+            return Extraction((chunk.speaker,), ())
+        return Extraction(tuple(names[k] for k in keys), tuple(with_pairs[: self.max_pairs] +
+                                                              followed[: self.max_pairs]))
 
 
 def _said(chunk: MemoryChunk) -> str:
