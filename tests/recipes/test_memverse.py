@@ -397,6 +397,21 @@ def test_graph_retrieves_planted_evidence_flat_top_k_cannot(planted):
     assert {k for k, _, _ in r} == {"graph", "flat", "hybrid"} and r["flat", "all", 8]["n"] == len(data.questions)
 
 
+def test_default_extractor_graph_beats_flat_on_planted_answers(minilm, one_intra_op_thread):
+    """With the default extractor (statements and co-occurrence, not a model) and a semantic encoder, the
+    graph search finds the chunk holding the answer clearly more often than flat cosine top-k: the statement
+    relations carry what was said (single facts), lead from a kin fact to the kin's facts (two-hop) and from a
+    turn to the clip after it (cross-modal).  Measured at this size: graph 0.77, flat 0.61 (seed 0)."""
+    data = PlantedFactMemory(people=12, sessions=4, fillers=16, seed=0)
+    memory = MemVerse(minilm)
+    chunks = data.feed(memory)
+    r = hit_rates(memory, data, chunks, ks=(8,))
+    assert r["graph", "all", 8]["answer"] >= r["flat", "all", 8]["answer"] + 0.15
+    assert r["graph", "cross-modal", 8]["answer"] >= 0.9 and r["graph", "two-hop", 8]["answer"] > \
+        r["flat", "two-hop", 8]["answer"]
+    assert r["hybrid", "all", 8]["answer"] >= r["flat", "all", 8]["answer"] + 0.1
+
+
 # --------------------------------------------------------------------------
 # The recipe: window, consolidation, questions, budget, checkpoints
 # --------------------------------------------------------------------------
