@@ -240,7 +240,7 @@ def test_planted_fact_hit_rates():
              + "); ans = the chunk holding the answer is.", "",
              "| extractor | method | single | two-hop | cross-modal | all |", "|---|---|---|---|---|---|"]
     memories = {}
-    for label, extractor in (("default (co-occurrence, not a model)", None),
+    for label, extractor in (("default (statements + co-occurrence, not a model)", None),
                              ("ground-truth triples (upper bound)", data.ground_truth_extractor())):
         memory = MemVerse(enc, extractor=extractor)
         t0 = time.perf_counter()

@@ -298,7 +298,7 @@ def test_interleave_alternates_and_skips_duplicates():
 # Extraction
 # --------------------------------------------------------------------------
 def test_cooccurrence_extractor_is_deterministic_labels_and_time():
-    ext = CooccurrenceExtractor(gap=5.0)
+    ext = CooccurrenceExtractor(gap=5.0, statements=False)
     known = {"parking meter", "taxicab"}
     prev = _chunk(0, "0.0-4.0s: taxicab, street sign", t=4.0, labels=("taxicab", "street sign"))
     turn = _chunk(1, "the Parking-Meter was broken, said Ana", t=6.0, speaker="Ana", labels=("car",))
@@ -312,6 +312,28 @@ def test_cooccurrence_extractor_is_deterministic_labels_and_time():
     late = _chunk(2, "later", t=60.0, labels=("car",))
     assert ext.extract(late, ExtractionContext(turn, out.entities, lambda n: False)).relations == ()
     assert name_key(" Car-Mirror ") == "car mirror"
+
+
+def test_cooccurrence_extractor_statements_keep_the_turns_words():
+    ext = CooccurrenceExtractor(gap=5.0)
+    known = {"parking meter", "taxicab"}
+    prev = _chunk(0, "0.0-4.0s: taxicab, street sign", t=4.0, labels=("taxicab", "street sign"))
+    turn = _chunk(1, "Ana: the Parking-Meter was broken", t=6.0, speaker="Ana", labels=("car",))
+    out = ext.extract(turn, ExtractionContext(prev, ("taxicab", "street sign"), lambda n: name_key(n) in known))
+    said = "said ana the parking meter was broken"
+    # Linked through what was said only: no entities of its own, no co-occurrence relations.
+    assert out == Extraction((), (("Ana", said, "car"), ("Ana", said, "parking meter")))
+    clip = _chunk(2, "8.0-9.0s: minivan, mailbox", t=9.0, labels=("minivan", "mailbox"))
+    out = ext.extract(clip, ExtractionContext(turn, out.entities, lambda n: False))
+    assert out == Extraction((), (("Ana", said + " before", "mailbox"), ("Ana", said + " before", "minivan")))
+    later = _chunk(3, "30.0-31.0s: minivan, mailbox", t=30.0, labels=("minivan", "mailbox"))  # no turn before it
+    assert ext.extract(later, ExtractionContext(clip, (), lambda n: False)) == \
+        Extraction(("mailbox", "minivan"), (("mailbox", "appears with", "minivan"),))
+    small_talk = _chunk(4, "Ana: so tired", t=31.0, speaker="Ana")  # names nothing else: the speaker only
+    assert ext.extract(small_talk, ExtractionContext(later, ("minivan",), lambda n: False)) == \
+        Extraction(("Ana",), ())
+    assert ext.extract(turn, ExtractionContext(None, (), lambda n: False)) == \
+        CooccurrenceExtractor(gap=5.0).extract(turn, ExtractionContext(None, (), lambda n: False))  # deterministic
 
 
 def test_bad_extractor_output_is_a_clear_error():
@@ -373,6 +395,21 @@ def test_graph_retrieves_planted_evidence_flat_top_k_cannot(planted):
     assert r["hybrid", "cross-modal", 8]["answer"] >= 0.8
     assert r["graph", "all", 16]["answer"] > r["flat", "all", 16]["answer"] + 0.1
     assert {k for k, _, _ in r} == {"graph", "flat", "hybrid"} and r["flat", "all", 8]["n"] == len(data.questions)
+
+
+def test_default_extractor_graph_beats_flat_on_planted_answers(minilm, one_intra_op_thread):
+    """With the default extractor (statements and co-occurrence, not a model) and a semantic encoder, the
+    graph search finds the chunk holding the answer clearly more often than flat cosine top-k: the statement
+    relations carry what was said (single facts), lead from a kin fact to the kin's facts (two-hop) and from a
+    turn to the clip after it (cross-modal).  Measured at this size: graph 0.77, flat 0.61 (seed 0)."""
+    data = PlantedFactMemory(people=12, sessions=4, fillers=16, seed=0)
+    memory = MemVerse(minilm)
+    chunks = data.feed(memory)
+    r = hit_rates(memory, data, chunks, ks=(8,))
+    assert r["graph", "all", 8]["answer"] >= r["flat", "all", 8]["answer"] + 0.15
+    assert r["graph", "cross-modal", 8]["answer"] >= 0.9 and r["graph", "two-hop", 8]["answer"] > \
+        r["flat", "two-hop", 8]["answer"]
+    assert r["hybrid", "all", 8]["answer"] >= r["flat", "all", 8]["answer"] + 0.1
 
 
 # --------------------------------------------------------------------------
@@ -504,8 +541,8 @@ def test_video_frames_become_event_chunks_with_labels_and_time_links():
     memory.end_session()
     g = memory.graph
     assert g.relation_id("red", "followed by", "green") is not None
-    assert g.relation_id("blue", "followed by", "Ana") is not None  # the turn right after the blue event
-    assert g.relation_id("Ben", "appears with", "green") is not None  # "green" spelled out in the turn: a known name
+    # "green" spelled out in the turn: a known name, and what Ben said about it is a relation
+    assert g.relation_id("Ben", "said ben i liked the green part", "green") is not None
     ctx = memory.ask("when was the screen green?")
     (green,) = [c for c in ctx.chunks if c["modality"] == "video" and c["text"].endswith("green")]
     assert green["text"] == "2.0-3.4s: green" and green["frames"] == [20, 34] and ctx.seeds[0]["node"] == "green"

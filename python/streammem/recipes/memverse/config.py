@@ -77,7 +77,7 @@ class MemVerseConfig:
     consolidate_every: int = 4
     seeds: int = 4
     hops: int = 2
-    max_fanout: int | None = 16
+    max_fanout: int | None = 64
     max_frontier: int | None = None
     capacity: int = 512
     min_score: float | None = None

@@ -102,15 +102,37 @@ class CooccurrenceExtractor:
     ``max_words`` words).  Relations: ``(a, "appears with", b)`` for entity
     pairs of the chunk (a < b by name), and ``(a, "followed by", b)`` from the
     previous chunk's entities to this chunk's new ones when the chunks are at
-    most ``gap`` seconds apart; at most ``max_pairs`` of each.  It does not
-    read what the text says: a user's model extracting typed facts
-    ("Alice works at the bakery") goes in its place.
+    most ``gap`` seconds apart; at most ``max_pairs`` of each.
+
+    ``statements`` (default on) keeps what a speaker said about each other
+    entity of the turn, the way an open information extractor keeps the
+    clause as the predicate: ``(speaker, "said " + <the turn's words>,
+    entity)``, e.g. ``"Alice: Yara is my sister."`` -> ``("Alice", "said alice
+    yara is my sister", "Yara")``; and for a turn followed within ``gap``
+    seconds by a chunk without a speaker (a clip), ``(speaker, "said " +
+    <the turn's words> + " before", entity)`` for that chunk's entities
+    (``"Alice: my new car is parked outside."`` then a clip of a minivan ->
+    ``("Alice", "said alice my new car is parked outside before",
+    "minivan")``).  The words are the turn's own (lower case, as the memory
+    shows it, speaker included), no type is inferred; the relation's text,
+    and so its embedding, carries what was said, which a question's
+    embedding can match.  A chunk with statements is linked through them
+    only: no entities of its own (a person's node would otherwise bring
+    whichever turns mention them last), no "appears with" or "followed by"
+    relations.  A turn that names no entity but its speaker ("Alice: I am
+    so tired.") extracts its speaker and no relation; a clip that no turn
+    just before describes gets the co-occurrence entities and relations.  At
+    most ``max_pairs`` statements per chunk; ``statements=False`` is the
+    plain co-occurrence extractor.  A user's model extracting typed facts ("Alice works at the
+    bakery") goes in its place.
     """
 
     name = "co-occurrence (deterministic default, not a model)"
 
-    def __init__(self, *, gap: float = 10.0, max_pairs: int = 16, match_known: bool = True, max_words: int = 4):
+    def __init__(self, *, gap: float = 10.0, max_pairs: int = 16, match_known: bool = True, max_words: int = 4,
+                 statements: bool = True):
         self.gap = check_real(gap, "gap", 0.0)
+        self.statements = bool(statements)
         self.max_pairs = check_int(max_pairs, "max_pairs", 0)
         self.match_known = bool(match_known)
         self.max_words = check_int(max_words, "max_words", 1)
@@ -135,8 +157,26 @@ class CooccurrenceExtractor:
             before = {name_key(p): p for p in context.previous_entities}
             followed = [(before[a], "followed by", names[b]) for a in sorted(before) for b in keys
                         if a != b and a not in names]
-        relations = with_pairs[: self.max_pairs] + followed[: self.max_pairs]
-        return Extraction(tuple(names[k] for k in keys), tuple(relations))
+        if not self.statements:
+            return Extraction(tuple(names[k] for k in keys), tuple(with_pairs[: self.max_pairs] +
+                                                                  followed[: self.max_pairs]))
+        speaker = name_key(chunk.speaker) if chunk.speaker else ""
+        said = [(chunk.speaker, _said(chunk), names[k]) for k in keys if k != speaker] if speaker else []
+        if prev is not None and prev.speaker and not chunk.speaker and chunk.t_start - prev.t_end <= self.gap:
+            said += [(prev.speaker, _said(prev) + " before", names[k]) for k in keys
+                     if k != name_key(prev.speaker)]
+        if said:  # linked through what was said only
+            return Extraction((), tuple(said[: self.max_pairs]))
+        if speaker and keys == [speaker]:  # a turn that names nothing else: its speaker, no relation
+            return Extraction((chunk.speaker,), ())
+        return Extraction(tuple(names[k] for k in keys), tuple(with_pairs[: self.max_pairs] +
+                                                              followed[: self.max_pairs]))
+
+
+def _said(chunk: MemoryChunk) -> str:
+    """A statement's predicate: "said" and the words of the turn as the memory shows it (``"speaker: text"``),
+    lower case."""
+    return " ".join(["said"] + _WORD.findall(chunk.text.lower()))
 
 
 def _call_extractor(extractor, chunk: MemoryChunk, context: ExtractionContext) -> Extraction:

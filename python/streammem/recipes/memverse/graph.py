@@ -362,7 +362,7 @@ class LongTermGraph:
         return seeds, scores
 
     def search(self, queries: torch.Tensor, *, seeds: int = 4, hops: int = 2, capacity: int = 512,
-               max_fanout: int | None = 16, max_frontier: int | None = None, min_score: float | None = None,
+               max_fanout: int | None = 64, max_frontier: int | None = None, min_score: float | None = None,
                chunks: int = 8, chunks_per_node: int | None = 2, ranking: str = "round-robin") -> GraphHits:
         """Seeds, neighbourhood, ranking and chunks for Q questions (see the module docstring).
 
