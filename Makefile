@@ -36,7 +36,7 @@ print(needed[0] if needed else "triton==" + (installed or sys.argv[1]))
 endef
 export PINS_PY
 
-.PHONY: demo test test-fast build bench bench-quick record gpu-carry clean
+.PHONY: demo test build bench bench-quick record gpu-carry clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)

@@ -2,7 +2,7 @@
 # The GPU run.
 #
 #   bash bench/gpu.sh            # the one-shot budget run (bench/gpu_oneshot.py): offline, at most 8 minutes,
-#                                # results in $OUT (bench/results/gpu/ when $OUT is unset); README "GPU run"
+#                                # results in $OUT (bench/results/gpu/ when $OUT is unset); docs/testing.md
 #   bash bench/gpu.sh --full [run.py arguments]
 #                                # the whole suite on the GPU, then every benchmark suite's GPU cases
 #                                # (bench/run.py --gpu --save-baseline: the record gains a GPU section): needs make,
