@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.support.checkpoint_checks import (
-    assert_damage_refused_or_identical, assert_plain_torch_file_refused, same_state, temporaries,
+    assert_damage_refused_or_identical, assert_plain_torch_file_refused, edit_field, same_state, temporaries,
+    with_first,
 )
 from tests.support.kill_points import kill_writer
 
@@ -28,41 +29,24 @@ def _filled(items=30):
     return memory
 
 
-def _edit(path, change):
-    def edit(state):
-        node = state
-        parts = path.split(".")
-        for part in parts[:-1]:
-            node = node[part]
-        node[parts[-1]] = change(node[parts[-1]]) if callable(change) else change
-        return state
-    return edit
-
-
-def _first(t, value):
-    t = t.clone()
-    t[0] = value
-    return t
-
-
 @pytest.mark.parametrize("field, change", [
     ("next_chunk", -1),
     ("next_chunk", 0),
     ("stream_time", float("nan")),
     ("questions", -2),
     ("session", "1"),
-    ("graph.embedding", lambda t: _first(t, float("nan"))),
-    ("graph.embedding", lambda t: _first(t, 1e30)),
-    ("graph.head", lambda t: _first(t, 10**6)),
+    ("graph.embedding", lambda t: with_first(t, float("nan"))),
+    ("graph.embedding", lambda t: with_first(t, 1e30)),
+    ("graph.head", lambda t: with_first(t, 10**6)),
     ("graph.adjacency", lambda pair: [pair[0], pair[1] + 10**6]),
     ("graph.chunk_links", lambda pair: [pair[0].flip(0), pair[1]]),
-    ("graph.access", lambda t: _first(t, -1)),
+    ("graph.access", lambda t: with_first(t, -1)),
     ("window.t_end", lambda t: [float("inf")] * len(t)),
-    ("graph.chunks.embedding", lambda t: _first(t, 1e30)),
+    ("graph.chunks.embedding", lambda t: with_first(t, 1e30)),
 ])
 def test_memverse_load_refuses_each_invalid_field_naming_it(field, change):
     """A negative next_chunk was accepted; each invalid field is now a ValueError naming it."""
-    state = _edit(field, change)(_filled().state_dict())
+    state = edit_field(field, change)(_filled().state_dict())
     top = field.split(".")[0]
     with pytest.raises(ValueError, match=rf"field '{top}[^']*'"):
         MemVerse(HashingTextEncoder(64), config=_config()).load_state_dict(state)

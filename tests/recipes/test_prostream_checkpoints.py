@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tests.support.checkpoint_checks import (
-    assert_damage_refused_or_identical, assert_plain_torch_file_refused, same_state, temporaries,
+    assert_damage_refused_or_identical, assert_plain_torch_file_refused, edit_field, same_state, temporaries,
+    with_first,
 )
 from tests.support.kill_points import kill_writer
 
@@ -28,23 +29,6 @@ def _filled(turns=90):
     return memory
 
 
-def _edit(path, change):
-    def edit(state):
-        node = state
-        parts = path.split(".")
-        for part in parts[:-1]:
-            node = node[part]
-        node[parts[-1]] = change(node[parts[-1]]) if callable(change) else change
-        return state
-    return edit
-
-
-def _first(t, value):
-    t = t.clone()
-    t[0] = value
-    return t
-
-
 @pytest.mark.parametrize("field, change", [
     ("stream_time", float("nan")),
     ("stream_time", "12"),
@@ -53,8 +37,8 @@ def _first(t, value):
     ("open_segments", [10**6]),
     ("open_turns", [[0, 10**6]]),
     ("stats.turns", -1),
-    ("tree.nodes.embedding", lambda t: _first(t, float("nan"))),
-    ("tree.nodes.embedding", lambda t: _first(t, 1e30)),
+    ("tree.nodes.embedding", lambda t: with_first(t, float("nan"))),
+    ("tree.nodes.embedding", lambda t: with_first(t, 1e30)),
     ("tree.nodes.children", lambda c: [[10**6]] + list(c[1:])),
     ("segmenter.frames_seen", -2),
     ("session", "s"),
@@ -62,7 +46,7 @@ def _first(t, value):
 def test_prostream_load_refuses_each_invalid_field_naming_it(field, change):
     """A NaN stream_time and out-of-range cited ids were accepted; each invalid field is now a
     ValueError naming it."""
-    state = _edit(field, change)(_filled().state_dict())
+    state = edit_field(field, change)(_filled().state_dict())
     top = field.split(".")[0]
     with pytest.raises(ValueError, match=rf"field '{top}[^']*'"):
         ProStream(ENCODER, _config()).load_state_dict(state)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.support.checkpoint_checks import (
-    assert_damage_refused_or_identical, assert_plain_torch_file_refused, same_state, temporaries,
+    assert_damage_refused_or_identical, assert_plain_torch_file_refused, same_state, temporaries, with_first,
 )
 from tests.support.kill_points import kill_writer
 
@@ -51,15 +51,9 @@ def test_videoagent_damaged_files_are_refused_naming_the_file(tmp_path):
         VideoAgent.load(tmp_path / "agent.ckpt", HashingTextEncoder(32))
 
 
-def _first(t, value):
-    t = t.clone()
-    t[0] = value
-    return t
-
-
 @pytest.mark.parametrize("field, change", [
-    ("index.embeddings", lambda t: _first(t, float("nan"))),
-    ("index.timestamps", lambda t: _first(t, 1e9)),
+    ("index.embeddings", lambda t: with_first(t, float("nan"))),
+    ("index.timestamps", lambda t: with_first(t, 1e9)),
     ("index.labels", lambda lab: lab[:-1]),
     ("captions.frame", lambda ids: [10**6]),
     ("captions_computed", -1),

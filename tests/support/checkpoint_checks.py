@@ -80,3 +80,23 @@ def same_state(a, b) -> bool:
     if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
     return type(a) is type(b) and a == b
+
+
+def edit_field(path: str, change):
+    """A state editor: the field at dotted ``path`` replaced by ``change`` (or ``change(old)`` when callable)."""
+    def edit(state):
+        node = state
+        parts = path.split(".")
+        for part in parts[:-1]:
+            node = node[part]
+        node[parts[-1]] = change(node[parts[-1]]) if callable(change) else change
+        return state
+    return edit
+
+
+def with_first(t, value):
+    """A copy of tensor ``t`` whose first element is ``value``."""
+    t = t.clone()
+    t[0] = value
+    return t
+
