@@ -109,6 +109,17 @@ inline bool unit_rows_into(const float* q, int64_t Q, int64_t D, float* out) {
   return true;
 }
 
+// Does any of row[0..n) * inv[0..n) reach thr?  A vectorised pre-filter of a GEMM score block: after
+// the first few hundred keys almost no score enters a query's top-k, so most 16-wide chunks are
+// rejected with one SIMD pass and no per-element branch.
+STREAMMEM_HOT inline bool any_at_least(const float* __restrict row, const float* __restrict inv, int64_t n,
+                                       float thr) {
+  int hit = 0;
+#pragma omp simd reduction(| : hit)
+  for (int64_t i = 0; i < n; ++i) hit |= row[i] * inv[i] >= thr;
+  return hit != 0;
+}
+
 inline bool better(float s1, int64_t i1, float s2, int64_t i2) { return s1 > s2 || (s1 == s2 && i1 < i2); }
 
 // Sorted top-k of one query living in caller memory (ids -1 / scores -inf = empty).  k is small

@@ -32,17 +32,11 @@ namespace streammem {
 namespace tree {
 namespace {
 
+using cosine::any_at_least;
 using cosine::dot;
 using cosine::kInf;
 using cosine::kNegInf;
 using cosine::TopK;
-
-STREAMMEM_HOT bool any_reaching(const float* __restrict row, const float* __restrict inv, int64_t n, float thr) {
-  int hit = 0;
-#pragma omp simd reduction(| : hit)
-  for (int64_t i = 0; i < n; ++i) hit |= row[i] * inv[i] >= thr;
-  return hit != 0;
-}
 
 // The prefilter's bound for one unit query q: |c - a| <= delta, where c = fl(fl(q . e) / n) is the exact
 // score of a row e of norm n and a = dot_half(q, h) the score of its copy h.
@@ -188,7 +182,7 @@ Status index_merge(TensorView dots, TensorView norms, TensorView queries, Tensor
       const int64_t end = std::min(hi, j + kChunk);
       const float thr = top.count < k ? kNegInf : top.score[k - 1] - margin;
       const bool full = top.count == k;
-      if (full && !any_reaching(row + j, iv + j, end - j, thr)) continue;
+      if (full && !any_at_least(row + j, iv + j, end - j, thr)) continue;
       for (int64_t t = j; t < end; ++t) {
         if (iv[t] == 0.f || (full && !(row[t] * iv[t] >= thr))) continue;
         const float s = dot(qv, K + t * D, D) / norm[t];

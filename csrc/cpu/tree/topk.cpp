@@ -29,19 +29,10 @@ namespace {
 
 using cosine::dot;
 using cosine::kInf;
+using cosine::any_at_least;
 using cosine::kNegInf;
 using cosine::scaled_row;
 using cosine::TopK;
-
-// Does any of row[0..n) * inv[0..n) reach thr?  A vectorised pre-filter: after the first
-// few hundred keys almost no score enters a query's top-k, so most 16-wide chunks
-// are rejected with one SIMD pass and no per-element branch.
-STREAMMEM_HOT bool any_at_least(const float* __restrict row, const float* __restrict inv, int64_t n, float thr) {
-  int hit = 0;
-#pragma omp simd reduction(| : hit)
-  for (int64_t i = 0; i < n; ++i) hit |= row[i] * inv[i] >= thr;
-  return hit != 0;
-}
 
 }  // namespace
 
