@@ -13,11 +13,32 @@ import torch
 
 from ..checkpoint import StateReader
 
-__all__ = ["check_records", "check_node_table", "check_timings", "check_stream_time", "UNIT_NORM_SLACK"]
+__all__ = ["check_format", "check_saved_config", "check_records", "check_node_table", "check_timings",
+           "check_stream_time", "UNIT_NORM_SLACK"]
 
 # Stored embeddings are L2-normalised (or zero); a row norm above 1 + this is a damaged or hostile
 # state (a 1e30 embedding would give every question an infinite score).
 UNIT_NORM_SLACK = 1e-3
+
+
+def check_format(reader: StateReader, owner: str, fmt: str, version: int, kind: str = "state_dict") -> None:
+    """The state's ``format`` is ``fmt`` and its ``version`` is ``version`` (an ``owner``'s ``kind``)."""
+    got = reader.state.get("format")
+    reader.require(got == fmt, "format", f"is not a {owner} {kind}'s ({fmt!r}), got {got!r:.60}")
+    got = reader.state.get("version")
+    reader.require(got == version, "version", f"is an unsupported {owner} state version {got!r:.20} "
+                                              f"(this is {version})")
+
+
+def check_saved_config(reader: StateReader, config) -> None:
+    """The saved ``config`` field equals ``config`` (read back with ``type(config).from_dict``)."""
+    saved = reader.dict("config")
+    name = type(config).__name__
+    try:
+        same = type(config).from_dict(saved) == config
+    except (TypeError, ValueError) as exc:
+        raise reader.error("config", f"is not a {name} ({exc})") from None
+    reader.require(same, "config", f"differs: the state was saved with another {name}")
 
 
 def check_timings(reader: StateReader, name: str = "timings") -> None:

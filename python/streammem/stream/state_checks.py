@@ -11,7 +11,7 @@ per entry) and the bounded memory's statistics.
 from __future__ import annotations
 
 from ..checkpoint import StateReader
-from ..components.state_checks import (check_node_table, check_records, check_stream_time, check_timings,
+from ..components.state_checks import (check_format, check_node_table, check_records, check_stream_time, check_timings,
                                        check_unit_rows)
 from ..config import MemoryConfig
 
@@ -26,11 +26,7 @@ _REQUIRED = ("config", "encoders", "counters", "stream_time", "timings", "gate",
 
 def check_header(reader: StateReader) -> None:
     """The format and version fields (a state of this class and layout)."""
-    fmt = reader.state.get("format")
-    reader.require(fmt == FORMAT, "format", f"is not a StreamMemory state_dict's ({FORMAT!r}), got {fmt!r:.60}")
-    version = reader.state.get("version")
-    reader.require(version == VERSION, "version",
-                   f"is an unsupported StreamMemory state version {version!r:.20} (this is {VERSION})")
+    check_format(reader, "StreamMemory", FORMAT, VERSION)
     missing = [k for k in _REQUIRED if k not in reader.state]
     reader.require(not missing, missing[0] if missing else "",
                    f"is missing: not a complete StreamMemory state_dict (missing {missing})")

@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 
 from ...checkpoint import StateReader
-from ...components.state_checks import check_records, check_stream_time, check_timings, check_unit_rows
+from ...components.state_checks import (
+    check_format, check_records, check_saved_config, check_stream_time, check_timings, check_unit_rows,
+)
 
 __all__ = ["check_memverse_state"]
 
@@ -80,17 +82,8 @@ def check_graph(reader: StateReader, name: str, dim: int) -> int:
 def check_memverse_state(reader: StateReader, fmt: str, version: int, config, text_dim: int) -> None:
     """Check a whole ``MemVerse.state_dict()`` against a memory of ``config`` (a ``MemVerseConfig``)
     whose text encoder has ``text_dim`` dimensions."""
-    got = reader.state.get("format")
-    reader.require(got == fmt, "format", f"is not a MemVerse state_dict's ({fmt!r}), got {got!r:.60}")
-    got = reader.state.get("version")
-    reader.require(got == version, "version", f"is an unsupported MemVerse state version {got!r:.20} "
-                                              f"(this is {version})")
-    saved = reader.dict("config")
-    try:
-        same = type(config).from_dict(saved) == config
-    except (TypeError, ValueError) as exc:
-        raise reader.error("config", f"is not a MemVerseConfig ({exc})") from None
-    reader.require(same, "config", "differs: the state was saved with another MemVerseConfig")
+    check_format(reader, "MemVerse", fmt, version)
+    check_saved_config(reader, config)
     dim = reader.sub("encoders").int("text_dim", low=1)
     reader.require(dim == text_dim, "encoders.text_dim",
                    f"is {dim}: the state was saved with a {dim}-d text encoder, this memory has {text_dim}-d")

@@ -11,7 +11,9 @@ node id the tree has handed out (in ``[0, next_id)``; a node evicted since may s
 from __future__ import annotations
 
 from ...checkpoint import StateReader
-from ...components.state_checks import check_node_table, check_stream_time, check_timings, check_unit_rows
+from ...components.state_checks import (
+    check_format, check_node_table, check_saved_config, check_stream_time, check_timings, check_unit_rows,
+)
 
 __all__ = ["check_prostream_state"]
 
@@ -19,17 +21,8 @@ __all__ = ["check_prostream_state"]
 def check_prostream_state(reader: StateReader, fmt: str, version: int, config, text_dim: int) -> None:
     """Check a whole ``ProStream.state_dict()`` against a memory of ``config`` (a ``ProStreamConfig``)
     whose text encoder has ``text_dim`` dimensions."""
-    got = reader.state.get("format")
-    reader.require(got == fmt, "format", f"is not a ProStream state_dict's ({fmt!r}), got {got!r:.60}")
-    got = reader.state.get("version")
-    reader.require(got == version, "version", f"is an unsupported ProStream state version {got!r:.20} "
-                                              f"(this is {version})")
-    saved = reader.dict("config")
-    try:
-        same = type(config).from_dict(saved) == config
-    except (TypeError, ValueError) as exc:
-        raise reader.error("config", f"is not a ProStreamConfig ({exc})") from None
-    reader.require(same, "config", "differs: the state was saved with another ProStreamConfig")
+    check_format(reader, "ProStream", fmt, version)
+    check_saved_config(reader, config)
     dim = reader.int("text_dim", low=1)
     reader.require(dim == text_dim, "text_dim",
                    f"is {dim}: the state was saved with a {dim}-d text encoder, this memory has {text_dim}-d")

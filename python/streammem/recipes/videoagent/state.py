@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ...checkpoint import StateReader
+from ...components.state_checks import check_format
 
 __all__ = ["FORMAT", "VERSION", "KIND", "agent_state", "read_agent_state"]
 
@@ -45,11 +46,7 @@ def agent_state(agent, captions: dict) -> dict:
 def read_agent_state(reader: StateReader, query_dim: int | None = None) -> dict:
     """Check a state of :func:`agent_state` (see the module docstring); returns the constructor's
     arguments (``index`` as a dict of ``VideoIndex`` fields, the settings) and the caption cache."""
-    fmt = reader.state.get("format")
-    reader.require(fmt == FORMAT, "format", f"is not a VideoAgent state's ({FORMAT!r}), got {fmt!r:.60}")
-    version = reader.state.get("version")
-    reader.require(version == VERSION, "version", f"is an unsupported VideoAgent state version {version!r:.20} "
-                                                  f"(this is {VERSION})")
+    check_format(reader, "VideoAgent", FORMAT, VERSION, kind="state")
     settings = reader.sub("settings")
     out = {name: settings.int(name, low=0 if name == "max_rounds" else 1, high=1 << 31) for name in SETTINGS}
     out["backend"] = settings.str("backend")
