@@ -264,6 +264,7 @@ def suite_graph(device: torch.device, small: bool) -> Iterator[Case | Skip]:
 def suite_boundaries(device: torch.device, small: bool) -> Iterator[Case | Skip]:
     """Adjacent cosines and whole event detection against torch's cosine_similarity, eager and compiled."""
     from streammem_kernels import StreamingSegmenter, adjacent_cosine, boundaries, detect_boundaries
+    from streammem_kernels.boundaries.streaming import STREAM_STEP
 
     B, T, D = (2, 64, 32) if small else (64, 4096, 768)
     x = randn(B, T, D, seed=0, device=device)
@@ -296,7 +297,7 @@ def suite_boundaries(device: torch.device, small: bool) -> Iterator[Case | Skip]
 
         return push
 
-    yield from ours(boundaries.STREAM_STEP, GPU_BACKENDS, device, push_group, pusher,
+    yield from ours(STREAM_STEP, GPU_BACKENDS, device, push_group, pusher,
                     4 * streams * 384, 4 * streams * 384, streams=streams, D=384)
     peer = compiled(cosine_peer)
     yield Case(group, "torch.compile(cosine_similarity)", lambda: peer(x), nbytes, flops, kind="peer")

@@ -207,7 +207,7 @@ def select_frames_mask(frames, threshold: float, *, reference: str = "previous",
     if reference == "previous":
         flow_px, _ = flow(gray)
         keep = torch.empty(gray.shape[0], dtype=torch.bool, device=gray.device)
-        keep[0] = True
+        keep[:1].fill_(True)  # not keep[0] = True: that copies a host scalar (no CUDA graph capture)
         torch.gt(flow_px / (1.0 + flow_px), above, out=keep[1:])
         return keep
     if gray.device.type == "cpu" and name != "triton" and not torch.compiler.is_compiling():

@@ -86,6 +86,19 @@ def check_nonempty(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
 
 
+def resolve_device(device, name: str = "device") -> torch.device:
+    """``device`` as a :class:`torch.device` with its index filled in (``'cuda'`` -> ``cuda:<current>``), so
+    that it compares equal to the ``.device`` of tensors placed on it; ``ValueError`` naming ``name`` if it
+    names no device."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{name} must name a torch device ('cpu', 'cuda'), got {device!r}") from None
+    if resolved.type == "cuda" and resolved.index is None and torch.cuda.is_available():
+        resolved = torch.device("cuda", torch.cuda.current_device())
+    return resolved
+
+
 def device_assert(condition: torch.Tensor, message: str) -> None:
     """Enqueue ``assert condition`` on the GPU without synchronising (``condition``: a 0-d bool CUDA tensor)."""
     torch._assert_async(condition, message)

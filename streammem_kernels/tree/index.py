@@ -27,7 +27,7 @@ import torch
 from .. import checkpoint
 from ..runtime.dispatch import Op, call_op, load_native
 from ..runtime.native import NativeChecks, view
-from ..runtime.validate import as_tensor, check_dtype, check_finite, check_int, check_rank
+from ..runtime.validate import as_tensor, check_dtype, check_finite, check_int, check_rank, resolve_device
 from .reference import (FLOAT_INPUTS, INT_INPUTS, MAX_DIM, MAX_NODES, MAX_RESULTS, MAX_TABLE, check_size,
                         index_topk_reference, pow2_row_scale, unit_rows)
 from .storage import allocate, half_copy_module, write_half_copy
@@ -150,10 +150,7 @@ class CosineIndex:
         capacity = check_size(capacity, "capacity", maximum=MAX_NODES)
         if capacity * self._dim > MAX_TABLE:
             raise ValueError(f"capacity x dim must be <= {MAX_TABLE} floats, got capacity={capacity} x dim={dim}")
-        try:
-            self._device = torch.device(device)
-        except (RuntimeError, TypeError):
-            raise ValueError(f"device must name a torch device ('cpu', 'cuda'), got {device!r}") from None
+        self._device = resolve_device(device)
         if not isinstance(half_scan, bool):
             raise ValueError(f"half_scan must be a bool, got {half_scan!r}")
         if half_scan:

@@ -29,7 +29,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..runtime.validate import as_tensor, check_dtype, check_finite, check_int, check_nonempty, check_rank
+from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_int, check_nonempty, check_rank,
+                                resolve_device)
 from .persistence import FORMAT, FORMAT_VERSION, read_state, save_state, validate_state
 from .reference import FLOAT_INPUTS as _FLOAT_INPUTS
 from .reference import INT_INPUTS as _INT_INPUTS
@@ -102,7 +103,7 @@ class CosineTree:
         capacity = check_size(capacity, "capacity", maximum=MAX_NODES)
         if capacity * self._dim > MAX_TABLE:
             raise ValueError(f"capacity x dim must be <= {MAX_TABLE} floats, got capacity={capacity} x dim={dim}")
-        self._device = torch.device(device)
+        self._device = resolve_device(device)
         if not isinstance(half_scan, bool):
             raise ValueError(f"half_scan must be a bool, got {half_scan!r}")
         if half_scan:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from bench import gpu_bench, gpu_oneshot
 
@@ -168,3 +169,16 @@ def test_gpu_sh_says_so_without_a_cuda_torch(tmp_path):
     out = subprocess.run(["bash", os.path.join(ROOT, "bench", "gpu.sh")], capture_output=True, text=True,
                          env={**os.environ, "PYTHON": str(fake_python)}, timeout=60)
     assert out.returncode == 2 and "does not import a CUDA build of torch" in out.stdout
+
+
+@pytest.mark.parametrize("suite", gpu_bench.SUITES)
+def test_every_suite_sets_up_and_calls_our_backends_at_toy_sizes_on_cpu(suite):
+    """Each suite's set-up and each of our cases, called once at toy sizes on the CPU: a suite that
+    names a moved op or passes a stale argument fails here, not in the GPU machine's minutes.
+    The peers are not called (their torch.compile would cost a compile per case)."""
+    called = 0
+    for case in getattr(gpu_bench, f"suite_{suite}")(torch.device("cpu"), True):
+        if isinstance(case, gpu_bench.Case) and case.kind == "ours":
+            case.fn()
+            called += 1
+    assert called, f"suite {suite} ran none of our backends on the CPU"

@@ -105,3 +105,16 @@ def test_forgetting_imports_also_forgets_the_ops_loaded_modules():
     load_native.cache_clear()
     assert TOKEN_LOGPROBS._cpp is None and not TOKEN_LOGPROBS._selected
     assert TOKEN_LOGPROBS.cpp_module("auto") is module  # a module object is imported once per process
+
+
+def test_resolve_device_fills_in_the_current_cuda_index(monkeypatch):
+    """A tree made with device='cuda' must accept queries on cuda:0: torch.device('cuda') != 'cuda:0'."""
+    from streammem_kernels.runtime.validate import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device(torch.device("cuda", 0)) == torch.device("cuda", 0)
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="device must name a torch device"):
+        resolve_device("gpu0")

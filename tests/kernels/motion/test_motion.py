@@ -115,7 +115,9 @@ def test_avg_pool2d_sums_windows_row_major_from_zero(device):
         for dy in range(w):
             for dx in range(w):
                 total = total + prods[:, :, dy:dy + ho, dx:dx + wo]
-        assert_bitwise_equal(F.avg_pool2d(prods, w, stride=1), total / (w * w), f"window {w}")
+        # A tensor divisor: a Python one is a multiplication by its reciprocal on CUDA, not a division.
+        divisor = torch.full_like(total, float(w * w))
+        assert_bitwise_equal(F.avg_pool2d(prods, w, stride=1), total / divisor, f"window {w}")
 
 
 # --------------------------------------------------------------------------
