@@ -223,12 +223,16 @@ def stage_environment(run: Run, cap_s: float) -> tuple[str, dict]:
 
 
 def git_commit() -> str | None:
+    """HEAD's short hash, with "+modified" when tracked files differ from it: the GPU machine's copy
+    of the checkout can carry a working tree newer than its git metadata."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                             timeout=10)
-        return out.stdout.strip() or None
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+                              timeout=10).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                 text=True, cwd=ROOT, timeout=20).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
+    return (head + ("+modified" if changed else "")) or None
 
 
 def stage_carry(run: Run, cap_s: float) -> tuple[str, dict]:
