@@ -25,7 +25,7 @@ from ..runtime.dispatch import Op, call_op, load_native, trace_constant
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import as_tensor, check_dtype, check_float, check_int, check_rank, check_values
 from ..tree import TopKResult, cosine_topk
-from .csr import CSRGraph
+from .csr import GRAPH_HANDLES, CSRGraph
 from .reference import FLOAT_INPUTS, INT_INPUTS, NO_CAP, expand_reference
 
 __all__ = [
@@ -164,16 +164,17 @@ def _prepare_ids(ids, name: str, upper: int, device: torch.device) -> torch.Tens
 
 
 @trace_constant
-def _max_degree(graph: CSRGraph) -> int:
-    """``graph.max_degree``, read outside the graph while torch.compile traces (on CUDA the first read
-    synchronises); a CSRGraph is immutable, so a compiled function may keep it."""
-    return graph.max_degree
+def _max_degree(handle: str) -> int:
+    """``max_degree`` of the graph with this handle, read outside the graph while torch.compile traces
+    (on CUDA the first read synchronises; the graph comes by its handle, a constant, as Dynamo
+    requires); a CSRGraph is immutable, so a compiled function may keep it."""
+    return GRAPH_HANDLES[handle].max_degree
 
 
 def _reference_width(graph: CSRGraph, fanout: int) -> int:
     """Candidates per frontier node in the torch reference's padded matrix."""
     if fanout == NO_CAP:
-        return _max_degree(graph)
+        return _max_degree(graph._handle)
     return fanout if graph._max_degree is None else min(fanout, graph._max_degree)
 
 

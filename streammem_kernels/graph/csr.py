@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..runtime.dispatch import TraceHandles
 from ..runtime.validate import as_tensor, check_dtype, check_finite, check_int, check_rank, check_values
 from .reference import FLOAT_INPUTS as _FLOAT_INPUTS
 from .reference import INT_INPUTS as _INT_INPUTS
@@ -21,6 +22,8 @@ __all__ = ["CSRGraph", "MAX_BUILT_ROWS"]
 # The most rows from_edges builds (4 GiB of row offsets and degree counts): a larger num_rows is a
 # mistake (num_rows=1e9 for a graph of a few nodes), stopped before any allocation.
 MAX_BUILT_ROWS = 1 << 28
+# Every graph's handle: torch.compile's trace reads a CUDA graph's max degree through it (graph/__init__.py).
+GRAPH_HANDLES = TraceHandles()
 
 
 def _index_vector(x, name: str, device=None) -> torch.Tensor:
@@ -86,6 +89,7 @@ class CSRGraph:
     def _init(self, row_ptr, col_idx, num_cols, edge_ids):
         self._row_ptr, self._col_idx, self._num_cols, self._edge_ids = row_ptr, col_idx, num_cols, edge_ids
         self._max_degree: int | None = None
+        self._handle = GRAPH_HANDLES.register(self)  # for torch.compile's trace (graph/__init__.py)
         # The C++ backend's views of row_ptr and col_idx (a CPU graph is immutable: made once, by the
         # first call that needs them); never copied or pickled.
         self._native = None
@@ -215,6 +219,10 @@ class CSRGraph:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_native": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._handle = GRAPH_HANDLES.register(self)  # a copy is another object: its own handle
 
     def __repr__(self) -> str:
         return (f"CSRGraph(num_rows={self.num_rows}, num_cols={self.num_cols}, num_edges={self.num_edges}, "

@@ -43,6 +43,7 @@ graph, whose fake implementation gives the shapes.
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
 import threading
 import warnings
@@ -97,6 +98,30 @@ def trace_constant(fn):
     """
     fn._dynamo_marked_constant = True
     return fn
+
+
+class TraceHandles:
+    """String handles for the objects that :func:`trace_constant` functions read.
+
+    Dynamo passes such a function constants only (torch 2.11 refuses an object: "UserDefinedObjectVariable
+    (CosineTree) is not a constant"); an object's handle, read from one of its attributes while
+    tracing, is one, and the function looks the object up here.  A string, not an int: Dynamo makes an
+    int attribute that changes between calls dynamic (a symbol, no longer a constant), never a string.
+    The table holds its objects weakly.  An object registers when it is made and again when it is
+    copied or unpickled (its ``__setstate__``), so no two objects share a handle.
+    """
+
+    def __init__(self):
+        self._objects: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._next = itertools.count()
+
+    def register(self, obj) -> str:
+        handle = str(next(self._next))
+        self._objects[handle] = obj
+        return handle
+
+    def __getitem__(self, handle: str):
+        return self._objects[handle]
 
 
 def eager_only(reason: str):

@@ -22,7 +22,7 @@ from .reference import (MAX_RESULTS, MAX_WIDTH, SearchPlan, beam_levels, check_s
 from ..runtime.dispatch import Op, call_op, trace_constant
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import check_finite, check_float, check_int
-from .store import CosineTree
+from .store import TREE_HANDLES, CosineTree
 from .topk import TOLERANCES, TopKResult, _new_tuple, prepare_queries
 
 __all__ = ["TreePathResult", "tree_search"]
@@ -95,7 +95,7 @@ def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_ev
     if not isinstance(tree, CosineTree):
         raise ValueError(f"tree must be a CosineTree, got {type(tree).__name__}")
     if torch.compiler.is_compiling():
-        _take_snapshot(tree)  # outside the graph: the snapshot is taken under the tree's lock
+        _take_snapshot(tree._handle)  # outside the graph: the snapshot is taken under the tree's lock
     snap = tree.search_arrays()  # one consistent snapshot, whatever other threads do to the tree
     if snap.num_live == 0:
         raise ValueError("tree must not be empty (add leaves first; every node was removed otherwise)")
@@ -133,12 +133,13 @@ def _tree_search_general(tree, queries, beam, k, min_score, use_utility, from_ev
 
 
 @trace_constant
-def _take_snapshot(tree: CosineTree) -> None:
-    """Take the tree's search snapshot (:meth:`CosineTree.search_arrays`) while torch.compile traces a
-    search, outside the graph (under the tree's lock, which a trace cannot take).  The traced search
-    then reads the snapshot the tree keeps, as graph inputs guarded by the compiled function: a
-    mutation drops the snapshot, so the next call compiles again and takes a new one here."""
-    tree.search_arrays()
+def _take_snapshot(handle: str) -> None:
+    """Take the search snapshot (:meth:`CosineTree.search_arrays`) of the tree with this handle while
+    torch.compile traces a search, outside the graph (under the tree's lock, which a trace cannot
+    take; the tree comes by its handle, a constant, as Dynamo requires).  The traced search then reads
+    the snapshot the tree keeps, as graph inputs guarded by the compiled function: a mutation drops
+    the snapshot, so the next call compiles again and takes a new one here."""
+    TREE_HANDLES[handle].search_arrays()
 
 
 def _beam_widths(beam, height: int) -> list[int]:

@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..runtime.dispatch import TraceHandles
 from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_int, check_nonempty, check_rank,
                                 resolve_device)
 from .persistence import FORMAT, FORMAT_VERSION, read_state, save_state, validate_state
@@ -39,6 +40,9 @@ from .reference import unit_rows as _unit_rows
 from .storage import SearchArrays, allocate, half_copy_module, longest_run, removal_closure, write_half_copy
 
 __all__ = ["CosineTree"]
+
+# Every tree's handle: torch.compile's trace of a search takes the tree's snapshot through it (search.py).
+TREE_HANDLES = TraceHandles()
 
 def _writer(method):
     """Run a mutating method under the tree's lock (writers are serialised)."""
@@ -130,6 +134,7 @@ class CosineTree:
         self._search_arrays: SearchArrays | None = None
         # Writers hold it for their whole duration; readers only while taking a snapshot.
         self._lock = threading.RLock()
+        self._handle = TREE_HANDLES.register(self)  # for torch.compile's trace (search.py)
 
     # ---- storage -------------------------------------------------------
     def _invalidate(self) -> None:
@@ -778,6 +783,7 @@ class CosineTree:
         state = {"_half_scan": False, "_scan": None, "_scan_bounds": (0.0, 0.0), **state}  # pickles from before
         self.__dict__.update(state)
         self._lock = threading.RLock()
+        self._handle = TREE_HANDLES.register(self)
 
     def __repr__(self) -> str:
         return (f"CosineTree(dim={self._dim}, num_nodes={self._n}, roots={len(self.roots)}, "

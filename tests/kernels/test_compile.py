@@ -110,3 +110,26 @@ def test_every_custom_op_is_documented_with_its_schema():
         assert schema in text, f"docs/compile.md lacks `{schema}`"
     documented = set(re.findall(r"^\| `(\w+)\(", text, flags=re.MULTILINE))
     assert documented == set(ops)
+
+
+def test_trace_time_reads_reach_the_right_object_by_handle():
+    """The trace reads a tree's snapshot and a graph's max degree by a string handle (torch 2.11's
+    Dynamo passes such reads constants only): copies and unpickled objects get their own handle, and a
+    function compiled on one tree, called with another, searches the other."""
+    import copy
+    import pickle
+
+    from tests.support.compile_check import _graph, _tree
+
+    tree, graph = _tree(CPU), _graph(CPU)
+    for obj in (tree, graph):
+        twins = (copy.copy(obj), copy.deepcopy(obj), pickle.loads(pickle.dumps(obj)))
+        assert len({obj._handle, *(t._handle for t in twins)}) == 4
+    other = _tree(CPU)
+    other.add_leaves(torch.randn(5, 8, generator=torch.Generator().manual_seed(9)))
+    other.grow(4)
+    queries = torch.randn(3, 8, generator=torch.Generator().manual_seed(4))
+    compiled = torch.compile(lambda t, q: sk.tree_search(t, q, beam=2, k=3), fullgraph=True)
+    for t in (tree, other, tree):
+        got, want = compiled(t, queries), sk.tree_search(t, queries, beam=2, k=3)
+        assert torch.equal(got.ids, want.ids) and torch.equal(got.scores, want.scores)
