@@ -21,6 +21,7 @@ import torch
 
 import streammem_kernels as sk
 from tests.support import compile_check
+from tests.support.device_checks import DEVICES
 
 CPU = torch.device("cpu")
 CASES = sorted(compile_check.cases(CPU))
@@ -29,18 +30,23 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "compile.md"
 
 
-@pytest.fixture(scope="module")
-def report() -> dict:
+def run_check(device: str, *extra: str) -> dict:
+    """compile_check's report (case name -> line) from a fresh interpreter, on ``device``."""
     # The package this process imported, not whichever an editable install points at.
     package_root = str(Path(sk.__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
-    # Motion's resize is called again on another frame size: Inductor once failed to lower it with
-    # the symbolic sizes of a recompile.
-    command = [sys.executable, "-m", "tests.support.compile_check", "--device", "cpu", "--again", "motion_magnitude"]
+    command = [sys.executable, "-m", "tests.support.compile_check", "--device", device, *extra]
     out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     return {line["name"]: line for line in lines if "name" in line}
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    # Motion's resize is called again on another frame size: Inductor once failed to lower it with
+    # the symbolic sizes of a recompile.
+    return run_check("cpu", "--again", "motion_magnitude")
 
 
 def test_every_public_function_is_checked():
@@ -133,3 +139,17 @@ def test_trace_time_reads_reach_the_right_object_by_handle():
     for t in (tree, other, tree):
         got, want = compiled(t, queries), sk.tree_search(t, queries, beam=2, k=3)
         assert torch.equal(got.ids, want.ids) and torch.equal(got.scores, want.scores)
+
+
+@pytest.mark.parametrize("device", DEVICES[1:])
+def test_every_case_compiles_and_matches_eager_on_cuda(device):
+    """The whole check on CUDA tensors (compiled Triton and the CUDA backends): every case one graph
+    equal to its eager call, every refusal refusing, the bad value refused (a device-side assertion)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("STREAMMEM_REQUIRE_GPU=1 but torch.cuda.is_available() is False")
+    lines = run_check(device)
+    assert set(CASES) | set(REFUSALS) <= set(lines)
+    bad = [line for line in lines.values() if line["error"] is not None or line["mismatch"] is not None
+           or (line.get("kind") is None and (line["graphs"], line["breaks"]) != (1, 0))
+           or (line.get("kind") == "refusal" and not line["refused"])]
+    assert not bad, bad
