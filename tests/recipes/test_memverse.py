@@ -397,15 +397,25 @@ def test_graph_retrieves_planted_evidence_flat_top_k_cannot(planted):
     assert {k for k, _, _ in r} == {"graph", "flat", "hybrid"} and r["flat", "all", 8]["n"] == len(data.questions)
 
 
-def test_default_extractor_graph_beats_flat_on_planted_answers(minilm, one_intra_op_thread):
+@pytest.fixture(scope="module")
+def planted_minilm(minilm):
+    """The small planted-fact memory with MiniLM and the default extractor (hit_rates leaves it as it is)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    data = PlantedFactMemory(people=12, sessions=4, fillers=16, seed=0)
+    memory = MemVerse(minilm)
+    chunks = data.feed(memory)
+    torch.set_num_threads(threads)
+    return data, memory, chunks
+
+
+def test_default_extractor_graph_beats_flat_on_planted_answers(planted_minilm):
     """With the default extractor (statements and co-occurrence, not a model) and a semantic encoder, the
     graph search finds the chunk holding the answer clearly more often than flat cosine top-k: the statement
     relations carry what was said (single facts), lead from a kin fact to the kin's facts (two-hop) and from a
     turn to the clip after it (cross-modal).  Measured at this size: graph 0.98 (0.77 without the possessive
     hops), flat 0.61 (seed 0)."""
-    data = PlantedFactMemory(people=12, sessions=4, fillers=16, seed=0)
-    memory = MemVerse(minilm)
-    chunks = data.feed(memory)
+    data, memory, chunks = planted_minilm
     r = hit_rates(memory, data, chunks, ks=(8,))
     assert r["graph", "all", 8]["answer"] >= r["flat", "all", 8]["answer"] + 0.15
     assert r["graph", "cross-modal", 8]["answer"] >= 0.9 and r["graph", "two-hop", 8]["answer"] > \
@@ -413,19 +423,18 @@ def test_default_extractor_graph_beats_flat_on_planted_answers(minilm, one_intra
     assert r["hybrid", "all", 8]["answer"] >= r["flat", "all", 8]["answer"] + 0.1
 
 
-def test_possessive_hops_find_the_relatives_answer(minilm):
+def test_possessive_hops_find_the_relatives_answer(planted_minilm):
     """Two-hop questions ("Where does Alice's sister work?") resolved through the kin relation and asked about
     the relative find the answer chunk; asked as written, the asker's own statements outrank it.  Measured at
-    this size (seed 0): two-hop graph 0.96 resolved, 0.25 not; hybrid 0.88; flat 0.12 either way."""
-    data = PlantedFactMemory(people=12, sessions=4, fillers=16, seed=0)
-    memory = MemVerse(minilm)
-    chunks = data.feed(memory)
+    this size (seed 0): two-hop graph 0.96 resolved, 0.25 not; hybrid 1.00 and 0.12; flat 0.12 either way."""
+    data, memory, chunks = planted_minilm
     on = hit_rates(memory, data, chunks, ks=(8,))
     off = hit_rates(memory, data, chunks, ks=(8,), resolve_possessives=False)
     two_hop = ("two-hop", 8)
     assert on["graph", *two_hop]["answer"] >= 0.85 and on["graph", *two_hop]["hit"] >= 0.85
     assert on["graph", *two_hop]["answer"] >= off["graph", *two_hop]["answer"] + 0.5
-    assert on["hybrid", *two_hop]["answer"] >= off["hybrid", *two_hop]["answer"] + 0.5
+    assert on["hybrid", *two_hop]["answer"] >= 0.85 and on["hybrid", *two_hop]["answer"] >= \
+        off["hybrid", *two_hop]["answer"] + 0.5
     assert on["flat", *two_hop] == off["flat", *two_hop]  # flat retrieval never resolves
     for kind in ("single", "cross-modal"):  # no possessive: asked as before
         assert on["graph", kind, 8] == off["graph", kind, 8]
@@ -461,6 +470,8 @@ def test_resolve_possessives_rewrites_through_the_named_relation():
     for config in ({"resolve_possessives": False}, {"mode": "flat"}):
         ctx = _kin_memory(**config).ask("Where does Alice's sister work?")
         assert ctx.resolved is None
+    ctx = _kin_memory(mode="hybrid").ask("Where does Alice's sister work?")
+    assert ctx.resolved == "Where does Yara work?" and "bakery" in ctx.basis["text"]
     with pytest.raises(ValueError, match="bridges"):
         g.search(memory.encode_questions(["x"]), bridges=torch.tensor([[g.entity_id("Alice")]]))
     with pytest.raises(ValueError, match="resolve_possessives"):

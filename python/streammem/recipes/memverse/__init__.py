@@ -58,7 +58,8 @@ questions):
 in graph and hybrid modes a question's "X's R" is first resolved through the
 relation of X that the phrase names, and the graph is asked the question about
 the entity at its other end ("Where does Alice's sister work?" -> "Where does
-Yara work?"), the relation's chunks first.
+Yara work?"), the relation's chunks first (the hybrid's flat half is asked
+the rewritten question too; the flat mode never resolves).
 
 The flat baseline (:meth:`LongTermGraph.search_flat`) is cosine top-k over the
 chunk embeddings; ``bench/bench_memverse.py`` compares both on a planted-fact

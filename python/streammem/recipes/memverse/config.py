@@ -50,7 +50,8 @@ class MemVerseConfig:
         Graph and hybrid modes: a question's ``"X's R"`` is first resolved
         through X's relation R to the entity it names, and the question asked
         about that entity (``hops.resolve_possessives``; the relation's chunks
-        lead the graph's).  The flat mode never resolves.
+        lead the graph's; the hybrid's flat half is asked the rewritten
+        question too).  The flat mode never resolves.
     facts : int
         Relations reported per question.
     facts_order : {"rank", "lightrag"}

@@ -25,8 +25,8 @@ def hit_rates(memory: MemVerse, data: PlantedFactMemory, chunks: list[MemoryChun
     each K (no ranking depends on K).  ``changes`` override fields of the
     memory's config for the graph search (``seeds``, ``ranking``,
     ``resolve_possessives``, ...).  The graph is asked each question as
-    ``MemVerse.ask`` asks it (possessives resolved, ``MemVerse.resolve``), the
-    flat baseline as written.
+    ``MemVerse.ask`` asks it (possessives resolved, ``MemVerse.resolve``), and
+    so is the hybrid's flat half; the flat baseline as written.
     Keys: ``(method, kind, K)`` with kind in single / two-hop / cross-modal / all.
     """
     questions = data.questions
@@ -44,10 +44,13 @@ def hit_rates(memory: MemVerse, data: PlantedFactMemory, chunks: list[MemoryChun
                                max_fanout=cfg.max_fanout, max_frontier=cfg.max_frontier, min_score=cfg.min_score,
                                chunks=top, chunks_per_node=cfg.chunks_per_node, ranking=cfg.ranking, bridges=bridges)
     flat_rows, _ = memory.graph.search_flat(q, top)
+    # The hybrid's flat half is asked the resolved question too (the flat mode never resolves).
+    changed = torch.tensor([r.question != x.question for r, x in zip(resolved, questions)])
+    resolved_rows = torch.where(changed[:, None], memory.graph.search_flat(q_graph, top)[0], flat_rows)
     ids_of_row = torch.tensor([c.chunk_id for c in memory.graph.chunks] + [-1])  # row -1 -> id -1
     ranked = {"graph": ids_of_row[hits.chunks].tolist(), "flat": ids_of_row[flat_rows].tolist()}
     ranked["hybrid"] = [[c for c, in interleave([(c,) for c in f if c >= 0], [(c,) for c in g if c >= 0], top)]
-                        for f, g in zip(ranked["flat"], ranked["graph"])]
+                        for f, g in zip(ids_of_row[resolved_rows].tolist(), ranked["graph"])]
     out: dict = {}
     for method, lists in ranked.items():
         for kind in ("single", "two-hop", "cross-modal", "all"):

@@ -28,7 +28,8 @@ does:
    sister's dog"``) is resolved in turn, at most ``max_hops`` times.
 
 The bridges are the first hop's evidence: ``LongTermGraph.search`` lists their
-chunks first.  Nothing is typed or learnt: the relation is whatever the
+chunks first.  ``MemVerse`` asks the graph (and the hybrid's flat half) the
+rewritten question; the flat mode never resolves.  Nothing is typed or learnt: the relation is whatever the
 extractor wrote, matched by the text encoder.
 """
 from __future__ import annotations

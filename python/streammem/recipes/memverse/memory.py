@@ -430,7 +430,7 @@ class MemVerse:
         ranked = graph_chunks
         if self.config.mode != "graph":
             t2 = time.perf_counter()
-            rows, scores = self.search_flat(q)
+            rows, scores = self.search_flat(q_graph)  # the flat mode never resolves: q_graph is q
             flat = [(row, score, "flat cosine") for row, score in zip(rows[0].tolist(), scores[0].tolist())
                     if row >= 0]
             ranked = flat if self.config.mode == "flat" else interleave(flat, graph_chunks, self.config.chunks)
