@@ -476,6 +476,11 @@ def test_resolve_possessives_rewrites_through_the_named_relation():
         g.search(memory.encode_questions(["x"]), bridges=torch.tensor([[g.entity_id("Alice")]]))
     with pytest.raises(ValueError, match="resolve_possessives"):
         MemVerseConfig(resolve_possessives="yes")
+    for bad, match in ((dict(question=""), "question"), (dict(max_hops=-1), "max_hops"),
+                       (dict(max_words=0), "max_words")):
+        args = dict(question="Where does Alice's sister work?") | bad
+        with pytest.raises(ValueError, match=match):
+            resolve_possessives(g, embed=memory.encode_questions, **args)
 
 
 # --------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from ...checks import check_int
 from ...components.answers import content_words
 from .extraction import name_key
 from .graph import RELATION, LongTermGraph
@@ -75,7 +76,16 @@ def resolve_possessives(graph: LongTermGraph, question: str, embed: Callable[[li
         Possessives resolved at most (``"Alice's sister's dog"``: two).
     max_words : int
         Longest entity name looked for before ``'s``.
+
+    Raises
+    ------
+    ValueError
+        ``question`` is not a non-empty string, ``max_hops`` < 0 or ``max_words`` < 1.
     """
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"question must be a non-empty string, got {question!r}")
+    max_hops = check_int(max_hops, "max_hops", 0)
+    max_words = check_int(max_words, "max_words", 1)
     bridges: list[int] = []
     for _ in range(max_hops):
         hop = _next_hop(graph, question, embed, max_words, bridges)
@@ -107,18 +117,15 @@ def _next_hop(graph: LongTermGraph, question: str, embed, max_words: int, taken:
             continue
         bridge, other = found
         stems = set(content_words(graph.texts[bridge]))
-        phrase = 0
-        while phrase < len(after) and _stems(after[phrase].group(0)) and _stems(after[phrase].group(0)) <= stems:
+        phrase = 0  # words of the possessive phrase: the leading words after 's that the bridge spells
+        while phrase < len(after) and set(content_words(after[phrase].group(0))) <= stems and \
+                content_words(after[phrase].group(0)):
             phrase += 1
         if phrase == 0:
             continue
         end = after[phrase - 1].end()
         return question[:possessor[2]] + graph.texts[other] + question[end:], bridge
     return None
-
-
-def _stems(word: str) -> set[str]:
-    return set(content_words(word))
 
 
 def _bridge(graph: LongTermGraph, question: str, possessor, words: list[str], embed, taken: list[int]):
