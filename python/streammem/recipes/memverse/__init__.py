@@ -54,6 +54,13 @@ questions):
    ``chunks`` distinct chunks, at most ``chunks_per_node`` (the newest) from
    each node.
 
+**Possessive hops** (``hops.resolve_possessives``, ``config.resolve_possessives``):
+in graph and hybrid modes a question's "X's R" is first resolved through the
+relation of X that the phrase names, and the graph is asked the question about
+the entity at its other end ("Where does Alice's sister work?" -> "Where does
+Yara work?"), the relation's chunks first (the hybrid's flat half is asked
+the rewritten question too; the flat mode never resolves).
+
 The flat baseline (:meth:`LongTermGraph.search_flat`) is cosine top-k over the
 chunk embeddings; ``bench/bench_memverse.py`` compares both on a planted-fact
 multi-session memory (``synthetic.PlantedFactMemory``, scored by ``evaluation.hit_rates``).
@@ -91,6 +98,7 @@ from .config import MODES, RANKINGS, MemVerseConfig
 from .evaluation import hit_rates
 from .extraction import CooccurrenceExtractor, Extraction, ExtractionContext, Extractor, MemoryChunk, name_key
 from .graph import ENTITY, RELATION, GraphEvictionReport, GraphHits, LongTermGraph, interleave
+from .hops import Resolution, resolve_possessives
 from .memory import MemVerse, MemVerseContext
 from .synthetic import GroundTruthExtractor, PlantedFactMemory, PlantedItem, PlantedQuestion
 from .tables import compact_csr, extend_csr
@@ -111,6 +119,8 @@ __all__ = [
     "compact_csr",
     "name_key",
     "interleave",
+    "Resolution",
+    "resolve_possessives",
     "ENTITY",
     "RELATION",
     "RANKINGS",

@@ -26,10 +26,10 @@ _FITTED_ON = ("bench/bench_abstention.py --system memverse: "
               "calibration seeds 101-104, PlantedFactMemory(people=16, sessions=6, fillers=30)")
 
 MEMVERSE_CALIBRATIONS = {
-    "all-MiniLM-L6-v2": Calibration({"cosine": 4.0206, "grounding": 3.7566, "names": 3.5570, "related": 2.2905},
-                                    -11.0399, 0.2591, _FITTED_ON),
-    "hashing": Calibration({"cosine": 0.7563, "grounding": 6.5342, "names": 2.4147, "related": 2.1411}, -9.1654,
-                           0.2254, _FITTED_ON),
+    "all-MiniLM-L6-v2": Calibration({"cosine": 2.1887, "grounding": 3.2159, "names": 4.4527, "related": 1.3111},
+                                    -9.0399, 0.4283, _FITTED_ON),
+    "hashing": Calibration({"cosine": 0.0000, "grounding": 5.1219, "names": 2.6067, "related": 4.0691}, -9.6712,
+                           0.1448, _FITTED_ON),
 }
 
 

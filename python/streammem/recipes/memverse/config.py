@@ -46,6 +46,12 @@ class MemVerseConfig:
     mode : {"graph", "hybrid", "flat"}
         Long-term chunks of :meth:`MemVerse.ask`: the graph's, the flat
         baseline's, or both interleaved (flat first, duplicates skipped).
+    resolve_possessives : bool
+        Graph and hybrid modes: a question's ``"X's R"`` is first resolved
+        through X's relation R to the entity it names, and the question asked
+        about that entity (``hops.resolve_possessives``; the relation's chunks
+        lead the graph's; the hybrid's flat half is asked the rewritten
+        question too).  The flat mode never resolves.
     facts : int
         Relations reported per question.
     facts_order : {"rank", "lightrag"}
@@ -85,6 +91,7 @@ class MemVerseConfig:
     chunks_per_node: int | None = 2
     ranking: str = "round-robin"
     mode: str = "graph"
+    resolve_possessives: bool = True
     facts: int = 8
     facts_order: str = "rank"
     budget: int | None = None
@@ -114,6 +121,8 @@ class MemVerseConfig:
         object.__setattr__(self, "beta", check_real(self.beta, "beta"))
         object.__setattr__(self, "tau", check_real(self.tau, "tau", 0.0, open_low=True))
         object.__setattr__(self, "low_water", check_real(self.low_water, "low_water", 0.0, 1.0, open_low=True))
+        if not isinstance(self.resolve_possessives, bool):
+            raise ValueError(f"resolve_possessives must be a bool, got {self.resolve_possessives!r}")
         if self.ranking not in RANKINGS:
             raise ValueError(f"ranking must be one of {RANKINGS}, got {self.ranking!r}")
         if self.facts_order not in FACT_ORDERS:

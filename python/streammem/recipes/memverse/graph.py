@@ -182,6 +182,10 @@ class LongTermGraph:
             return None
         return self._node(self._relation_ids.get((h, _predicate_key(predicate), t)))
 
+    def relation_ends(self, node: int) -> tuple[int, int]:
+        """(head, tail) node ids of a relation node; (-1, -1) for an entity."""
+        return int(self._head.values[node]), int(self._tail.values[node])
+
     def node_chunks(self, node: int) -> list[int]:
         """Chunk rows of a node, newest first."""
         ptr, col = self._map
@@ -363,7 +367,8 @@ class LongTermGraph:
 
     def search(self, queries: torch.Tensor, *, seeds: int = 4, hops: int = 2, capacity: int = 512,
                max_fanout: int | None = 64, max_frontier: int | None = None, min_score: float | None = None,
-               chunks: int = 8, chunks_per_node: int | None = 2, ranking: str = "round-robin") -> GraphHits:
+               chunks: int = 8, chunks_per_node: int | None = 2, ranking: str = "round-robin",
+               bridges: torch.Tensor | None = None) -> GraphHits:
         """Seeds, neighbourhood, ranking and chunks for Q questions (see the module docstring).
 
         Parameters
@@ -372,6 +377,9 @@ class LongTermGraph:
             Question embeddings (normalised here).
         seeds, hops, capacity, max_fanout, max_frontier, min_score, chunks, chunks_per_node, ranking
             As in :class:`MemVerseConfig`.
+        bridges : (Q, b) int tensor, optional
+            Relation nodes each question was resolved through (``hops.resolve_possessives``; ``-1``
+            padded): they lead the ranked nodes (score 1, hop 0), so their chunks come first.
 
         Returns
         -------
@@ -407,6 +415,12 @@ class LongTermGraph:
         nodes = near.nodes.gather(1, order)
         node_scores = score.gather(1, order)
         node_hops = near.hop.gather(1, order)
+        if bridges is not None:
+            bridges = self._check_bridges(bridges, num_q)
+            nodes = torch.cat([bridges, nodes], 1)
+            node_scores = torch.cat([torch.where(bridges >= 0, 1.0, -math.inf).to(node_scores.dtype),
+                                     node_scores], 1)
+            node_hops = torch.cat([torch.where(bridges >= 0, 0, -1).to(node_hops.dtype), node_hops], 1)
         t2 = time.perf_counter()
         if self.num_chunks:
             got = neighbourhood_chunks(nodes, self.chunk_map, capacity=chunks, max_per_node=chunks_per_node,
@@ -421,6 +435,18 @@ class LongTermGraph:
         timings = {"seeds_and_expansion": t1 - t0, "rank": t2 - t1, "chunks": t3 - t2}
         return GraphHits(seed_ids, seed_scores, nodes, node_scores.float(), node_hops, chunk_rows,
                          chunk_scores.float(), chunk_nodes, near.truncated, timings)
+
+    def _check_bridges(self, bridges, num_q: int) -> torch.Tensor:
+        bridges = torch.as_tensor(bridges)
+        if bridges.dim() != 2 or bridges.shape[0] != num_q or bridges.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"bridges must be an int ({num_q}, b) tensor of relation node ids, got "
+                             f"{tuple(bridges.shape)} {bridges.dtype}")
+        bridges = bridges.long()
+        listed = bridges[bridges >= 0]
+        if bool((bridges < -1).any()) or bool((listed >= self.num_nodes).any()) or \
+                bool((self.kinds[listed] != RELATION).any()):
+            raise ValueError(f"bridges must be relation node ids (below {self.num_nodes}) or -1")
+        return bridges
 
     def _cosines(self, nodes: torch.Tensor, q: torch.Tensor, block: int = 16) -> torch.Tensor:
         """(Q, C) dot products of each query with the embeddings of its nodes (``-1`` entries: any value),

@@ -32,6 +32,7 @@ from .extraction import (
     CooccurrenceExtractor, ExtractionContext, MemoryChunk, _call_extractor, _chunks_from_state, _chunks_state, name_key,
 )
 from .graph import RELATION, GraphEvictionReport, GraphHits, LongTermGraph, interleave
+from .hops import Resolution, resolve_possessives
 from .state_checks import check_memverse_state
 
 __all__ = ["MemVerse", "MemVerseContext"]
@@ -56,7 +57,10 @@ class MemVerseContext:
     (its view, ``via``, ``cosine`` and ``confidence``) or None;
     ``confidence`` in [0, 1], the calibrated probability that it answers the
     question; ``outcome`` (``Outcome``); ``features`` what the calibration
-    read; ``time_reference`` the question's time reference and window, or None.
+    read; ``time_reference`` the question's time reference and window, or None;
+    ``resolved`` the question as the graph was asked it when a possessive was
+    resolved (``MemVerse.resolve``: "Where does Yara work?" for "Where does
+    Alice's sister work?"), or None.  The basis is the chunk closest to it.
     """
 
     question: str
@@ -72,6 +76,7 @@ class MemVerseContext:
     outcome: Outcome = Outcome.NOT_IN_MEMORY
     features: dict = field(default_factory=dict)
     time_reference: dict | None = None
+    resolved: str | None = None
 
     def to_dict(self) -> dict:
         return {"question": self.question, "stream_time": self.stream_time, "short_term": self.short_term,
@@ -79,7 +84,7 @@ class MemVerseContext:
                 "timings_ms": {k: round(1e3 * v, 3) for k, v in self.timings.items()}, "answer": self.answer,
                 "outcome": Outcome(self.outcome).value, "confidence": round(self.confidence, 4), "basis": self.basis,
                 "features": {k: round(v, 4) for k, v in self.features.items()},
-                "time_reference": self.time_reference}
+                "time_reference": self.time_reference, "resolved": self.resolved}
 
 
 @extractive_answer.register(MemVerseContext)
@@ -361,14 +366,29 @@ class MemVerse:
             raise ValueError("questions must be a non-empty sequence of non-empty strings")
         return F.normalize(encode_texts(self.text_encoder, questions), dim=1)
 
-    def search(self, query_embeddings: torch.Tensor, *, update_access: bool = False) -> GraphHits:
-        """Long-term graph search for Q embedded questions (consolidates pending chunks first)."""
+    def resolve(self, questions: Sequence[str]) -> list[Resolution]:
+        """Each question with its ``"X's R"`` possessives resolved through the graph
+        (``hops.resolve_possessives``; consolidates pending chunks first).  With
+        ``config.resolve_possessives`` off, the questions as they are."""
+        if isinstance(questions, str) or not all(isinstance(q, str) and q.strip() for q in questions):
+            raise ValueError("questions must be a sequence of non-empty strings")
+        if not self.config.resolve_possessives:
+            return [Resolution(q) for q in questions]
+        if self.pending:
+            self.consolidate()
+        return [resolve_possessives(self.graph, q, self.encode_questions) for q in questions]
+
+    def search(self, query_embeddings: torch.Tensor, *, update_access: bool = False,
+               bridges: torch.Tensor | None = None) -> GraphHits:
+        """Long-term graph search for Q embedded questions (consolidates pending chunks first); ``bridges``
+        (Q, b) relation nodes whose chunks lead (``LongTermGraph.search``)."""
         if self.pending:
             self.consolidate()
         cfg = self.config
         hits = self.graph.search(query_embeddings, seeds=cfg.seeds, hops=cfg.hops, capacity=cfg.capacity,
                                  max_fanout=cfg.max_fanout, max_frontier=cfg.max_frontier, min_score=cfg.min_score,
-                                 chunks=cfg.chunks, chunks_per_node=cfg.chunks_per_node, ranking=cfg.ranking)
+                                 chunks=cfg.chunks, chunks_per_node=cfg.chunks_per_node, ranking=cfg.ranking,
+                                 bridges=bridges)
         if update_access and self.stream_time is not None:
             self.graph.touch(torch.cat([hits.chunk_nodes, hits.seeds], 1), hits.chunks, self.stream_time)
         return hits
@@ -393,9 +413,15 @@ class MemVerse:
         ``answer_fn`` (when given) is called for answered contexts only.
         """
         t0 = time.perf_counter()
-        q = self.encode_questions([question])
+        ref = parse_time_reference(question)
+        resolved = Resolution(question)
+        if self.config.mode != "flat" and ref is None:
+            resolved = self.resolve([question])[0]
+        q_all = self.encode_questions(list(dict.fromkeys([question, resolved.question])))
+        q, q_graph = q_all[:1], q_all[-1:]  # the question as asked (flat), and as resolved (graph)
         t1 = time.perf_counter()
-        hits = self.search(q, update_access=True)
+        hits = self.search(q_graph, update_access=True,
+                           bridges=torch.tensor([resolved.bridges]) if resolved.bridges else None)
         g = self.graph
         short = [c.view(float(c.embedding @ q[0])) for c in self.window]
         graph_chunks = [(row, score, g.texts[node]) for row, score, node in
@@ -404,7 +430,7 @@ class MemVerse:
         ranked = graph_chunks
         if self.config.mode != "graph":
             t2 = time.perf_counter()
-            rows, scores = self.search_flat(q)
+            rows, scores = self.search_flat(q_graph)  # the flat mode never resolves: q_graph is q
             flat = [(row, score, "flat cosine") for row, score in zip(rows[0].tolist(), scores[0].tolist())
                     if row >= 0]
             ranked = flat if self.config.mode == "flat" else interleave(flat, graph_chunks, self.config.chunks)
@@ -430,10 +456,11 @@ class MemVerse:
                               "score": round(score, 4)})
         t3 = time.perf_counter()
         ctx = MemVerseContext(question, self.stream_time, short, chunks, facts, seeds, {})
-        ref = parse_time_reference(question)
+        if resolved.bridges:
+            ctx.resolved = resolved.question
         candidates = ([(g.chunks[row], via) for row, _, via in ranked] + [(c, None) for c in self.window]
                       if ref is None else self._time_candidates(ctx, ref, q[0]))
-        self._decide(ctx, ref.question if ref is not None else question, candidates, q[0])
+        self._decide(ctx, ref.question if ref is not None else resolved.question, candidates, q_graph[0])
         timings = {"question_encode": t1 - t0, **hits.timings, "decide": time.perf_counter() - t3,
                    "total": time.perf_counter() - t0}
         ctx.timings = timings
