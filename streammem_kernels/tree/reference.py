@@ -40,6 +40,10 @@ INT_INPUTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 # Candidate rows scored at once: bounds the (rows x candidates x D) products to 16M floats (64 MB).
 GATHER_BUDGET = 1 << 24
+# Products of a full scan scored at once: 1M floats (4 MB), so that the sum along D reads them from
+# cache right after the multiply wrote them (at Q = 64, N = 10^4, D = 384 one 16M-float block took
+# 1.0 s and 4 MB blocks 0.09 s on one core; each row's sum is the same whatever the block).
+SCAN_BLOCK = 1 << 18
 
 
 def check_size(value, name: str, *, minimum: int = 1, maximum: int) -> int:
@@ -62,7 +66,9 @@ POW2_SCALE_EXPONENT = 126
 def pow2_row_scale(x: torch.Tensor) -> torch.Tensor:
     """(..., 1) float32 power of two that brings each row's largest |component| into [0.5, 1)
     (1 for an all-zero row; the exponent clamped to +-126).  Multiplying by it is exact."""
-    amax = x.abs().amax(-1, keepdim=True)
+    # max |x| = max(max x, -min x): two read-only passes, 5x faster than abs() then amax() on CPU (and
+    # than a per-row aminmax, which torch does not vectorise).
+    amax = torch.maximum(x.amax(-1, keepdim=True), -x.amin(-1, keepdim=True))
     _, exponent = torch.frexp(amax)
     return torch.ldexp(torch.ones_like(amax), (-exponent).clamp(-POW2_SCALE_EXPONENT, POW2_SCALE_EXPONENT))
 
@@ -115,17 +121,26 @@ def cosine_topk_reference(queries: torch.Tensor, keys: torch.Tensor, k: int, ran
 
     float32 queries (Q, D) of any norm, raw float32 keys (N, D), int64 ranges (Q, 2).
     """
+    scores = cosine_scores(queries, keys, ranges)
+    return topk_low_id(torch.arange(keys.shape[0], device=keys.device).expand_as(scores), scores, k)
+
+
+def cosine_scores(queries: torch.Tensor, keys: torch.Tensor, ranges: torch.Tensor) -> torch.Tensor:
+    """(Q, N) float32 cosine of every query with every key, ``-inf`` outside the query's range (the
+    scores :func:`cosine_topk_reference` ranks); arguments as there."""
     queries = unit_rows(queries)
-    num_q, num_k = queries.shape[0], keys.shape[0]
-    unit = unit_rows(keys)
+    (num_q, dim), num_k = queries.shape, keys.shape[0]
     scores = torch.empty((num_q, num_k), dtype=torch.float32, device=keys.device)
-    chunk = max(1, GATHER_BUDGET // (num_q * keys.shape[1]))  # bounds the (Q, chunk, D) product
-    for lo in range(0, num_k, chunk):
-        scores[:, lo : lo + chunk] = dot_rows(queries, unit[None, lo : lo + chunk].expand(num_q, -1, -1))
+    block = max(1, SCAN_BLOCK // dim)  # keys normalised at once (unit_rows works row by row)
+    chunk = max(1, SCAN_BLOCK // (num_q * dim))  # keys per (Q, chunk, D) product
+    for lo in range(0, num_k, block):
+        unit = unit_rows(keys[lo : lo + block])
+        for at in range(0, unit.shape[0], chunk):
+            part = unit[at : at + chunk]
+            scores[:, lo + at : lo + at + part.shape[0]] = dot_rows(queries, part[None].expand(num_q, -1, -1))
     idx = torch.arange(num_k, device=keys.device)
     inside = (idx[None, :] >= ranges[:, :1]) & (idx[None, :] < ranges[:, 1:])
-    scores = torch.where(inside, scores, torch.full_like(scores, float("-inf")))
-    return topk_low_id(idx.expand_as(scores), scores, k)
+    return torch.where(inside, scores, torch.full_like(scores, float("-inf")))
 
 
 def index_topk_reference(queries: torch.Tensor, keys: torch.Tensor, k: int, ranges: torch.Tensor,
@@ -141,7 +156,7 @@ def index_topk_reference(queries: torch.Tensor, keys: torch.Tensor, k: int, rang
     queries = unit_rows(queries)
     num_q, num_k = queries.shape[0], keys.shape[0]
     scores = torch.empty((num_q, num_k), dtype=torch.float32, device=keys.device)
-    chunk = max(1, GATHER_BUDGET // (num_q * keys.shape[1]))  # bounds the (Q, chunk, D) product
+    chunk = max(1, SCAN_BLOCK // (num_q * keys.shape[1]))  # bounds the (Q, chunk, D) product
     for lo in range(0, num_k, chunk):
         scores[:, lo : lo + chunk] = dot_rows(queries, keys[None, lo : lo + chunk].expand(num_q, -1, -1))
     idx = torch.arange(num_k, device=keys.device)
