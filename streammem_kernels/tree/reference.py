@@ -38,11 +38,10 @@ MAX_WIDTH = 2**31 - 1  # a beam width
 FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 INT_INPUTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
-# Candidate rows scored at once: bounds the (rows x candidates x D) products to 16M floats (64 MB).
-GATHER_BUDGET = 1 << 24
-# Products of a full scan scored at once: 1M floats (4 MB), so that the sum along D reads them from
-# cache right after the multiply wrote them (at Q = 64, N = 10^4, D = 384 one 16M-float block took
-# 1.0 s and 4 MB blocks 0.09 s on one core; each row's sum is the same whatever the block).
+# Floats of a scan's temporaries at once (256K, 1 MB): each block of keys (or of gathered candidate
+# rows) is normalised and scored while in cache, and no temporary is large enough for a fresh mmap (a page fault per 4 KB).  At
+# Q = 64, N = 10^4, D = 384 one 64 MB product block took 1.0 s on one core, 1 MB blocks 0.14 s; unit_rows
+# and each row's sum along D give the same bits whatever the block.
 SCAN_BLOCK = 1 << 18
 
 
@@ -196,7 +195,7 @@ def score_candidates(queries: torch.Tensor, embeddings: torch.Tensor, cand: torc
     """scores[s, c] = queries[s] . embeddings[cand[s, c]]; -inf where cand < 0."""
     s_rows, c = cand.shape
     out = torch.full((s_rows, c), float("-inf"), dtype=torch.float32, device=queries.device)
-    chunk = max(1, GATHER_BUDGET // max(1, c * embeddings.shape[1]))  # bounds the (chunk, C, D) gather
+    chunk = max(1, SCAN_BLOCK // max(1, c * embeddings.shape[1]))  # bounds the (chunk, C, D) gather
     for lo in range(0, s_rows if c else 0, chunk):
         ids = cand[lo : lo + chunk]
         dots = dot_rows(queries[lo : lo + chunk], embeddings[ids.clamp_min(0)])
