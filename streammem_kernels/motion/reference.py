@@ -115,13 +115,14 @@ def window_average(prods: torch.Tensor, window: int) -> torch.Tensor:
     ``avg_pool2d`` sums each window in row-major order, starting from 0, in
     float32, then divides by ``window**2`` (on CPU and CUDA alike; pinned by a
     test): the order a kernel reproducing the reference bit for bit follows.
-    On CPU that order is written out as ``window**2`` additions of shifted
-    slices, the same bits 4x faster than ``avg_pool2d``'s scalar loop over each
-    window (224x168 frames); on a GPU ``avg_pool2d`` is one pass.
+    On CPU, for outputs of at least 64x64 pixels, that order is written out as
+    ``window**2`` additions of shifted slices, the same bits 4x faster than
+    ``avg_pool2d``'s scalar loop over each window (224x168 frames); smaller
+    levels, and a GPU, where ``avg_pool2d`` is one pass, call it.
     """
-    if prods.device.type != "cpu":
-        return F.avg_pool2d(prods, window, stride=1)
     out_h, out_w = prods.shape[2] - window + 1, prods.shape[3] - window + 1
+    if prods.device.type != "cpu" or out_h * out_w < 64 * 64:
+        return F.avg_pool2d(prods, window, stride=1)
     total = prods[:, :, :out_h, :out_w] + 0.0  # 0 + the first term: -0.0 becomes +0.0, as in a sum from 0
     for dy in range(window):
         for dx in range(window):

@@ -109,10 +109,11 @@ def test_avg_pool2d_sums_windows_row_major_from_zero(device):
     to the float32 row-major sum from 0 divided by w*w, the order the Triton window kernel
     reproduces (a torch release changing it would break bit-for-bit equality; this says why)."""
     g = torch.Generator().manual_seed(0)
-    prods = (torch.rand(2, 5, 23, 37, generator=g) ** 3 - 0.3).to(device)
-    for w in (3, 5, 7):
+    small = (torch.rand(2, 5, 23, 37, generator=g) ** 3 - 0.3).to(device)
+    large = (torch.rand(1, 5, 72, 75, generator=g) ** 3 - 0.3).to(device)  # window_average's written-out sum
+    for prods, w in ((small, 3), (small, 5), (small, 7), (large, 5)):
         ho, wo = prods.shape[2] - w + 1, prods.shape[3] - w + 1
-        total = torch.zeros(2, 5, ho, wo, device=device)
+        total = torch.zeros(prods.shape[0], 5, ho, wo, device=device)
         for dy in range(w):
             for dx in range(w):
                 total = total + prods[:, :, dy:dy + ho, dx:dx + wo]
