@@ -39,9 +39,9 @@ FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 INT_INPUTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 # Floats of a scan's temporaries at once (256K, 1 MB): each block of keys (or of gathered candidate
-# rows) is normalised and scored while in cache, and no temporary is large enough for a fresh mmap (a page fault per 4 KB).  At
-# Q = 64, N = 10^4, D = 384 one 64 MB product block took 1.0 s on one core, 1 MB blocks 0.14 s; unit_rows
-# and each row's sum along D give the same bits whatever the block.
+# rows) is normalised and scored while in cache, and no temporary is large enough for a fresh mmap (a
+# page fault per 4 KB).  At Q = 64, N = 10^4, D = 384 one 64 MB product block took 1.0 s on one core,
+# 1 MB blocks 0.14 s; unit_rows and each row's sum along D give the same bits whatever the block.
 SCAN_BLOCK = 1 << 18
 
 
