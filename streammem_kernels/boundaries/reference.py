@@ -25,6 +25,9 @@ MAX_WINDOW = 1 << 16
 # dropped frame, a burst of blocky frames) are not boundaries.  ``flash=None`` takes this, capped at the
 # most the window can check, (window - 1) // 2.
 DEFAULT_FLASH = 3
+# float64 values of the frames widened at once by adjacent_cosine_torch (1 MB): its products stay in cache
+# (widening a whole (1, 3600, 384) clip made 11 MB temporaries, each a fresh mmap and a page fault per 4 KB).
+COSINE_BLOCK = 1 << 17
 
 
 class Event(NamedTuple):
@@ -118,10 +121,17 @@ def to_kernel_dtype(x: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------
 def adjacent_cosine_torch(x: torch.Tensor) -> torch.Tensor:
     """(B, T, D) float32 -> (B, T-1) float32 ``cos(v_t, v_{t+1})``, summed in float64 and rounded once;
-    0 where a vector is zero, NaN where a pair holds NaN/Inf."""
-    a, b = x[:, :-1].double(), x[:, 1:].double()
-    dot = (a * b).sum(-1)
-    norm_a, norm_b = (a * a).sum(-1).sqrt(), (b * b).sum(-1).sqrt()
+    0 where a vector is zero, NaN where a pair holds NaN/Inf.  Frames are widened to float64 a block at a
+    time (:data:`COSINE_BLOCK`); each sum along D is the same whatever the block."""
+    B, T, D = x.shape
+    dot = torch.empty((B, max(T - 1, 0)), dtype=torch.float64, device=x.device)
+    norm = torch.empty((B, T), dtype=torch.float64, device=x.device)  # each frame's, shared by its two pairs
+    step = max(1, COSINE_BLOCK // max(1, B * D))
+    for lo in range(0, T, step):  # frames lo .. lo + step - 1 and their pairs with the next frame
+        block = x[:, lo:lo + step + 1].double()
+        norm[:, lo:lo + step] = (block[:, :step] * block[:, :step]).sum(-1).sqrt()
+        dot[:, lo:lo + block.shape[1] - 1] = (block[:, :-1] * block[:, 1:]).sum(-1)
+    norm_a, norm_b = norm[:, :-1], norm[:, 1:]
     nonzero = (norm_a > 0) & (norm_b > 0)
     cos = dot / torch.where(nonzero, norm_a * norm_b, torch.ones_like(dot))
     cos = torch.where(nonzero, cos.clamp(-1.0, 1.0), torch.zeros_like(cos))
@@ -205,10 +215,19 @@ def window_choices_torch(sim: torch.Tensor, window: int, tau: float, min_depth: 
 
 def scan_events_torch(sims: torch.Tensor, choices: torch.Tensor, window: int, max_event: int,
                       drift: float) -> torch.Tensor:
+    """The torch backend of the event scan: :func:`scan_events_loop`'s ends, without its loop over frames
+    when there is no ``max_event`` (:func:`scan_events_unbounded`)."""
+    if max_event == 0:
+        return scan_events_unbounded(sims, choices, window, drift)
+    return scan_events_loop(sims, choices, window, max_event, drift)
+
+
+def scan_events_loop(sims: torch.Tensor, choices: torch.Tensor, window: int, max_event: int,
+                     drift: float) -> torch.Tensor:
     """The streaming state machine, run over all frames (vectorised over streams): (B, T) bool event ends
     from (B, T-1) similarities and the window choices (ignored in drift mode, i.e. when ``drift`` is not
     NaN; a choice ``-2 - r`` restarts the window after similarity r without a boundary); ``max_event`` 0
-    means none."""
+    means none.  The spec of the scan."""
     B, T = sims.shape[0], sims.shape[1] + 1
     drift_mode = drift == drift  # not NaN
     ends = torch.zeros((B, T), dtype=torch.bool, device=sims.device)
@@ -238,5 +257,43 @@ def scan_events_torch(sims: torch.Tensor, choices: torch.Tensor, window: int, ma
             ends[:, t] |= cap
             last_end = torch.where(cap, t, last_end)
             frames_in_window = torch.where(cap, 0, frames_in_window)
+    ends[:, T - 1] = True  # flush
+    return ends
+
+
+def scan_events_unbounded(sims: torch.Tensor, choices: torch.Tensor, window: int, drift: float) -> torch.Tensor:
+    """:func:`scan_events_loop` without ``max_event``, in O(log T) steps over all frames at once.
+
+    Without the cap, the state machine's state after a restart is only where it restarted.  Drift mode:
+    every pair has two frames in its window, so pair s ends an event exactly when ``sims[s] < drift``.
+    Window mode: after a restart at similarity R (a boundary, or a transient's last edge; R = -1 at the
+    start) the window is full again at the decision on window p = R + 1, and decisions of choice -1
+    change nothing; so the next decision that acts is on the first window ``p >= R + 1`` whose choice is
+    not -1, and it restarts at ``p + j`` (j: the boundary's, or the transient's last edge's, index in the
+    window).  Those windows are the orbit of the first one under ``p -> next(p)``, found by pointer
+    doubling (the orbit's first 2^(i+1) windows from its first 2^i and ``next`` composed 2^i times).
+    """
+    B, T = sims.shape[0], sims.shape[1] + 1
+    device = sims.device
+    ends = torch.zeros((B, T), dtype=torch.bool, device=device)
+    if drift == drift:  # not NaN: drift mode
+        ends[:, :-1] = sims.double() < drift
+    elif choices.shape[1] > 0:
+        P = choices.shape[1]
+        index = torch.arange(P, device=device).expand(B, P)
+        acts = choices != -1
+        # first_acting[:, x]: the first window p >= x whose choice acts, P (the sink) when none.
+        first_acting = torch.full((B, P + 1), P, dtype=torch.int64, device=device)
+        first_acting[:, :P] = torch.cummin(torch.where(acts, index, P).flip(-1), -1).values.flip(-1)
+        restart = index + torch.where(choices >= 0, choices, -2 - choices)  # p + j; only read where acting
+        jump = torch.full((B, P + 1), P, dtype=torch.int64, device=device)
+        jump[:, :P] = first_acting.gather(1, (restart + 1).clamp(max=P))
+        decided = torch.zeros((B, P + 1), dtype=torch.bool, device=device)
+        decided.scatter_(1, first_acting[:, :1], True)
+        for _ in range((P + 1).bit_length()):
+            decided.scatter_(1, torch.where(decided, jump, P), True)
+            jump = jump.gather(1, jump)
+        cut = decided[:, :P] & (choices >= 0)
+        ends.scatter_(1, torch.where(cut, index + choices, T - 1), True)  # the boundary, similarity p + j
     ends[:, T - 1] = True  # flush
     return ends

@@ -314,7 +314,7 @@ def _prepare_scaled(x, k, iters, tol, metric, weights, lengths) -> _Prepared:
     if N == 0 or B == 0:
         raise ValueError(f"x must hold at least one problem with one point, got shape {tuple(x.shape)}")
     # Per-problem extremes decide finiteness (min and max propagate NaN and expose +-Inf, as in
-    # check_finite_by_extremes) and the power-of-two scale.
+    # check_finite) and the power-of-two scale.
     x_amax = _largest_magnitude(x)
     if isinstance(x_amax, list):  # plain floats on the host: the common small call stays cheap
         if not all(math.isfinite(v) for v in x_amax):

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import torch
 
-from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_finite_by_extremes, check_float,
+from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_float,
                                 check_int, check_rank)
 from . import (_INITS, _METRICS, _POINT_DTYPES, MAX_ITERS, _largest_magnitude, _power_of_two_scale, _scaled_float32,
                _working_dtype, batched_kmeans)
@@ -264,7 +264,7 @@ def _as_points(X) -> tuple[torch.Tensor, bool]:
     check_dtype(x, "X", _POINT_DTYPES)
     if x.shape[-1] == 0 or x.shape[-2] == 0 or (x.dim() == 3 and x.shape[0] == 0):
         raise ValueError(f"X must hold at least one sample of one feature, got shape {tuple(x.shape)}")
-    check_finite_by_extremes(x, "X")
+    check_finite(x, "X")
     return x, numpy_out
 
 

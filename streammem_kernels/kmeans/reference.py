@@ -125,19 +125,20 @@ def distance_to_own_centre(points, centres, labels, cosine) -> torch.Tensor:
 def centre_sums_torch(points, weights, labels, k):
     """(B,k,D) float64 weighted sums and (B,k) float64 weights of each cluster."""
     B, N, D = points.shape
-    sums = torch.zeros((B * k, D), dtype=torch.float64, device=points.device)
-    mass = torch.zeros((B * k,), dtype=torch.float64, device=points.device)
+    # Row B * k is a sink for the invalid points (label -1): no boolean-mask copies, and each cluster
+    # still adds its points in point order.
+    sums = torch.zeros((B * k + 1, D), dtype=torch.float64, device=points.device)
+    mass = torch.zeros((B * k + 1,), dtype=torch.float64, device=points.device)
     offset = (torch.arange(B, device=points.device) * k)[:, None]
     step = max(1, CHUNK_ELEMENTS // max(1, B * D))
     for n0 in range(0, N, step):
         lab = labels[:, n0:n0 + step]
-        keep = (lab >= 0).reshape(-1)
-        slot = (lab + offset).reshape(-1)[keep]
-        w = weights[:, n0:n0 + step].reshape(-1)[keep].double()
-        x = points[:, n0:n0 + step].reshape(-1, D)[keep].double()
+        slot = torch.where(lab >= 0, lab + offset, B * k).reshape(-1)
+        w = weights[:, n0:n0 + step].reshape(-1).double()
+        x = points[:, n0:n0 + step].reshape(-1, D).double()
         sums.index_add_(0, slot, x * w[:, None])
         mass.index_add_(0, slot, w)
-    return sums.view(B, k, D), mass.view(B, k)
+    return sums[:-1].view(B, k, D), mass[:-1].view(B, k)
 
 
 def finish_update(points, labels, centres, sums, mass, cosine) -> torch.Tensor:

@@ -69,7 +69,7 @@ def token_logprobs_torch(logits: torch.Tensor, targets: torch.Tensor) -> torch.T
     step = max(1, TORCH_CHUNK_ELEMS // vocab)
     for r0 in range(0, n_rows, step):
         x = logits[r0:r0 + step].to(cdt)
-        row_max = x.max(dim=1, keepdim=True).values
+        row_max = x.amax(dim=1, keepdim=True)  # not max(dim=1): its argmax pass took 3 of 9 ms at 64 x 32K
         target_logit = x.gather(1, targets[r0:r0 + step, None])
         # (target - max) first: exact for |logits| ~ 1e4, where logsumexp would round.
         lse_shifted = torch.log(torch.exp(x - row_max).sum(dim=1, keepdim=True))
@@ -91,7 +91,7 @@ def linear_token_logprobs_torch(hidden: torch.Tensor, weight: torch.Tensor, bias
     for v0 in range(0, vocab, step):
         chunk_bias = None if bias is None else bias[v0:v0 + step].to(cdt)
         logits = torch.nn.functional.linear(h, weight[v0:v0 + step].to(cdt), chunk_bias)
-        tile_max = logits.max(dim=1).values
+        tile_max = logits.amax(dim=1)
         new_max = torch.maximum(running_max, tile_max)
         # exp(-inf - finite) = 0 on the first chunk; an all -inf row yields NaN -> ValueError.
         running_sum = running_sum * torch.exp(running_max - new_max) + torch.exp(logits - new_max[:, None]).sum(1)

@@ -134,9 +134,15 @@ def sized_message(template: str, **sizes) -> str:
 
 
 def check_finite(t: torch.Tensor, name: str) -> None:
-    """Raise if a floating tensor holds NaN or Inf (integer tensors always pass); device-side on CUDA."""
+    """Raise if a floating tensor holds NaN or Inf (integer tensors always pass); device-side on CUDA.
+
+    min and max propagate NaN and expose +-Inf, so one reduction pass without a temporary decides
+    (``isfinite(t).all()`` makes four passes and a boolean tensor the size of ``t``: 20x slower on CPU,
+    two thirds of a torch-backend ``cosine_topk`` over 10^4 keys).
+    """
     if t.is_floating_point() and t.numel():
-        check_values(torch.isfinite(t).all(), f"{name} must be finite, found NaN or Inf")
+        low, high = torch.aminmax(t)
+        check_values(torch.isfinite(low) & torch.isfinite(high), f"{name} must be finite, found NaN or Inf")
 
 
 def check_int(value, name: str, *, minimum: int | None = None, odd: bool = False) -> int:
@@ -169,17 +175,6 @@ def check_float(value, name: str, *, low=None, high=None, low_open=False, high_o
 def contiguous_cpu_numpy(t: torch.Tensor) -> np.ndarray:
     """Zero-copy numpy view of a CPU tensor (copies only when non-contiguous)."""
     return t.detach().contiguous().numpy()
-
-
-def check_finite_by_extremes(t: torch.Tensor, name: str) -> None:
-    """Same contract as ``check_finite`` for large tensors, without its boolean temporary.
-
-    min and max propagate NaN and expose +-Inf, so one reduction pass decides
-    (about 20x faster than ``isfinite(t).all()`` on a 168 MB tensor).
-    """
-    if t.is_floating_point() and t.numel():
-        low, high = torch.aminmax(t)
-        check_values(torch.isfinite(low) & torch.isfinite(high), f"{name} must be finite, found NaN or Inf")
 
 
 _TENSOR, _F32, _STRIDED = torch.Tensor, torch.float32, torch.strided

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .reference import (FLOAT_INPUTS, INT_INPUTS, MAX_RESULTS, cosine_topk_reference, score_candidates, topk_low_id,
+from .reference import (FLOAT_INPUTS, INT_INPUTS, MAX_RESULTS, cosine_scores, score_candidates, topk_low_id,
                         unit_rows)
 from ..runtime.dispatch import Op, call_op
 from ..runtime.native import NativeChecks, view
@@ -178,27 +178,67 @@ def _(queries, keys, k, ranges, backend):
 # Backend: torch (the reference, narrowed to the ranges)
 # --------------------------------------------------------------------------
 def _cosine_topk_torch(queries, keys, k, ranges):
-    """The reference, scoring only the keys in range when the ranges are narrow.
+    """The reference's scores, ranked by one ``torch.topk`` per query instead of two full sorts.
 
-    The reference scores all Q x N pairs and ranks each query over all N keys; with ranges (a
-    VideoAgent round: one query per segment) almost all of them lie outside.  Here each query
-    gathers the keys of its own range (``window``, the widest range, columns; -1 past its end) and
-    scores and ranks them by the reference's rules (``score_candidates``: the same products summed
-    along D; ``topk_low_id``), so ids and scores are the reference's bit for bit.  The window is a
-    tensor value: on a GPU reading it would synchronise, so there (and whenever the window covers
-    more than half the keys) the reference runs as it is.
+    The reference scores all Q x N pairs and sorts each query's N scores twice (by id, then stably by
+    score); here the scores are the same tensors (:func:`~.reference.cosine_scores`), and
+    :func:`_top_by_packed_key` picks the same ``k`` in the same order.  With ranges (a VideoAgent
+    round: one query per segment) almost all pairs lie outside, so each query gathers the keys of its
+    own range (``window``, the widest range, columns; -1 past its end) and scores them by the
+    reference's rules (``score_candidates``: the same products summed along D).  Either way ids and
+    scores are the reference's bit for bit.  The window is a tensor value: on a GPU reading it would
+    synchronise, so there (and whenever the window covers more than half the keys) every key is scored.
     """
     num_k = keys.shape[0]
     if ranges.device.type != "cpu" or queries.shape[0] == 0:
-        return cosine_topk_reference(queries, keys, k, ranges)
+        return _top_by_packed_key(torch.arange(num_k, device=keys.device), cosine_scores(queries, keys, ranges), k,
+                                  num_k)
     start, end = ranges[:, 0], ranges[:, 1]
     window = int((end - start).max())
     if 2 * window > num_k:
-        return cosine_topk_reference(queries, keys, k, ranges)
+        return _top_by_packed_key(torch.arange(num_k), cosine_scores(queries, keys, ranges), k, num_k)
     offsets = torch.arange(window, dtype=torch.int64)
     ids = start[:, None] + offsets[None, :]
     ids = torch.where(ids < end[:, None], ids, torch.full_like(ids, -1))
-    return topk_low_id(ids, score_candidates(unit_rows(queries), unit_rows(keys), ids), k)
+    return _top_by_packed_key(ids, score_candidates(unit_rows(queries), unit_rows(keys), ids), k, num_k)
+
+
+# The largest id that fits the low 32 bits of a packed ranking key (more keys: the reference's sorts).
+_PACKED_MAX_ID = 2**32 - 1
+# Scores ranked at once (int64 keys of 1 MB): fresh temporaries of many MB cost a page fault per 4 KB.
+_RANK_BLOCK = 1 << 17
+
+
+def _top_by_packed_key(ids: torch.Tensor, scores: torch.Tensor, k: int, num_keys: int):
+    """``topk_low_id(ids, scores, k)`` by one ``torch.topk`` on an int64 key per entry.
+
+    The key is the score's float32 bits made monotone (high 32 bits) over ``2**32 - 1 - id`` (low 32
+    bits): distinct entries have distinct keys, and a larger key is exactly a higher score, then a lower
+    id, the reference's order; so ``torch.topk``, whatever order it gives equal values, has none to
+    give.  ``-0.0`` counts as ``+0.0`` (the reference's sort compares them equal); -inf entries and
+    padding come out as the reference's (-1, -inf).  ``ids`` (N,) shared by every row, or (Q, C), in
+    ``[0, num_keys)`` where the score is finite.
+    """
+    num_q, num_c = scores.shape
+    if num_keys - 1 > _PACKED_MAX_ID:
+        return topk_low_id(ids.expand_as(scores), scores, k)
+    ids = ids.expand_as(scores)
+    low = _PACKED_MAX_ID - ids.clamp_min(0)
+    rows = max(1, _RANK_BLOCK // max(1, num_c))
+    pos = torch.empty((num_q, min(k, num_c)), dtype=torch.int64, device=scores.device)
+    for lo in range(0, num_q, rows):
+        key = (scores[lo : lo + rows] + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0.0 becomes +0.0
+        key ^= (key >> 31) & 0x7FFFFFFF  # negative floats: a larger magnitude, a smaller key
+        key *= 2**32
+        key += low[lo : lo + rows]
+        pos[lo : lo + rows] = torch.topk(key, pos.shape[1], dim=1).indices
+    top_scores = scores.gather(1, pos)
+    top_ids = torch.where(torch.isfinite(top_scores), ids.gather(1, pos), -1)
+    if top_ids.shape[1] < k:
+        pad = k - top_ids.shape[1]
+        top_ids = torch.cat([top_ids, top_ids.new_full((num_q, pad), -1)], 1)
+        top_scores = torch.cat([top_scores, top_scores.new_full((num_q, pad), float("-inf"))], 1)
+    return top_ids, top_scores
 
 
 # --------------------------------------------------------------------------

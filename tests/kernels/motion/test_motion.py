@@ -16,6 +16,7 @@ from tests.support.motion_baselines import seed_style_flow
 from tests.support.motion_clips import fourier_shift, shifted_pair, smooth_texture
 from streammem_kernels import motion_magnitude, select_frames, select_frames_mask
 from streammem_kernels.motion import LK_FLOW
+from streammem_kernels.motion.reference import window_average
 from streammem_kernels.runtime.dispatch import load_native
 
 BACKENDS = cpu_backends(LK_FLOW)
@@ -104,20 +105,22 @@ def test_non_contiguous_input(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_avg_pool2d_sums_windows_row_major_from_zero(device):
-    """The reference's window mean is avg_pool2d: pinned to the float32 row-major sum from 0
-    divided by w*w, the order the Triton window kernel reproduces (a torch release changing
-    it would break bit-for-bit equality; this says why)."""
+    """The reference's window mean is avg_pool2d (on a GPU; on CPU its order written out): pinned
+    to the float32 row-major sum from 0 divided by w*w, the order the Triton window kernel
+    reproduces (a torch release changing it would break bit-for-bit equality; this says why)."""
     g = torch.Generator().manual_seed(0)
-    prods = (torch.rand(2, 5, 23, 37, generator=g) ** 3 - 0.3).to(device)
-    for w in (3, 5, 7):
+    small = (torch.rand(2, 5, 23, 37, generator=g) ** 3 - 0.3).to(device)
+    large = (torch.rand(1, 5, 72, 75, generator=g) ** 3 - 0.3).to(device)  # window_average's written-out sum
+    for prods, w in ((small, 3), (small, 5), (small, 7), (large, 5)):
         ho, wo = prods.shape[2] - w + 1, prods.shape[3] - w + 1
-        total = torch.zeros(2, 5, ho, wo, device=device)
+        total = torch.zeros(prods.shape[0], 5, ho, wo, device=device)
         for dy in range(w):
             for dx in range(w):
                 total = total + prods[:, :, dy:dy + ho, dx:dx + wo]
         # A tensor divisor: a Python one is a multiplication by its reciprocal on CUDA, not a division.
         divisor = torch.full_like(total, float(w * w))
         assert_bitwise_equal(F.avg_pool2d(prods, w, stride=1), total / divisor, f"window {w}")
+        assert_bitwise_equal(window_average(prods, w), total / divisor, f"window_average, window {w}")
 
 
 # --------------------------------------------------------------------------

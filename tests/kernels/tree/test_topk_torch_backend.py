@@ -95,3 +95,25 @@ def test_latency_path_takes_plain_ranges(monkeypatch):
     with pytest.raises(ValueError, match="ranges must satisfy"):  # the general path's message
         cosine_topk(queries, keys, 4, ranges=segments(502, [[0, 100], [5, 4], [0, 1], [0, 1], [0, 1]]),
                     backend="torch")
+
+
+def test_full_scan_ranks_ties_signed_zeros_and_blocks_like_the_sorts():
+    """Without ranges the torch backend ranks the scores with one torch.topk on a packed (score, id)
+    key: the reference's two sorts' order on exact ties (equal unit rows), on zero keys (+-0.0 scores)
+    and on negative scores; and its blocked scan scores every key as one unblocked product would."""
+    from streammem_kernels.tree.reference import dot_rows, unit_rows
+
+    g = torch.Generator().manual_seed(6)
+    base = torch.randn(6, 384, generator=g)
+    picks = torch.randint(0, 6, (1500,), generator=g)
+    scale = 2.0 ** torch.randint(-3, 4, (1500, 1), generator=g).float()
+    sign = torch.where(torch.rand(1500, 1, generator=g) < 0.5, -1.0, 1.0)
+    keys = base[picks] * scale * sign  # 12 distinct unit rows over 1,500 keys: ties everywhere
+    keys[::7] = 0.0
+    queries = torch.cat([base[:3], -base[3:4], torch.zeros(1, 384)])
+    everything = torch.tensor([[0, 1500]] * 5)
+    for k in (1, 9, 300, 1600):
+        assert_same(queries, keys, k, everything)
+    unblocked = dot_rows(unit_rows(queries), unit_rows(keys)[None].expand(5, -1, -1))
+    _, scores = TORCH_TOPK(queries, keys, 1500, everything)
+    assert torch.equal(scores.sort(1).values, unblocked.sort(1).values)
