@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..runtime.launch import block_elements
 from ..runtime.validate import check_float, check_int
 
 FEATURE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -25,8 +26,9 @@ MAX_WINDOW = 1 << 16
 # dropped frame, a burst of blocky frames) are not boundaries.  ``flash=None`` takes this, capped at the
 # most the window can check, (window - 1) // 2.
 DEFAULT_FLASH = 3
-# float64 values of the frames widened at once by adjacent_cosine_torch (1 MB): its products stay in cache
-# (widening a whole (1, 3600, 384) clip made 11 MB temporaries, each a fresh mmap and a page fault per 4 KB).
+# float64 values of the frames widened at once by adjacent_cosine_torch on a CPU (1 MB; block_elements):
+# its products stay in cache (widening a whole (1, 3600, 384) clip made 11 MB temporaries, each a fresh
+# mmap and a page fault per 4 KB).
 COSINE_BLOCK = 1 << 17
 
 
@@ -126,7 +128,7 @@ def adjacent_cosine_torch(x: torch.Tensor) -> torch.Tensor:
     B, T, D = x.shape
     dot = torch.empty((B, max(T - 1, 0)), dtype=torch.float64, device=x.device)
     norm = torch.empty((B, T), dtype=torch.float64, device=x.device)  # each frame's, shared by its two pairs
-    step = max(1, COSINE_BLOCK // max(1, B * D))
+    step = max(1, block_elements(x.device, COSINE_BLOCK) // max(1, B * D))
     for lo in range(0, T, step):  # frames lo .. lo + step - 1 and their pairs with the next frame
         block = x[:, lo:lo + step + 1].double()
         norm[:, lo:lo + step] = (block[:, :step] * block[:, :step]).sum(-1).sqrt()

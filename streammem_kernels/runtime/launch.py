@@ -10,7 +10,9 @@ What legitimately differs is asked here, in one place:
   (``streammem_kernels.runtime.aot``) records launches to replay them for sm_80/sm_90;
 * :func:`multiprocessors` -- streaming multiprocessors to fill (work splitting);
 * :func:`interpreted_bf16` -- the interpreter computes bfloat16 arithmetic
-  wrongly, so bfloat16 tiles are upcast to float32 there (and only there).
+  wrongly, so bfloat16 tiles are upcast to float32 there (and only there);
+* :func:`block_elements` -- how many elements a torch backend's blocked
+  temporaries hold: cache-sized on a CPU, large on a GPU (one launch per block).
 """
 from __future__ import annotations
 
@@ -21,6 +23,10 @@ import functools
 import torch
 
 from .dispatch import triton_interpreting
+
+# Elements of a torch backend's temporaries at once on a GPU (64 MB of float32): each block costs a few
+# kernel launches there, so the CPU's cache-sized blocks would cost thousands of launches per call.
+GPU_BLOCK_ELEMENTS = 1 << 24
 
 # Streaming multiprocessors of an H100 SXM: the work split a launch recorded for
 # the compile check (or an interpreted launch in GPU configuration) assumes.
@@ -61,3 +67,10 @@ def interpreted_bf16(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and triton_interpreting() and not _RECORDING.get()
 
 
+
+
+def block_elements(device: torch.device, cpu_elements: int) -> int:
+    """Elements of a blocked temporary at once on ``device``: ``cpu_elements`` (sized for the CPU's
+    cache) on a CPU, at least :data:`GPU_BLOCK_ELEMENTS` elsewhere.  The torch backends give the same
+    results whatever the block."""
+    return cpu_elements if device.type == "cpu" else max(cpu_elements, GPU_BLOCK_ELEMENTS)

@@ -25,6 +25,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from ..runtime.launch import block_elements
 from ..runtime.validate import check_int
 
 # Size bounds checked before anything is allocated (a ValueError naming the argument instead of
@@ -38,10 +39,10 @@ MAX_WIDTH = 2**31 - 1  # a beam width
 FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 INT_INPUTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
-# Floats of a scan's temporaries at once (256K, 1 MB): each block of keys (or of gathered candidate
-# rows) is normalised and scored while in cache, and no temporary is large enough for a fresh mmap (a
-# page fault per 4 KB).  At Q = 64, N = 10^4, D = 384 one 64 MB product block took 1.0 s on one core,
-# 1 MB blocks 0.14 s; unit_rows and each row's sum along D give the same bits whatever the block.
+# Floats of a scan's temporaries at once on a CPU (256K, 1 MB; large on a GPU, block_elements): each block of keys (or
+# of gathered candidate rows) is normalised and scored while in cache, and no temporary is large enough for a fresh
+# mmap (a page fault per 4 KB).  At Q = 64, N = 10^4, D = 384 one 64 MB product block took 1.0 s on one core, 1 MB
+# blocks 0.14 s; unit_rows and each row's sum along D give the same bits whatever the block.
 SCAN_BLOCK = 1 << 18
 
 
@@ -130,8 +131,9 @@ def cosine_scores(queries: torch.Tensor, keys: torch.Tensor, ranges: torch.Tenso
     queries = unit_rows(queries)
     (num_q, dim), num_k = queries.shape, keys.shape[0]
     scores = torch.empty((num_q, num_k), dtype=torch.float32, device=keys.device)
-    block = max(1, SCAN_BLOCK // dim)  # keys normalised at once (unit_rows works row by row)
-    chunk = max(1, SCAN_BLOCK // (num_q * dim))  # keys per (Q, chunk, D) product
+    budget = block_elements(keys.device, SCAN_BLOCK)
+    block = max(1, budget // dim)  # keys normalised at once (unit_rows works row by row)
+    chunk = max(1, budget // (num_q * dim))  # keys per (Q, chunk, D) product
     for lo in range(0, num_k, block):
         unit = unit_rows(keys[lo : lo + block])
         for at in range(0, unit.shape[0], chunk):
@@ -155,7 +157,7 @@ def index_topk_reference(queries: torch.Tensor, keys: torch.Tensor, k: int, rang
     queries = unit_rows(queries)
     num_q, num_k = queries.shape[0], keys.shape[0]
     scores = torch.empty((num_q, num_k), dtype=torch.float32, device=keys.device)
-    chunk = max(1, SCAN_BLOCK // (num_q * keys.shape[1]))  # bounds the (Q, chunk, D) product
+    chunk = max(1, block_elements(keys.device, SCAN_BLOCK) // (num_q * keys.shape[1]))  # bounds (Q, chunk, D)
     for lo in range(0, num_k, chunk):
         scores[:, lo : lo + chunk] = dot_rows(queries, keys[None, lo : lo + chunk].expand(num_q, -1, -1))
     idx = torch.arange(num_k, device=keys.device)
@@ -195,7 +197,7 @@ def score_candidates(queries: torch.Tensor, embeddings: torch.Tensor, cand: torc
     """scores[s, c] = queries[s] . embeddings[cand[s, c]]; -inf where cand < 0."""
     s_rows, c = cand.shape
     out = torch.full((s_rows, c), float("-inf"), dtype=torch.float32, device=queries.device)
-    chunk = max(1, SCAN_BLOCK // max(1, c * embeddings.shape[1]))  # bounds the (chunk, C, D) gather
+    chunk = max(1, block_elements(queries.device, SCAN_BLOCK) // max(1, c * embeddings.shape[1]))  # (chunk, C, D)
     for lo in range(0, s_rows if c else 0, chunk):
         ids = cand[lo : lo + chunk]
         dots = dot_rows(queries[lo : lo + chunk], embeddings[ids.clamp_min(0)])

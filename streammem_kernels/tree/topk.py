@@ -18,6 +18,7 @@ import torch
 from .reference import (FLOAT_INPUTS, INT_INPUTS, MAX_RESULTS, cosine_scores, score_candidates, topk_low_id,
                         unit_rows)
 from ..runtime.dispatch import Op, call_op
+from ..runtime.launch import block_elements
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import (as_tensor, check_dtype, check_finite, check_int, check_rank, check_values,
                                 sized_message)
@@ -205,7 +206,8 @@ def _cosine_topk_torch(queries, keys, k, ranges):
 
 # The largest id that fits the low 32 bits of a packed ranking key (more keys: the reference's sorts).
 _PACKED_MAX_ID = 2**32 - 1
-# Scores ranked at once (int64 keys of 1 MB): fresh temporaries of many MB cost a page fault per 4 KB.
+# Scores ranked at once on a CPU (int64 keys of 1 MB; large on a GPU, block_elements): fresh temporaries of many MB
+# cost a page fault per 4 KB.
 _RANK_BLOCK = 1 << 17
 
 
@@ -224,7 +226,7 @@ def _top_by_packed_key(ids: torch.Tensor, scores: torch.Tensor, k: int, num_keys
         return topk_low_id(ids.expand_as(scores), scores, k)
     ids = ids.expand_as(scores)
     low = _PACKED_MAX_ID - ids.clamp_min(0)
-    rows = max(1, _RANK_BLOCK // max(1, num_c))
+    rows = max(1, block_elements(scores.device, _RANK_BLOCK) // max(1, num_c))
     pos = torch.empty((num_q, min(k, num_c)), dtype=torch.int64, device=scores.device)
     for lo in range(0, num_q, rows):
         key = (scores[lo : lo + rows] + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0.0 becomes +0.0
