@@ -737,7 +737,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=tuple(OUTPUTS), default="full",
                         help="full: the record from the committed JSON (default); quick: the newest quick run")
-    parser.add_argument("--baseline-dir", default=BASELINE_DIR, help="the committed runs <machine>-full.json")
+    parser.add_argument("--baseline-dir", default=BASELINE_DIR,
+                        help="the committed runs <machine>-full.json and answer-quality figures quality-<suite>.json")
     parser.add_argument("--gpu-dir", default=GPU_DIR, help="the one-shot GPU run's bench.json and summary.json")
     parser.add_argument("--results-dir", default=os.path.join(BENCH_DIR, "results"), help="quick runs (--mode quick)")
     parser.add_argument("--results-md", default=None, help="page to write (default: the mode's, see OUTPUTS)")
