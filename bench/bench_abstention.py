@@ -58,7 +58,10 @@ from streammem.components.answers import (  # noqa: E402
 )
 from streammem.models.encoders import EncodedFrames  # noqa: E402
 
-from bench import quality
+try:
+    from bench import quality  # the record's answer-quality figures (python -m bench.quality run abstention)
+except ImportError:  # run as a script, `python bench/bench_abstention.py`: prints its tables, saves none
+    quality = None
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SYSTEMS = ("pipeline", "videoagent", "memverse", "prostream")
@@ -460,8 +463,8 @@ def _kind_counts(rows, kind=None) -> dict:
     before = sum(bool(r.correct if r.correct_before is None else r.correct_before) for r in pos)
     after = sum(bool(r.correct) and r.outcome == Outcome.ANSWERED for r in pos)
     false = sum(r.outcome == Outcome.ANSWERED for r in neg)
-    return {"answerable": len(pos), "unanswerable": len(neg), "false_answers": quality.share(false, len(neg)),
-            "before": quality.share(before, len(pos)), "after": quality.share(after, len(pos))}
+    return {"answerable": len(pos), "unanswerable": len(neg), "false_answers": [false, len(neg)],
+            "before": [before, len(pos)], "after": [after, len(pos)]}
 
 
 def quality_tables(evaluated: dict) -> list[dict]:
@@ -506,8 +509,8 @@ def main():
     torch.set_num_threads(1)
     sets = QUICK if args.quick else SETS
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    started_s, load_before = time.time(), quality.load_average()
     load = os.getloadavg()
+    started_s, load_before = time.time(), f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
     t_start = time.perf_counter()
     table, constants, results, evaluated = [], [], {}, {}
     for encoder_name in ([] if args.clips_only else args.encoder):
@@ -549,7 +552,7 @@ def main():
                  *clips]
     text += ["", "Fitted constants:", "", "```", *constants, "```"]
     print("\n".join(text))
-    if quality.saving() and evaluated and not args.quick:
+    if quality is not None and quality.saving() and evaluated and not args.quick:
         quality.save("abstention", quality_tables(evaluated), about=QUALITY_ABOUT.format(
             seeds=", ".join(f"{s} {SETS[s][0]} / {SETS[s][1]}" for s in args.system), cap=MAX_FALSE_ANSWER),
             started=started_s, load_before=load_before)

@@ -43,7 +43,7 @@ SUITES: dict[str, tuple[str, list[str]]] = {
                   ["-m", "pytest", "bench/bench_prostream.py", "-q", "-p", "no:cacheprovider", "-k",
                    "test_recall_latency", "--benchmark-disable-gc"]),
     "memverse": ("MemVerse's answer@8 per retrieval mode and question kind",
-                 ["-m", "bench.memverse_answers", "--seed", "0", "1"]),
+                 ["-m", "bench.memverse_answers", "--seed", "0", "1", "2"]),
     "scene_cuts": ("event boundaries against hand-labelled shot cuts, beside PySceneDetect",
                    ["-m", "pytest", "bench/bench_scene_cuts.py", "-q", "-p", "no:cacheprovider"]),
 }
