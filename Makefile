@@ -36,7 +36,7 @@ print(needed[0] if needed else "triton==" + (installed or sys.argv[1]))
 endef
 export PINS_PY
 
-.PHONY: demo test build bench bench-quick record gpu-carry clean
+.PHONY: demo test build bench bench-quick record quality gpu-carry clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -83,6 +83,12 @@ bench: build
 # The record regenerated from the committed JSON alone (no benchmark runs).
 record: $(STAMP)
 	$(PY) -m bench.report
+
+# Answer-quality figures (counts and rates against ground truth, bench/quality.py): runs the suites,
+# saves bench/baseline/quality-<suite>.json and regenerates bench/RESULTS.md (commit both).
+QUALITY_ARGS ?= abstention prostream memverse scene_cuts
+quality: build
+	$(PY) -m bench.quality run $(QUALITY_ARGS)
 
 # Smoke run: writes bench/results/quick/ (git-ignored) and never touches the record.
 bench-quick: build

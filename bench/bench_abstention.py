@@ -1,6 +1,6 @@
 """Calibrated abstention: fit each system's calibration on planted questions, evaluate it on others.
 
-Run:  nice .venv/bin/python bench/bench_abstention.py [--system pipeline videoagent memverse prostream]
+Run:  nice .venv/bin/python -m bench.bench_abstention [--system pipeline videoagent memverse prostream]
           [--encoder hashing minilm] [--quick] [--write]
 
 For each system (the ``StreamMemory`` pipeline and the recipes VideoAgent, MemVerse, ProStream) and text
@@ -57,6 +57,11 @@ from streammem.components.answers import (  # noqa: E402
     AbstentionRow, Calibration, Outcome, abstention_report, choose_basis,
 )
 from streammem.models.encoders import EncodedFrames  # noqa: E402
+
+try:
+    from bench import quality  # the record's answer-quality figures (python -m bench.quality run abstention)
+except ImportError:  # run as a script, `python bench/bench_abstention.py`: prints its tables, saves none
+    quality = None
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SYSTEMS = ("pipeline", "videoagent", "memverse", "prostream")
@@ -437,6 +442,60 @@ def run_clips() -> list[str]:
     return lines
 
 
+QUALITY_ABOUT = (
+    "Planted questions, half of them about something the stream never held (animals, places, people or kin "
+    "never mentioned, times after the end of the stream), built by the module docstring's rules; each system's "
+    "calibration is fitted on the calibration seeds (at most {cap:.0%} false answers there) and scored on the "
+    "disjoint evaluation seeds (calibration / evaluation seeds: {seeds}). False answers: unanswerable questions "
+    "answered. Accuracy before: answerable questions the system answered right before abstention existed (the "
+    "answer it gave then); after: answered and right. The thresholds are this run's fit; the shipped constants "
+    "(stream/calibration.py, the recipes' calibration modules) are such a fit written back, possibly an earlier one. "
+    "Time-aware questions are the kind \"time\": \"What "
+    "happened at the beginning?\", \"What did you see at T s?\", \"right before the <cue> appeared\", \"What "
+    "was said in the last minute?\" (answerable: the basis lies in that span), and times after the end "
+    "(unanswerable); the parsing of time references is tested against known spans in "
+    "tests/streammem/test_timeref.py.")
+
+
+def _kind_counts(rows, kind=None) -> dict:
+    pos = [r for r in rows if r.answerable and kind in (None, r.kind)]
+    neg = [r for r in rows if not r.answerable and kind in (None, r.kind)]
+    before = sum(bool(r.correct if r.correct_before is None else r.correct_before) for r in pos)
+    after = sum(bool(r.correct) and r.outcome == Outcome.ANSWERED for r in pos)
+    false = sum(r.outcome == Outcome.ANSWERED for r in neg)
+    return {"answerable": len(pos), "unanswerable": len(neg), "false_answers": [false, len(neg)],
+            "before": [before, len(pos)], "after": [after, len(pos)]}
+
+
+def quality_tables(evaluated: dict) -> list[dict]:
+    """The record's tables (bench/quality.py): per system and encoder, overall, per kind, time-aware."""
+    col = quality.column
+    overall, kinds, times = [], [], []
+    for (system, encoder), (rows, threshold) in evaluated.items():
+        c = _kind_counts(rows)
+        overall.append({"system": system, "encoder": encoder, **c, "threshold": threshold})
+        for kind in sorted({r.kind for r in rows if r.answerable}):
+            k = _kind_counts(rows, kind)
+            kinds.append({"system": system, "encoder": encoder, "kind": kind, "n": k["answerable"],
+                          "before": k["before"], "after": k["after"]})
+        if any(r.kind == "time" for r in rows):
+            times.append({"system": system, "encoder": encoder, **_kind_counts(rows, "time")})
+    head = [col("system", "system"), col("encoder", "encoder")]
+    rates = [col("false_answers", "false answers (unanswerable answered)", "share"),
+             col("before", "accuracy before (no abstention)", "share"),
+             col("after", "accuracy after (answered and right)", "share")]
+    return [
+        {"title": "Calibrated abstention, evaluation seeds",
+         "columns": head + [col("answerable", "answerable", "int"), col("unanswerable", "unanswerable", "int"),
+                            *rates, col("threshold", "threshold", "rate")], "rows": overall},
+        {"title": "Time-aware questions (kind \"time\")",
+         "columns": head + [col("answerable", "answerable", "int"), col("unanswerable", "unanswerable", "int"),
+                            *rates], "rows": times},
+        {"title": "Accuracy per kind of answerable question",
+         "columns": head + [col("kind", "kind"), col("n", "questions", "int"), *rates[1:]], "rows": kinds},
+    ]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--system", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
@@ -451,8 +510,9 @@ def main():
     sets = QUICK if args.quick else SETS
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load = os.getloadavg()
+    started_s, load_before = time.time(), f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
     t_start = time.perf_counter()
-    table, constants, results = [], [], {}
+    table, constants, results, evaluated = [], [], {}, {}
     for encoder_name in ([] if args.clips_only else args.encoder):
         encoder = text_encoder(encoder_name)
         for system in args.system:
@@ -465,6 +525,7 @@ def main():
             cal_report = abstention_report([r for r in cal_rows])
             results[system, encoder_name] = {"calibration": calibration.to_dict(), "evaluation": report,
                                              "calibration_set": cal_report}
+            evaluated[system, getattr(encoder, "name", encoder_name)] = (rows, calibration.threshold)
             kinds = ", ".join(f"{k} {report['by_kind_before'][k]:.2f} -> {v:.2f}" for k, v in report["by_kind"].items())
             table.append(f"| {system} | {getattr(encoder, 'name', encoder_name)} | {report['answerable']} + "
                          f"{report['unanswerable']} | {report['false_answer_rate']:.3f} | "
@@ -491,6 +552,10 @@ def main():
                  *clips]
     text += ["", "Fitted constants:", "", "```", *constants, "```"]
     print("\n".join(text))
+    if quality is not None and quality.saving() and evaluated and not args.quick:
+        quality.save("abstention", quality_tables(evaluated), about=QUALITY_ABOUT.format(
+            seeds=", ".join(f"{s} {SETS[s][0]} / {SETS[s][1]}" for s in args.system), cap=MAX_FALSE_ANSWER),
+            started=started_s, load_before=load_before)
     if args.write:
         os.makedirs(RESULTS, exist_ok=True)
         # A run of some of the systems writes its own record beside the whole table, not over it.

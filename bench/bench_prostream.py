@@ -4,6 +4,8 @@ Run:  nice .venv/bin/python -m pytest bench/bench_prostream.py -q -p no:cachepro
           --benchmark-json bench/results/prostream.json
       (``STREAMMEM_BENCH_PROSTREAM_1E6=1``: also 10^6 turns, about 25 more minutes on two shared cores;
       ``STREAMMEM_BENCH_QUICK=1``: 10^3 and 10^4 turns, MiniLM at 10^3, no sweeps)
+      ``python -m bench.quality run prostream``: ``-k test_recall_latency``, its rows saved for the record
+      (bench/baseline/quality-prostream.json, bench/quality.py)
 
 Data: :func:`streammem.recipes.prostream.synthetic_dialogue` (seed 0, the
 default "varied" style) of N turns, N in {10^3, 10^4, 10^5} (and 10^6): topic
@@ -57,6 +59,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench import quality
 from streammem.models.encoders import HashingTextEncoder  # noqa: E402
 from streammem.recipes.prostream import (  # noqa: E402
     FACT_FORMS, PatternExtractor, ProStreamConfig, evaluate, synthetic_dialogue,
@@ -73,6 +76,7 @@ END_RECALL: list[dict] = []
 EXTRACTION: list[str] = []
 SWEEP: list[dict] = []
 _LOAD_BEFORE = os.getloadavg()
+_STARTED, _LOAD_BEFORE_TEXT = time.time(), quality.load_average()
 
 
 def methods_for(n: int) -> tuple[str, ...]:
@@ -289,6 +293,42 @@ def _write_summary():
         _write(f"prostream_extraction{suffix}", [header, ""] + EXTRACTION)
     if SWEEP:
         _write(f"prostream_budget_summary{suffix}", [header, ""] + _table(SWEEP, "what", None))
+    if SUMMARY and quality.saving() and not QUICK:
+        quality.save("prostream", _quality_tables(), about=QUALITY_ABOUT, started=_STARTED,
+                     load_before=_LOAD_BEFORE_TEXT)
+
+
+QUALITY_ABOUT = (
+    "synthetic_dialogue(N, seed=0), the varied style (module docstring of bench/bench_prostream.py): planted facts "
+    "about 200 subjects among chatter and distractors, questions asked mid-stream about near, far and updated facts. "
+    "Top-1: the best recalled item is the ground-truth turn or a unit it stated; stale: a superseded value; hit@5: "
+    "among the 5 recalled. prostream: ProStream at a 6,000-token budget; recent: flat RAG, exact cosine top-k over "
+    "the newest turns within the same budget; everything: exact top-k over every turn (unbounded). Recall p50: "
+    "in-stream, every question when it comes (question encoding excluded), and at the end of the stream (200 "
+    "recalls); latencies depend on the load, the other columns do not.")
+
+
+def _quality_tables() -> list[dict]:
+    """The record's table (bench/quality.py): one row per encoder, stream length and method."""
+    col = quality.column
+    end = {(r["N"], r["method"]): r["p50"] for r in END_RECALL}
+    rows = []
+    for r in SUMMARY:
+        def share(kind, r=r):
+            n = r.get(f"{kind}_n")
+            return None if n is None else quality.share(round(r[f"{kind}_correct"] * n), n)
+
+        rows.append({"encoder": r["encoder"], "N": r["N"], "method": r["method"], "all": share("all"),
+                     "near": share("near"), "far": share("far"), "updated": share("updated"), "stale": r["stale"],
+                     "hit": r["hit"], "stream_p50": r["stream_p50_ms"],
+                     "end_p50": end.get((r["N"], r["method"])) if r["encoder"] == "hashing" else None,
+                     "peak_tokens": r["peak_tokens"] if r["peak_tokens"] is not None else r["memory_tokens"]})
+    columns = [col("encoder", "encoder"), col("N", "turns", "int"), col("method", "method"),
+               col("all", "top-1, all questions", "share"), col("near", "near", "share"), col("far", "far", "share"),
+               col("updated", "updated", "share"), col("stale", "stale", "rate"), col("hit", "hit@5", "rate"),
+               col("stream_p50", "recall p50 in stream", "ms"), col("end_p50", "recall p50 at the end", "ms"),
+               col("peak_tokens", "memory tokens (prostream: peak)", "int")]
+    return [{"title": "Top-1 recall of planted facts against stream length", "columns": columns, "rows": rows}]
 
 
 def _table(rows: list[dict], first: str, method: str | None) -> list[str]:

