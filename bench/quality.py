@@ -46,7 +46,11 @@ SUITES: dict[str, tuple[str, list[str]]] = {
                  ["-m", "bench.memverse_answers", "--seed", "0", "1", "2"]),
     "scene_cuts": ("event boundaries against hand-labelled shot cuts, beside PySceneDetect",
                    ["-m", "pytest", "bench/bench_scene_cuts.py", "-q", "-p", "no:cacheprovider"]),
+    "torch_vs_cpp": ("the torch backend (what runs without the C++ extension) beside the C++ one, every op at the "
+                     "recipes' sizes, one thread", ["-m", "bench.torch_vs_cpp", "--threads", "1"]),
 }
+# The record's section of a suite that is not an answer-quality measure (default: "Answer quality").
+SECTIONS: dict[str, str] = {"torch_vs_cpp": "## The torch backend beside the C++ one"}
 
 
 # Libraries a suite's figures depend on beyond bench/run.py's list: shown name -> distributions, first installed wins.
@@ -127,6 +131,7 @@ def save(suite: str, tables: list[dict], *, about: str, started: float, load_bef
     from bench.run import cpu_cores, cpu_model, machine_tag
 
     doc = {"suite": suite, "what": SUITES[suite][0], "command": f"python -m bench.quality run {suite}",
+           **({"section": SECTIONS[suite]} if suite in SECTIONS else {}),
            "runs": suite_command(suite),
            "machine": machine_tag(False), "cpu_model": cpu_model(), "cores": cpu_cores(),
            "started_utc": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(timespec="seconds"),

@@ -675,10 +675,22 @@ def quality_cell(value: object, fmt: str) -> str:
 
 
 def render_quality(records: list[dict]) -> list[str]:
-    """The "Answer quality" section: per suite its command, machine, date, load, versions and tables."""
+    """The "Answer quality" section: per suite its command, machine, date, load, versions and tables; then
+    each other section a saved document names (``section``: the torch backend beside the C++ one)."""
     if not records:
         return []
-    out = [QUALITY_TITLE, "", QUALITY_INTRO, ""]
+    out = []
+    answers = [doc for doc in records if not doc.get("section")]
+    if answers:
+        out += [QUALITY_TITLE, "", QUALITY_INTRO, ""] + render_tables(answers)
+    for section in sorted({doc["section"] for doc in records if doc.get("section")}):
+        out += [section, ""] + render_tables([doc for doc in records if doc.get("section") == section])
+    return out
+
+
+def render_tables(records: list[dict]) -> list[str]:
+    """Per saved document: its command, machine, date, load, versions, what it measured, its tables."""
+    out = []
     for doc in records:
         libs = ", ".join(f"{k} {v}" for k, v in sorted((doc.get("versions") or {}).items()))
         out += [f"### {doc.get('suite')}: {doc.get('what', '')}", "",

@@ -1,6 +1,7 @@
 """The torch backend beside the C++ one: every op on a realistic input, both backends, one table.
 
 Run:  .venv/bin/python -m bench.torch_vs_cpp [--threads 1] [--seconds 1.0] [--out FILE]
+      python -m bench.quality run torch_vs_cpp   # the same, saved for the record (its own section)
 
 The torch backend is the reference (or, where the reference loops, its vectorised form with the same
 results); it is what runs without the C++ extension.  Each case alternates single calls of both
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 import streammem_kernels as sk
+from bench import quality
 
 DIM = 384
 
@@ -89,6 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    started, load_before, rows = time.time(), quality.load_average(), []
     lines = [f"threads: {args.threads}, torch {torch.__version__}; wall per call in us, p20 / p50 / p80", "",
              "| op (input) | torch | C++ | torch/C++ p50 | load avg |", "|---|---|---|---:|---|"]
     print("\n".join(lines), flush=True)
@@ -100,14 +103,28 @@ def main(argv=None) -> int:
             torch_t, cpp_t = alternate([lambda: call("torch"), lambda: call("cpp")], args.seconds)
         except Exception as exc:  # an op without a backend here: say so, measure the rest
             line = f"| {name} | {type(exc).__name__}: {exc} | | | |"
+            rows.append({"case": name, "torch": f"{type(exc).__name__}: {exc}"})
         else:
-            line = (f"| {name} | {fmt(torch_t)} | {fmt(cpp_t)} | {torch_t[1] / cpp_t[1]:.1f} | "
-                    f"{load0:.1f}-{os.getloadavg()[0]:.1f} |")
+            load = f"{load0:.1f}-{os.getloadavg()[0]:.1f}"
+            line = f"| {name} | {fmt(torch_t)} | {fmt(cpp_t)} | {torch_t[1] / cpp_t[1]:.1f} | {load} |"
+            rows.append({"case": name, "torch": fmt(torch_t), "cpp": fmt(cpp_t),
+                         "ratio": f"{torch_t[1] / cpp_t[1]:.1f}", "load": load})
         lines.append(line)
         print(line, flush=True)
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
+    if quality.saving():  # python -m bench.quality run torch_vs_cpp: the table for the record
+        columns = [quality.column("case", "op (input)"), quality.column("torch", "torch p20 / p50 / p80 (us)"),
+                   quality.column("cpp", "C++ p20 / p50 / p80 (us)"), quality.column("ratio", "torch / C++ (p50)"),
+                   quality.column("load", "load average")]
+        quality.save("torch_vs_cpp", [{"title": f"{args.threads} thread(s), wall time per call", "columns": columns,
+                                       "rows": rows}],
+                     about="Each case alternates single calls of both backends through the public function "
+                           "(backend=\"torch\" / \"cpp\") for --seconds and reports wall percentiles per call; the "
+                           "torch backend is the reference, vectorised where the reference loops (bit for bit the "
+                           "same results). Timings: only rows of one run compare.",
+                     started=started, load_before=load_before)
     return 0
 
 

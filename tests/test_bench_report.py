@@ -279,6 +279,20 @@ def test_quality_save_writes_what_the_report_reads_and_refuses_rows_without_colu
         quality.column("x", "x", "percent")
 
 
+def test_a_saved_document_with_a_section_renders_under_it_not_under_answer_quality():
+    from bench import quality
+
+    doc = dict(_quality_doc("torch_vs_cpp"), section=quality.SECTIONS["torch_vs_cpp"], what="torch beside C++",
+               tables=[{"title": "1 thread(s)", "columns": [["case", "op (input)", "text"],
+                                                            ["ratio", "torch / C++ (p50)", "text"]],
+                        "rows": [{"case": "cosine_topk Q=1", "ratio": "6.0"}]}])
+    lines = report.render_quality([_quality_doc(), doc])
+    answers, backends = lines.index(report.QUALITY_TITLE), lines.index(quality.SECTIONS["torch_vs_cpp"])
+    assert answers < lines.index("| prostream | 1,264 | 0.000 (0 / 264) | 0.962 (254 / 264) | 0.520 | 1.13 ms |") \
+        < backends < lines.index("| cosine_topk Q=1 | 6.0 |")
+    assert report.QUALITY_TITLE not in report.render_quality([doc])  # a section of its own only
+
+
 def test_the_committed_record_is_exactly_what_the_committed_json_generates():
     """bench/RESULTS.md holds no hand-written line, and bench/plots/ exactly the plots it links."""
     runs = report.record_runs(report.BASELINE_DIR)
