@@ -447,6 +447,13 @@ class StateReader:
         values = self.list(name, length=length)
         return [self._real(f"{name}[{i}]", v, low, high, optional_items) for i, v in enumerate(values)]
 
+    def spans(self, start: str, end: str, *, length: int) -> tuple[list, list]:
+        """Two lists of finite numbers, ``start[i] <= end[i]`` for each ``i`` (time spans)."""
+        starts, ends = self.reals(start, length=length), self.reals(end, length=length)
+        for i, (t0, t1) in enumerate(zip(starts, ends)):
+            self.require(t0 <= t1, f"{end}[{i}]", f"must be >= {start} ({t0}), got {t1}")
+        return starts, ends
+
     def strs(self, name: str, *, length: int | None = None, optional_items: bool = False) -> list:
         """A list of strings (None entries allowed with ``optional_items``)."""
         values = self.list(name, length=length)

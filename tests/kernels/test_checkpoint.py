@@ -178,3 +178,10 @@ def test_nested_readers_name_the_whole_field_and_lists_name_the_entry():
 def test_ensure_folder_creates_the_missing_parents(tmp_path):
     folder = checkpoint.ensure_folder(tmp_path / "a" / "b" / "c")
     assert folder.is_dir() and checkpoint.ensure_folder(folder) == folder
+
+
+def test_state_reader_spans_refuse_an_end_before_its_start():
+    reader = StateReader("/ckpt", "Thing", {"t_start": [0.0, 2.0], "t_end": [1.0, 1.5]})
+    with pytest.raises(ValueError, match=r"/ckpt.*t_end\[1\].*must be >= t_start \(2\.0\), got 1\.5"):
+        reader.spans("t_start", "t_end", length=2)
+    assert StateReader("/ckpt", "Thing", {"a": [0.0], "b": [0.0]}).spans("a", "b", length=1) == ([0.0], [0.0])

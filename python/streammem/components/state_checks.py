@@ -98,9 +98,7 @@ def check_node_table(reader: StateReader, name: str) -> set[int]:
     nodes.require(len(set(ids)) == n, "node_id", "must hold unique ids")
     known = set(ids)
     nodes.ints("level", length=n, low=0)
-    starts, ends = nodes.reals("t_start", length=n), nodes.reals("t_end", length=n)
-    for i, (t0, t1) in enumerate(zip(starts, ends)):
-        nodes.require(t0 <= t1, f"t_end[{i}]", f"must be >= t_start ({t0}), got {t1}")
+    nodes.spans("t_start", "t_end", length=n)
     nodes.ints("first_frame", length=n)
     nodes.ints("last_frame", length=n)
     nodes.strs("caption", length=n)

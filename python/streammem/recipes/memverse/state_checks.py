@@ -26,9 +26,7 @@ def check_chunks(reader: StateReader, name: str, dim: int) -> list[int]:
     ids = sub.ints("chunk_id", low=0)
     n = len(ids)
     sub.ints("session", length=n, low=0)
-    starts, ends = sub.reals("t_start", length=n), sub.reals("t_end", length=n)
-    for i, (t0, t1) in enumerate(zip(starts, ends)):
-        sub.require(t0 <= t1, f"t_end[{i}]", f"must be >= t_start ({t0}), got {t1}")
+    sub.spans("t_start", "t_end", length=n)
     sub.strs("modality", length=n)
     sub.strs("text", length=n)
     sub.strs("speaker", length=n, optional_items=True)
