@@ -386,9 +386,11 @@ MAX_LIST_ENTRIES = 1 << 28
 
 _TENSOR, _F32, _I64, _STRIDED, _INF = torch.Tensor, torch.float32, torch.int64, torch.strided, float("inf")
 # Results allocated through numpy (about 0.7 us against 1.4 for torch.empty with a shape and a dtype),
-# handed to the kernel by the array's own DLPack capsule (0.08 us against 0.22 for a tensor's); but
-# the bool flags by torch's (numpy exports bool arrays from 1.25 on only).
+# handed to the kernel by the array's own DLPack capsule (0.08 us against 0.22 for a tensor's); the bool
+# flags likewise where numpy exports bool arrays (1.25 on), else by torch's capsule.
 _from_numpy, _np_empty, _NP_F32, _NP_I64, _NP_BOOL = torch.from_numpy, np.empty, np.float32, np.int64, np.bool_
+_NUMPY_BOOL_DLPACK = np.lib.NumpyVersion(np.__version__) >= "1.25.0"
+
 # Builds a NamedTuple without its Python-level __new__.
 _new_tuple = tuple.__new__
 # graph_retrieve's fused call runs cosine_topk's one-pass scan, which cosine_topk itself runs for
@@ -442,10 +444,12 @@ def _khop_fast(mod, graph, seeds, hops, capacity, max_fanout, max_frontier):
     lists = (num_q, capacity)
     nodes, hop, seed, parent, edge = (_np_empty(lists, _NP_I64), _np_empty(lists, _NP_I64), _np_empty(lists, _NP_I64),
                                       _np_empty(lists, _NP_I64), _np_empty(lists, _NP_I64))
-    count, truncated = _np_empty(num_q, _NP_I64), _from_numpy(_np_empty(num_q, _NP_BOOL))
+    count, flags = _np_empty(num_q, _NP_I64), _np_empty(num_q, _NP_BOOL)
+    truncated = _from_numpy(flags)
     status = mod.expand(row_ptr, col_idx, view(seeds), num_rows, min(hops, num_rows), fanout, frontier, True,
                         nodes.__dlpack__(), hop.__dlpack__(), seed.__dlpack__(), parent.__dlpack__(),
-                        edge.__dlpack__(), count.__dlpack__(), view(truncated))
+                        edge.__dlpack__(), count.__dlpack__(),
+                        flags.__dlpack__() if _NUMPY_BOOL_DLPACK else view(truncated))
     if status:
         _EXPAND_CHECKS.raise_for(status, name="seeds", upper=num_rows)
     return _new_tuple(Neighbourhood, (_from_numpy(nodes), _from_numpy(hop), _from_numpy(seed), _from_numpy(parent),
@@ -496,11 +500,13 @@ def _retrieve_fast(mod, queries, node_embeddings, graph, k, hops, capacity, max_
     lists = (num_q, capacity)
     nodes, hop, seed, parent, edge = (_np_empty(lists, _NP_I64), _np_empty(lists, _NP_I64), _np_empty(lists, _NP_I64),
                                       _np_empty(lists, _NP_I64), _np_empty(lists, _NP_I64))
-    count, truncated = _np_empty(num_q, _NP_I64), _from_numpy(_np_empty(num_q, _NP_BOOL))
+    count, flags = _np_empty(num_q, _NP_I64), _np_empty(num_q, _NP_BOOL)
+    truncated = _from_numpy(flags)
     status = mod.retrieve(view(queries), view(node_embeddings), row_ptr, col_idx, min(hops, num_rows), fanout,
                           frontier, threshold, seeds.__dlpack__(), seed_scores.__dlpack__(), nodes.__dlpack__(),
                           hop.__dlpack__(), seed.__dlpack__(), parent.__dlpack__(), edge.__dlpack__(),
-                          count.__dlpack__(), view(truncated))
+                          count.__dlpack__(),
+                          flags.__dlpack__() if _NUMPY_BOOL_DLPACK else view(truncated))
     if status:
         _RETRIEVE_CHECKS.raise_for(status)
     near = _new_tuple(Neighbourhood, (_from_numpy(nodes), _from_numpy(hop), _from_numpy(seed), _from_numpy(parent),

@@ -397,11 +397,16 @@ def _general_retrieve(queries, emb, graph, **kwargs):
     return graph_retrieve(queries.double(), emb, graph, **kwargs)
 
 
-def test_graph_retrieve_fused_call_equals_the_general_path(monkeypatch):
+@pytest.mark.parametrize("numpy_bool_capsule", [True, False])
+def test_graph_retrieve_fused_call_equals_the_general_path(monkeypatch, numpy_bool_capsule):
     """The CPU fast path (one native call: the seed top-k, min_score and the expansion) returns what
-    cosine_topk + the expansion return, and runs for the plain float32 call only."""
+    cosine_topk + the expansion return, and runs for the plain float32 call only; the truncated flags
+    handed over by numpy's DLPack capsule or, with a numpy before 1.25, by torch's."""
     if "cpp" not in BACKENDS:
         pytest.skip("the C++ backend is not built")
+    if numpy_bool_capsule and not sk.graph._NUMPY_BOOL_DLPACK:
+        pytest.skip(f"numpy {np.__version__} exports no bool arrays by DLPack")
+    monkeypatch.setattr(sk.graph, "_NUMPY_BOOL_DLPACK", numpy_bool_capsule)
     ran = []
     fused = GRAPH_RETRIEVE.fast
     monkeypatch.setattr(GRAPH_RETRIEVE, "fast", lambda *a: ran.append(1) or fused(*a))
