@@ -32,7 +32,7 @@ from .reference import (FLOAT_INPUTS, INT_INPUTS, MAX_DIM, MAX_NODES, MAX_RESULT
                         index_topk_reference, pow2_row_scale, unit_rows)
 from .storage import allocate, half_copy_module, write_half_copy
 from .topk import (BLAS_MIN_QUERIES, SCORE_TOLERANCES, TRITON_TOPK_MAX_K, TRITON_TOPK_MAX_KEYS, TopKResult,
-                   cosine_topk_uses_blas, prepare_queries)
+                   cosine_topk_uses_blas, is_plain_ranges, prepare_queries)
 
 __all__ = ["CosineIndex"]
 
@@ -697,15 +697,21 @@ def _index_topk_blas(mod, queries, keys, norms, alive, ranges, k):
 
 
 def _index_topk_fast(mod, index, queries, k, ranges):
-    """search of plain float32 CPU queries (fewer than 8), an int k and no ranges, on a CPU index whose norms
-    are the scan's: one call of the one-pass scan, which also checks the queries."""
-    if not (ranges is None and type(queries) is _TENSOR and type(k) is int and queries.dtype is _F32
+    """search of plain float32 CPU queries, an int k, and no ranges and Q < 8 or plain int64 (Q, 2) CPU ranges
+    that hold and that the C++ backend scans in one pass (a VideoAgent round), on a CPU index whose norms are
+    the scan's: one call of the one-pass scan, which checks the queries.  Else the general path says why."""
+    if not (type(queries) is _TENSOR and type(k) is int and queries.dtype is _F32
             and queries.is_cpu and not queries.requires_grad and queries.layout is _STRIDED
             and queries.is_contiguous() and type(index) is CosineIndex):
         return None
     shape = queries.shape
-    if not (len(shape) == 2 and 1 <= shape[0] < BLAS_MIN_QUERIES and shape[1] == index._dim
+    if not (len(shape) == 2 and shape[0] >= 1 and shape[1] == index._dim
             and 1 <= k <= _FAST_MAX_K and index._device.type == "cpu" and index._native_norms):
+        return None
+    bounds = None if ranges is None else ranges.numpy() if (
+        is_plain_ranges(ranges) and ranges.shape == (shape[0], 2) and shape[0] * k <= MAX_RESULTS) else False
+    if (bounds is None and shape[0] >= BLAS_MIN_QUERIES) or bounds is False or (
+            bounds is not None and not ((bounds[:, 0] >= 0).all() and (bounds[:, 0] <= bounds[:, 1]).all())):
         return None
     lock = index._lock
     lock.acquire_read()
@@ -716,8 +722,15 @@ def _index_topk_fast(mod, index, queries, k, ranges):
         if views is False:
             return None
         keys, norms, alive, scan, scan_norm, scan_err, slack, labels = views
+        rows_in = None
+        if bounds is not None:  # the general path's searchsorted of the ids (over ids 0..n-1, a clip to n)
+            bounds = np.minimum(bounds, index._n) if labels is None else np.searchsorted(labels, bounds)
+            if not index._ascending or (shape[0] >= BLAS_MIN_QUERIES
+                                        and cosine_topk_uses_blas(shape[0], index._n, bounds)):
+                return None
+            rows_in = bounds.__dlpack__()
         rows, scores = _np_empty((shape[0], k), _NP_I64), _np_empty((shape[0], k), _NP_F32)
-        status = mod.index_topk(view(queries), keys, norms, alive, None, rows.__dlpack__(), scores.__dlpack__(),
+        status = mod.index_topk(view(queries), keys, norms, alive, rows_in, rows.__dlpack__(), scores.__dlpack__(),
                                 scan, scan_norm, scan_err, slack)
         if status:
             _INDEX_CHECKS.raise_for(status)

@@ -37,7 +37,7 @@ TRITON_TOPK_MAX_K = 1024
 TRITON_TOPK_MAX_KEYS = 2**31 - 1
 
 
-# The latency path has Q < BLAS_MIN_QUERIES: Q x k stays within MAX_RESULTS for these k.
+# The latency path's k; with Q < BLAS_MIN_QUERIES, Q x k stays within MAX_RESULTS (larger ranged Q are checked).
 _FAST_MAX_K = MAX_RESULTS // BLAS_MIN_QUERIES
 # Builds a NamedTuple without its Python-level __new__ (0.3 us of a 5 us call).
 _new_tuple = tuple.__new__
@@ -141,12 +141,13 @@ def _prepare_ranges(ranges, num_queries: int, num_keys: int, device) -> torch.Te
     return ranges.to(device=device, dtype=torch.int64).contiguous()
 
 
-def cosine_topk_uses_blas(num_queries: int, num_keys: int, ranges: torch.Tensor | None = None) -> bool:
+def cosine_topk_uses_blas(num_queries: int, num_keys: int, ranges=None) -> bool:
     """The rule by which the C++ backend of :func:`cosine_topk` uses the CPU BLAS.
 
     Blocked ``torch.mm`` + C++ running top-k when ``Q >= 8`` and the ranges
-    cover at least half of the Q x N (query, key) pairs; otherwise the fused
-    one-pass C++ scan, whose cost is proportional to the pairs in range.
+    ((Q, 2) int64, a tensor or a numpy array) cover at least half of the
+    Q x N (query, key) pairs; otherwise the fused one-pass C++ scan, whose
+    cost is proportional to the pairs in range.
     """
     if num_queries < BLAS_MIN_QUERIES:
         return False
@@ -262,20 +263,26 @@ _from_numpy, _np_empty, _NP_F32, _NP_I64 = torch.from_numpy, np.empty, np.float3
 
 
 def _cosine_topk_fast(mod, queries, keys, k, ranges):
-    """cosine_topk of plain float32 CPU tensors, ``Q < BLAS_MIN_QUERIES``, an int k and no ranges or
-    plain int64 (Q, 2) CPU ranges (a VideoAgent round): one call of the fused scan, which also checks
-    the values, ranges included."""
-    if not ((ranges is None or _plain_ranges(ranges)) and type(queries) is _TENSOR and type(keys) is _TENSOR
+    """cosine_topk of plain float32 CPU tensors, an int k, and either no ranges and ``Q < BLAS_MIN_QUERIES``
+    or plain int64 (Q, 2) CPU ranges that the C++ backend scans in one pass (any Q below the BLAS rule's
+    coverage: a VideoAgent round): one call of the fused scan, which also checks the values, ranges
+    included."""
+    if not ((ranges is None or is_plain_ranges(ranges)) and type(queries) is _TENSOR and type(keys) is _TENSOR
             and type(k) is int
             and queries.dtype is _F32 and keys.dtype is _F32 and queries.is_cpu and keys.is_cpu
             and not (queries.requires_grad or keys.requires_grad) and queries.layout is _STRIDED
             and keys.layout is _STRIDED and queries.is_contiguous() and keys.is_contiguous()):
         return None
     q_shape, k_shape = queries.shape, keys.shape
-    if not (len(q_shape) == 2 and len(k_shape) == 2 and 1 <= q_shape[0] < BLAS_MIN_QUERIES and k_shape[0] >= 1
+    if not (len(q_shape) == 2 and len(k_shape) == 2 and q_shape[0] >= 1 and k_shape[0] >= 1
             and k_shape[1] >= 1 and q_shape[1] == k_shape[1] and 1 <= k <= _FAST_MAX_K):
         return None
-    if ranges is not None and ranges.shape != (q_shape[0], 2):
+    if ranges is None:
+        if q_shape[0] >= BLAS_MIN_QUERIES:
+            return None
+    elif ranges.shape != (q_shape[0], 2) or (
+            q_shape[0] >= BLAS_MIN_QUERIES and (q_shape[0] * k > MAX_RESULTS
+                                                or cosine_topk_uses_blas(q_shape[0], k_shape[0], ranges.numpy()))):
         return None
     ids, scores = _np_empty((q_shape[0], k), _NP_I64), _np_empty((q_shape[0], k), _NP_F32)
     status = mod.cosine_topk(view(queries), view(keys), None if ranges is None else view(ranges), ids.__dlpack__(),
@@ -285,7 +292,8 @@ def _cosine_topk_fast(mod, queries, keys, k, ranges):
     return _new_tuple(TopKResult, (_from_numpy(ids), _from_numpy(scores)))
 
 
-def _plain_ranges(ranges) -> bool:
+def is_plain_ranges(ranges) -> bool:
+    """Whether the latency paths take ``ranges`` as they are: a plain int64 contiguous CPU tensor."""
     return (type(ranges) is _TENSOR and ranges.dtype is _I64 and ranges.is_cpu and ranges.layout is _STRIDED
             and ranges.is_contiguous())
 

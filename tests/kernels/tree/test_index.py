@@ -436,3 +436,45 @@ def test_searches_run_while_another_thread_adds_and_removes():
     assert not errors
     final = index.search(queries, 3)
     assert torch.equal(final.ids, mapped(cosine_topk(queries, index.keys, 3), index.ids))
+
+
+@pytest.mark.parametrize("ids_kind", ["default", "offset", "removed"])
+def test_ranged_rounds_take_the_latency_path_with_the_general_answer(monkeypatch, ids_kind):
+    """A VideoAgent round (10+ queries, ranges over ids scanned in one pass) runs on the latency path: the
+    same ids and scores as the general path, with default ids, offset ids (binary search) and removed
+    keys; ranges that do not hold go to the general path and its error."""
+    needs_cpp()
+    import streammem_kernels.tree.index as index_module
+
+    keys, queries = sample(1200, 32, 10, seed=31)
+    index = CosineIndex(32)
+    offset = 0 if ids_kind == "default" else 5000
+    index.add(keys, ids=None if ids_kind == "default" else torch.arange(1200) + offset)
+    if ids_kind == "removed":
+        index.remove(torch.arange(100, 700, 3) + offset)
+    edges = torch.linspace(0, 1200, 11).long() + offset
+    ranges = torch.stack([edges[:-1], edges[1:]], 1).contiguous()
+    ranges[2] = torch.tensor([offset + 300, offset + 300])
+    ranges[9, 1] = offset + 10**6  # beyond the last id: clipped, as searchsorted does
+    fast, took = index_module.INDEX_TOPK.fast, []
+
+    def watched(*args):
+        result = fast(*args)
+        took.append(result is not None)
+        return result
+
+    monkeypatch.setattr(index_module.INDEX_TOPK, "fast", watched)
+    got = index.search(queries, 4, ranges=ranges)
+    assert took == [True]
+    bad = ranges.clone()
+    bad[4] = torch.tensor([offset + 9, offset + 2])
+    with pytest.raises(ValueError, match="ranges must satisfy"):
+        index.search(queries, 4, ranges=bad)
+    assert took == [True, False]
+    monkeypatch.setattr(index_module.INDEX_TOPK, "fast", None)
+    want = index.search(queries, 4, ranges=ranges)
+    assert torch.equal(got.ids, want.ids) and torch.equal(got.scores, want.scores)
+    for q, (lo, hi) in enumerate(ranges.tolist()):
+        allowed = (index.ids >= lo) & (index.ids < hi)
+        ids, _ = brute_force(queries[q : q + 1], index.keys, 4, allowed)
+        assert torch.equal(got.ids[q], torch.where(ids[0] >= 0, index.ids[ids[0].clamp_min(0)], ids[0])), q

@@ -117,3 +117,35 @@ def test_full_scan_ranks_ties_signed_zeros_and_blocks_like_the_sorts():
     unblocked = dot_rows(unit_rows(queries), unit_rows(keys)[None].expand(5, -1, -1))
     _, scores = TORCH_TOPK(queries, keys, 1500, everything)
     assert torch.equal(scores.sort(1).values, unblocked.sort(1).values)
+
+
+def test_latency_path_takes_a_whole_round_of_ranged_queries(monkeypatch):
+    """Ten or more ranged queries that the C++ backend scans in one pass (the ranges cover less than half of
+    the Q x N pairs: a VideoAgent round of 10 segments) take the latency path too, same answer; ranges
+    that cover half or more go to the BLAS path through the general one."""
+    if "cpp" not in cpu_backends(COSINE_TOPK):
+        pytest.skip("C++ backend not built")
+    import streammem_kernels.tree.topk as topk_module
+
+    g = torch.Generator().manual_seed(6)
+    keys, queries = torch.randn(1000, 24, generator=g), torch.randn(12, 24, generator=g)
+    edges = torch.linspace(0, 1000, 13).long()
+    round_ranges = torch.stack([edges[:-1], edges[1:]], 1).contiguous()
+    round_ranges[3] = torch.tensor([40, 40])  # an empty segment
+    want = cosine_topk(queries, keys, 4, ranges=round_ranges, backend="torch")
+    general = topk_module._cosine_topk_general
+    ran = []
+    monkeypatch.setattr(topk_module, "_cosine_topk_general", lambda *a: ran.append(1) or general(*a))
+    got = cosine_topk(queries, keys, 4, ranges=round_ranges)
+    assert not ran and torch.equal(got.ids, want.ids)
+    torch.testing.assert_close(got.scores, want.scores, atol=2e-5, rtol=0)
+    wide = torch.tensor([[0, 1000]] * 6 + [[0, 0]] * 6)  # exactly half the pairs: the BLAS path
+    got = cosine_topk(queries, keys, 4, ranges=wide)
+    want = cosine_topk(queries, keys, 4, ranges=wide, backend="torch")
+    assert ran and torch.equal(got.ids, want.ids)
+    bad = round_ranges.clone()
+    bad[5] = torch.tensor([7, 3])
+    ran.clear()
+    with pytest.raises(ValueError, match="ranges must satisfy"):
+        cosine_topk(queries, keys, 4, ranges=bad)
+    assert not ran  # the fused scan checked them, with the general path's message
