@@ -1,6 +1,7 @@
 """Single-item latency: one query, one push, one frame pair, next to the native kernel and faiss.
 
 Run:  OMP_NUM_THREADS=1 .venv/bin/python -m bench.bench_latency [--quick] [--out bench/results/latency.md]
+      python -m bench.quality run latency   # overhead, others and topk, saved for the record
       (``--tables tree --tree-sizes 1000000``: the 10^6-leaf tree row alone, two trees, ~8 GB and ~1 min)
       (pytest-benchmark form: .venv/bin/python -m pytest bench/bench_latency.py --benchmark-json ...)
 
@@ -49,6 +50,7 @@ import torch
 
 
 import streammem_kernels as sk  # noqa: E402
+from bench import quality  # noqa: E402
 from streammem_kernels.runtime.dispatch import load_native  # noqa: E402
 from streammem_kernels.runtime.native import view  # noqa: E402
 
@@ -201,8 +203,8 @@ def overhead_rows(faiss) -> list[tuple]:
     rows.append(("motion_magnitude 2x168x224 RGB uint8",
                  *measure_pair(lambda: sk.motion_magnitude(pair), motion_native)))
     graph_mod, _ = load_native("cpu", "graph")
-    graph = sk.CSRGraph.from_edges(torch.randint(0, 200, (800,), generator=g), torch.randint(0, 200, (800,), generator=g),
-                                   200)
+    src, dst = torch.randint(0, 200, (800,), generator=g), torch.randint(0, 200, (800,), generator=g)
+    graph = sk.CSRGraph.from_edges(src, dst, 200)
     emb, gq = torch.randn(200, 384, generator=g), torch.randn(1, 384, generator=g)
     retrieve_args = _native_retrieve_args(gq, emb, graph, k=4, hops=2, capacity=64)
     rows.append(("graph_retrieve Q=1 N=200 k=4 hops=2", *measure_pair(
@@ -435,15 +437,19 @@ def main(argv=None) -> str:
              f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; load average at start {load0[0]:.2f} {load0[1]:.2f} "
              f"{load0[2]:.2f}.  Cells: wall p20 / p50 / p80 in us (CPU us per call in parentheses).", ""]
     tables = set(args.tables.split(","))
+    t0, load_text = time.time(), f"{load0[0]:.1f} / {load0[1]:.1f} / {load0[2]:.1f}"
+    overhead, topk = [], []
     lines += ["| case | public function | native kernel | overhead (CPU us) | kernel share |", "|---|---|---|---|---|"]
     for label, pub, nat in (overhead_rows(faiss) + [motion_gate_row()] if "overhead" in tables else []) + (
             inner_native_rows() if "others" in tables else []):
-        lines.append(f"| {label} | {fmt(pub)} | {fmt(nat)} | {pub['cpu'] - nat['cpu']:.1f} | "
-                     f"{100 * nat['cpu'] / pub['cpu']:.0f}% |")
+        cells = [label, fmt(pub), fmt(nat), f"{pub['cpu'] - nat['cpu']:.1f}", f"{100 * nat['cpu'] / pub['cpu']:.0f}%"]
+        overhead.append(dict(zip(("case", "public", "native", "overhead", "share"), cells)))
+        lines.append("| " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
     sizes = (100, 1000, 10_000, 100_000) if args.quick else (100, 1000, 10_000, 100_000, 1_000_000)
     lines += ["", "| cosine_topk Q=1, N | cosine_topk | faiss IndexFlatIP | same ids |", "|---|---|---|---|"]
     for n, ours, theirs, same in (topk_vs_faiss(faiss, sizes) if "topk" in tables else []):
+        topk.append({"n": f"{n:,}", "ours": fmt(ours), "faiss": fmt(theirs), "same": str(same)})
         lines.append(f"| {n:,} | {fmt(ours)} | {fmt(theirs)} | {same} |")
         print(lines[-1], flush=True)
     tree_sizes = (1000, 10_000) if args.quick else (1000, 10_000, 100_000, 1_000_000)
@@ -461,6 +467,21 @@ def main(argv=None) -> str:
     load1 = os.getloadavg()
     lines += ["", f"Load average at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}."]
     text = "\n".join(lines) + "\n"
+    if quality.saving():  # python -m bench.quality run latency: the overhead and top-k tables for the record
+        col = quality.column
+        quality.save("latency", [
+            {"title": "Per-call overhead over the native kernel (wall p20 / p50 / p80 us, CPU us in parentheses)",
+             "columns": [col("case", "case"), col("public", "public function"), col("native", "native kernel"),
+                         col("overhead", "overhead (CPU us)"), col("share", "kernel share")], "rows": overhead},
+            {"title": "cosine_topk Q=1 beside faiss IndexFlatIP (wall p20 / p50 / p80 us, CPU us in parentheses)",
+             "columns": [col("n", "N"), col("ours", "cosine_topk"), col("faiss", "faiss IndexFlatIP"),
+                         col("same", "same ids")], "rows": topk}],
+            about="Every overhead case times the public function and, on the same input, the native call it ends "
+                  "in (views and outputs made once where the entry allows; 'others': the native time read inside "
+                  "the public call by wrapping the C++ module's functions); overhead = the difference of the CPU "
+                  "times (least thread CPU time per call over alternating batches, which a busy machine does not "
+                  "inflate). One thread (OMP_NUM_THREADS, default 1). See bench/bench_latency.py's docstring.",
+            started=t0, load_before=load_text)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

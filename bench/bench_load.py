@@ -1,6 +1,7 @@
 """Under load: each op's representative calls while background processes keep the cores busy, beside the peer.
 
 Run:  .venv/bin/python -m bench.bench_load [--loads 0,1,2x] [--threads 1,2] [--seconds 1.0] [--out FILE]
+      python -m bench.quality run load_levels   # the same, saved for the record
       (pytest-benchmark form, at whatever load the machine has: .venv/bin/python -m pytest bench/bench_load.py)
 
 A model server sharing the machine is the usual setting: our calls then compete with busy processes
@@ -18,8 +19,9 @@ Cases (D = 384, data from a fixed seed):
 * ``topk Q=1 N=1e3`` / ``N=1e5``: ``cosine_topk(k=10)`` vs faiss ``IndexFlatIP`` over unit keys
   (the query normalised in the call, as ours is);
 * ``topk Q=64 N=1e4``: the batched (BLAS) path vs faiss ``IndexFlatIP``;
-* ``videoagent round``: ``cosine_topk(k=4, ranges=...)`` over 3,600 frames cut into 10 segments vs
-  the numpy loop VideoAgent's code runs (a matrix-vector product and ``argsort`` per segment);
+* ``videoagent round``: ``CosineIndex.search(k=4, ranges=...)`` over 3,600 frames cut into 10 segments
+  (the frame index our VideoAgent recipe keeps) vs the numpy loop VideoAgent's code runs over its
+  normalised frames (a matrix-vector product and ``argsort`` per segment);
 * ``depth_scores M=8``: one window of the segmenter vs the same rule in pure Python;
 * ``motion 224x168``: ``motion_magnitude`` of one RGB pair (``size=224``) vs OpenCV DIS
   ULTRAFAST on the same pair (gray conversion included).
@@ -37,6 +39,8 @@ import streammem_kernels as sk  # before torch: the package's OpenMP wait policy
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+from bench import quality  # noqa: E402
 
 DIM = 384
 
@@ -89,6 +93,8 @@ def videoagent_case(num_frames: int = 3600, segments: int = 10, k: int = 4):
     bounds = segment_bounds(num_frames, segments)
     frames_t, queries_t, ranges_t = torch.from_numpy(frames), torch.from_numpy(queries), torch.from_numpy(bounds)
     unit_frames = _unit(frames)  # VideoAgent normalises its frame index once
+    index = sk.CosineIndex(DIM)  # and so does our recipe: its frame index, ids = frame numbers
+    index.add(frames_t)
 
     def numpy_round():
         out = []
@@ -97,7 +103,7 @@ def videoagent_case(num_frames: int = 3600, segments: int = 10, k: int = 4):
             out.append(lo + np.argsort(-sims, kind="stable")[:k])
         return out
 
-    return (lambda: sk.cosine_topk(queries_t, frames_t, k, ranges=ranges_t)), numpy_round, "numpy loop"
+    return (lambda: index.search(queries_t, k, ranges=ranges_t)), numpy_round, "numpy loop"
 
 
 def python_depths(s):
@@ -211,6 +217,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="also write the table (markdown) here")
     args = ap.parse_args(argv)
     cases = {name: CASES[name]() for name in args.cases.split(",")}
+    started, load_before, records = time.time(), quality.load_average(), []
     lines = [f"cores: {os.cpu_count()}, torch {torch.__version__}; wall per call in us, p20 / p50 / p80",
              "", "| busy procs | load avg (start-end) | threads | case | ours | peer | peer p20 / p50 / p80 "
              "| ours/peer p50 |",
@@ -226,20 +233,76 @@ def main(argv=None) -> int:
                 set_threads(threads)
                 for name, (ours, peer, peer_name) in cases.items():
                     mine, theirs = alternate(ours, peer, args.seconds)
-                    ratio = f"{mine[1] / theirs[1]:.2f}" if theirs is not None else "-"
-                    rows.append((threads, name, fmt(mine), peer_name, fmt(theirs), ratio))
+                    rows.append((threads, name, mine, peer_name, theirs))
             load_end = os.getloadavg()[0]
         finally:
             stop_load(procs)
-        for threads, name, mine, peer_name, theirs, ratio in rows:
-            line = (f"| {count} | {load_start:.1f}-{load_end:.1f} | {threads} | {name} | {mine} | {peer_name} | "
-                    f"{theirs} | {ratio} |")
+        for threads, name, mine, peer_name, theirs in rows:
+            ratio = f"{mine[1] / theirs[1]:.2f}" if theirs is not None else "-"
+            line = (f"| {count} | {load_start:.1f}-{load_end:.1f} | {threads} | {name} | {fmt(mine)} | {peer_name} | "
+                    f"{fmt(theirs)} | {ratio} |")
             lines.append(line)
             print(line, flush=True)
+            records.append({"busy": count, "load": f"{load_start:.1f}-{load_end:.1f}", "threads": threads,
+                            "case": name, "ours": fmt(mine), "ours_p50": float(mine[1]), "peer": peer_name,
+                            "theirs": fmt(theirs), "ratio": ratio,
+                            "ratio_p50": None if theirs is None else float(mine[1] / theirs[1])})
+    verdicts = load_verdicts(records)
+    for v in verdicts:
+        print(f"{v['case']}, {v['threads']} thread(s), {v['busy']} busy: {v['verdict']}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
+    if quality.saving():  # python -m bench.quality run load_levels: the tables for the record
+        quality.save("load_levels", [
+            {"title": "Under load: the targets", "columns": [
+                quality.column("case", "case"), quality.column("threads", "threads", "int"),
+                quality.column("busy", "busy processes", "int"), quality.column("own", "ours / our 1-thread p50"),
+                quality.column("relative", "ours/peer here / ours/peer idle"), quality.column("verdict", "verdict")],
+             "rows": verdicts},
+            {"title": "Wall time per call, p20 / p50 / p80 (us)", "columns": [
+                quality.column("busy", "busy processes", "int"), quality.column("load", "load average (start-end)"),
+                quality.column("threads", "threads", "int"), quality.column("case", "case"),
+                quality.column("ours", "ours"), quality.column("peer", "peer"), quality.column("theirs", "peer's"),
+                quality.column("ratio", "ours / peer (p50)")],
+             "rows": [{k: r[k] for k in ("busy", "load", "threads", "case", "ours", "peer", "theirs", "ratio")}
+                      for r in records]}],
+            about="For each load level (that many `while True: pass` processes: 0, 1 and 2 x the cores) and thread "
+                  "count (torch.set_num_threads, which the C++ kernels follow; faiss and OpenCV get the same), each "
+                  "case alternates single calls of ours and of its peer for --seconds. The targets: under load no "
+                  "case slower than its own 1-thread run at that load, and ours/peer no worse than on the idle "
+                  "machine (a 10% margin for the run-to-run noise of a shared VM). See bench/bench_load.py's "
+                  "docstring for the cases. Timings: only rows of one run compare.",
+            started=started, load_before=load_before)
     return 0
+
+
+NOISE = 1.10  # a ratio within 10% of its target counts as met: single runs on a shared VM vary that much
+
+
+def load_verdicts(records: list[dict]) -> list[dict]:
+    """Per case, thread count and load level above 0: ours against our 1-thread run at the same level, and
+    ours/peer against ours/peer at level 0 with the same threads, with the verdict on both targets."""
+    by_key = {(r["busy"], r["threads"], r["case"]): r for r in records}
+    out = []
+    for r in records:
+        if r["busy"] == 0:
+            continue
+        one = by_key.get((r["busy"], 1, r["case"]))
+        idle = by_key.get((0, r["threads"], r["case"]))
+        own = r["ours_p50"] / one["ours_p50"] if one is not None else None
+        relative = (r["ratio_p50"] / idle["ratio_p50"]
+                    if idle is not None and r["ratio_p50"] is not None and idle["ratio_p50"] else None)
+        misses = []
+        if own is not None and own > NOISE:
+            misses.append("slower than its 1-thread run")
+        if relative is not None and relative > NOISE:
+            misses.append("further behind the peer than when idle")
+        out.append({"case": r["case"], "threads": r["threads"], "busy": r["busy"],
+                    "own": "-" if own is None else f"{own:.2f}",
+                    "relative": "-" if relative is None else f"{relative:.2f}",
+                    "verdict": "; ".join(misses) if misses else "met"})
+    return out
 
 
 # --------------------------------------------------------------------------

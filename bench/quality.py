@@ -2,7 +2,7 @@
 "Answer quality" section.
 
     python -m bench.quality                          # the suites and the command each runs
-    python -m bench.quality run abstention memverse  # run them (nice -n 10), each saving
+    python -m bench.quality run abstention memverse  # run them (nice -n 10 but timed suites), each saving
                                                      #   bench/baseline/quality-<suite>.json, then regenerate
                                                      #   bench/RESULTS.md (make quality QUALITY_ARGS="...")
 
@@ -48,9 +48,21 @@ SUITES: dict[str, tuple[str, list[str]]] = {
                    ["-m", "pytest", "bench/bench_scene_cuts.py", "-q", "-p", "no:cacheprovider"]),
     "torch_vs_cpp": ("the torch backend (what runs without the C++ extension) beside the C++ one, every op at the "
                      "recipes' sizes, one thread", ["-m", "bench.torch_vs_cpp", "--threads", "1"]),
+    "latency": ("single-item calls: each public function's cost over the native kernel it ends in (one thread), "
+                "and cosine_topk Q=1 beside faiss IndexFlatIP at N = 10^2-10^6",
+                ["-m", "bench.bench_latency", "--tables", "overhead,others,topk"]),
+    "small_calls": ("each op at the sizes a seed system's loop calls it with, beside the plain code it replaces, "
+                    "at 1 and 2 threads", ["-m", "bench.small_calls"]),
+    "load_levels": ("each op's representative calls while 0, 1 and 2 x cores busy processes share the machine, "
+                    "beside the peer under the same load, at 1 and 2 threads", ["-m", "bench.bench_load"]),
 }
 # The record's section of a suite that is not an answer-quality measure (default: "Answer quality").
-SECTIONS: dict[str, str] = {"torch_vs_cpp": "## The torch backend beside the C++ one"}
+_CALLS = "## Single calls, small calls and a shared machine"
+SECTIONS: dict[str, str] = {"torch_vs_cpp": "## The torch backend beside the C++ one", "latency": _CALLS,
+                            "small_calls": _CALLS, "load_levels": _CALLS}
+# Suites whose figures are times of our calls beside a peer's: run at the shell's priority, not nice -n 10
+# (under load a niced process gets less of each core than the busy ones, which is not what it measures).
+TIMED: frozenset[str] = frozenset({"torch_vs_cpp", "latency", "small_calls", "load_levels"})
 
 
 # Libraries a suite's figures depend on beyond bench/run.py's list: shown name -> distributions, first installed wins.
@@ -85,7 +97,8 @@ def suite_command(suite: str) -> str:
     """The command a suite runs, as ``run`` starts it (and the environment switches that change its sizes)."""
     extra = "STREAMMEM_BENCH_PROSTREAM_1E6=1 " if suite == "prostream" and \
         os.environ.get("STREAMMEM_BENCH_PROSTREAM_1E6") == "1" else ""
-    return extra + "nice -n 10 python " + " ".join(shlex.quote(c) for c in SUITES[suite][1])
+    return extra + ("" if suite in TIMED else "nice -n 10 ") + "python " + " ".join(
+        shlex.quote(c) for c in SUITES[suite][1])
 
 
 def record_path(suite: str, baseline_dir: str = report.BASELINE_DIR) -> str:
@@ -147,10 +160,11 @@ def save(suite: str, tables: list[dict], *, about: str, started: float, load_bef
 
 
 def run(suites: list[str], regenerate: bool = True) -> int:
-    """Run each suite with saving on (nice -n 10); then regenerate the record.  1 if a suite failed."""
+    """Run each suite with saving on (nice -n 10 but the ``TIMED`` ones); then regenerate the record.  1 if a
+    suite failed."""
     failed = []
     for suite in suites:
-        cmd = ["nice", "-n", "10", sys.executable, *SUITES[suite][1]]
+        cmd = ([] if suite in TIMED else ["nice", "-n", "10"]) + [sys.executable, *SUITES[suite][1]]
         env = dict(os.environ, **{SAVE_ENV: "1", "STREAMMEM_BENCH_QUICK": "0"})
         env.pop("TRITON_INTERPRET", None)
         print(f"[quality] {suite}: {' '.join(shlex.quote(c) for c in cmd)} (load {load_average()})", flush=True)

@@ -554,3 +554,35 @@ def test_full_run_changes_the_record_only_with_save_baseline(tmp_path, monkeypat
     saved = json.loads((baseline_dir / "cpu2c-test-full.json").read_text())
     assert all("data" not in b["stats"] and "p20" in b["stats"] for b in saved["benchmarks"]
                if b["suite"] == "motion")
+
+
+def test_timed_suites_run_at_the_shells_priority_and_answer_suites_niced():
+    from bench import quality
+
+    assert quality.suite_command("load_levels") == "python -m bench.bench_load"
+    assert quality.suite_command("memverse").startswith("nice -n 10 python -m bench.memverse_answers")
+    assert set(quality.TIMED) <= set(quality.SUITES) and set(quality.SECTIONS) <= set(quality.SUITES)
+
+
+def test_small_calls_crossover_names_where_the_plain_code_wins_and_where_ours_takes_over():
+    from bench.small_calls import crossover
+
+    assert crossover([(10, 1.4), (100, 1.1), (1000, 0.8), (10_000, 0.5)]) == ("10, 100", "1,000")
+    assert crossover([(10, 0.9), (100, 0.7)]) == ("none", "10 (every size)")
+    assert crossover([(10, 0.9), (100, 1.2)]) == ("100", "beyond 100")
+    assert crossover([(10, 1.2), (100, 0.9), (1000, 1.05), (10_000, 0.95)]) == ("10, 1,000", "10,000")
+
+
+def test_load_verdicts_hold_each_loaded_row_to_its_one_thread_run_and_to_the_idle_ratio():
+    from bench.bench_load import load_verdicts
+
+    def row(busy, threads, ours, ratio):
+        return {"busy": busy, "threads": threads, "case": "c", "ours_p50": ours, "ratio_p50": ratio}
+
+    records = [row(0, 1, 10.0, 0.5), row(0, 2, 6.0, 0.4), row(2, 1, 20.0, 0.5), row(2, 2, 30.0, 0.8)]
+    got = {(v["busy"], v["threads"]): v for v in load_verdicts(records)}
+    assert set(got) == {(2, 1), (2, 2)}  # idle rows are the yardstick, not judged
+    assert got[2, 1]["verdict"] == "met" and got[2, 1]["own"] == "1.00" and got[2, 1]["relative"] == "1.00"
+    assert got[2, 2]["own"] == "1.50" and got[2, 2]["relative"] == "2.00"
+    assert got[2, 2]["verdict"] == "slower than its 1-thread run; further behind the peer than when idle"
+    assert load_verdicts([row(0, 1, 1.0, None), row(1, 1, 1.05, None)])[0]["verdict"] == "met"  # no peer, in noise
