@@ -172,12 +172,19 @@ def stop_load(procs: list[subprocess.Popen]) -> None:
 
 
 def set_threads(threads: int) -> None:
+    """``threads`` for torch (and so our C++ kernels), faiss, OpenCV and numpy's BLAS (through threadpoolctl,
+    scikit-learn's dependency, when installed)."""
     torch.set_num_threads(threads)
     faiss, cv2 = _faiss(), _cv2()
     if faiss is not None:
         faiss.omp_set_num_threads(threads)
     if cv2 is not None:
         cv2.setNumThreads(threads)
+    try:
+        import threadpoolctl
+    except ImportError:
+        return
+    threadpoolctl.threadpool_limits(threads, user_api="blas")
 
 
 def alternate(ours, peer, seconds: float) -> tuple[np.ndarray, np.ndarray | None]:

@@ -227,7 +227,12 @@ OPS = {
 # Timing
 # --------------------------------------------------------------------------
 def set_threads(threads: int) -> None:
+    """``threads`` for torch (and so our C++ kernels), faiss, OpenCV and numpy's BLAS (through threadpoolctl,
+    scikit-learn's dependency, when installed)."""
     torch.set_num_threads(threads)
+    threadpoolctl = _optional("threadpoolctl")
+    if threadpoolctl is not None:
+        threadpoolctl.threadpool_limits(threads, user_api="blas")
     faiss, cv2 = _optional("faiss"), _optional("cv2")
     if faiss is not None:
         faiss.omp_set_num_threads(threads)
