@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from .checks import check_int, check_real
 
 __all__ = ["MemoryConfig", "SegmenterConfig", "BoundedConfig", "ShortTermConfig", "InjectorConfig", "Preset",
-           "PRESETS"]
+           "PRESETS", "STREAMCHAT_THRESHOLDS"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ PRESETS = {
     "base": Preset("base", 0.40, 25, 10, 5),
     "fast": Preset("fast", 0.65, 30, 15, 5),
 }
+# StreamChat's own thresholds of the presets, on its own reading: the gate's statistic="streamchat"
+# (motion_magnitude) computes that reading, so these apply unchanged there (MotionGate.from_preset
+# takes them when the gate is built with that statistic).
+STREAMCHAT_THRESHOLDS = {"slow": 0.13, "base": 0.35, "fast": 0.58}
 
 
 # Upper bounds that stop a typo from allocating (or looping) without end; each is far
