@@ -262,3 +262,22 @@ def test_streamchat_thresholds_keep_streamchats_share_on_a_sample_clip():
     assert 0.2 < (theirs > 0.35).mean() < 0.8 and 0.2 < (theirs > 0.4).mean() < 0.8  # the thresholds cut here
     for threshold in (0.3, 0.35, 0.4):
         assert abs((ours > threshold).mean() - (theirs > threshold).mean()) <= 0.06  # at most one pair of 19
+
+
+# --------------------------------------------------------------------------
+# Custom op: opcheck and torch.compile
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", [b for b in backends_on("cpu") if b != "triton"])
+def test_opcheck(backend):
+    gray = normalised_clip(3, 20, 22, seed=13)[:, 0].contiguous()  # any finite float32 gray
+    torch.library.opcheck(torch.ops.streammem.lk_flow.default, (gray, 5, 1e-5, 1, "streamchat", backend))
+
+
+def test_torch_compile_on_cpu():
+    clip = normalised_clip(3, 20, 22, seed=14)
+
+    @torch.compile(backend="aot_eager", fullgraph=True)  # validation and all: one graph
+    def keep(x):
+        return select_frames_mask(x, 0.35, **CLIP)
+
+    torch.testing.assert_close(keep(clip), select_frames_mask(clip, 0.35, backend="torch", **CLIP))
