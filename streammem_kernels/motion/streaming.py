@@ -259,7 +259,8 @@ class StreamingMotionGate:
         (tensors, strings and numbers only, so ``weights_only`` loading works).
 
         ``anchor_gray`` is ``(H', W')`` (uint8 for gray uint8 frames kept at their size, else
-        float32 in [0, 1]), ``None`` before the first frame; ``version`` is
+        float32 in [0, 1]; with ``statistic="streamchat"`` float32 StreamChat gray of the channels as
+        normalised, any finite value), ``None`` before the first frame; ``version`` is
         :data:`GATE_STATE_VERSION`.
         """
         gray, spec = self._anchor_gray, self._frame_spec
