@@ -36,8 +36,9 @@ class Preset:
     centres: int
 
 
-# StreamChat's thresholds t (0.13 / 0.35 / 0.58) were set on its single-scale mean over all textured
-# pixels; these are re-derived for the gate's default pyramid and "moving" statistic
+# StreamChat's thresholds t (0.13 / 0.35 / 0.58) were set on its own single-scale reading (what
+# statistic="streamchat" computes, STREAMCHAT_THRESHOLDS below); these are re-derived for the gate's
+# default pyramid and "moving" statistic
 # (bench/calibrate_motion_gate.py prints the calibration tables):
 # t = 0.25 / 0.40 / 0.65, i.e. 0.33 / 0.67 / 1.86 px per frame at the 224 px working size.  Base
 # keeps, with a 15 % margin, an 8 px object (at 224) moving 1.4 px/frame on a static camera (scores
