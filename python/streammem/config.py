@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from .checks import check_int, check_real
 
 __all__ = ["MemoryConfig", "SegmenterConfig", "BoundedConfig", "ShortTermConfig", "InjectorConfig", "Preset",
-           "PRESETS"]
+           "PRESETS", "STREAMCHAT_THRESHOLDS"]
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,9 @@ class Preset:
     centres: int
 
 
-# StreamChat's thresholds t (0.13 / 0.35 / 0.58) were set on its single-scale mean over all textured
-# pixels; these are re-derived for the gate's default pyramid and "moving" statistic
+# StreamChat's thresholds t (0.13 / 0.35 / 0.58) were set on its own single-scale reading (what
+# statistic="streamchat" computes, STREAMCHAT_THRESHOLDS below); these are re-derived for the gate's
+# default pyramid and "moving" statistic
 # (bench/calibrate_motion_gate.py prints the calibration tables):
 # t = 0.25 / 0.40 / 0.65, i.e. 0.33 / 0.67 / 1.86 px per frame at the 224 px working size.  Base
 # keeps, with a 15 % margin, an 8 px object (at 224) moving 1.4 px/frame on a static camera (scores
@@ -52,6 +53,10 @@ PRESETS = {
     "base": Preset("base", 0.40, 25, 10, 5),
     "fast": Preset("fast", 0.65, 30, 15, 5),
 }
+# StreamChat's own thresholds of the presets, on its own reading: the gate's statistic="streamchat"
+# (motion_magnitude) computes that reading, so these apply unchanged there (MotionGate.from_preset
+# takes them when the gate is built with that statistic).
+STREAMCHAT_THRESHOLDS = {"slow": 0.13, "base": 0.35, "fast": 0.58}
 
 
 # Upper bounds that stop a typo from allocating (or looping) without end; each is far

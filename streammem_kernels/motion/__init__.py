@@ -30,8 +30,8 @@ from ..runtime.dispatch import Op, call_op, eager_only, load_native
 from ..runtime.native import NativeChecks, view
 from ..runtime.validate import as_tensor, check_dtype, check_float, check_int, check_nonempty, check_rank, check_values
 from .reference import (FRAME_DTYPES, GUESS_BOX, MAX_AUTO_LEVELS, MAX_SIZE, MOVING_FLOOR_PX, MOVING_MIN_AREA,
-                        SEARCH_QUANT, SEARCH_RADIUS, STATISTICS, gray_resize, level_shapes, lk_flow_reference,
-                        pyramid_flow)
+                        SEARCH_QUANT, SEARCH_RADIUS, STATISTICS, STREAMCHAT_EPS, gray_resize, level_shapes,
+                        lk_flow_reference, pyramid_flow, streamchat_gray)
 
 __all__ = ["MotionResult", "motion_magnitude", "select_frames", "select_frames_mask", "lk_flow", "STATISTICS"]
 
@@ -44,11 +44,15 @@ class MotionResult(NamedTuple):
     flow_px : (T-1,) float32
         The chosen statistic of the flow magnitude, in pixels at the working
         resolution ("moving": mean over the moving pixels; "textured": mean over
-        the textured pixels; global mode: the magnitude of the one solve).
+        the textured pixels; "streamchat": StreamChat's reading, the mean over
+        every window of sqrt(2 u^2); global mode: the magnitude of the one solve).
     score : (T-1,) float32
-        ``flow_px / (1 + flow_px)``, monotone, in [0, 1).
+        ``flow_px / (1 + flow_px)``, monotone, in [0, 1); with
+        ``statistic="streamchat"`` the reading itself (StreamChat's scale, which
+        its thresholds read; not bounded by 1).
     mean_uv : (T-1, 2) float32
-        Mean (u, v) under the statistic's weights (window mode) or the global solve.
+        Mean (u, v) under the statistic's weights (window mode; "streamchat":
+        over every window) or the global solve.
     """
 
     flow_px: torch.Tensor
@@ -84,11 +88,28 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
         Pyramid levels including the working frame (docs/ops/motion.md): "auto"
         (default) uses as many as the frame size allows, up to 5; 1 is
         single-scale LK.  Window mode only (``window=None`` is single-scale).
-    statistic : {"moving", "textured"}
+    statistic : {"moving", "textured", "streamchat"}
         "moving" (default): mean |flow| over the moving pixels (a soft 0.25-0.5 px
         noise floor, a minimum region of 0.2 % of the frame), which sees a small
         object move in a static scene; "textured": StreamChat's mean over all
-        textured pixels.  Ignored with ``window=None``.
+        textured pixels.  Ignored with ``window=None``.  "streamchat": StreamChat's
+        own gate reading, on its scale (its thresholds, 0.13-0.58, select the
+        frames its code selects): single scale at the frames' own size (``levels``
+        1 or "auto", no resize: ``size`` None or the long side), ``window`` (5 in
+        StreamChat) required, ``min_eig`` unused; the gray
+        ``(0.2989 R + 0.5870 G) + 0.1140 B`` of the channels *as normalised*:
+        with ``mean`` / ``std`` declared, the frames as given (StreamChat reads
+        CLIP-normalised channels: declare CLIP's); otherwise the [0, 1]
+        intensities (uint8 / 255, floats in [0, 1] or mapped by ``value_range``),
+        whose readings differ from the CLIP-normalised ones (docs/ops/motion.md).
+        Then the unscaled, zero-padded 3x3 Sobel of the previous gray, It = current
+        - previous, window sums over the valid windows, each 2x2 system with 1e-6
+        added to its diagonal solved in closed form (no validity test: a system
+        that rounds to singular reads inf, as in StreamChat), and the mean over
+        every window of ``sqrt(u^2 + u^2)``.  Backends: torch, cpp, triton (bit
+        for bit with the reference up to the float64 sum's order on cpp,
+        ``STREAMCHAT_TOLERANCES``); the CUDA backend does not run it ("auto"
+        takes Triton on CUDA tensors).
     backend : {"auto", "torch", "cpp", "triton", "cuda"}
     channels : {"last", "first"}
         Where a 4-D ``frames`` keeps its channels: (T, H, W, C) (default) or
@@ -123,11 +144,14 @@ def motion_magnitude(frames, *, size: int | None = None, window: int | None = 5,
             return fast
     gray, window, min_eig, levels, statistic = _prepare(frames, size, window, min_eig, levels, statistic, backend,
                                                         convention=(channels, value_range, mean, std))
-    return _motion_of_gray(gray, window, min_eig, levels, statistic, _select(backend, gray))
+    return _motion_of_gray(gray, window, min_eig, levels, statistic, _select(backend, gray, statistic))
 
 
 def _motion_of_gray(gray, window, min_eig, levels, statistic, backend) -> MotionResult:
     """MotionResult of prepared gray frames (``_prepare``'s output) with a resolved backend."""
+    if statistic == "streamchat":
+        flow_px, mean_uv = _lk_flow(gray, window, min_eig, levels, statistic, backend)
+        return MotionResult(flow_px, flow_px.clone(), mean_uv)  # the score is the reading (StreamChat's scale)
     if backend == "cpp" and not torch.compiler.is_compiling():
         # The C++ entry writes the score too (the same float32 division as the tensor expression
         # below, without two small torch ops of ~6 us each).
@@ -177,7 +201,8 @@ def select_frames_mask(frames, threshold: float, *, reference: str = "previous",
         As in :func:`motion_magnitude` (T >= 2).  Not modified.
     threshold : float in [0, 1]
         Frame t is kept when its score (``motion_magnitude(...).score``, float32)
-        is strictly greater than ``threshold``.
+        is strictly greater than ``threshold`` (with ``statistic="streamchat"``
+        the score is StreamChat's reading, so its thresholds apply as they are).
     reference : {"previous", "last_kept"}
         Score frame t against frame t-1, or against the last kept frame (slow
         drift accumulates until it crosses the threshold).
@@ -200,7 +225,7 @@ def select_frames_mask(frames, threshold: float, *, reference: str = "previous",
         raise ValueError(f"reference must be 'previous' or 'last_kept', got {reference!r}")
     gray, window, min_eig, levels, statistic = _prepare(frames, size, window, min_eig, levels, statistic, backend,
                                                         convention=(channels, value_range, mean, std))
-    name = _select(backend, gray)
+    name = _select(backend, gray, statistic)
     above = _float32_below(threshold)  # score > threshold  <=>  score > above, for float32 scores
     flow = functools.partial(_lk_flow, window=window, min_eig=min_eig, levels=levels, statistic=statistic,
                              backend=name)
@@ -208,10 +233,10 @@ def select_frames_mask(frames, threshold: float, *, reference: str = "previous",
         flow_px, _ = flow(gray)
         keep = torch.empty(gray.shape[0], dtype=torch.bool, device=gray.device)
         keep[:1].fill_(True)  # not keep[0] = True: that copies a host scalar (no CUDA graph capture)
-        torch.gt(flow_px / (1.0 + flow_px), above, out=keep[1:])
+        torch.gt(_score_of(flow_px, statistic), above, out=keep[1:])
         return keep
     if gray.device.type == "cpu" and name != "triton" and not torch.compiler.is_compiling():
-        return _last_kept_on_host(gray, above, flow)
+        return _last_kept_on_host(gray, above, flow, statistic == "streamchat")
     # The index of the last kept frame stays on the device: reading it would stall the stream (and, while
     # torch.compile traces, end the graph).  (Triton takes this path under the interpreter too, so the CPU
     # tests run it.)
@@ -219,13 +244,18 @@ def select_frames_mask(frames, threshold: float, *, reference: str = "previous",
     last = torch.zeros(1, dtype=torch.long, device=gray.device)
     for t in range(1, gray.shape[0]):
         flow_px, _ = flow(torch.cat((gray.index_select(0, last), gray[t:t + 1])))
-        kept = flow_px / (1.0 + flow_px) > above
+        kept = _score_of(flow_px, statistic) > above
         keep[t:t + 1] = kept
         last = torch.where(kept, t, last)
     return keep
 
 
-def _last_kept_on_host(gray, above, flow):
+def _score_of(flow_px: torch.Tensor, statistic: str) -> torch.Tensor:
+    """MotionResult.score of ``flow_px``: ``flow_px / (1 + flow_px)``, or the reading itself for "streamchat"."""
+    return flow_px if statistic == "streamchat" else flow_px / (1.0 + flow_px)
+
+
+def _last_kept_on_host(gray, above, flow, reading_is_score: bool = False):
     """"last_kept" on the CPU backends: reading a CPU score is free, and numpy scalars spare tiny
     torch ops per frame (same float32 arithmetic)."""
     keep = [True]
@@ -233,7 +263,7 @@ def _last_kept_on_host(gray, above, flow):
     for t in range(1, gray.shape[0]):
         flow_px, _ = flow(torch.cat((gray[last:last + 1], gray[t:t + 1])))
         f = np.float32(flow_px.item())
-        keep.append(bool(f / (np.float32(1.0) + f) > above))
+        keep.append(bool((f if reading_is_score else f / (np.float32(1.0) + f)) > above))
         if keep[-1]:
             last = t
     return torch.tensor(keep)
@@ -292,6 +322,8 @@ def _plan(shape, size, window, min_eig, levels, statistic):
     if size is not None:
         scale = size / max(h, w_)
         out_hw = (max(1, round(h * scale)), max(1, round(w_ * scale)))
+    if statistic == "streamchat":
+        return _streamchat_plan((h, w_), size, window, min_eig, levels, out_hw)
     need = (window or 1) + 2
     if out_hw[0] < need or out_hw[1] < need:
         raise ValueError(
@@ -300,6 +332,24 @@ def _plan(shape, size, window, min_eig, levels, statistic):
         )
     levels = _resolve_levels(levels, out_hw, window)
     return window, min_eig, levels, statistic, out_hw
+
+
+def _streamchat_plan(hw, size, window, min_eig, levels, out_hw):
+    """:func:`_plan`'s result for the "streamchat" statistic: StreamChat's reading is single scale, of
+    windows, at the frames' own size; ValueError naming the argument that asks for anything else."""
+    if window == 0:
+        raise ValueError("window must be an odd int >= 3 with statistic='streamchat' (StreamChat reads 5 x 5 "
+                         "windows), got None")
+    if out_hw != hw:
+        raise ValueError(f"size={size} would resize the {hw[0]}x{hw[1]} frames; statistic='streamchat' reads them "
+                         f"at their own size (StreamChat: 224 px CLIP crops): pass size=None or size={max(hw)}")
+    if levels != "auto" and levels != 1:
+        raise ValueError(f"levels must be 1 or 'auto' with statistic='streamchat' (StreamChat's reading is "
+                         f"single scale), got {levels!r}")
+    if min(hw) < window:
+        raise ValueError(f"frames must be at least {window}x{window} pixels for window={window} "
+                         f"(statistic='streamchat' reads the valid windows), got {hw}")
+    return window, min_eig, 1, "streamchat", hw
 
 
 def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", backend="auto", min_frames=2,
@@ -337,6 +387,10 @@ def _prepare(frames, size, window, min_eig, levels="auto", statistic="moving", b
         raise ValueError(f"frames must have 1 or 3 channels in the last dimension, got {frames.shape[-1]}{hint}")
     if frames.shape[0] < min_frames:
         raise ValueError(f"frames must hold at least {min_frames} frames (T >= {min_frames}), got T={frames.shape[0]}")
+    if statistic == "streamchat":
+        gray = _streamchat_channels_gray(frames, value_range, mean, std)
+        planned = _plan.__wrapped__(tuple(gray.shape[1:]), size, window, min_eig, levels, statistic)
+        return (gray.contiguous(),) + planned[:4]
     if value_range is not None or mean is not None or std is not None:
         frames = _to_unit_intensities(frames, value_range, mean, std)
     if frames.is_floating_point():
@@ -425,7 +479,32 @@ def _to_unit_intensities(frames: torch.Tensor, value_range, mean, std) -> torch.
     return x.clamp_(0.0, 1.0)
 
 
-def _select(backend: str, gray: torch.Tensor) -> str:
+def _streamchat_channels_gray(frames: torch.Tensor, value_range, mean, std) -> torch.Tensor:
+    """(T, H, W) float32 StreamChat gray (``reference.streamchat_gray``) of validated channel-last frames:
+    of the frames as given when ``mean`` / ``std`` declare them normalised (the declaration checked as
+    for the other statistics), else of their [0, 1] intensities (uint8 / 255, ``value_range`` mapped,
+    floats checked in [0, 1])."""
+    if mean is not None or std is not None:
+        _to_unit_intensities(frames, value_range, mean, std)  # checks the declaration; the reading needs no undoing
+        channels = frames.to(torch.float32)
+    elif value_range is not None:
+        channels = _to_unit_intensities(frames, value_range, None, None)
+    elif frames.dtype == torch.uint8:
+        channels = frames.to(torch.float32) * (1.0 / 255.0)
+    else:
+        low, high = torch.aminmax(frames)
+        check_values((low >= 0) & (high <= 1),
+                     "frames must be finite and, for a floating dtype, intensities in [0, 1] (NaN, Inf and values "
+                     "outside are rejected); for CLIP-normalised frames declare mean= and std=")
+        channels = frames.to(torch.float32)
+    return streamchat_gray(channels if channels.dim() == 4 else channels[..., None])
+
+
+def _select(backend: str, gray: torch.Tensor, statistic: str = "moving") -> str:
+    # The statistic is passed only when it limits the backends: a selection with extra information is
+    # not cached (Op.select), and the other statistics run everywhere.
+    if statistic == "streamchat":
+        return LK_FLOW.select(backend, gray.device, statistic=statistic)
     return LK_FLOW.select(backend, gray.device)
 
 
@@ -447,7 +526,9 @@ def lk_flow(gray: torch.Tensor, window: int, min_eig: float, levels: int, statis
 
     gray: contiguous (T, H, W) uint8 (scaled by 1/255 on load) or float32 in [0, 1];
     window: odd >= 3, or 0 for the global system; levels: >= 1 (1 with window 0), every level
-    at least window + 4 pixels a side beyond level 0; statistic: "moving" or "textured".
+    at least window + 4 pixels a side beyond level 0; statistic: "moving" or "textured", or
+    "streamchat" (then gray is StreamChat's float32 gray of any finite values, levels 1, window odd >= 3
+    and at most the frame's sides; min_eig unused).
     Returns (flow_px (T-1,), mean_uv (T-1, 2)).
     """
     return LK_FLOW.impls[backend](gray, window, min_eig, levels, statistic)
@@ -502,8 +583,20 @@ def _cpp_flow(gray: torch.Tensor, lk: tuple, score: bool):
 
 def _lk_flow_cpp(gray: torch.Tensor, window: int, min_eig: float, levels: int, statistic: str):
     # contiguous(): the custom op's callers may hand any layout (the public functions' gray already is)
+    if statistic == "streamchat":
+        return _streamchat_flow_cpp(gray.to(torch.float32).contiguous(), int(window))
     return _cpp_flow(gray.contiguous(), _cpp_lk_args(int(window), float(min_eig), int(levels), statistic),
                      score=False)
+
+
+def _streamchat_flow_cpp(gray: torch.Tensor, window: int):
+    """(flow_px, mean_uv) of StreamChat's reading of contiguous (T, H, W) float32 CPU gray."""
+    mod, _ = load_native("cpu", "motion")
+    pairs = gray.shape[0] - 1
+    flow_px, mean_uv = _np_empty(pairs, _NP_F32), _np_empty((pairs, 2), _NP_F32)
+    _MOTION_CHECKS.raise_for(mod.streamchat_flow(view(gray), window, STREAMCHAT_EPS, flow_px.__dlpack__(),
+                                                 mean_uv.__dlpack__()))
+    return _from_numpy(flow_px), _from_numpy(mean_uv)
 
 
 def _uint8_plan(frames, size, window, min_eig, levels, statistic, min_frames: int):
@@ -530,6 +623,8 @@ def _native_plan(shape, size, window, min_eig, levels, statistic, min_frames: in
     shape is None when LK reads the frames as they are (uint8 gray kept at its size).  None otherwise.
     Cached, like :func:`_plan` whose checks it reuses: a stream calls with the same arguments."""
     nd = len(shape)
+    if statistic == "streamchat":  # float32 gray of its own (the general path)
+        return None
     if not ((nd == 4 and shape[3] == 3) or nd == 3) or shape[0] < min_frames or not shape[1] or not shape[2]:
         return None
     hw = (shape[1], shape[2])
@@ -618,6 +713,9 @@ class _BoundGateStep:
 def _lk_flow_cuda(gray: torch.Tensor, window: int, min_eig: float, levels: int, statistic: str):
     from ._cuda import CUDA_STAGES
 
+    if statistic == "streamchat":  # refused by _cuda_reasons before dispatch; the custom op may still be called
+        raise RuntimeError("motion: the CUDA backend does not compute statistic='streamchat'; use backend='triton'")
+
     return pyramid_flow(gray, window, min_eig, levels, statistic, CUDA_STAGES)
 
 
@@ -625,7 +723,10 @@ def _lk_flow_cuda(gray: torch.Tensor, window: int, min_eig: float, levels: int, 
 # Backend: Triton
 # --------------------------------------------------------------------------
 def _lk_flow_triton(gray: torch.Tensor, window: int, min_eig: float, levels: int, statistic: str):
-    from ._triton import TRITON_STAGES
+    from ._triton import TRITON_STAGES, streamchat_flow_triton
+
+    if statistic == "streamchat":
+        return streamchat_flow_triton(gray.to(torch.float32).contiguous(), window, STREAMCHAT_EPS)
 
     return pyramid_flow(gray, window, min_eig, levels, statistic, TRITON_STAGES)
 
@@ -637,10 +738,23 @@ def _lk_flow_triton(gray: torch.Tensor, window: int, min_eig: float, levels: int
 # a pyramid, by the rare coarse guess that rounds to the other whole pixel).
 _BIT_FOR_BIT = {dtype: (0.0, 0.0) for dtype in FRAME_DTYPES}
 _SUMMATION_ORDER = {dtype: (2e-5, 2e-4) for dtype in FRAME_DTYPES}
+# The "streamchat" statistic, (atol, rtol) per backend and frame dtype: triton evaluates the reference's
+# float32 operations in its order (bit for bit); cpp too, but adds the per-window readings in float64 in
+# another order than torch's sum, which may move the float32 result by an ulp.
+STREAMCHAT_TOLERANCES = {"torch": _BIT_FOR_BIT, "triton": _BIT_FOR_BIT,
+                         "cpp": {dtype: (1e-7, 1e-6) for dtype in FRAME_DTYPES}}
+
+
+def _cuda_reasons(device, statistic=None, **_):
+    if statistic == "streamchat":
+        return ["statistic='streamchat' is not implemented on the CUDA backend (the Triton backend computes it)"]
+    return []
+
 
 LK_FLOW = Op(
     "motion",
     {"torch": lk_flow_reference, "cpp": _lk_flow_cpp, "triton": _lk_flow_triton, "cuda": _lk_flow_cuda},
+    extra_reasons={"cuda": _cuda_reasons},
     tolerances={"torch": _BIT_FOR_BIT, "triton": _BIT_FOR_BIT, "cuda": _BIT_FOR_BIT, "cpp": _SUMMATION_ORDER},
     fast=_motion_fast,
 )

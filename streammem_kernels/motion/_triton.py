@@ -10,7 +10,11 @@ column tile) programs:
 * ``_lk_products_kernel`` -- ``pair_products``: (P, 5, H-2, W-2) float32 structure products;
 * ``_lk_window_kernel``   -- ``flow_fields(window_average(...))``: (P, 4, Ho, Wo) float32 fields
   |flow|, u, v, valid;
-* ``_lk_search_kernel``   -- ``search_sads``: (P, K) int64 sums of quantised absolute differences.
+* ``_lk_search_kernel``   -- ``search_sads``: (P, K) int64 sums of quantised absolute differences;
+* ``_streamchat_products_kernel`` -- ``streamchat_products``: (P, 5, H, W) float32 products of the
+  "streamchat" statistic (unscaled zero-padded Sobel of the previous frame);
+* ``_streamchat_window_kernel``   -- ``streamchat_fields(window_average(...) * window**2)``: (P, 3, Ho, Wo)
+  float32 fields reading, u, v (the per-pair means are the reference's ``summarise_streamchat``).
 
 Launched with ``enable_fp_fusion=False`` (no FMA contraction) and correctly rounded ``sqrt_rn`` /
 ``div_rn``; the window is a runtime argument (one compiled kernel for every odd window); every load
@@ -25,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import GUESS_BOX, SEARCH_QUANT, shift_of_sads, to_unit_float
+from .reference import GUESS_BOX, SEARCH_QUANT, shift_of_sads, summarise_streamchat, to_unit_float
 
 # One tile shape for every kernel and both targets: 512 pixels, 4 per thread
 # at 4 warps; 64 float32 columns are two 128-byte lines per row.
@@ -40,6 +44,8 @@ KERNEL_CONTRACTS = {
     "_lk_guess_kernel": {"hot": True, "exact": True},
     "_lk_warp_kernel": {"hot": True, "exact": True},
     "_lk_search_kernel": {"hot": True, "exact": True},
+    "_streamchat_products_kernel": {"hot": True, "exact": True},
+    "_streamchat_window_kernel": {"hot": True, "exact": True},
 }
 
 
@@ -306,6 +312,93 @@ def _lk_search_kernel(prev_ptr, cur_ptr, sad_ptr, H, W, ry, rx, quant, BLOCK_R: 
         tl.store(sad_ptr + pair.to(tl.int64) * shifts + k, tl.sum(tl.sum(acc, axis=1), axis=0))
 
 
+@triton.jit
+def _streamchat_products_kernel(prev_ptr, cur_ptr, prod_ptr, H, W, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    pair = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    y = rows[:, None]
+    x = cols[None, :]
+    inside = (y < H) & (x < W)
+    prev_base = prev_ptr + pair.to(tl.int64) * H * W
+    at = y * W + x
+    # The previous frame zero padded: a neighbour outside the frame loads 0.0, the reference's F.pad.
+    up = inside & (y >= 1)
+    below = inside & (y + 1 < H)
+    left = x >= 1
+    right = x + 1 < W
+    p00 = tl.load(prev_base + at - W - 1, mask=up & left, other=0.0)
+    p01 = tl.load(prev_base + at - W, mask=up, other=0.0)
+    p02 = tl.load(prev_base + at - W + 1, mask=up & right, other=0.0)
+    p10 = tl.load(prev_base + at - 1, mask=inside & left, other=0.0)
+    p11 = tl.load(prev_base + at, mask=inside, other=0.0)
+    p12 = tl.load(prev_base + at + 1, mask=inside & right, other=0.0)
+    p20 = tl.load(prev_base + at + W - 1, mask=below & left, other=0.0)
+    p21 = tl.load(prev_base + at + W, mask=below, other=0.0)
+    p22 = tl.load(prev_base + at + W + 1, mask=below & right, other=0.0)
+    # The reference's order: (d0 + 2 d1) + d2 of right-minus-left rows (Ix), bottom-minus-top columns (Iy).
+    ix = ((p02 - p00) + 2.0 * (p12 - p10)) + (p22 - p20)
+    iy = ((p20 - p00) + 2.0 * (p21 - p01)) + (p22 - p02)
+    it = tl.load(cur_ptr + pair.to(tl.int64) * H * W + at, mask=inside, other=0.0) - p11
+
+    plane = H * W
+    out = prod_ptr + pair.to(tl.int64) * 5 * H * W + at
+    tl.store(out, ix * ix, mask=inside)
+    out += plane
+    tl.store(out, ix * iy, mask=inside)
+    out += plane
+    tl.store(out, iy * iy, mask=inside)
+    out += plane
+    tl.store(out, ix * it, mask=inside)
+    out += plane
+    tl.store(out, iy * it, mask=inside)
+
+
+@triton.jit
+def _streamchat_window_kernel(prod_ptr, fields_ptr, H, W, Ho, Wo, window, eps, BLOCK_R: tl.constexpr,
+                              BLOCK_C: tl.constexpr):
+    pair = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    inside = (rows[:, None] < Ho) & (cols[None, :] < Wo)
+    plane = H * W
+    a_ptr = prod_ptr + pair.to(tl.int64) * 5 * H * W + (rows[:, None] * W + cols[None, :])
+    a = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    b = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    c = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    sx = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    sy = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    for dy in range(window):  # row-major from 0: avg_pool2d's order
+        for dx in range(window):
+            p = a_ptr + (dy * W + dx)
+            a += tl.load(p, mask=inside, other=0.0)
+            p += plane
+            b += tl.load(p, mask=inside, other=0.0)
+            p += plane
+            c += tl.load(p, mask=inside, other=0.0)
+            p += plane
+            sx += tl.load(p, mask=inside, other=0.0)
+            p += plane
+            sy += tl.load(p, mask=inside, other=0.0)
+    # StreamChat's avg_pool2d(...) * window**2: divided, then multiplied, each rounded.
+    area = (window * window).to(tl.float32)
+    a = tl.div_rn(a, area) * area + eps
+    b = tl.div_rn(b, area) * area
+    c = tl.div_rn(c, area) * area + eps
+    rx = -(tl.div_rn(sx, area) * area)
+    ry = -(tl.div_rn(sy, area) * area)
+    det = a * c - b * b
+    u = tl.div_rn(c * rx - b * ry, det)
+    v = tl.div_rn(a * ry - b * rx, det)
+    out_plane = Ho * Wo
+    out = fields_ptr + pair.to(tl.int64) * 3 * Ho * Wo + (rows[:, None] * Wo + cols[None, :])
+    tl.store(out, tl.sqrt_rn(u * u + u * u), mask=inside)
+    out += out_plane
+    tl.store(out, u, mask=inside)
+    out += out_plane
+    tl.store(out, v, mask=inside)
+
+
 def _scale(frames: torch.Tensor) -> float:
     return 1.0 / 255.0 if frames.dtype == torch.uint8 else 1.0
 
@@ -385,6 +478,29 @@ def search_shift_triton(prev: torch.Tensor, cur: torch.Tensor, radius) -> torch.
     _lk_search_kernel[(pairs,)](prev, cur, sads, H, W, ry, rx, SEARCH_QUANT, BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
                                 num_warps=NUM_WARPS, enable_fp_fusion=False)
     return shift_of_sads(sads, radius)
+
+
+def streamchat_fields_triton(gray: torch.Tensor, window: int, eps: float) -> torch.Tensor:
+    """(T-1, 3, Ho, Wo) float32 fields reading, u, v of contiguous (T, H, W) float32 gray; equals
+    ``reference.streamchat_fields(window_average(streamchat_products(...), window) * window**2, eps)``
+    bit for bit."""
+    T, H, W = gray.shape
+    pairs, Ho, Wo = T - 1, H - window + 1, W - window + 1
+    prods = torch.empty((pairs, 5, H, W), dtype=torch.float32, device=gray.device)
+    _streamchat_products_kernel[_grid(pairs, H, W)](gray[:-1], gray[1:], prods, H, W, BLOCK_R=BLOCK_ROWS,
+                                                    BLOCK_C=BLOCK_COLS, num_warps=NUM_WARPS,
+                                                    enable_fp_fusion=False)
+    fields = torch.empty((pairs, 3, Ho, Wo), dtype=torch.float32, device=gray.device)
+    _streamchat_window_kernel[_grid(pairs, Ho, Wo)](prods, fields, H, W, Ho, Wo, window, float(eps),
+                                                    BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS, num_warps=NUM_WARPS,
+                                                    enable_fp_fusion=False)
+    return fields
+
+
+def streamchat_flow_triton(gray: torch.Tensor, window: int, eps: float):
+    """(flow_px (T-1,), mean_uv (T-1, 2)): ``reference.streamchat_flow(gray, window, eps)`` bit for bit
+    (the fields from the kernels, their means by the reference's float64 reduction)."""
+    return summarise_streamchat(streamchat_fields_triton(gray, window, eps))
 
 
 TRITON_STAGES = SimpleNamespace(

@@ -18,7 +18,12 @@ import torch.nn.functional as F
 GRAY_WEIGHTS = (0.299, 0.587, 0.114)
 FRAME_DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-STATISTICS = ("moving", "textured")
+STATISTICS = ("moving", "textured", "streamchat")
+# The "streamchat" statistic: StreamChat's own gate reading (streamchat_flow), with its gray weights
+# (applied to the channels as normalised, not to [0, 1] intensities), its window and its regularisation.
+STREAMCHAT_GRAY_WEIGHTS = (0.2989, 0.5870, 0.1140)
+STREAMCHAT_WINDOW = 5
+STREAMCHAT_EPS = 1e-6
 # The "moving" statistic's soft noise floor (px at the working size): weight 0 below the
 # first, 1 above the second, linear between.  And its minimum region, a fraction of the
 # window outputs.  Chosen on synthetic static-camera clips (bench/calibrate_motion_gate.py).
@@ -369,5 +374,74 @@ TORCH_STAGES = SimpleNamespace(
 )
 
 
+# --------------------------------------------------------------------------
+# The "streamchat" statistic: StreamChat's gate reading, single scale
+# --------------------------------------------------------------------------
+def streamchat_gray(channels: torch.Tensor) -> torch.Tensor:
+    """(T, H, W) float32 gray of (T, H, W, C) channels, C in {1, 3}, as StreamChat computes it:
+    ``(0.2989 R + 0.5870 G) + 0.1140 B`` of the channels as given (StreamChat: CLIP-normalised),
+    in float32, in that order; one channel is its own gray."""
+    x = channels.to(torch.float32)
+    if x.shape[-1] == 1:
+        return x[..., 0]
+    wr, wg, wb = STREAMCHAT_GRAY_WEIGHTS
+    return (wr * x[..., 0] + wg * x[..., 1]) + wb * x[..., 2]
+
+
+def streamchat_products(prev: torch.Tensor, cur: torch.Tensor) -> torch.Tensor:
+    """(P, 5, H, W) products Ix^2, IxIy, Iy^2, IxIt, IyIt of float32 gray pairs (P, H, W), StreamChat's way.
+
+    Ix, Iy: the 3x3 Sobel of ``prev`` alone, unscaled (no 1/8), zero padded (the frame keeps its
+    size), written as differences of shifted slices in the order ``(d0 + 2 d1) + d2`` over the
+    three rows (Ix) or columns (Iy); It = cur - prev.
+    """
+    p = F.pad(prev, (1, 1, 1, 1))  # (P, H+2, W+2), zeros outside the frame
+    across = p[:, :, 2:] - p[:, :, :-2]  # (P, H+2, W): right minus left
+    down = p[:, 2:, :] - p[:, :-2, :]  # (P, H, W+2): bottom minus top
+    ix = (across[:, :-2] + 2.0 * across[:, 1:-1]) + across[:, 2:]
+    iy = (down[:, :, :-2] + 2.0 * down[:, :, 1:-1]) + down[:, :, 2:]
+    it = cur - prev
+    return torch.stack((ix * ix, ix * iy, iy * iy, ix * it, iy * it), dim=1)
+
+
+def streamchat_fields(sums: torch.Tensor, eps: float) -> torch.Tensor:
+    """(P, 3, Ho, Wo) per-window fields reading, u, v of window sums (P, 5, Ho, Wo).
+
+    The 2x2 system with ``eps`` added to both diagonal entries, solved in closed form
+    ``u = (c rx - b ry) / (a c - b^2)``, ``v = (a ry - b rx) / (a c - b^2)`` (rx = -sum IxIt,
+    ry = -sum IyIt), without a validity test: a system that rounds to singular reads inf or NaN,
+    as in StreamChat's code.  The reading is ``sqrt(u^2 + u^2)`` (StreamChat's magnitude uses u
+    twice), correctly rounded.
+    """
+    a, b, c = sums[:, 0] + eps, sums[:, 1], sums[:, 2] + eps
+    rx, ry = -sums[:, 3], -sums[:, 4]
+    det = a * c - b * b
+    u = (c * rx - b * ry) / det
+    v = (a * ry - b * rx) / det
+    return torch.stack((sqrt_rn(u * u + u * u), u, v), dim=1)
+
+
+def summarise_streamchat(fields: torch.Tensor):
+    """(flow_px (P,), mean_uv (P, 2)): the mean over every window of the reading, u and v (float64 sums
+    over the whole frame in one reduction, divided by the number of windows)."""
+    count = fields.shape[2] * fields.shape[3]
+    sums = fields.double().sum(dim=(2, 3)) / count  # (P, 3)
+    return sums[:, 0].float(), sums[:, 1:3].float()
+
+
+def streamchat_flow(gray: torch.Tensor, window: int, eps: float = STREAMCHAT_EPS):
+    """(flow_px (T-1,), mean_uv (T-1, 2)) of StreamChat's reading of every consecutive pair of
+    (T, H, W) float32 gray frames (:func:`streamchat_gray`).
+
+    Window sums are StreamChat's ``avg_pool2d(x, window, stride=1) * window**2`` (valid windows
+    only): :func:`window_average`'s row-major mean from 0, times ``window**2`` in float32.
+    """
+    gray = gray.to(torch.float32)
+    sums = window_average(streamchat_products(gray[:-1], gray[1:]), window) * float(window * window)
+    return summarise_streamchat(streamchat_fields(sums, eps))
+
+
 def lk_flow_reference(gray: torch.Tensor, window: int, min_eig: float, levels: int, statistic: str):
+    if statistic == "streamchat":
+        return streamchat_flow(gray, window)
     return pyramid_flow(gray, window, min_eig, levels, statistic, TORCH_STAGES)

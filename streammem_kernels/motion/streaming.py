@@ -52,7 +52,9 @@ class StreamingMotionGate:
     ----------
     threshold : float in [0, 1]
         Keep frame t when ``score(reference, t) > threshold`` (the keep rule of
-        :func:`~streammem_kernels.select_frames_mask`, decided on float32 scores).
+        :func:`~streammem_kernels.select_frames_mask`, decided on float32 scores;
+        with ``statistic="streamchat"`` the score is StreamChat's reading, so
+        StreamChat's thresholds apply as they are).
     size : int in [8, 8192], optional
         Working resolution (long side) of the flow computation; 224 by default,
         ``None`` keeps the frames' size.
@@ -61,8 +63,10 @@ class StreamingMotionGate:
         (slow drift accumulates until it crosses the threshold).
     window : int or None
         Lucas-Kanade window (odd >= 3) or None for the paper's global solve.
-    statistic : {"moving", "textured"}
-        How per-pixel flow becomes the score (:func:`~streammem_kernels.motion_magnitude`).
+    statistic : {"moving", "textured", "streamchat"}
+        How per-pixel flow becomes the score (:func:`~streammem_kernels.motion_magnitude`);
+        "streamchat" reads the frames at their own size (``size`` None or their
+        long side, e.g. 224 for CLIP crops) with one level.
     levels : int or "auto"
         Pyramid levels (``motion_magnitude``); 1 is single-scale LK.
     backend : str
@@ -255,7 +259,8 @@ class StreamingMotionGate:
         (tensors, strings and numbers only, so ``weights_only`` loading works).
 
         ``anchor_gray`` is ``(H', W')`` (uint8 for gray uint8 frames kept at their size, else
-        float32 in [0, 1]), ``None`` before the first frame; ``version`` is
+        float32 in [0, 1]; with ``statistic="streamchat"`` float32 StreamChat gray of the channels as
+        normalised, any finite value), ``None`` before the first frame; ``version`` is
         :data:`GATE_STATE_VERSION`.
         """
         gray, spec = self._anchor_gray, self._frame_spec
@@ -275,7 +280,8 @@ class StreamingMotionGate:
         under ``anchor``), the counters (``0 <= frames_kept <= frames_seen``, a reference frame exactly
         when frames were seen), the frame shape and dtype, and the reference gray: this gate's working
         size and dtype for such a frame (a state saved by a gate with another ``size`` would be
-        compared at the wrong scale) and finite intensities in [0, 1].
+        compared at the wrong scale) and finite intensities in [0, 1] (any finite gray for the
+        "streamchat" statistic, whose gray is of the channels as normalised).
         """
         reader = checkpoint.reader_for(state, GATE_KIND)
         if not reader.has("anchor_gray"):
@@ -308,7 +314,7 @@ class StreamingMotionGate:
             reader.require(tuple(gray.shape) == tuple(want.shape) and gray.dtype == want.dtype, "anchor_gray",
                            f"must be this gate's working-size gray of a {tuple(shape)} frame, {tuple(want.shape)} "
                            f"{want.dtype}, got {tuple(gray.shape)} {gray.dtype} (saved by a gate with another size?)")
-            if gray.is_floating_point():
+            if gray.is_floating_point() and self.statistic != "streamchat":
                 reader.tensor("anchor_gray", low=0.0, high=1.0)
             gray = gray.clone()
         self._anchor_gray, self._frame_spec, self._bound_step = gray, spec, None

@@ -88,8 +88,26 @@ def motion_scenarios():
     def pyramid_two_levels_odd_sliced():  # odd sizes, a sliced input, 2 levels (factor 1 and 2 only)
         sk.motion_magnitude(gray_f[:, :, 1:], levels=2, backend="triton")
 
+    # The "streamchat" statistic reads CLIP's 224 x 224 crops (H, W % 16 == 0, 220 window outputs a side,
+    # not): 32 x 32 is in the same classes; odd frames (a second frame's pointer off 16 bytes) and one
+    # window (Ho = Wo = 1) specialise differently.
+    clip_mean, clip_std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+    clip = (torch.rand(3, 3, 32, 32, generator=g) - torch.tensor(clip_mean)[:, None, None]) \
+        / torch.tensor(clip_std)[:, None, None]
+    clip_args = dict(channels="first", mean=clip_mean, std=clip_std, statistic="streamchat", backend="triton")
+
+    def streamchat_clip_frames():  # the StreamChat gate's input, and the device-resident gate on it
+        sk.motion_magnitude(clip, **clip_args)
+        sk.select_frames_mask(clip, 0.35, **clip_args)
+        sk.select_frames_mask(clip, 0.35, reference="last_kept", **clip_args)
+
+    def streamchat_odd_and_one_window():
+        sk.motion_magnitude(gray_f[:, :17, :23], statistic="streamchat", backend="triton")
+        sk.motion_magnitude(gray_f[:, :5, :5], statistic="streamchat", backend="triton")
+
     return [working_size_rgb, square_frames, windows_3_7, one_output_pixel_and_large_window, global_window,
-            float_odd_sliced, each_float_dtype, gate_masks, pyramid_working_sizes, pyramid_two_levels_odd_sliced]
+            float_odd_sliced, each_float_dtype, gate_masks, pyramid_working_sizes, pyramid_two_levels_odd_sliced,
+            streamchat_clip_frames, streamchat_odd_and_one_window]
 
 
 # --------------------------------------------------------------------------

@@ -8,6 +8,9 @@
 //           min_area, guess_box, search_radius, search_quant,
 //           flow_px (T-1,) float32, mean_uv (T-1, 2) float32, score (T-1,) float32 or None)
 //       score: flow_px / (1 + flow_px), the float32 division of MotionResult.score.
+//   streamchat_flow(gray (T, H, W) float32, T >= 2, window (odd >= 3, at most H and W), eps,
+//                   flow_px (T-1,) float32, mean_uv (T-1, 2) float32)
+//       StreamChat's reading of every consecutive pair (the "streamchat" statistic).
 //
 // Every tensor is a C-contiguous CPU tensor.  The Python side (streammem_kernels/motion/__init__.py)
 // validated every argument with the public functions' rules and passes the reference's constants
@@ -81,6 +84,22 @@ Status lk_flow(TensorView gray, int window, float min_eig, int levels, bool movi
   return kOk;
 }
 
+Status streamchat_flow(TensorView gray, int window, float eps, TensorView flow_px, TensorView mean_uv) {
+  constexpr const char* entry = "streamchat_flow";
+  expect_tensor(gray, DType::kFloat32, 3, entry, "gray");
+  const int64_t T_ = gray.size(0), H = gray.size(1), W = gray.size(2), pairs = T_ - 1;
+  expect(T_ >= 2, entry, "gray must hold at least 2 frames");
+  expect(window >= 3 && window % 2 == 1 && H >= window && W >= window, entry,
+         "window must be odd >= 3 and at most the frames' height and width");
+  expect(eps >= 0.0f, entry, "eps must be >= 0");
+  expect_tensor(flow_px, DType::kFloat32, 1, entry, "flow_px");
+  expect_tensor(mean_uv, DType::kFloat32, 2, entry, "mean_uv");
+  expect(flow_px.size(0) == pairs && mean_uv.size(0) == pairs && mean_uv.size(1) == 2, entry,
+         "flow_px must be (T-1,) and mean_uv (T-1, 2)");
+  streamchat_flow_into(gray.ptr<const float>(), T_, H, W, window, eps, flow_px.ptr<float>(), mean_uv.ptr<float>());
+  return kOk;
+}
+
 }  // namespace
 }  // namespace motion
 }  // namespace streammem
@@ -95,4 +114,7 @@ PYBIND11_MODULE(_cpu_motion, m) {
         py::arg("moving"), py::arg("floor_lo"), py::arg("floor_hi"), py::arg("min_area"), py::arg("guess_box"),
         py::arg("search_radius"), py::arg("search_quant"), py::arg("flow_px"), py::arg("mean_uv"), py::arg("score"),
         "(T, H, W) uint8|float32 gray -> out flow_px (T-1,), mean_uv (T-1, 2) and score (T-1,) or None; status 0");
+  m.def("streamchat_flow", &streamchat_flow, py::arg("gray"), py::arg("window"), py::arg("eps"), py::arg("flow_px"),
+        py::arg("mean_uv"),
+        "(T, H, W) float32 gray -> out flow_px (T-1,), mean_uv (T-1, 2): StreamChat's reading; status 0");
 }

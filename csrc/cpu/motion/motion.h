@@ -5,6 +5,7 @@
 //   pyramid.cpp  the pyramids, the coarsest level's shift search, level 0 over (pair, strip) items,
 //                the per-pair summary: lk_flow_into;
 //   gray.cpp     uint8 frames to gray at the working size (area resampling): gray_area_into;
+//   streamchat.cpp  StreamChat's own gate reading (the "streamchat" statistic): streamchat_flow_into;
 //   entries.cpp  the module's entries (the border of tensor_view.h) and its definition.
 //
 // The spec is streammem_kernels/motion/reference.py; docs/ops/motion.md explains the algorithm.
@@ -100,6 +101,12 @@ void lk_flow_into(const T* frames, int64_t T_, int64_t H, int64_t W, float scale
 // {1, 3}, area resampled (oh <= H, ow <= W).  Releases the GIL.
 void gray_area_into(const uint8_t* frames, int64_t T_, int64_t H, int64_t W, int64_t C, int64_t oh, int64_t ow,
                     float* out);
+
+// streamchat.cpp.  flow_px (T-1,) and mean_uv (T-1, 2) of StreamChat's reading of the C-contiguous
+// float32 gray frames (T, H, W), T >= 2, window odd with window <= H, W; eps on the diagonal.
+// Releases the GIL.
+void streamchat_flow_into(const float* gray, int64_t T_, int64_t H, int64_t W, int window, float eps, float* flow_px,
+                          float* mean_uv);
 
 }  // namespace motion
 }  // namespace streammem
