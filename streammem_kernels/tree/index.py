@@ -200,7 +200,9 @@ class CosineIndex:
         self._codes = allocate((capacity, dim), torch.int8, None, dev) if self._int8_scan else None
         self._code_scale = torch.empty(capacity, dtype=torch.float32, device=dev) if self._int8_scan else None
 
-    def _reserve(self, extra: int) -> None:
+    def _reserve(self, extra: int, exact: bool = False) -> None:
+        """Room for ``extra`` more rows: compacting the tombstones when that makes room, else growing the
+        storage to twice its rows (or exactly to the rows needed, ``exact``) in one allocation."""
         need = self._n + extra
         capacity = self._keys.shape[0]
         if need <= capacity:
@@ -214,7 +216,7 @@ class CosineIndex:
             raise ValueError(f"the index would hold {need} keys of dim {self._dim}: more than {MAX_NODES} keys or "
                              f"{MAX_TABLE} floats")
         old = self._tables()
-        self._allocate(max(need, 2 * capacity))
+        self._allocate(need if exact else max(need, 2 * capacity))
         n = self._n
         for dst, src in zip(self._tables(), old):
             if src is not None:
@@ -463,6 +465,24 @@ class CosineIndex:
         if self._dead >= COMPACT_SHARE * self._n:
             self._compact()
         return int(rows.numel())
+
+    @_writer
+    def reserve(self, count: int) -> None:
+        """Make room for ``count`` more keys at once: when the storage lacks it, one allocation of exactly
+        the rows needed (the removed keys' rows count as room) instead of doubling as they arrive.
+
+        A bulk add of millions of keys otherwise doubles the storage on the way (its old and new tables
+        held together at each step) and ends with up to twice the rows it needs; ``reserve`` first
+        bounds both.  Adds beyond the reserved room double the storage again, as usual.
+        """
+        count = check_int(count, "count", minimum=0)
+        if count:
+            self._reserve(count, exact=True)
+
+    @property
+    def capacity(self) -> int:
+        """Rows the storage holds before it grows (removed keys not compacted away included)."""
+        return self._keys.shape[0]
 
     @_writer
     def compact(self) -> None:
