@@ -2,7 +2,6 @@
 links, retrieval by seeds and k-hop expansion, and eviction within a word budget."""
 from __future__ import annotations
 
-import itertools
 import math
 from array import array
 import time
@@ -18,7 +17,7 @@ from ...checks import check_int
 from ...components.bounded import EvictionReport, utility
 from .config import RANKINGS
 from .extraction import Extraction, MemoryChunk, _chunks_from_state, _chunks_state, name_key
-from .tables import Column, Handles, compact_csr, extend_csr, least_useful, row_counts
+from .tables import Column, HandleList, Handles, compact_csr, extend_csr, least_useful, row_counts
 
 __all__ = [
     "LongTermGraph",
@@ -119,10 +118,11 @@ class LongTermGraph:
         if scan_copy not in SCAN_COPIES:
             raise ValueError(f"scan_copy must be one of {sorted(SCAN_COPIES)}, got {scan_copy!r}")
         self.scan_copy = scan_copy
-        self.texts: list[str] = []  # entity name, or "head predicate tail"
-        self.predicates: list[str] = []  # "" for entities
         self._nodes = self._index()  # node embeddings, ids = node handles
         self._node_handles = Handles()
+        # By node id, stored by handle (an eviction drops the removed texts, never rebuilds the lists).
+        self.texts = HandleList(self._node_handles)  # entity name, or "head predicate tail"
+        self.predicates = HandleList(self._node_handles)  # "" for entities
         self._kind = Column(torch.int8)
         self._head = Column(torch.int64)
         self._tail = Column(torch.int64)
@@ -132,9 +132,9 @@ class LongTermGraph:
         self._cost = Column(torch.int64)
         self._entity_ids: dict[str, int] = {}  # name key -> node handle
         self._relation_ids: dict[tuple[int, str, int], int] = {}  # (head handle, predicate, tail handle) -> handle
-        self.chunks: list[MemoryChunk] = []
         self._chunk_keys = self._index()  # chunk embeddings, ids = chunk handles
         self._chunk_handles = Handles()
+        self.chunks = HandleList(self._chunk_handles)  # MemoryChunks by chunk row
         self._chunk_access = Column(torch.int64)
         self._chunk_last = Column(torch.float64)
         self._chunk_cost = Column(torch.int64)
@@ -332,8 +332,8 @@ class LongTermGraph:
                 self._nodes.remove(torch.arange(first, first + done))
             raise
         self._node_handles.issue(n)
-        self.texts += texts
-        self.predicates += predicates
+        self.texts.extend(texts)
+        self.predicates.extend(predicates)
         self._kind.extend(torch.tensor(kinds, dtype=torch.int8))
         self._head.extend(torch.tensor(heads, dtype=torch.int64))
         self._tail.extend(torch.tensor(tails, dtype=torch.int64))
@@ -359,7 +359,7 @@ class LongTermGraph:
             if done:  # as one add: a failing block leaves the index as it was
                 self._chunk_keys.remove(handles[:done])
             raise
-        self.chunks += list(chunks)
+        self.chunks.extend(chunks)
         self._chunk_access.extend(torch.zeros(len(chunks), dtype=torch.int64))
         self._chunk_last.extend(torch.tensor([c.t_end for c in chunks], dtype=torch.float64))
         self._chunk_cost.extend(torch.tensor([max(1, len(c.text.split())) for c in chunks], dtype=torch.int64))
@@ -591,35 +591,40 @@ class LongTermGraph:
         # The name maps and the indexes lose exactly the removed entries (keys computed before renumbering).
         gone = (~node_keep).nonzero()[:, 0]
         handle = self._node_handles.handle
-        for v, kind, head, tail in zip(gone.tolist(), self.kinds[gone].tolist(), self._head.values[gone].tolist(),
-                                       self._tail.values[gone].tolist()):
+        gone_handles = handle[gone.numpy()]
+        heads = handle[self._head.values[gone].clamp_min(0).numpy()].tolist()
+        tails = handle[self._tail.values[gone].clamp_min(0).numpy()].tolist()
+        for text, predicate, kind, head, tail in zip(self.texts.of_handles(gone_handles),
+                                                     self.predicates.of_handles(gone_handles),
+                                                     self.kinds[gone].tolist(), heads, tails):
             if kind == ENTITY:
-                del self._entity_ids[name_key(self.texts[v])]
+                del self._entity_ids[name_key(text)]
             else:
-                del self._relation_ids[(int(handle[head]), self.predicates[v], int(handle[tail]))]
+                del self._relation_ids[(head, predicate, tail)]
         if gone.numel():
-            self._nodes.remove(torch.from_numpy(handle[~node_keep.numpy()]))
+            self._nodes.remove(torch.from_numpy(gone_handles))
+            self.texts.drop(gone_handles)
+            self.predicates.drop(gone_handles)
         gone_rows = ~chunk_keep
         if bool(gone_rows.any()):
-            self._chunk_keys.remove(torch.from_numpy(self._chunk_handles.handle[gone_rows.numpy()]))
+            gone_chunks = self._chunk_handles.handle[gone_rows.numpy()]
+            self._chunk_keys.remove(torch.from_numpy(gone_chunks))
+            self.chunks.drop(gone_chunks)
         self._node_handles.keep(node_keep.numpy())
         self._chunk_handles.keep(chunk_keep.numpy())
+        node_rows, chunk_rows = node_keep.nonzero()[:, 0], chunk_keep.nonzero()[:, 0]
         node_map = torch.where(node_keep, torch.cumsum(node_keep, 0) - 1, -1)
         chunk_map = torch.where(chunk_keep, torch.cumsum(chunk_keep, 0) - 1, -1)
         self._adj = compact_csr(adj_ptr, adj_col, node_map, node_map)
         self._map = compact_csr(map_ptr, map_col, node_map, chunk_map)
         for col in (self._kind, self._access, self._last, self._created, self._cost):
-            col.keep(node_keep)
+            col.keep(node_rows)
         for col in (self._head, self._tail):
-            col.keep(node_keep)
+            col.keep(node_rows)
             ids = col.values
-            ids[ids >= 0] = node_map[ids[ids >= 0]]
-        keep = node_keep.tolist()
-        self.texts = list(itertools.compress(self.texts, keep))
-        self.predicates = list(itertools.compress(self.predicates, keep))
+            ids.copy_(torch.where(ids >= 0, node_map[ids.clamp_min(0)], ids))
         for col in (self._chunk_access, self._chunk_last, self._chunk_cost, self._chunk_time):
-            col.keep(chunk_keep)
-        self.chunks = list(itertools.compress(self.chunks, chunk_keep.tolist()))
+            col.keep(chunk_rows)
         self._commit()
         return int(orphaned.sum())
 
@@ -649,22 +654,24 @@ class LongTermGraph:
     def load_state_dict(self, state: dict) -> None:
         if int(state["dim"]) != self.dim:
             raise ValueError(f"state holds a {state['dim']}-d graph, this graph is {self.dim}-d")
-        self.texts, self.predicates = list(state["texts"]), list(state["predicates"])
+        n = len(state["texts"])
+        self._node_handles.reset(n)
+        self.texts = HandleList(self._node_handles, state["texts"])
+        self.predicates = HandleList(self._node_handles, state["predicates"])
         for col, key in ((self._kind, "kind"), (self._head, "head"), (self._tail, "tail"),
                          (self._access, "access"), (self._last, "last"), (self._created, "created"),
                          (self._cost, "cost"), (self._chunk_access, "chunk_access"),
                          (self._chunk_last, "chunk_last")):
             col.load(state[key])
-        n = len(self.texts)
         # The saved node rows are the index's own unit rows: stored as they are, so searches answer as before.
         self._nodes = CosineIndex.from_state_dict(
             {"dim": self.dim, "keys": state["embedding"].float(), "ids": torch.arange(n), "next_id": n},
             path="MemVerse state 'graph.embedding'", **SCAN_COPIES[self.scan_copy])
-        self._node_handles.reset(n)
-        self.chunks = _chunks_from_state(state["chunks"])
+        chunks = _chunks_from_state(state["chunks"])
         self._chunk_keys = self._index()
         self._chunk_handles = Handles()
-        self._chunk_handles.issue(len(self.chunks))
+        self._chunk_handles.issue(len(chunks))
+        self.chunks = HandleList(self._chunk_handles, chunks)
         if self.chunks:
             self._chunk_keys.add(torch.stack([c.embedding.float() for c in self.chunks]))
         self._chunk_cost.load(torch.tensor([max(1, len(c.text.split())) for c in self.chunks], dtype=torch.int64))
