@@ -3,6 +3,7 @@ links, retrieval by seeds and k-hop expansion, and eviction within a word budget
 from __future__ import annotations
 
 import math
+import sys
 from array import array
 import time
 from collections import Counter
@@ -40,7 +41,7 @@ EMBED_BLOCK = 1 << 16
 SCAN_COPIES = {"int8": {"int8_scan": True}, "float16": {"half_scan": True}, "none": {}}
 # A bulk batch (more than one EMBED_BLOCK of rows) first reserves the index rows it needs plus this share
 # of the total as room for later batches: one allocation, instead of doubling a multi-GB table on the way.
-BULK_HEADROOM = 1 / 32
+BULK_HEADROOM = 1 / 64
 
 
 class GraphHits(NamedTuple):
@@ -288,8 +289,11 @@ class LongTermGraph:
             touched.extend(nodes)
         # Embeddings first: a failing encoder leaves the graph as it was.
         self._append_nodes(new_texts, new_kind, new_head, new_tail, new_pred, embed, now)
-        self._entity_ids.update({key: first_handle + node - first_node for key, node in new_entities.items()})
-        self._relation_ids.update({key: first_handle + node - first_node for key, node in new_relations.items()})
+        for known, new in ((self._entity_ids, new_entities), (self._relation_ids, new_relations)):
+            if first_handle == first_node:  # handle = node (no eviction yet): no second dict of a bulk batch
+                known.update(new)
+            else:
+                known.update({key: first_handle + node - first_node for key, node in new.items()})
         self._append_chunks(chunks)
         t1 = time.perf_counter()
         self._extend(edges, links)
@@ -696,7 +700,8 @@ def _reserve_bulk(index: CosineIndex, count: int) -> None:
 
 
 def _predicate_key(predicate: str) -> str:
-    return " ".join(predicate.lower().split())
+    # Interned: a graph holds a handful of predicates, each named by up to millions of relations.
+    return sys.intern(" ".join(predicate.lower().split()))
 
 
 def _check_queries(queries, dim: int) -> torch.Tensor:

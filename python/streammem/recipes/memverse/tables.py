@@ -221,8 +221,12 @@ def least_useful(ratio: torch.Tensor, created: torch.Tensor, cost: torch.Tensor,
     return order[: count + 1]
 
 
+# Rows from which a Column grows by an eighth instead of doubling.
+GROW_LARGE = 1 << 16
+
+
 class Column:
-    """Append-only tensor rows with amortised doubling (and compaction by a mask)."""
+    """Append-only tensor rows with amortised geometric growth (and compaction by a mask or row numbers)."""
 
     def __init__(self, dtype: torch.dtype, width: int | None = None):
         self._data = torch.zeros((16,) if width is None else (16, width), dtype=dtype)
@@ -231,8 +235,11 @@ class Column:
     def extend(self, values: torch.Tensor) -> None:
         need = self.n + values.shape[0]
         if need > self._data.shape[0]:
-            grown = torch.zeros((max(need, 2 * self._data.shape[0]),) + tuple(self._data.shape[1:]),
-                                dtype=self._data.dtype)
+            # Doubling while small; by an eighth once large (a column of 10^6 rows regrows after every
+            # eviction, which keeps exactly the kept rows): still amortised O(1) per row.
+            size = self._data.shape[0]
+            grown = torch.zeros((max(need, 2 * size if size < GROW_LARGE else size + size // 8),)
+                                + tuple(self._data.shape[1:]), dtype=self._data.dtype)
             grown[: self.n] = self._data[: self.n]
             self._data = grown
         self._data[self.n:need] = values
