@@ -19,8 +19,6 @@ design and the benchmark against faiss.
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import torch
 
@@ -30,6 +28,7 @@ from ..runtime.native import NativeChecks, view
 from ..runtime.validate import as_tensor, check_dtype, check_finite, check_int, check_rank, resolve_device
 from .reference import (FLOAT_INPUTS, INT_INPUTS, MAX_DIM, MAX_NODES, MAX_RESULTS, MAX_TABLE, check_size,
                         index_topk_reference, pow2_row_scale, unit_rows)
+from .locking import SharedLock, writer
 from .storage import allocate, half_copy_module, write_half_copy, write_int8_copy
 from .topk import (BLAS_MIN_QUERIES, SCORE_TOLERANCES, TRITON_TOPK_MAX_K, TRITON_TOPK_MAX_KEYS, TopKResult,
                    cosine_topk_uses_blas, is_plain_ranges, prepare_queries)
@@ -61,55 +60,6 @@ _from_numpy, _np_empty, _NP_F32, _NP_I64 = torch.from_numpy, np.empty, np.float3
 _new_tuple = tuple.__new__
 
 
-class _SharedLock:
-    """Searches share it; a writer holds it alone (it waits for running searches, and searches that
-    start while a writer waits wait for it)."""
-
-    __slots__ = ("_cond", "_readers", "_writing")
-
-    def __init__(self):
-        self._cond = threading.Condition(threading.Lock())
-        self._readers = 0
-        self._writing = 0  # writers holding or waiting
-
-    def acquire_read(self) -> None:
-        with self._cond:
-            while self._writing:
-                self._cond.wait()
-            self._readers += 1
-
-    def release_read(self) -> None:
-        with self._cond:
-            self._readers -= 1
-            if not self._readers:
-                self._cond.notify_all()
-
-    def acquire_write(self) -> None:
-        with self._cond:
-            self._writing += 1
-            while self._readers:
-                self._cond.wait()
-
-    def release_write(self) -> None:
-        with self._cond:
-            self._writing -= 1
-            self._cond.notify_all()
-
-
-def _writer(method):
-    """Run a mutating method holding the index's lock alone (methods it calls do not take it again)."""
-    def locked(self, *args, **kwargs):
-        lock = self._lock
-        lock.acquire_write()
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            lock.release_write()
-
-    locked.__name__, locked.__doc__, locked.__wrapped__ = method.__name__, method.__doc__, method
-    return locked
-
-
 class CosineIndex:
     """An exact cosine index: ``add`` vectors with ids, ``search`` the ``k`` best per query, ``remove`` ids.
 
@@ -128,14 +78,10 @@ class CosineIndex:
         (fewer than 8 queries, or ranges covering less than half of the keys) on x86-64 CPUs with
         F16C, AVX2 and FMA reads it (elsewhere: same results, float32 speed).
     int8_scan : bool
-        Also keep an int8 copy of the keys (per row D int8 codes and one float32 scale: +25 % of the keys'
-        memory plus 4 bytes a key) that the C++ scan reads first, as ``half_scan``'s copy but a quarter of
-        the float32 bytes: every key is scored on the copy, and only the keys a rigorous error bound
-        (quantisation of keys and query, float rounding; ``csrc/cpu/tree/int8_scan.cpp``) cannot rule
-        out of the top-k are scored again in float32, so results are identical (ids, scores, tie order).
-        Same conditions as ``half_scan`` (CPU index, the C++ module, the one-pass scan; D <= 65,536),
-        on any CPU (AVX-512 VNNI, AVX2 or a portable kernel: ``int8_scan_kernel()`` of the module).
-        At most one of ``half_scan`` and ``int8_scan``.
+        Instead, an int8 copy (D codes and a float32 scale per key: +25 % of the keys' memory) read as
+        ``half_scan``'s, a quarter of the float32 bytes; its error bound covers the quantisation of keys
+        and query and the float rounding (``csrc/cpu/tree/int8_scan.cpp``), so results are identical.
+        Same conditions (D <= 65,536), on any CPU (AVX-512 VNNI, AVX2 or a portable kernel).
     capacity : int
         Rows allocated at first (storage doubles when full).
 
@@ -185,7 +131,7 @@ class CosineIndex:
         self._norm_slack = 0.0
         self._native_norms = True  # every stored norm is the C++ scan's own (row_norms)
         self._views = None  # the C++ latency path's views of the stored prefixes, until the next write
-        self._lock = _SharedLock()
+        self._lock = SharedLock()
         self._allocate(capacity)
 
     # ---- storage ------------------------------------------------------------
@@ -338,7 +284,7 @@ class CosineIndex:
         return ids
 
     # ---- writers --------------------------------------------------------------
-    @_writer
+    @writer
     def add(self, vectors, ids=None) -> torch.Tensor:
         """Add vectors (normalised and checked here, once) under ``ids``.
 
@@ -441,7 +387,7 @@ class CosineIndex:
             return None
         return load_native("cpu", "tree")[0]
 
-    @_writer
+    @writer
     def remove(self, ids) -> int:
         """Remove keys by id; returns how many were removed.
 
@@ -466,15 +412,11 @@ class CosineIndex:
             self._compact()
         return int(rows.numel())
 
-    @_writer
+    @writer
     def reserve(self, count: int) -> None:
-        """Make room for ``count`` more keys at once: when the storage lacks it, one allocation of exactly
-        the rows needed (the removed keys' rows count as room) instead of doubling as they arrive.
-
-        A bulk add of millions of keys otherwise doubles the storage on the way (its old and new tables
-        held together at each step) and ends with up to twice the rows it needs; ``reserve`` first
-        bounds both.  Adds beyond the reserved room double the storage again, as usual.
-        """
+        """Make room for ``count`` more keys: when the storage lacks it, one allocation of exactly the rows
+        needed (removed keys' rows count as room), where a bulk add would double the storage on the way
+        (old and new tables held together) and end with up to twice the rows.  Adds beyond double it."""
         count = check_int(count, "count", minimum=0)
         if count:
             self._reserve(count, exact=True)
@@ -484,7 +426,7 @@ class CosineIndex:
         """Rows the storage holds before it grows (removed keys not compacted away included)."""
         return self._keys.shape[0]
 
-    @_writer
+    @writer
     def compact(self) -> None:
         """Drop the removed keys' rows now (in place, order kept); searches and ids are unchanged."""
         self._compact()
@@ -595,7 +537,7 @@ class CosineIndex:
             return rows
         return torch.where(rows >= 0, self._ids[rows.clamp_min(0)], rows)
 
-    @_writer
+    @writer
     def _renorm_native(self) -> None:
         """Recompute every norm with the C++ scan's dot products (rows added while the module was hidden)."""
         module = self._norm_module()
@@ -690,7 +632,7 @@ class CosineIndex:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._lock = _SharedLock()
+        self._lock = SharedLock()
 
 
 # --------------------------------------------------------------------------
