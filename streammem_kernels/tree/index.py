@@ -114,11 +114,10 @@ class CosineIndex:
                 if self._device.type != "cpu":
                     raise ValueError(f"{name}=True needs a CPU index (the copy serves the C++ scan), got device "
                                      f"{self._device}")
-                half_copy_module()  # ValueError now, not at the first add, when the C++ module is missing
+                half_copy_module(name)  # ValueError now, not at the first add, when the C++ module is missing
         if half_scan and int8_scan:
             raise ValueError("half_scan and int8_scan are exclusive: the scan reads one copy")
-        self._half_scan = half_scan
-        self._int8_scan = int8_scan
+        self._half_scan, self._int8_scan = half_scan, int8_scan
         self._n = 0  # rows stored, removed ones included until compacted
         self._dead = 0
         self._next_id = 0
@@ -631,6 +630,7 @@ class CosineIndex:
         return state
 
     def __setstate__(self, state: dict) -> None:
+        state = {"_codes": None, "_code_scale": None, "_int8_scan": False, **state}  # pickled before int8_scan
         self.__dict__.update(state)
         self._lock = SharedLock()
 

@@ -86,13 +86,13 @@ def allocate(shape: tuple, dtype: torch.dtype, fill, device: torch.device) -> to
     return t
 
 
-def half_copy_module():
-    """The C++ module whose ``half_copy`` writes the scan copy; ValueError when it is not built (only its
-    search reads the copy)."""
+def half_copy_module(option: str = "half_scan"):
+    """The C++ module whose ``half_copy`` / ``int8_copy`` write the scan copies; ValueError naming ``option``
+    when it is not built (only its searches read the copies)."""
     module, reason = dispatch.load_native("cpu", "tree")
     if module is None:
-        raise ValueError(f"half_scan=True needs the C++ module streammem_kernels._cpu_tree, which the half-precision "
-                         f"beam search runs in: {reason}")
+        raise ValueError(f"{option}=True needs the C++ module streammem_kernels._cpu_tree, which the scan reading "
+                         f"the copy runs in: {reason}")
     return module
 
 

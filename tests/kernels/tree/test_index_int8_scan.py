@@ -131,3 +131,21 @@ def test_int8_scan_memory_and_arguments(tmp_path):
         CosineIndex(4, device="meta", int8_scan=True)
     with pytest.raises(ValueError, match="exclusive"):
         CosineIndex(4, half_scan=True, int8_scan=True)
+
+
+def test_int8_scan_survives_copies_and_reserve():
+    import copy
+
+    keys, queries = adversarial_keys(40, seed=6)
+    plain, coded = pair(keys[:500])
+    twin = copy.deepcopy(coded)
+    assert twin.int8_scan
+    assert_same(plain, twin, queries, ks=(1, 7))
+    for index in (plain, coded):
+        index.reserve(700)
+        assert index.capacity == 1200  # exactly the rows needed, not doubled
+        index.add(keys[500:])
+    assert coded.capacity == plain.capacity
+    assert_same(plain, coded, queries, ks=(1, 7, 1300))
+    with pytest.raises(ValueError, match="count"):
+        coded.reserve(-1)

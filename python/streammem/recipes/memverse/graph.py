@@ -111,6 +111,10 @@ class LongTermGraph:
     handles (``Handles``) that an eviction never renumbers: it removes the
     evicted rows from the indexes and the name maps, and rewrites only the
     dense-id tables and the CSRs.
+
+    ``texts``, ``predicates`` (by node id) and ``chunks`` (by chunk row) are read-only sequences
+    (``HandleList``: index, slice, iterate, compare with a list) stored by handle, so an eviction drops
+    the removed items instead of rebuilding a list of every kept one.
     """
 
     def __init__(self, dim: int, *, backend: str = "auto", scan_copy: str = "int8"):
