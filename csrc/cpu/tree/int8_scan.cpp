@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -134,7 +135,16 @@ const char* dot_int8_name() {
   return f == &dot_int8_scalar ? "scalar" : "unknown";
 }
 
-int32_t dot_int8_portable(const int16_t* p, const int8_t* c, int64_t D) { return dot_int8_scalar(p, c, D); }
+// The kernel named `name` ("avx512vnni", "avx2", "scalar"), or nullptr when this CPU lacks it.
+DotInt8 dot_int8_named(const std::string& name) {
+  if (name == "scalar") return &dot_int8_scalar;
+#if defined(__GNUC__) && defined(__x86_64__)
+  if (name == "avx2" && __builtin_cpu_supports("avx2")) return &dot_int8_avx2;
+  if (name == "avx512vnni" && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw"))
+    return &dot_int8_vnni;
+#endif
+  return nullptr;
+}
 
 float quantise_query(const float* u, int64_t D, int16_t* codes, double* err) {
   // int8 codes widened to int16, the form the kernels read (one row of codes per query, in cache).
@@ -209,10 +219,9 @@ Status int8_copy(TensorView src, TensorView codes, TensorView scales, TensorView
   return kOk;
 }
 
-// int8_dots(query (D,) f32, codes (n, D) i8, scales (n,) f32, out (n,) f32, portable): the copy's scores
-// of one (unit) query as the scan computes them, by this CPU's kernel or (portable) the scalar one; for
-// the tests.
-Status int8_dots(TensorView query, TensorView codes, TensorView scales, TensorView out, bool portable) {
+// int8_dots(query (D,) f32, codes (n, D) i8, scales (n,) f32, out (n,) f32, kernel): the copy's scores
+// of one (unit) query as the scan computes them, by this CPU's kernel ("") or the one named; for the tests.
+Status int8_dots(TensorView query, TensorView codes, TensorView scales, TensorView out, const std::string& kernel) {
   constexpr const char* entry = "int8_dots";
   expect_tensor(query, DType::kFloat32, 1, entry, "query");
   expect_tensor(codes, DType::kInt8, 2, entry, "codes");
@@ -224,7 +233,8 @@ Status int8_dots(TensorView query, TensorView codes, TensorView scales, TensorVi
   std::vector<int16_t> p(static_cast<size_t>(D));
   double qerr;
   const float t = quantise_query(query.ptr<float>(), D, p.data(), &qerr);
-  const DotInt8 f = portable ? &dot_int8_portable : dot_int8_kernel();
+  const DotInt8 f = kernel.empty() ? dot_int8_kernel() : dot_int8_named(kernel);
+  expect(f != nullptr, entry, "this CPU lacks the kernel " + kernel);
   for (int64_t r = 0; r < n; ++r)
     out.ptr<float>()[r] =
         static_cast<float>(f(p.data(), codes.ptr<int8_t>() + r * D, D)) * t * scales.ptr<float>()[r];

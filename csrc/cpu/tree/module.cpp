@@ -42,9 +42,9 @@ PYBIND11_MODULE(_cpu_tree, m) {
         "float32 (row ~ scale * codes), and bounds (2,) float64: the largest row norm and the largest L2 distance "
         "of a row to scale * codes");
   m.def("int8_dots", &tree::int8_dots, py::arg("query"), py::arg("codes"), py::arg("scales"), py::arg("out"),
-        py::arg("portable"),
+        py::arg("kernel"),
         "The int8 copy's scores of one query (D,) against codes (n, D) with scales (n,) into out (n,), as the index "
-        "scan computes them (portable: the scalar kernel instead of this CPU's)");
+        "scan computes them, by this CPU's kernel (kernel='') or the one named ('avx512vnni', 'avx2', 'scalar')");
   m.def("int8_scan_kernel", [] { return std::string(tree::dot_int8_name()); },
         "The kernel the index scan reads an int8 copy with on this CPU: 'avx512vnni', 'avx2' or 'scalar'");
   m.def("half_scan_kernel", [] { return tree::dot_half_kernel() != nullptr; },

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace streammem {
@@ -81,7 +82,7 @@ Status half_dots(TensorView query, TensorView rows, TensorView out);
 
 // int8_scan.cpp
 Status int8_copy(TensorView src, TensorView codes, TensorView scales, TensorView bounds);
-Status int8_dots(TensorView query, TensorView codes, TensorView scales, TensorView out, bool portable);
+Status int8_dots(TensorView query, TensorView codes, TensorView scales, TensorView out, const std::string& kernel);
 
 // topk.cpp
 Status cosine_topk(TensorView queries, TensorView keys, std::optional<TensorView> ranges, TensorView ids,
