@@ -15,7 +15,8 @@ chunks; questions = embeddings of random relation nodes plus noise.
 Measured, side by side at each N:
 
 * ``memverse graph search`` -- ``LongTermGraph.search`` with the default
-  ``MemVerseConfig`` (4 seeds by cosine over 2N node embeddings, 2 hops,
+  ``MemVerseConfig`` (4 seeds by cosine over 2N node embeddings, read first
+  from the default int8 scan copy and rescored exactly, 2 hops,
   fan-out 16, capacity 512, seed round-robin ranking, 8 chunks, 2 per node):
   what ``MemVerse.ask`` runs after encoding the question (Q = 1 and 16);
   ``extra_info`` splits it into top-k + expansion, ranking, chunk gather;

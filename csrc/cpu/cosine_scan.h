@@ -362,10 +362,20 @@ inline int cosine_topk_into(const float* queries, int64_t Q, const float* K, int
 // copy scores fl(a + delta) < the k-th score cannot enter (its exact score c <= a + delta, so c <= fl(a +
 // delta) by the monotonicity of rounding), and only the other keys are read in float32 and scored
 // exactly.  The results are the float32 scan's, bit for bit.
+//
+// Or an int8 copy (int8_scan.cpp): per row int8 codes and a scale, per query int16-widened codes and a
+// scale; the copy's score fl(fl(float(codes . codes) * query scale) * row scale) and its bound take the
+// place of the float16 ones, with the same rule.
 struct HalfPrefilter {
   const uint16_t* rows = nullptr;                            // (N, D) float16 bits, nullptr: no copy
   float (*dot)(const float*, const uint16_t*, int64_t) = nullptr;
+  const int8_t* codes = nullptr;                             // (N, D) int8 codes, nullptr: no int8 copy
+  const float* code_scale = nullptr;                         // (N,) their scales
+  int32_t (*int8_dot)(const int16_t*, const int8_t*, int64_t) = nullptr;
+  int16_t* query_codes = nullptr;                            // (Q, D), written with delta
+  float* query_scale = nullptr;                              // (Q,), written with delta
   const float* delta = nullptr;                              // per query: |exact score - copy's score| bound
+  bool any() const { return rows != nullptr || codes != nullptr; }
 };
 
 STREAMMEM_HOT inline void scan_prepared(const float* __restrict Qm, const float* __restrict K,
@@ -389,9 +399,15 @@ STREAMMEM_HOT inline void scan_prepared(const float* __restrict Qm, const float*
       for (int64_t q = qb; q < qe; ++q) {
         if (i < ranges[2 * q] || i >= ranges[2 * q + 1]) continue;
         TopK& t = tops[q - qb];
-        if (half.rows != nullptr && t.count == k) {
-          const float approx = half.dot(Qm + q * D, half.rows + i * D, D);
-          if (approx + half.delta[q] < t.score[k - 1]) continue;
+        if (t.count == k) {
+          if (half.rows != nullptr) {
+            const float approx = half.dot(Qm + q * D, half.rows + i * D, D);
+            if (approx + half.delta[q] < t.score[k - 1]) continue;
+          } else if (half.codes != nullptr) {
+            const float approx = static_cast<float>(half.int8_dot(half.query_codes + q * D, half.codes + i * D, D)) *
+                                 half.query_scale[q] * half.code_scale[i];
+            if (approx + half.delta[q] < t.score[k - 1]) continue;
+          }
         }
         const float s = norm > 0.f ? dot(Qm + q * D, key, D) / norm : 0.f;
         if (t.admits(s, i)) t.push(s, i);
@@ -405,8 +421,9 @@ enum PreparedStatus : int { kPreparedOk = 0, kPreparedQueriesNotFinite = 1, kPre
 
 // The exact top-k of Q raw queries against the prepared keys K (N, D) with their norms, into I / S (Q, k)
 // (filled here), each query restricted to its range (ranges (Q, 2), or nullptr for all keys), removed rows
-// skipped (alive, or nullptr for none).  half.rows non-null: the half-precision prefilter, whose delta
-// this function fills per query from half_delta(unit query).  Threads as cosine_topk_into.  Call with
+// skipped (alive, or nullptr for none).  half.any(): the prefilter of a scan copy, whose delta this
+// function fills per query from half_delta(unit query, its index) (which, for the int8 copy, also writes
+// that query's codes and scale).  Threads as cosine_topk_into.  Call with
 // the GIL held.
 template <typename HalfDelta>
 inline int prepared_topk_into(const float* queries, int64_t Q, const float* K, const float* norms, const bool* alive,
@@ -431,9 +448,9 @@ inline int prepared_topk_into(const float* queries, int64_t Q, const float* K, c
   }
   const float* Qm = unit.data();
   std::vector<float> deltas;
-  if (half.rows != nullptr) {
+  if (half.any()) {
     deltas.resize(static_cast<size_t>(Q));
-    for (int64_t q = 0; q < Q; ++q) deltas[q] = half_delta(Qm + q * D);
+    for (int64_t q = 0; q < Q; ++q) deltas[q] = half_delta(Qm + q * D, q);
     half.delta = deltas.data();
   }
   std::fill(I, I + Q * k, int64_t(-1));

@@ -19,8 +19,6 @@ design and the benchmark against faiss.
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import torch
 
@@ -30,7 +28,8 @@ from ..runtime.native import NativeChecks, view
 from ..runtime.validate import as_tensor, check_dtype, check_finite, check_int, check_rank, resolve_device
 from .reference import (FLOAT_INPUTS, INT_INPUTS, MAX_DIM, MAX_NODES, MAX_RESULTS, MAX_TABLE, check_size,
                         index_topk_reference, pow2_row_scale, unit_rows)
-from .storage import allocate, half_copy_module, write_half_copy
+from .locking import SharedLock, writer
+from .storage import allocate, half_copy_module, write_half_copy, write_int8_copy
 from .topk import (BLAS_MIN_QUERIES, SCORE_TOLERANCES, TRITON_TOPK_MAX_K, TRITON_TOPK_MAX_KEYS, TopKResult,
                    cosine_topk_uses_blas, is_plain_ranges, prepare_queries)
 
@@ -61,55 +60,6 @@ _from_numpy, _np_empty, _NP_F32, _NP_I64 = torch.from_numpy, np.empty, np.float3
 _new_tuple = tuple.__new__
 
 
-class _SharedLock:
-    """Searches share it; a writer holds it alone (it waits for running searches, and searches that
-    start while a writer waits wait for it)."""
-
-    __slots__ = ("_cond", "_readers", "_writing")
-
-    def __init__(self):
-        self._cond = threading.Condition(threading.Lock())
-        self._readers = 0
-        self._writing = 0  # writers holding or waiting
-
-    def acquire_read(self) -> None:
-        with self._cond:
-            while self._writing:
-                self._cond.wait()
-            self._readers += 1
-
-    def release_read(self) -> None:
-        with self._cond:
-            self._readers -= 1
-            if not self._readers:
-                self._cond.notify_all()
-
-    def acquire_write(self) -> None:
-        with self._cond:
-            self._writing += 1
-            while self._readers:
-                self._cond.wait()
-
-    def release_write(self) -> None:
-        with self._cond:
-            self._writing -= 1
-            self._cond.notify_all()
-
-
-def _writer(method):
-    """Run a mutating method holding the index's lock alone (methods it calls do not take it again)."""
-    def locked(self, *args, **kwargs):
-        lock = self._lock
-        lock.acquire_write()
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            lock.release_write()
-
-    locked.__name__, locked.__doc__, locked.__wrapped__ = method.__name__, method.__doc__, method
-    return locked
-
-
 class CosineIndex:
     """An exact cosine index: ``add`` vectors with ids, ``search`` the ``k`` best per query, ``remove`` ids.
 
@@ -127,6 +77,11 @@ class CosineIndex:
         device) and it needs the C++ module ``streammem_kernels._cpu_tree``; only the one-pass scan
         (fewer than 8 queries, or ranges covering less than half of the keys) on x86-64 CPUs with
         F16C, AVX2 and FMA reads it (elsewhere: same results, float32 speed).
+    int8_scan : bool
+        Instead, an int8 copy (D codes and a float32 scale per key: +25 % of the keys' memory) read as
+        ``half_scan``'s, a quarter of the float32 bytes; its error bound covers the quantisation of keys
+        and query and the float rounding (``csrc/cpu/tree/int8_scan.cpp``), so results are identical.
+        Same conditions (D <= 65,536), on any CPU (AVX-512 VNNI, AVX2 or a portable kernel).
     capacity : int
         Rows allocated at first (storage doubles when full).
 
@@ -145,20 +100,24 @@ class CosineIndex:
     a Triton search that compacts first) wait for running searches and hold the index alone.
     """
 
-    def __init__(self, dim: int, *, device="cpu", half_scan: bool = False, capacity: int = 1024):
+    def __init__(self, dim: int, *, device="cpu", half_scan: bool = False, int8_scan: bool = False,
+                 capacity: int = 1024):
         self._dim = check_size(dim, "dim", maximum=MAX_DIM)
         capacity = check_size(capacity, "capacity", maximum=MAX_NODES)
         if capacity * self._dim > MAX_TABLE:
             raise ValueError(f"capacity x dim must be <= {MAX_TABLE} floats, got capacity={capacity} x dim={dim}")
         self._device = resolve_device(device)
-        if not isinstance(half_scan, bool):
-            raise ValueError(f"half_scan must be a bool, got {half_scan!r}")
-        if half_scan:
-            if self._device.type != "cpu":
-                raise ValueError(f"half_scan=True needs a CPU index (the copy serves the C++ scan), got device "
-                                 f"{self._device}")
-            half_copy_module()  # ValueError now, not at the first add, when the C++ module is missing
-        self._half_scan = half_scan
+        for name, value in (("half_scan", half_scan), ("int8_scan", int8_scan)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be a bool, got {value!r}")
+            if value:
+                if self._device.type != "cpu":
+                    raise ValueError(f"{name}=True needs a CPU index (the copy serves the C++ scan), got device "
+                                     f"{self._device}")
+                half_copy_module(name)  # ValueError now, not at the first add, when the C++ module is missing
+        if half_scan and int8_scan:
+            raise ValueError("half_scan and int8_scan are exclusive: the scan reads one copy")
+        self._half_scan, self._int8_scan = half_scan, int8_scan
         self._n = 0  # rows stored, removed ones included until compacted
         self._dead = 0
         self._next_id = 0
@@ -171,7 +130,7 @@ class CosineIndex:
         self._norm_slack = 0.0
         self._native_norms = True  # every stored norm is the C++ scan's own (row_norms)
         self._views = None  # the C++ latency path's views of the stored prefixes, until the next write
-        self._lock = _SharedLock()
+        self._lock = SharedLock()
         self._allocate(capacity)
 
     # ---- storage ------------------------------------------------------------
@@ -183,8 +142,12 @@ class CosineIndex:
         self._ids = torch.empty(capacity, dtype=torch.int64, device=dev)
         self._alive = torch.ones(capacity, dtype=torch.bool, device=dev)
         self._half = allocate((capacity, dim), torch.float16, None, dev) if self._half_scan else None
+        self._codes = allocate((capacity, dim), torch.int8, None, dev) if self._int8_scan else None
+        self._code_scale = torch.empty(capacity, dtype=torch.float32, device=dev) if self._int8_scan else None
 
-    def _reserve(self, extra: int) -> None:
+    def _reserve(self, extra: int, exact: bool = False) -> None:
+        """Room for ``extra`` more rows: compacting the tombstones when that makes room, else growing the
+        storage to twice its rows (or exactly to the rows needed, ``exact``) in one allocation."""
         need = self._n + extra
         capacity = self._keys.shape[0]
         if need <= capacity:
@@ -197,13 +160,18 @@ class CosineIndex:
         if need * self._dim > MAX_TABLE or need > MAX_NODES:
             raise ValueError(f"the index would hold {need} keys of dim {self._dim}: more than {MAX_NODES} keys or "
                              f"{MAX_TABLE} floats")
-        old = (self._keys, self._norms, self._scale, self._ids, self._alive, self._half)
-        self._allocate(max(need, 2 * capacity))
+        old = self._tables()
+        self._allocate(need if exact else max(need, 2 * capacity))
         n = self._n
-        for dst, src in zip((self._keys, self._norms, self._scale, self._ids, self._alive, self._half), old):
+        for dst, src in zip(self._tables(), old):
             if src is not None:
                 dst[:n] = src[:n]
         self._views = None
+
+    def _tables(self) -> tuple:
+        """Every per-row table (None for a scan copy not kept)."""
+        return (self._keys, self._norms, self._scale, self._ids, self._alive, self._half, self._codes,
+                self._code_scale)
 
     def _invalidate(self) -> None:
         self._views = None
@@ -223,6 +191,11 @@ class CosineIndex:
         """Whether the index keeps a float16 copy of its keys for the C++ scan (see the class)."""
         return self._half_scan
 
+    @property
+    def int8_scan(self) -> bool:
+        """Whether the index keeps an int8 copy of its keys for the C++ scan (see the class)."""
+        return self._int8_scan
+
     def __len__(self) -> int:
         return self._n - self._dead
 
@@ -234,8 +207,7 @@ class CosineIndex:
     @property
     def nbytes(self) -> int:
         """Bytes of the index's storage, allocated capacity and the scan copy included."""
-        tensors = (self._keys, self._norms, self._scale, self._ids, self._alive, self._half)
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        return sum(t.numel() * t.element_size() for t in self._tables() if t is not None)
 
     @property
     def keys(self) -> torch.Tensor:
@@ -263,7 +235,8 @@ class CosineIndex:
 
     def __repr__(self) -> str:
         return (f"CosineIndex(dim={self._dim}, ntotal={len(self)}, device={self._device}"
-                + (", half_scan=True" if self._half_scan else "") + ")")
+                + (", half_scan=True" if self._half_scan else "") + (", int8_scan=True" if self._int8_scan else "")
+                + ")")
 
     # ---- ids ----------------------------------------------------------------
     def _rows_of(self, ids: torch.Tensor) -> torch.Tensor:
@@ -310,7 +283,7 @@ class CosineIndex:
         return ids
 
     # ---- writers --------------------------------------------------------------
-    @_writer
+    @writer
     def add(self, vectors, ids=None) -> torch.Tensor:
         """Add vectors (normalised and checked here, once) under ``ids``.
 
@@ -389,6 +362,9 @@ class CosineIndex:
         if self._half is not None:
             bounds = write_half_copy(self._keys[lo:hi], self._half[lo:hi])
             self._scan_bounds = (max(self._scan_bounds[0], bounds[0]), max(self._scan_bounds[1], bounds[1]))
+        if self._codes is not None:
+            bounds = write_int8_copy(self._keys[lo:hi], self._codes[lo:hi], self._code_scale[lo:hi])
+            self._scan_bounds = (max(self._scan_bounds[0], bounds[0]), max(self._scan_bounds[1], bounds[1]))
         norms = self._norms[lo:hi]
         nonzero = norms[norms > 0].to(torch.float64)
         if nonzero.numel():
@@ -410,7 +386,7 @@ class CosineIndex:
             return None
         return load_native("cpu", "tree")[0]
 
-    @_writer
+    @writer
     def remove(self, ids) -> int:
         """Remove keys by id; returns how many were removed.
 
@@ -435,7 +411,21 @@ class CosineIndex:
             self._compact()
         return int(rows.numel())
 
-    @_writer
+    @writer
+    def reserve(self, count: int) -> None:
+        """Make room for ``count`` more keys: when the storage lacks it, one allocation of exactly the rows
+        needed (removed keys' rows count as room), where a bulk add would double the storage on the way
+        (old and new tables held together) and end with up to twice the rows.  Adds beyond double it."""
+        count = check_int(count, "count", minimum=0)
+        if count:
+            self._reserve(count, exact=True)
+
+    @property
+    def capacity(self) -> int:
+        """Rows the storage holds before it grows (removed keys not compacted away included)."""
+        return self._keys.shape[0]
+
+    @writer
     def compact(self) -> None:
         """Drop the removed keys' rows now (in place, order kept); searches and ids are unchanged."""
         self._compact()
@@ -447,7 +437,7 @@ class CosineIndex:
         live = self._alive[:n].nonzero()[:, 0]
         m = live.numel()
         first = int((~self._alive[:n]).nonzero()[0, 0])  # rows before the first tombstone stay put
-        tables = [t for t in (self._keys, self._norms, self._scale, self._ids, self._half) if t is not None]
+        tables = [t for t in self._tables() if t is not None and t is not self._alive]
         step = max(1, _ROW_BUDGET // self._dim)
         # Destination row j <= source row live[j], so moving blocks in increasing order never
         # overwrites a row still to be read.
@@ -526,18 +516,27 @@ class CosineIndex:
                                  "insertion order (as default ids are)")
             rows = torch.searchsorted(self._ids[:n], ranges.contiguous()).contiguous()
         alive = self._alive[:n] if self._dead else None
-        scan = self._half[:n] if self._half is not None else None
+        scan, scan_scale = self._scan_copy(n)
         found, scores = call_op(torch.ops.streammem.index_topk, INDEX_TOPK.impls, name, queries, self._keys[:n],
-                                self._norms[:n], self._scale[:n], alive, rows, k, scan, *self._scan_bounds,
-                                self._norm_slack)
+                                self._norms[:n], self._scale[:n], alive, rows, k, scan, scan_scale,
+                                *self._scan_bounds, self._norm_slack)
         return TopKResult(self._labels(found), scores)
+
+    def _scan_copy(self, n: int) -> tuple:
+        """(copy, its row scales) of the first n rows: the float16 copy and None, the int8 codes and their
+        scales, or (None, None)."""
+        if self._half is not None:
+            return self._half[:n], None
+        if self._codes is not None:
+            return self._codes[:n], self._code_scale[:n]
+        return None, None
 
     def _labels(self, rows: torch.Tensor) -> torch.Tensor:
         if self._identity:
             return rows
         return torch.where(rows >= 0, self._ids[rows.clamp_min(0)], rows)
 
-    @_writer
+    @writer
     def _renorm_native(self) -> None:
         """Recompute every norm with the C++ scan's dot products (rows added while the module was hidden)."""
         module = self._norm_module()
@@ -579,7 +578,7 @@ class CosineIndex:
         checkpoint.save(path, CHECKPOINT_KIND, self.state_dict(), version=STATE_VERSION)
 
     @classmethod
-    def load(cls, path, *, device="cpu", half_scan: bool = False) -> "CosineIndex":
+    def load(cls, path, *, device="cpu", half_scan: bool = False, int8_scan: bool = False) -> "CosineIndex":
         """Read an index written by :meth:`save`; searches return exactly what they returned before.
 
         Every way the file can be wrong (missing, truncated, damaged, another kind; keys that are not
@@ -587,10 +586,10 @@ class CosineIndex:
         ``ValueError`` naming the path and what is wrong.
         """
         state, _ = checkpoint.load(path, CHECKPOINT_KIND, versions=(STATE_VERSION,))
-        return cls.from_state_dict(state, device=device, half_scan=half_scan, path=path)
+        return cls.from_state_dict(state, device=device, half_scan=half_scan, int8_scan=int8_scan, path=path)
 
     @classmethod
-    def from_state_dict(cls, state: dict, *, device="cpu", half_scan: bool = False,
+    def from_state_dict(cls, state: dict, *, device="cpu", half_scan: bool = False, int8_scan: bool = False,
                         path="state") -> "CosineIndex":
         """An index holding ``state`` (:meth:`state_dict`'s form), its unit rows stored as they are (no
         second normalisation, so searches answer as the index that wrote it did).  ``ValueError`` naming
@@ -611,7 +610,7 @@ class CosineIndex:
         norms = torch.linalg.vector_norm(keys.contiguous(), dim=1)
         if not bool(((norms == 0) | ((norms - 1).abs() <= UNIT_TOLERANCE)).all()):
             raise reader.error("keys", "must be unit rows (or zero rows)")
-        index = cls(dim, device=device, half_scan=half_scan, capacity=max(n, 1))
+        index = cls(dim, device=device, half_scan=half_scan, int8_scan=int8_scan, capacity=max(n, 1))
         if n:  # the stored bits as they are: no second normalisation
             index._keys[:n] = keys.to(index._device)
             index._derive(0, n, index._norm_module())
@@ -631,8 +630,9 @@ class CosineIndex:
         return state
 
     def __setstate__(self, state: dict) -> None:
+        state = {"_codes": None, "_code_scale": None, "_int8_scan": False, **state}  # pickled before int8_scan
         self.__dict__.update(state)
-        self._lock = _SharedLock()
+        self._lock = SharedLock()
 
 
 # --------------------------------------------------------------------------
@@ -641,17 +641,18 @@ class CosineIndex:
 @torch.library.custom_op("streammem::index_topk", mutates_args=())
 def index_topk_op(queries: torch.Tensor, keys: torch.Tensor, norms: torch.Tensor, scale: torch.Tensor,
                   alive: torch.Tensor | None, ranges: torch.Tensor, k: int, scan: torch.Tensor | None,
-                  scan_norm: float, scan_err: float, norm_slack: float,
+                  scan_scale: torch.Tensor | None, scan_norm: float, scan_err: float, norm_slack: float,
                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Core top-k of a CosineIndex's stored rows: float32 queries (Q, D) of any norm, the prepared keys
     (N, D) with their norms and scales (N,), alive (N,) bool or None, row ranges (Q, 2) int64, the
-    optional float16 copy and its bounds.  Returns (rows, scores) (Q, k)."""
-    return tuple(INDEX_TOPK.impls[backend](queries, keys, norms, scale, alive, ranges, k, scan, scan_norm, scan_err,
-                                           norm_slack))
+    optional scan copy (float16 (N, D), or int8 (N, D) with its row scales scan_scale (N,)) and its
+    bounds.  Returns (rows, scores) (Q, k)."""
+    return tuple(INDEX_TOPK.impls[backend](queries, keys, norms, scale, alive, ranges, k, scan, scan_scale, scan_norm,
+                                           scan_err, norm_slack))
 
 
 @index_topk_op.register_fake
-def _(queries, keys, norms, scale, alive, ranges, k, scan, scan_norm, scan_err, norm_slack, backend):
+def _(queries, keys, norms, scale, alive, ranges, k, scan, scan_scale, scan_norm, scan_err, norm_slack, backend):
     q = queries.shape[0]
     return queries.new_empty((q, k), dtype=torch.int64), queries.new_empty((q, k), dtype=torch.float32)
 
@@ -659,11 +660,13 @@ def _(queries, keys, norms, scale, alive, ranges, k, scan, scan_norm, scan_err, 
 # --------------------------------------------------------------------------
 # Backends: torch (the reference), C++ (csrc/cpu/tree/index.cpp) and its latency path, Triton
 # --------------------------------------------------------------------------
-def _index_topk_torch(queries, keys, norms, scale, alive, ranges, k, scan, scan_norm, scan_err, norm_slack):
+def _index_topk_torch(queries, keys, norms, scale, alive, ranges, k, scan, scan_scale, scan_norm, scan_err,
+                      norm_slack):
     return index_topk_reference(queries, keys, k, ranges, alive)
 
 
-def _index_topk_cpp(queries, keys, norms, scale, alive, ranges, k, scan, scan_norm, scan_err, norm_slack):
+def _index_topk_cpp(queries, keys, norms, scale, alive, ranges, k, scan, scan_scale, scan_norm, scan_err,
+                    norm_slack):
     mod = INDEX_TOPK.cpp_module("cpp")
     num_q = queries.shape[0]
     if cosine_topk_uses_blas(num_q, keys.shape[0], ranges):
@@ -671,8 +674,8 @@ def _index_topk_cpp(queries, keys, norms, scale, alive, ranges, k, scan, scan_no
     ids = torch.empty((num_q, k), dtype=torch.int64)
     scores = torch.empty((num_q, k), dtype=torch.float32)
     status = mod.index_topk(view(queries), view(keys), view(norms), None if alive is None else view(alive),
-                            view(ranges), view(ids), view(scores), None if scan is None else view(scan), scan_norm,
-                            scan_err, norm_slack)
+                            view(ranges), view(ids), view(scores), None if scan is None else view(scan),
+                            None if scan_scale is None else view(scan_scale), scan_norm, scan_err, norm_slack)
     _INDEX_CHECKS.raise_for(status)
     return ids, scores
 
@@ -721,7 +724,7 @@ def _index_topk_fast(mod, index, queries, k, ranges):
             views = index._fast_views()
         if views is False:
             return None
-        keys, norms, alive, scan, scan_norm, scan_err, slack, labels = views
+        keys, norms, alive, scan, scan_scale, scan_norm, scan_err, slack, labels = views
         rows_in = None
         if bounds is not None:  # the general path's searchsorted of the ids (over ids 0..n-1, a clip to n)
             bounds = np.minimum(bounds, index._n) if labels is None else np.searchsorted(labels, bounds)
@@ -731,7 +734,7 @@ def _index_topk_fast(mod, index, queries, k, ranges):
             rows_in = bounds.__dlpack__()
         rows, scores = _np_empty((shape[0], k), _NP_I64), _np_empty((shape[0], k), _NP_F32)
         status = mod.index_topk(view(queries), keys, norms, alive, rows_in, rows.__dlpack__(), scores.__dlpack__(),
-                                scan, scan_norm, scan_err, slack)
+                                scan, scan_scale, scan_norm, scan_err, slack)
         if status:
             _INDEX_CHECKS.raise_for(status)
         if labels is not None:
@@ -747,10 +750,11 @@ def _fast_views(index) -> tuple | bool:
     if n - index._dead == 0:
         index._views = False
         return False
-    half = index._half
+    scan, scan_scale = index._scan_copy(n)
     labels = None if index._identity else index._ids[:n].numpy()
     views = (view(index._keys[:n]), view(index._norms[:n]), view(index._alive[:n]) if index._dead else None,
-             None if half is None else view(half[:n]), *index._scan_bounds, index._norm_slack, labels)
+             None if scan is None else view(scan), None if scan_scale is None else view(scan_scale),
+             *index._scan_bounds, index._norm_slack, labels)
     index._views = views
     return views
 
@@ -758,7 +762,8 @@ def _fast_views(index) -> tuple | bool:
 CosineIndex._fast_views = _fast_views
 
 
-def _index_topk_triton(queries, keys, norms, scale, alive, ranges, k, scan, scan_norm, scan_err, norm_slack):
+def _index_topk_triton(queries, keys, norms, scale, alive, ranges, k, scan, scan_scale, scan_norm, scan_err,
+                       norm_slack):
     from ._triton import cosine_topk_triton
 
     if alive is not None:  # search() compacts first; a direct call with tombstones scans the live rows

@@ -1,5 +1,5 @@
 """How a :class:`~streammem_kernels.CosineTree` holds its tables: their allocation (2 MB pages for
-the tables a search reads at random), the writer of the half-precision scan copy, the consistent
+the tables a search reads at random), the writers of the half-precision and int8 scan copies, the consistent
 snapshot a search reads (:class:`SearchArrays`) and the closure of a removal
 (:func:`removal_closure`: which nodes a removal takes with it, which levels change).
 """
@@ -86,13 +86,13 @@ def allocate(shape: tuple, dtype: torch.dtype, fill, device: torch.device) -> to
     return t
 
 
-def half_copy_module():
-    """The C++ module whose ``half_copy`` writes the scan copy; ValueError when it is not built (only its
-    search reads the copy)."""
+def half_copy_module(option: str = "half_scan"):
+    """The C++ module whose ``half_copy`` / ``int8_copy`` write the scan copies; ValueError naming ``option``
+    when it is not built (only its searches read the copies)."""
     module, reason = dispatch.load_native("cpu", "tree")
     if module is None:
-        raise ValueError(f"half_scan=True needs the C++ module streammem_kernels._cpu_tree, which the half-precision "
-                         f"beam search runs in: {reason}")
+        raise ValueError(f"{option}=True needs the C++ module streammem_kernels._cpu_tree, which the scan reading "
+                         f"the copy runs in: {reason}")
     return module
 
 
@@ -102,6 +102,16 @@ def write_half_copy(src: torch.Tensor, dst: torch.Tensor) -> tuple[float, float]
     distance of a row to its copy (csrc/cpu/tree/half_scan.cpp)."""
     bounds = torch.empty(2, dtype=torch.float64)
     half_copy_module().half_copy(view(src), view(dst), view(bounds))
+    norm, err = bounds.tolist()
+    return norm, err
+
+
+def write_int8_copy(src: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> tuple[float, float]:
+    """Write the int8 scan copy of the float32 rows ``src`` (n, D): ``codes`` (n, D) int8 and ``scales`` (n,)
+    float32 (a row ~ its scale x its codes), all C-contiguous CPU tensors; returns upper bounds on the
+    largest row norm and on the largest L2 distance of a row to its copy (csrc/cpu/tree/int8_scan.cpp)."""
+    bounds = torch.empty(2, dtype=torch.float64)
+    half_copy_module().int8_copy(view(src), view(codes), view(scales), view(bounds))
     norm, err = bounds.tolist()
     return norm, err
 

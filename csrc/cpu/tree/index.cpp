@@ -3,10 +3,11 @@
 // norms as cosine_topk's scan computes them (row_norms of topk.cpp), so both scans rank alike.
 //
 //   index_topk(queries (Q,D) f32 raw, keys (N,D) f32 unit, norms (N) f32, alive (N) bool or None,
-//              ranges (Q,2) i64 or None, ids (Q,k) i64, scores (Q,k) f32, scan (N,D) f16 or None,
-//              scan_norm, scan_err, norm_slack) -> Status: the fused one-pass scan of prepared keys
-//     (cosine_scan.h, prepared_topk_into), reading the half-precision copy ``scan`` first when given
-//     (and when this CPU has its kernel).  Status 1: queries not finite, 2: a range outside
+//              ranges (Q,2) i64 or None, ids (Q,k) i64, scores (Q,k) f32, scan (N,D) f16 or i8 or None,
+//              scan_scale (N) f32 or None, scan_norm, scan_err, norm_slack) -> Status: the fused one-pass
+//     scan of prepared keys (cosine_scan.h, prepared_topk_into), reading the scan copy first when given:
+//     float16 rows (when this CPU has their kernel), or int8 codes with their row scales scan_scale
+//     (int8_scan.cpp; D <= 2^16, any CPU).  Status 1: queries not finite, 2: a range outside
 //     0 <= start <= end <= N.
 //   index_prepare(src (n,D) f32, dst (n,D) f32, norms (n) f32, scale (n) f32) -> Status: what add() stores
 //     of new keys, in one pass over each row: its unit row (cosine_scan.h's unit_rows_into, the rule the
@@ -91,7 +92,7 @@ Status index_prepare(TensorView src, TensorView dst, TensorView norms, TensorVie
 
 Status index_topk(TensorView queries, TensorView keys, TensorView norms, std::optional<TensorView> alive,
                   std::optional<TensorView> ranges, TensorView ids, TensorView scores, std::optional<TensorView> scan,
-                  double scan_norm, double scan_err, double norm_slack) {
+                  std::optional<TensorView> scan_scale, double scan_norm, double scan_err, double norm_slack) {
   constexpr const char* entry = "index_topk";
   expect_tensor(queries, DType::kFloat32, 2, entry, "queries");
   expect_tensor(keys, DType::kFloat32, 2, entry, "keys");
@@ -115,15 +116,37 @@ Status index_topk(TensorView queries, TensorView keys, TensorView norms, std::op
     rg = ranges->ptr<int64_t>();
   }
   cosine::HalfPrefilter half;
-  if (scan.has_value() && dot_half_kernel() != nullptr) {
+  std::vector<int16_t> query_codes;
+  std::vector<float> query_scale;
+  if (scan.has_value() && scan->dtype == DType::kInt8) {
+    expect_tensor(*scan, DType::kInt8, 2, entry, "scan");
+    expect(scan->size(0) == N && scan->size(1) == D, entry, "scan must have the keys' shape (N, D)");
+    expect(scan_scale.has_value(), entry, "an int8 scan copy needs its scan_scale");
+    expect_tensor(*scan_scale, DType::kFloat32, 1, entry, "scan_scale");
+    expect(scan_scale->size(0) == N, entry, "scan_scale must be (N,)");
+    // The int32 sums of the copy's dot products are exact below 2^31 / 127^2 > 2^17 dimensions.
+    if (D <= kInt8MaxDim) {
+      half.codes = scan->ptr<int8_t>();
+      half.code_scale = scan_scale->ptr<float>();
+      half.int8_dot = dot_int8_kernel();
+      query_codes.resize(static_cast<size_t>(Q * D));
+      query_scale.resize(static_cast<size_t>(Q));
+      half.query_codes = query_codes.data();
+      half.query_scale = query_scale.data();
+    }
+  } else if (scan.has_value() && dot_half_kernel() != nullptr) {
     expect_tensor(*scan, DType::kFloat16, 2, entry, "scan");
     expect(scan->size(0) == N && scan->size(1) == D, entry, "scan must have the keys' shape (N, D)");
     half.rows = scan->ptr<uint16_t>();
     half.dot = dot_half_kernel();
   }
   return cosine::prepared_topk_into(queries.ptr<float>(), Q, keys.ptr<float>(), norms.ptr<float>(), live, N, D, k, rg,
-                                    ids.ptr<int64_t>(), scores.ptr<float>(), half, [&](const float* q) {
-                                      return prefilter_delta(q, D, scan_norm, scan_err, norm_slack);
+                                    ids.ptr<int64_t>(), scores.ptr<float>(), half, [&](const float* q, int64_t at) {
+                                      if (half.codes == nullptr)
+                                        return prefilter_delta(q, D, scan_norm, scan_err, norm_slack);
+                                      double query_err;
+                                      query_scale[at] = quantise_query(q, D, query_codes.data() + at * D, &query_err);
+                                      return int8_delta(q, D, query_err, scan_norm, scan_err, norm_slack);
                                     });
 }
 

@@ -26,8 +26,8 @@ PYBIND11_MODULE(_cpu_tree, m) {
         py::arg("offset"), py::arg("ranges"), py::arg("ids"), py::arg("scores"));
   m.def("index_prepare", &tree::index_prepare, py::arg("src"), py::arg("dst"), py::arg("norms"), py::arg("scale"));
   m.def("index_topk", &tree::index_topk, py::arg("queries"), py::arg("keys"), py::arg("norms"), py::arg("alive"),
-        py::arg("ranges"), py::arg("ids"), py::arg("scores"), py::arg("scan"), py::arg("scan_norm"),
-        py::arg("scan_err"), py::arg("norm_slack"));
+        py::arg("ranges"), py::arg("ids"), py::arg("scores"), py::arg("scan"), py::arg("scan_scale"),
+        py::arg("scan_norm"), py::arg("scan_err"), py::arg("norm_slack"));
   m.def("index_merge", &tree::index_merge, py::arg("dots"), py::arg("norms"), py::arg("queries"), py::arg("keys"),
         py::arg("offset"), py::arg("ranges"), py::arg("alive"), py::arg("ids"), py::arg("scores"));
   m.def("half_copy", &tree::half_copy, py::arg("src"), py::arg("dst"), py::arg("bounds"),
@@ -37,6 +37,16 @@ PYBIND11_MODULE(_cpu_tree, m) {
   m.def("half_dots", &tree::half_dots, py::arg("query"), py::arg("rows"), py::arg("out"),
         "float32 dot products of query (D,) with the float16 rows (n, D) of a scan copy into out (n,), by the beam "
         "search's kernel (only where half_scan_kernel())");
+  m.def("int8_copy", &tree::int8_copy, py::arg("src"), py::arg("codes"), py::arg("scales"), py::arg("bounds"),
+        "Write the int8 scan copy of float32 rows src (n, D): codes (n, D) int8 in [-127, 127] and scales (n,) "
+        "float32 (row ~ scale * codes), and bounds (2,) float64: the largest row norm and the largest L2 distance "
+        "of a row to scale * codes");
+  m.def("int8_dots", &tree::int8_dots, py::arg("query"), py::arg("codes"), py::arg("scales"), py::arg("out"),
+        py::arg("kernel"),
+        "The int8 copy's scores of one query (D,) against codes (n, D) with scales (n,) into out (n,), as the index "
+        "scan computes them, by this CPU's kernel (kernel='') or the one named ('avx512vnni', 'avx2', 'scalar')");
+  m.def("int8_scan_kernel", [] { return std::string(tree::dot_int8_name()); },
+        "The kernel the index scan reads an int8 copy with on this CPU: 'avx512vnni', 'avx2' or 'scalar'");
   m.def("half_scan_kernel", [] { return tree::dot_half_kernel() != nullptr; },
         "Whether this CPU has the kernel (F16C, AVX2, FMA) with which the beam search reads a scan copy; "
         "without it the copy is kept but not read (same results, float32 speed)");

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace streammem {
@@ -46,6 +47,22 @@ DotHalf dot_half_kernel();
 // both computed in float32 (+inf when no useful bound exists).
 float scan_delta(const float* q, int64_t D, double scan_norm, double scan_err);
 
+// ---- int8_scan.cpp: the int8 scan copy (CosineIndex) --------------------------------------------
+// sum_i p[i] * c[i] in int32 (exact for D <= kInt8MaxDim): query codes p (int16-widened), row codes c.
+using DotInt8 = int32_t (*)(const int16_t*, const int8_t*, int64_t);
+constexpr int64_t kInt8MaxDim = int64_t(1) << 16;
+
+// This CPU's kernel (AVX-512 VNNI, AVX2, or the portable loop), and its name.
+DotInt8 dot_int8_kernel();
+const char* dot_int8_name();
+
+// The codes (int16-widened) and scale of a unit query u (D,), and *err >= |u - scale * codes| (L2).
+float quantise_query(const float* u, int64_t D, int16_t* codes, double* err);
+
+// delta with |exact score - copy's score| <= delta for every row (int8_scan.cpp derives it), +inf
+// when no useful bound exists.
+float int8_delta(const float* u, int64_t D, double query_err, double scan_norm, double scan_err, double norm_slack);
+
 // ---- entries -------------------------------------------------------------------------------------
 // Status 1 of every search and top-k entry: the queries hold NaN or Inf.
 constexpr Status kQueriesNotFinite = 1;
@@ -63,6 +80,10 @@ Status beam(TensorView emb, TensorView child_ptr, TensorView child_idx, TensorVi
 Status half_copy(TensorView src, TensorView dst, TensorView bounds);
 Status half_dots(TensorView query, TensorView rows, TensorView out);
 
+// int8_scan.cpp
+Status int8_copy(TensorView src, TensorView codes, TensorView scales, TensorView bounds);
+Status int8_dots(TensorView query, TensorView codes, TensorView scales, TensorView out, const std::string& kernel);
+
 // topk.cpp
 Status cosine_topk(TensorView queries, TensorView keys, std::optional<TensorView> ranges, TensorView ids,
                    TensorView scores);
@@ -75,7 +96,7 @@ Status topk_merge(TensorView dots, TensorView norms, TensorView queries, TensorV
 Status index_prepare(TensorView src, TensorView dst, TensorView norms, TensorView scale);
 Status index_topk(TensorView queries, TensorView keys, TensorView norms, std::optional<TensorView> alive,
                   std::optional<TensorView> ranges, TensorView ids, TensorView scores, std::optional<TensorView> scan,
-                  double scan_norm, double scan_err, double norm_slack);
+                  std::optional<TensorView> scan_scale, double scan_norm, double scan_err, double norm_slack);
 Status index_merge(TensorView dots, TensorView norms, TensorView queries, TensorView keys, int64_t offset,
                    TensorView ranges, std::optional<TensorView> alive, TensorView ids, TensorView scores);
 

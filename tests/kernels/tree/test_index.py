@@ -1,6 +1,6 @@
 """CosineIndex: every backend against the reference and against cosine_topk on the same keys, ground
 truth (a float64 brute force, faiss's IndexFlatIP), ids, removal, ranges, the float16 scan copy,
-the checkpoint file, bad input and concurrency."""
+the checkpoint file, bad input and concurrency (the int8 scan copy: test_index_int8_scan.py)."""
 import threading
 
 import numpy as np
@@ -203,17 +203,18 @@ def test_ranges_select_ids_like_cosine_topk_ranges_select_positions(backend):
     assert bool((((got.ids >= 20) & (got.ids < 60)) | (got.ids == -1))[1].all())
 
 
-@pytest.mark.parametrize("half_scan", [False, True])
+@pytest.mark.parametrize("copy", [None, "half_scan", "int8_scan"])
 @pytest.mark.parametrize("num_k,dim,num_q,k", [(1, 1, 1, 1), (2, 5, 1, 3), (13, 7, 3, 4), (257, 33, 2, 9),
                                                (611, 65, 17, 6)])
-def test_ids_removes_and_ranges_equal_cosine_topk_on_the_live_keys(half_scan, num_k, dim, num_q, k):
+def test_ids_removes_and_ranges_equal_cosine_topk_on_the_live_keys(copy, num_k, dim, num_q, k):
     """Every feature at once on odd sizes: ascending ids with gaps, removals (tombstones and
-    compaction), ranges over ids, with and without the float16 scan copy."""
-    if half_scan:
+    compaction), ranges over ids, without a scan copy, with the float16 one and with the int8 one."""
+    if copy:
         needs_cpp()
+    half_scan = copy is not None
     keys, queries = sample(num_k, dim, num_q, seed=num_k * dim)
     labels = torch.arange(num_k) * 3 + 1  # ascending, with gaps
-    index = CosineIndex(dim, half_scan=half_scan, capacity=1)
+    index = CosineIndex(dim, capacity=1, **({copy: True} if copy else {}))
     index.add(keys, ids=labels)
     doomed = torch.arange(0, num_k, 4)[: max(0, num_k - 1)]  # leaves one key at least
     index.remove(labels[doomed])
@@ -392,7 +393,7 @@ def test_the_latency_path_the_one_pass_scan_and_the_blas_path_agree():
     rows = torch.tensor([[0, n]] * 24)
     unit = unit_rows(queries)
     fused = _index_topk_cpp(queries[:5], index._keys[:n], index._norms[:n], index._scale[:n], alive, rows[:5], 6,
-                            None, 0.0, 0.0, 0.0)
+                            None, None, 0.0, 0.0, 0.0)
     blas = _index_topk_blas(INDEX_TOPK.cpp_module("cpp"), queries, index._keys[:n], index._norms[:n], alive, rows, 6)
     want = index_topk_reference(unit, index._keys[:n], 6, rows, alive)
     assert torch.equal(fused[0], want[0][:5]) and torch.equal(blas[0], want[0])
@@ -410,7 +411,7 @@ def test_opcheck():
     for backend in INDEX_BACKENDS[:2]:
         torch.library.opcheck(torch.ops.streammem.index_topk.default,
                               (q, index._keys[:n], index._norms[:n], index._scale[:n], index._alive[:n], ranges, 4,
-                               None, 0.0, 0.0, 0.0, backend))
+                               None, None, 0.0, 0.0, 0.0, backend))
 
 
 def test_searches_run_while_another_thread_adds_and_removes():

@@ -2,8 +2,9 @@
 links, retrieval by seeds and k-hop expansion, and eviction within a word budget."""
 from __future__ import annotations
 
-import itertools
 import math
+import sys
+from array import array
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from ...checks import check_int
 from ...components.bounded import EvictionReport, utility
 from .config import RANKINGS
 from .extraction import Extraction, MemoryChunk, _chunks_from_state, _chunks_state, name_key
-from .tables import Column, Handles, compact_csr, extend_csr, least_useful, row_counts
+from .tables import Column, HandleList, Handles, compact_csr, extend_csr, least_useful, row_counts
 
 __all__ = [
     "LongTermGraph",
@@ -35,6 +36,12 @@ ENTITY, RELATION = 0, 1
 # Node texts embedded (and added to the node index) at once: bounds the embeddings held besides the
 # index to EMBED_BLOCK x dim floats (96 MB at D = 384) when a bulk consolidation adds millions of nodes.
 EMBED_BLOCK = 1 << 16
+# The scan copies a graph's indexes may keep (CosineIndex's half_scan / int8_scan): each answers exactly as
+# the float32 scan, reading fewer bytes for more memory (the int8 copy: a quarter of the bytes, +25 %).
+SCAN_COPIES = {"int8": {"int8_scan": True}, "float16": {"half_scan": True}, "none": {}}
+# A bulk batch (more than one EMBED_BLOCK of rows) first reserves the index rows it needs plus this share
+# of the total as room for later batches: one allocation, instead of doubling a multi-GB table on the way.
+BULK_HEADROOM = 1 / 64
 
 
 class GraphHits(NamedTuple):
@@ -87,6 +94,10 @@ class LongTermGraph:
         Embedding width (the text encoder's).
     backend : str
         Kernel backend of the searches.
+    scan_copy : {"int8", "float16", "none"}
+        The copy of the embeddings the C++ scan of both indexes reads first (``SCAN_COPIES``): the
+        results are the float32 scan's, bit for bit, whichever; "int8" reads a quarter of the bytes for
+        +25 % of the embeddings' memory, "float16" half for +50 %, "none" keeps no copy.
 
     Node ids are dense (``0..num_nodes-1``, entities and relations
     interleaved in creation order) and change only when an eviction compacts
@@ -100,15 +111,23 @@ class LongTermGraph:
     handles (``Handles``) that an eviction never renumbers: it removes the
     evicted rows from the indexes and the name maps, and rewrites only the
     dense-id tables and the CSRs.
+
+    ``texts``, ``predicates`` (by node id) and ``chunks`` (by chunk row) are read-only sequences
+    (``HandleList``: index, slice, iterate, compare with a list) stored by handle, so an eviction drops
+    the removed items instead of rebuilding a list of every kept one.
     """
 
-    def __init__(self, dim: int, *, backend: str = "auto"):
+    def __init__(self, dim: int, *, backend: str = "auto", scan_copy: str = "int8"):
         self.dim = check_int(dim, "dim", 1)
         self.backend = backend
-        self.texts: list[str] = []  # entity name, or "head predicate tail"
-        self.predicates: list[str] = []  # "" for entities
-        self._nodes = CosineIndex(self.dim)  # node embeddings, ids = node handles
+        if scan_copy not in SCAN_COPIES:
+            raise ValueError(f"scan_copy must be one of {sorted(SCAN_COPIES)}, got {scan_copy!r}")
+        self.scan_copy = scan_copy
+        self._nodes = self._index()  # node embeddings, ids = node handles
         self._node_handles = Handles()
+        # By node id, stored by handle (an eviction drops the removed texts, never rebuilds the lists).
+        self.texts = HandleList(self._node_handles)  # entity name, or "head predicate tail"
+        self.predicates = HandleList(self._node_handles)  # "" for entities
         self._kind = Column(torch.int8)
         self._head = Column(torch.int64)
         self._tail = Column(torch.int64)
@@ -118,9 +137,9 @@ class LongTermGraph:
         self._cost = Column(torch.int64)
         self._entity_ids: dict[str, int] = {}  # name key -> node handle
         self._relation_ids: dict[tuple[int, str, int], int] = {}  # (head handle, predicate, tail handle) -> handle
-        self.chunks: list[MemoryChunk] = []
-        self._chunk_keys = CosineIndex(self.dim)  # chunk embeddings, ids = chunk handles
+        self._chunk_keys = self._index()  # chunk embeddings, ids = chunk handles
         self._chunk_handles = Handles()
+        self.chunks = HandleList(self._chunk_handles)  # MemoryChunks by chunk row
         self._chunk_access = Column(torch.int64)
         self._chunk_last = Column(torch.float64)
         self._chunk_cost = Column(torch.int64)
@@ -130,6 +149,9 @@ class LongTermGraph:
         self.graph = None  # CSRGraph over the nodes
         self.chunk_map = None  # CSRGraph node -> chunk rows
         self.timings: Counter = Counter()
+
+    def _index(self) -> CosineIndex:
+        return CosineIndex(self.dim, **SCAN_COPIES[self.scan_copy])
 
     # ---- sizes and lookups ---------------------------------------------------
     @property
@@ -224,9 +246,9 @@ class LongTermGraph:
         new_texts, new_kind, new_head, new_tail, new_pred = [], [], [], [], []
         new_entities: dict[str, int] = {}
         new_relations: dict[tuple[int, str, int], int] = {}
-        edges: list[tuple[int, int]] = []
-        links: list[tuple[int, int]] = []
-        touched: list[int] = []
+        # Flat (source, target) pairs and node ids as int64 arrays: a bulk batch of 10^6 relations lists ~4 * 10^6
+        # edges, which as a list of tuples would hold ~0.5 GB of Python objects besides the graph.
+        edges, links, touched = array("q"), array("q"), array("q")
 
         def handle_of(node: int) -> int:
             return int(self._node_handles.handle[node]) if node < first_node else first_handle + node - first_node
@@ -263,28 +285,31 @@ class LongTermGraph:
                     new_tail.append(t)
                     new_pred.append(key[1])
                     # extend_csr lists each row newest first, so a relation's row reads head, then tail.
-                    edges += [(h, rel), (t, rel), (rel, t), (rel, h)] if t != h else [(h, rel), (rel, h)]
+                    edges.extend((h, rel, t, rel, rel, t, rel, h) if t != h else (h, rel, rel, h))
                 nodes.append(rel)
-                touched += [h, t]
+                touched.extend((h, t))
             for node in dict.fromkeys(nodes):  # what the chunk mentions: its entities and its relations
-                links.append((node, row))
-            touched += nodes
+                links.extend((node, row))
+            touched.extend(nodes)
         # Embeddings first: a failing encoder leaves the graph as it was.
         self._append_nodes(new_texts, new_kind, new_head, new_tail, new_pred, embed, now)
-        self._entity_ids.update({key: first_handle + node - first_node for key, node in new_entities.items()})
-        self._relation_ids.update({key: first_handle + node - first_node for key, node in new_relations.items()})
+        for known, new in ((self._entity_ids, new_entities), (self._relation_ids, new_relations)):
+            if first_handle == first_node:  # handle = node (no eviction yet): no second dict of a bulk batch
+                known.update(new)
+            else:
+                known.update({key: first_handle + node - first_node for key, node in new.items()})
         self._append_chunks(chunks)
         t1 = time.perf_counter()
         self._extend(edges, links)
         t2 = time.perf_counter()
         if touched:
-            ids = torch.tensor(sorted(set(touched)), dtype=torch.int64)
+            ids = torch.unique(_int64(touched))
             last = self._last.values
             last[ids] = torch.clamp(last[ids], min=float(now))
         self.timings["consolidate_tables"] += t1 - t0 - (self.timings["embed"] - embed_before)
         self.timings["consolidate_csr"] += t2 - t1
         return {"chunks": len(chunks), "entities": new_kind.count(ENTITY), "relations": new_kind.count(RELATION),
-                "edges": len(edges), "links": len(links)}
+                "edges": len(edges) // 2, "links": len(links) // 2}
 
     def _text(self, node: int, new_texts: list[str], first_node: int) -> str:
         return self.texts[node] if node < first_node else new_texts[node - first_node]
@@ -296,6 +321,7 @@ class LongTermGraph:
         # The new nodes' handles are the next n (issued below, once every embedding is in).
         first = self._node_handles.issued
         done = 0
+        _reserve_bulk(self._nodes, n)
         try:
             for lo in range(0, n, EMBED_BLOCK):
                 block = list(texts[lo:lo + EMBED_BLOCK])
@@ -314,8 +340,8 @@ class LongTermGraph:
                 self._nodes.remove(torch.arange(first, first + done))
             raise
         self._node_handles.issue(n)
-        self.texts += texts
-        self.predicates += predicates
+        self.texts.extend(texts)
+        self.predicates.extend(predicates)
         self._kind.extend(torch.tensor(kinds, dtype=torch.int8))
         self._head.extend(torch.tensor(heads, dtype=torch.int64))
         self._tail.extend(torch.tensor(tails, dtype=torch.int64))
@@ -327,18 +353,29 @@ class LongTermGraph:
     def _append_chunks(self, chunks: Sequence[MemoryChunk]) -> None:
         if not chunks:
             return
-        handles = self._chunk_handles.issue(len(chunks))
-        self._chunk_keys.add(torch.stack([c.embedding.detach().float() for c in chunks]),
-                             ids=torch.from_numpy(handles))
-        self.chunks += list(chunks)
+        handles = torch.from_numpy(self._chunk_handles.issue(len(chunks)))
+        _reserve_bulk(self._chunk_keys, len(chunks))
+        # In blocks: the stacked rows held besides the index stay EMBED_BLOCK x dim floats.
+        done = 0
+        try:
+            for lo in range(0, len(chunks), EMBED_BLOCK):
+                block = chunks[lo:lo + EMBED_BLOCK]
+                self._chunk_keys.add(torch.stack([c.embedding.detach().float() for c in block]),
+                                     ids=handles[lo:lo + len(block)])
+                done = lo + len(block)
+        except BaseException:
+            if done:  # as one add: a failing block leaves the index as it was
+                self._chunk_keys.remove(handles[:done])
+            raise
+        self.chunks.extend(chunks)
         self._chunk_access.extend(torch.zeros(len(chunks), dtype=torch.int64))
         self._chunk_last.extend(torch.tensor([c.t_end for c in chunks], dtype=torch.float64))
         self._chunk_cost.extend(torch.tensor([max(1, len(c.text.split())) for c in chunks], dtype=torch.int64))
         self._chunk_time.extend(torch.tensor([c.t_end for c in chunks], dtype=torch.float64))
 
-    def _extend(self, edges: list[tuple[int, int]], links: list[tuple[int, int]]) -> None:
+    def _extend(self, edges: array, links: array) -> None:
         def pairs(items):
-            t = torch.tensor(items, dtype=torch.int64).reshape(-1, 2)
+            t = _int64(items).reshape(-1, 2)
             return t[:, 0].contiguous(), t[:, 1].contiguous()
 
         self._adj = extend_csr(*self._adj, self.num_nodes, *pairs(edges))
@@ -562,35 +599,40 @@ class LongTermGraph:
         # The name maps and the indexes lose exactly the removed entries (keys computed before renumbering).
         gone = (~node_keep).nonzero()[:, 0]
         handle = self._node_handles.handle
-        for v, kind, head, tail in zip(gone.tolist(), self.kinds[gone].tolist(), self._head.values[gone].tolist(),
-                                       self._tail.values[gone].tolist()):
+        gone_handles = handle[gone.numpy()]
+        heads = handle[self._head.values[gone].clamp_min(0).numpy()].tolist()
+        tails = handle[self._tail.values[gone].clamp_min(0).numpy()].tolist()
+        for text, predicate, kind, head, tail in zip(self.texts.of_handles(gone_handles),
+                                                     self.predicates.of_handles(gone_handles),
+                                                     self.kinds[gone].tolist(), heads, tails):
             if kind == ENTITY:
-                del self._entity_ids[name_key(self.texts[v])]
+                del self._entity_ids[name_key(text)]
             else:
-                del self._relation_ids[(int(handle[head]), self.predicates[v], int(handle[tail]))]
+                del self._relation_ids[(head, predicate, tail)]
         if gone.numel():
-            self._nodes.remove(torch.from_numpy(handle[~node_keep.numpy()]))
+            self._nodes.remove(torch.from_numpy(gone_handles))
+            self.texts.drop(gone_handles)
+            self.predicates.drop(gone_handles)
         gone_rows = ~chunk_keep
         if bool(gone_rows.any()):
-            self._chunk_keys.remove(torch.from_numpy(self._chunk_handles.handle[gone_rows.numpy()]))
+            gone_chunks = self._chunk_handles.handle[gone_rows.numpy()]
+            self._chunk_keys.remove(torch.from_numpy(gone_chunks))
+            self.chunks.drop(gone_chunks)
         self._node_handles.keep(node_keep.numpy())
         self._chunk_handles.keep(chunk_keep.numpy())
+        node_rows, chunk_rows = node_keep.nonzero()[:, 0], chunk_keep.nonzero()[:, 0]
         node_map = torch.where(node_keep, torch.cumsum(node_keep, 0) - 1, -1)
         chunk_map = torch.where(chunk_keep, torch.cumsum(chunk_keep, 0) - 1, -1)
         self._adj = compact_csr(adj_ptr, adj_col, node_map, node_map)
         self._map = compact_csr(map_ptr, map_col, node_map, chunk_map)
         for col in (self._kind, self._access, self._last, self._created, self._cost):
-            col.keep(node_keep)
+            col.keep(node_rows)
         for col in (self._head, self._tail):
-            col.keep(node_keep)
+            col.keep(node_rows)
             ids = col.values
-            ids[ids >= 0] = node_map[ids[ids >= 0]]
-        keep = node_keep.tolist()
-        self.texts = list(itertools.compress(self.texts, keep))
-        self.predicates = list(itertools.compress(self.predicates, keep))
+            ids.copy_(torch.where(ids >= 0, node_map[ids.clamp_min(0)], ids))
         for col in (self._chunk_access, self._chunk_last, self._chunk_cost, self._chunk_time):
-            col.keep(chunk_keep)
-        self.chunks = list(itertools.compress(self.chunks, chunk_keep.tolist()))
+            col.keep(chunk_rows)
         self._commit()
         return int(orphaned.sum())
 
@@ -620,22 +662,24 @@ class LongTermGraph:
     def load_state_dict(self, state: dict) -> None:
         if int(state["dim"]) != self.dim:
             raise ValueError(f"state holds a {state['dim']}-d graph, this graph is {self.dim}-d")
-        self.texts, self.predicates = list(state["texts"]), list(state["predicates"])
+        n = len(state["texts"])
+        self._node_handles.reset(n)
+        self.texts = HandleList(self._node_handles, state["texts"])
+        self.predicates = HandleList(self._node_handles, state["predicates"])
         for col, key in ((self._kind, "kind"), (self._head, "head"), (self._tail, "tail"),
                          (self._access, "access"), (self._last, "last"), (self._created, "created"),
                          (self._cost, "cost"), (self._chunk_access, "chunk_access"),
                          (self._chunk_last, "chunk_last")):
             col.load(state[key])
-        n = len(self.texts)
         # The saved node rows are the index's own unit rows: stored as they are, so searches answer as before.
         self._nodes = CosineIndex.from_state_dict(
             {"dim": self.dim, "keys": state["embedding"].float(), "ids": torch.arange(n), "next_id": n},
-            path="MemVerse state 'graph.embedding'")
-        self._node_handles.reset(n)
-        self.chunks = _chunks_from_state(state["chunks"])
-        self._chunk_keys = CosineIndex(self.dim)
+            path="MemVerse state 'graph.embedding'", **SCAN_COPIES[self.scan_copy])
+        chunks = _chunks_from_state(state["chunks"])
+        self._chunk_keys = self._index()
         self._chunk_handles = Handles()
-        self._chunk_handles.issue(len(self.chunks))
+        self._chunk_handles.issue(len(chunks))
+        self.chunks = HandleList(self._chunk_handles, chunks)
         if self.chunks:
             self._chunk_keys.add(torch.stack([c.embedding.float() for c in self.chunks]))
         self._chunk_cost.load(torch.tensor([max(1, len(c.text.split())) for c in self.chunks], dtype=torch.int64))
@@ -647,8 +691,21 @@ class LongTermGraph:
         self._commit()
 
 
+def _int64(items: array) -> torch.Tensor:
+    """A flat int64 array ("q") as a tensor (a copy: the array may grow again)."""
+    return torch.frombuffer(items, dtype=torch.int64).clone() if len(items) else torch.zeros(0, dtype=torch.int64)
+
+
+def _reserve_bulk(index: CosineIndex, count: int) -> None:
+    """Before a bulk add to ``index`` (more than one EMBED_BLOCK of rows): room for them plus BULK_HEADROOM of
+    the total, in one allocation."""
+    if count > EMBED_BLOCK:
+        index.reserve(count + int((len(index) + count) * BULK_HEADROOM))
+
+
 def _predicate_key(predicate: str) -> str:
-    return " ".join(predicate.lower().split())
+    # Interned: a graph holds a handful of predicates, each named by up to millions of relations.
+    return sys.intern(" ".join(predicate.lower().split()))
 
 
 def _check_queries(queries, dim: int) -> torch.Tensor:

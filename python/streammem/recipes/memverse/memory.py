@@ -141,7 +141,7 @@ class MemVerse:
             raise ValueError(f"calibration must be a Calibration or None, got {type(calibration).__name__}")
         self.calibration = calibration if calibration is not None else default_calibration(text_encoder)
         self.word_vectors = WordVectors(text_encoder)  # the ``related`` feature of answers
-        self.graph = LongTermGraph(int(text_encoder.dim), backend=config.backend)
+        self.graph = LongTermGraph(int(text_encoder.dim), backend=config.backend, scan_copy=config.scan_copy)
         self.window: deque[MemoryChunk] = deque()
         self.pending: list[MemoryChunk] = []
         self.session = 0
