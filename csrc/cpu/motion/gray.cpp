@@ -41,7 +41,9 @@ void gray_area_into(const uint8_t* src, int64_t T_, int64_t H, int64_t W, int64_
     // bins overlap when H is not a multiple of oh) are not converted twice.
     const int64_t bands_per_frame = std::max<int64_t>(1, std::min<int64_t>(oh, 8));
     const int64_t items = T_ * bands_per_frame;
-#pragma omp parallel if (T_ * H * W >= (int64_t{1} << 16))
+    // Two frames of 224 x 168 (a single pair) stay on the calling thread; larger inputs (a pair at
+    // 640 x 480 resized to 224) and clips use the team.
+#pragma omp parallel if (T_ * H * W >= (int64_t{1} << 17))
     {
       std::vector<float> acc(W);
       std::vector<float> gray;  // rows [have_lo, have_hi) of the current frame, W floats each

@@ -191,7 +191,10 @@ void lk_flow_into(const T* frames, int64_t T_, int64_t H, int64_t W, float scale
         std::vector<std::vector<float>> pyr(levels);
         for (int l = 1; l < levels; ++l)
           if (l > 1 || levels == 2) pyr[l].resize(static_cast<size_t>(nf * lh[l] * lw[l]));
-        const bool parallel = nf * H * W >= (int64_t{1} << 16);
+        // The rule of level 0's sums (pixels of the pairs, not of the frames): a single 224 x 168 pair
+        // stays on the calling thread, where a second thread's wake-up and barrier cost about what it
+        // saves on an idle machine and more when another process holds a core.
+        const bool parallel = n * H * W >= (int64_t{1} << 16);
 #pragma omp parallel if (parallel)
         {
           const auto tmp = buffer<float>(H * lw[1] + W);  // per thread
