@@ -254,7 +254,7 @@ class CosineIndex:
                     stored, order = torch.sort(self._ids[:n], stable=True)
                     self._sorted = (stored, order)
                 stored, order = self._sorted
-            at = torch.searchsorted(stored, ids).clamp_max(n - 1)
+            at = torch.searchsorted(stored, ids.contiguous()).clamp_max(n - 1)  # strided ids: torch warns
             hit = stored[at] == ids
             rows = at if order is None else order[at]
             rows = torch.where(hit, rows, torch.full_like(rows, -1))

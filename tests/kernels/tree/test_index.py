@@ -479,3 +479,20 @@ def test_ranged_rounds_take_the_latency_path_with_the_general_answer(monkeypatch
         allowed = (index.ids >= lo) & (index.ids < hi)
         ids, _ = brute_force(queries[q : q + 1], index.keys, 4, allowed)
         assert torch.equal(got.ids[q], torch.where(ids[0] >= 0, index.ids[ids[0].clamp_min(0)], ids[0])), q
+
+
+def test_strided_ids_are_looked_up_without_a_warning():
+    """remove / reconstruct / contains take a strided view of ids (a column of a table) as they take a copy,
+    silently: torch.searchsorted warns on non-contiguous values, so the index hands it a contiguous copy."""
+    import warnings
+
+    keys, _ = sample(20, 8, 1, seed=41)
+    index = CosineIndex(8)
+    index.add(keys, ids=torch.arange(20) * 3)
+    table = (torch.arange(20) * 3).reshape(10, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = index.reconstruct(table[:, 1])
+        index.remove(table[:, 0])
+    assert torch.equal(got, index.reconstruct(table[:, 1].clone()))
+    assert len(index) == 10 and torch.equal(index.ids, table[:, 1])
