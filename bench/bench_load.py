@@ -40,32 +40,18 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from bench import quality  # noqa: E402
+from bench import quality, timing  # noqa: E402
+from bench.timing import fmt, optional, set_threads  # noqa: E402
 
 DIM = 384
-
-
-def _faiss():
-    try:
-        import faiss
-    except ImportError:
-        return None
-    return faiss
-
-
-def _cv2():
-    try:
-        import cv2
-    except ImportError:
-        return None
-    return cv2
 
 
 # --------------------------------------------------------------------------
 # Cases: name -> (ours, peer or None, peer name)
 # --------------------------------------------------------------------------
-def _unit(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-30)
+def unit(x: np.ndarray) -> np.ndarray:
+    """Rows (or the vector) of ``x`` scaled to norm 1 (zero rows stay zero), as a numpy user prepares keys for cosine."""
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-30)
 
 
 def topk_case(num_q: int, num_k: int, k: int = 10):
@@ -73,12 +59,12 @@ def topk_case(num_q: int, num_k: int, k: int = 10):
     keys = g.standard_normal((num_k, DIM), dtype=np.float32)
     queries = g.standard_normal((num_q, DIM), dtype=np.float32)
     keys_t, queries_t = torch.from_numpy(keys), torch.from_numpy(queries)
-    faiss = _faiss()
+    faiss = optional("faiss")
     if faiss is None:
         return (lambda: sk.cosine_topk(queries_t, keys_t, k)), None, "-"
     index = faiss.IndexFlatIP(DIM)
-    index.add(_unit(keys).astype(np.float32))
-    return (lambda: sk.cosine_topk(queries_t, keys_t, k)), (lambda: index.search(_unit(queries), k)), "faiss"
+    index.add(unit(keys).astype(np.float32))
+    return (lambda: sk.cosine_topk(queries_t, keys_t, k)), (lambda: index.search(unit(queries), k)), "faiss"
 
 
 def segment_bounds(num_frames: int, segments: int) -> np.ndarray:
@@ -92,13 +78,13 @@ def videoagent_case(num_frames: int = 3600, segments: int = 10, k: int = 4):
     queries = g.standard_normal((segments, DIM), dtype=np.float32)
     bounds = segment_bounds(num_frames, segments)
     frames_t, queries_t, ranges_t = torch.from_numpy(frames), torch.from_numpy(queries), torch.from_numpy(bounds)
-    unit_frames = _unit(frames)  # VideoAgent normalises its frame index once
+    unit_frames = unit(frames)  # VideoAgent normalises its frame index once
     index = sk.CosineIndex(DIM)  # and so does our recipe: its frame index, ids = frame numbers
     index.add(frames_t)
 
     def numpy_round():
         out = []
-        for q, (lo, hi) in zip(_unit(queries), bounds):
+        for q, (lo, hi) in zip(unit(queries), bounds):
             sims = unit_frames[lo:hi] @ q
             out.append(lo + np.argsort(-sims, kind="stable")[:k])
         return out
@@ -134,7 +120,7 @@ def motion_case(width: int = 224, height: int = 168):
     base = (g.random((height + 8, width + 8, 3)) * 255).astype(np.uint8)
     pair = np.stack([base[:height, :width], base[2:height + 2, 3:width + 3]])
     pair_t = torch.from_numpy(pair)
-    cv2 = _cv2()
+    cv2 = optional("cv2")
     if cv2 is None:
         return (lambda: sk.motion_magnitude(pair_t, size=224)), None, "-"
     dis = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST)
@@ -171,48 +157,15 @@ def stop_load(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-def set_threads(threads: int) -> None:
-    """``threads`` for torch (and so our C++ kernels), faiss, OpenCV and numpy's BLAS (through threadpoolctl,
-    scikit-learn's dependency, when installed)."""
-    torch.set_num_threads(threads)
-    faiss, cv2 = _faiss(), _cv2()
-    if faiss is not None:
-        faiss.omp_set_num_threads(threads)
-    if cv2 is not None:
-        cv2.setNumThreads(threads)
-    try:
-        import threadpoolctl
-    except ImportError:
-        return
-    threadpoolctl.threadpool_limits(threads, user_api="blas")
-
-
 def alternate(ours, peer, seconds: float) -> tuple[np.ndarray, np.ndarray | None]:
     """Single calls of ours and the peer, alternating, for about ``seconds`` (at least 15 each)."""
-    ours()
-    if peer is not None:
-        peer()
-    times_ours, times_peer = [], []
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(times_ours) < 15:
-        t0 = time.perf_counter()
-        ours()
-        t1 = time.perf_counter()
-        times_ours.append(t1 - t0)
-        if peer is not None:
-            peer()
-            times_peer.append(time.perf_counter() - t1)
-    pct = lambda t: np.percentile(np.array(t) * 1e6, [20, 50, 80])  # noqa: E731
-    return pct(times_ours), (pct(times_peer) if peer is not None else None)
+    times = timing.alternate([ours] if peer is None else [ours, peer], seconds, min_rounds=15)
+    return times[0], (times[1] if peer is not None else None)
 
 
 def load_counts(spec: str) -> list[int]:
     cores = os.cpu_count() or 1
     return [int(float(s[:-1]) * cores) if s.endswith("x") else int(s) for s in spec.split(",")]
-
-
-def fmt(p) -> str:
-    return "-" if p is None else " / ".join(f"{v:,.0f}" if v >= 100 else f"{v:.1f}" for v in p)
 
 
 def main(argv=None) -> int:

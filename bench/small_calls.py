@@ -44,19 +44,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench import quality  # noqa: E402
+from bench.bench_load import python_depths, unit  # noqa: E402
+from bench.timing import alternate, fmt, optional, set_threads  # noqa: E402
 
 DIM = 384
-
-
-def _optional(name: str):
-    try:
-        return __import__(name)
-    except ImportError:
-        return None
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-30)
 
 
 def _same_ids(ours: np.ndarray, theirs: np.ndarray, scores: np.ndarray) -> bool:
@@ -75,22 +66,22 @@ def topk_case(n: int, k: int = 10):
     keys_t, q_t = torch.from_numpy(keys), torch.from_numpy(q)
     index = sk.CosineIndex(DIM)
     index.add(keys_t)
-    unit_keys, k_eff = _unit(keys), min(k, n)
+    unit_keys, k_eff = unit(keys), min(k, n)
 
     def numpy_topk():
-        sims = unit_keys @ _unit(q[0])
+        sims = unit_keys @ unit(q[0])
         top = np.argpartition(-sims, k_eff - 1)[:k_eff] if k_eff < n else np.arange(n)
         return top[np.argsort(-sims[top], kind="stable")]
 
     ours = {"CosineIndex.search": lambda: index.search(q_t, k),
             "cosine_topk": lambda: sk.cosine_topk(q_t, keys_t, k)}
     plain = {"numpy": numpy_topk}
-    faiss = _optional("faiss")
+    faiss = optional("faiss")
     if faiss is not None:
         flat = faiss.IndexFlatIP(DIM)
         flat.add(unit_keys)
-        plain["faiss IndexFlatIP"] = lambda: flat.search(_unit(q), k)
-    scores = unit_keys @ _unit(q[0])
+        plain["faiss IndexFlatIP"] = lambda: flat.search(unit(q), k)
+    scores = unit_keys @ unit(q[0])
     got = index.search(q_t, k).ids[0, :k_eff].numpy()
     assert _same_ids(got, numpy_topk(), scores), "numpy top-k disagrees with CosineIndex"
     return ours, plain
@@ -105,38 +96,21 @@ def videoagent_case(frames: int, segments: int = 10, k: int = 4):
     feats_t, queries_t, ranges_t = torch.from_numpy(feats), torch.from_numpy(queries), torch.from_numpy(bounds)
     index = sk.CosineIndex(DIM)
     index.add(feats_t)  # ids = frame numbers, so an id range is a segment
-    unit_frames = _unit(feats)
+    unit_frames = unit(feats)
 
     def numpy_round():
         out = []
-        for q, (lo, hi) in zip(_unit(queries), bounds):
+        for q, (lo, hi) in zip(unit(queries), bounds):
             out.append(lo + np.argsort(-(unit_frames[lo:hi] @ q), kind="stable")[:k])
         return out
 
     got = index.search(queries_t, k, ranges=ranges_t).ids.numpy()
     for s, (want, (lo, hi)) in enumerate(zip(numpy_round(), bounds)):
-        scores = unit_frames @ _unit(queries[s])
+        scores = unit_frames @ unit(queries[s])
         assert _same_ids(got[s, :len(want)], want, scores), "numpy round disagrees with CosineIndex"
     return ({"CosineIndex.search(ranges)": lambda: index.search(queries_t, k, ranges=ranges_t),
              "cosine_topk(ranges)": lambda: sk.cosine_topk(queries_t, feats_t, k, ranges=ranges_t)},
             {"numpy loop": numpy_round})
-
-
-def python_depths(s: list[float]) -> list[float]:
-    """The climb rule in pure Python (what a segmenter without our kernels runs per window)."""
-    out = []
-    for i, v in enumerate(s):
-        left = right = v
-        for j in range(i - 1, -1, -1):
-            if s[j] < left:
-                break
-            left = s[j]
-        for j in range(i + 1, len(s)):
-            if s[j] < right:
-                break
-            right = s[j]
-        out.append(0.5 * ((left - v) + (right - v)))
-    return out
 
 
 def depth_case(m: int):
@@ -186,7 +160,7 @@ def motion_case(side: int):
     pair = np.stack([base[:height, :side], base[2:height + 2, 3:side + 3]])
     pair_t = torch.from_numpy(pair)
     ours = {"motion_magnitude": lambda: sk.motion_magnitude(pair_t, size=side)}
-    cv2 = _optional("cv2")
+    cv2 = optional("cv2")
     if cv2 is None:
         return ours, {}
     dis = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST)
@@ -204,7 +178,7 @@ def kmeans_case(n: int, k: int = 4, dim: int = 64):
     pts = g.standard_normal((n, dim), dtype=np.float32)
     pts_t = torch.from_numpy(pts)[None]
     ours = {"batched_kmeans": lambda: sk.batched_kmeans(pts_t, k, iters=10, random_state=0)}
-    sklearn = _optional("sklearn.cluster")
+    sklearn = optional("sklearn.cluster")
     if sklearn is None:
         return ours, {}
     from sklearn.cluster import KMeans
@@ -226,38 +200,6 @@ OPS = {
 # --------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------
-def set_threads(threads: int) -> None:
-    """``threads`` for torch (and so our C++ kernels), faiss, OpenCV and numpy's BLAS (through threadpoolctl,
-    scikit-learn's dependency, when installed)."""
-    torch.set_num_threads(threads)
-    threadpoolctl = _optional("threadpoolctl")
-    if threadpoolctl is not None:
-        threadpoolctl.threadpool_limits(threads, user_api="blas")
-    faiss, cv2 = _optional("faiss"), _optional("cv2")
-    if faiss is not None:
-        faiss.omp_set_num_threads(threads)
-    if cv2 is not None:
-        cv2.setNumThreads(threads)
-
-
-def alternate(fns: list, seconds: float) -> list[np.ndarray]:
-    """Single calls of every function in turn for about ``seconds`` (at least 15 rounds): wall p20/p50/p80 in us."""
-    for fn in fns:
-        fn()
-    times = [[] for _ in fns]
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(times[0]) < 15:
-        for fn, out in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-    return [np.percentile(np.array(t) * 1e6, [20, 50, 80]) for t in times]
-
-
-def fmt(p) -> str:
-    return " / ".join(f"{v:,.0f}" if v >= 100 else f"{v:.1f}" for v in p)
-
-
 def crossover(points: list[tuple[int, float]]) -> tuple[str, str]:
     """From (size, ours/plain) in increasing size: (the sizes where the plain code wins, the size from which
     ours is at or below it at every larger size)."""
@@ -291,7 +233,7 @@ def main(argv=None) -> int:
             for size, (ours, plain) in cases.items():
                 load0 = os.getloadavg()[0]
                 names = list(ours) + list(plain)
-                times = dict(zip(names, alternate(list(ours.values()) + list(plain.values()), args.seconds)))
+                times = dict(zip(names, alternate(list(ours.values()) + list(plain.values()), args.seconds, min_rounds=15)))
                 best_ours = min(times[n][1] for n in ours)
                 best_plain = min((times[n][1] for n in plain), default=None)
                 ratio = best_ours / best_plain if best_plain else None

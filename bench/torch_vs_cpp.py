@@ -22,6 +22,7 @@ import torch
 
 import streammem_kernels as sk
 from bench import quality
+from bench.timing import alternate, fmt
 
 DIM = 384
 
@@ -64,23 +65,6 @@ def cases() -> dict:
                                                                             backend=b),
         "motion_magnitude 224x168 pair": lambda b: sk.motion_magnitude(pair, backend=b),
     }
-
-
-def alternate(fns, seconds: float):
-    for fn in fns:
-        fn()
-    times = [[] for _ in fns]
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(times[0]) < 5:
-        for fn, out in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-    return [np.percentile(np.array(t) * 1e6, [20, 50, 80]) for t in times]
-
-
-def fmt(p) -> str:
-    return " / ".join(f"{v:,.0f}" if v >= 100 else f"{v:.1f}" for v in p)
 
 
 def main(argv=None) -> int:
