@@ -145,9 +145,7 @@ float scan_delta(const float* q, int64_t D, double scan_norm, double scan_err) {
   const double nq = std::sqrt(qq) * (1.0 + 0x1p-30);
   const double gamma = Du / (1.0 - Du);
   const double delta = nq * (scan_err + gamma * (2.0 * scan_norm + scan_err)) * 1.125 + 0x1p-30;
-  float out = static_cast<float>(delta);
-  if (static_cast<double>(out) < delta) out = std::nextafter(out, kInf);
-  return out;
+  return bound_rounded_up(delta);
 }
 
 // half_copy(src (n, D) f32, dst (n, D) f16, bounds (2,) f64): writes the copy of src into dst and the

@@ -49,9 +49,7 @@ float prefilter_delta(const float* q, int64_t D, double scan_norm, double scan_e
   const float half = scan_delta(q, D, scan_norm, scan_err);
   const double total = static_cast<double>(half) + 1.01 * scan_norm * norm_slack + 0x1p-22;
   if (!std::isfinite(total) || total >= 4.0) return kInf;  // no useful bound: every key is scored exactly
-  float out = static_cast<float>(total);
-  if (static_cast<double>(out) < total) out = std::nextafter(out, kInf);
-  return out;
+  return bound_rounded_up(total);
 }
 
 }  // namespace

@@ -183,9 +183,7 @@ float int8_delta(const float* u, int64_t D, double query_err, double scan_norm, 
                        1.01 * N * norm_slack + 0x1p-22;
   const double delta = total * 1.125 + 0x1p-30;
   if (!(delta < 4.0)) return kInf;  // no useful bound: every key is scored exactly
-  float out = static_cast<float>(delta);
-  if (static_cast<double>(out) < delta) out = std::nextafter(out, kInf);
-  return out;
+  return bound_rounded_up(delta);
 }
 
 // int8_copy(src (n, D) f32, codes (n, D) i8, scales (n,) f32, bounds (2,) f64): writes the copy of src

@@ -9,7 +9,9 @@
 
 #include "tensor_view.h"
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,6 +36,14 @@ struct TreeArrays {
   double scan_norm = 0.0;
   double scan_err = 0.0;
 };
+
+// An error bound computed in double as the float32 the scans compare with: the nearest float at or above
+// it (a bound rounded down could rule out a key the exact scan keeps).
+inline float bound_rounded_up(double bound) {
+  float out = static_cast<float>(bound);
+  if (static_cast<double>(out) < bound) out = std::nextafter(out, std::numeric_limits<float>::infinity());
+  return out;
+}
 
 // ---- half_scan.cpp: the scan copy ------------------------------------------------------------
 // sum_i q[i] * float(h[i]) in float32 over a row of the copy (float16 bits).
