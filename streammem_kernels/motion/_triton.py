@@ -131,25 +131,19 @@ def _guess_offsets(guess_base, y, x, H, W, Hc, Wc, border, factor):
     return gx, gy
 
 
-@triton.jit(do_not_specialize=["factor"])  # factor 1 (coarsest-level steps) stays a runtime int
-def _lk_window_kernel(prod_ptr, fields_ptr, guess_ptr, Hg, Wg, Ho, Wo, window, min_eig, Hc, Wc, factor,
-                      HAS_GUESS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    pair = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    inside = (rows[:, None] < Ho) & (cols[None, :] < Wo)
-    plane = Hg * Wg
-    a_ptr = prod_ptr + pair.to(tl.int64) * 5 * Hg * Wg + (rows[:, None] * Wg + cols[None, :])
+@triton.jit
+def _window_sums(a_ptr, plane, row_stride, window, inside, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Window sums of the five product planes (Ix Ix, Ix Iy, Iy Iy, Ix It, Iy It; ``plane`` apart) at the
+    (BLOCK_R, BLOCK_C) outputs whose window's top-left product is ``a_ptr``: row-major from 0 (avg_pool2d's
+    order); runtime loops keep the registers independent of the window."""
     a = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
     b = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
     c = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
     sx = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
     sy = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
-    # Row-major window sum from 0 (avg_pool2d's order); runtime loops keep the
-    # registers independent of the window.
     for dy in range(window):
         for dx in range(window):
-            p = a_ptr + (dy * Wg + dx)
+            p = a_ptr + (dy * row_stride + dx)
             a += tl.load(p, mask=inside, other=0.0)
             p += plane
             b += tl.load(p, mask=inside, other=0.0)
@@ -159,6 +153,19 @@ def _lk_window_kernel(prod_ptr, fields_ptr, guess_ptr, Hg, Wg, Ho, Wo, window, m
             sx += tl.load(p, mask=inside, other=0.0)
             p += plane
             sy += tl.load(p, mask=inside, other=0.0)
+    return a, b, c, sx, sy
+
+
+@triton.jit(do_not_specialize=["factor"])  # factor 1 (coarsest-level steps) stays a runtime int
+def _lk_window_kernel(prod_ptr, fields_ptr, guess_ptr, Hg, Wg, Ho, Wo, window, min_eig, Hc, Wc, factor,
+                      HAS_GUESS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    pair = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    inside = (rows[:, None] < Ho) & (cols[None, :] < Wo)
+    plane = Hg * Wg
+    a_ptr = prod_ptr + pair.to(tl.int64) * 5 * Hg * Wg + (rows[:, None] * Wg + cols[None, :])
+    a, b, c, sx, sy = _window_sums(a_ptr, plane, Wg, window, inside, BLOCK_R, BLOCK_C)
     area = (window * window).to(tl.float32)
     a = tl.div_rn(a, area)
     b = tl.div_rn(b, area)
@@ -363,23 +370,7 @@ def _streamchat_window_kernel(prod_ptr, fields_ptr, H, W, Ho, Wo, window, eps, B
     inside = (rows[:, None] < Ho) & (cols[None, :] < Wo)
     plane = H * W
     a_ptr = prod_ptr + pair.to(tl.int64) * 5 * H * W + (rows[:, None] * W + cols[None, :])
-    a = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
-    b = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
-    c = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
-    sx = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
-    sy = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
-    for dy in range(window):  # row-major from 0: avg_pool2d's order
-        for dx in range(window):
-            p = a_ptr + (dy * W + dx)
-            a += tl.load(p, mask=inside, other=0.0)
-            p += plane
-            b += tl.load(p, mask=inside, other=0.0)
-            p += plane
-            c += tl.load(p, mask=inside, other=0.0)
-            p += plane
-            sx += tl.load(p, mask=inside, other=0.0)
-            p += plane
-            sy += tl.load(p, mask=inside, other=0.0)
+    a, b, c, sx, sy = _window_sums(a_ptr, plane, W, window, inside, BLOCK_R, BLOCK_C)
     # StreamChat's avg_pool2d(...) * window**2: divided, then multiplied, each rounded.
     area = (window * window).to(tl.float32)
     a = tl.div_rn(a, area) * area + eps
