@@ -76,21 +76,9 @@ SUITE_LIBRARIES: dict[str, dict[str, list[str]]] = {
 
 def versions(suite: str) -> dict[str, str]:
     """bench/run.py's library versions and the suite's own (``SUITE_LIBRARIES``)."""
-    from importlib import metadata
-
     from bench.run import library_versions
 
-    found = library_versions()
-    for shown, dists in SUITE_LIBRARIES.get(suite, {}).items():
-        for dist in dists:
-            try:
-                found[shown] = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-        else:
-            found[shown] = "not installed"
-    return found
+    return {**library_versions(), **library_versions(SUITE_LIBRARIES.get(suite, {}))}
 
 
 def suite_command(suite: str) -> str:

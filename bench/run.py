@@ -138,11 +138,12 @@ def machine_tag(gpu: bool) -> str:
     return f"cpu{cpu_cores()}c-{slug(model)}"
 
 
-def library_versions() -> dict[str, str]:
+def library_versions(libraries: dict[str, list[str]] = LIBRARIES) -> dict[str, str]:
+    """Shown name -> the version of the first of its distributions that is installed, or "not installed"."""
     from importlib import metadata
 
     versions = {}
-    for shown, dists in LIBRARIES.items():
+    for shown, dists in libraries.items():
         for dist in dists:
             try:
                 versions[shown] = metadata.version(dist)
