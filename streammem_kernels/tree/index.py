@@ -31,7 +31,7 @@ from .reference import (FLOAT_INPUTS, INT_INPUTS, MAX_DIM, MAX_NODES, MAX_RESULT
 from .locking import SharedLock, writer
 from .storage import allocate, half_copy_module, write_half_copy, write_int8_copy
 from .topk import (BLAS_MIN_QUERIES, SCORE_TOLERANCES, TRITON_TOPK_MAX_K, TRITON_TOPK_MAX_KEYS, TopKResult,
-                   cosine_topk_uses_blas, is_plain_ranges, prepare_queries)
+                   cosine_topk_uses_blas, held_ranges, prepare_queries)
 
 __all__ = ["CosineIndex"]
 
@@ -711,10 +711,8 @@ def _index_topk_fast(mod, index, queries, k, ranges):
     if not (len(shape) == 2 and shape[0] >= 1 and shape[1] == index._dim
             and 1 <= k <= _FAST_MAX_K and index._device.type == "cpu" and index._native_norms):
         return None
-    bounds = None if ranges is None else ranges.numpy() if (
-        is_plain_ranges(ranges) and ranges.shape == (shape[0], 2) and shape[0] * k <= MAX_RESULTS) else False
-    if (bounds is None and shape[0] >= BLAS_MIN_QUERIES) or bounds is False or (
-            bounds is not None and not ((bounds[:, 0] >= 0).all() and (bounds[:, 0] <= bounds[:, 1]).all())):
+    bounds = None if ranges is None else held_ranges(ranges, shape[0], k)
+    if shape[0] >= BLAS_MIN_QUERIES if ranges is None else bounds is None:  # Q >= 8 unranged: the BLAS path
         return None
     lock = index._lock
     lock.acquire_read()

@@ -298,6 +298,16 @@ def is_plain_ranges(ranges) -> bool:
             and ranges.is_contiguous())
 
 
+def held_ranges(ranges, num_queries: int, k: int):
+    """A numpy view of ``ranges`` when a latency path that does not check them itself can take them: plain
+    (``is_plain_ranges``), (Q, 2), Q x k results within MAX_RESULTS and 0 <= start <= end for every query;
+    else None (the general path then says what is wrong)."""
+    if not (is_plain_ranges(ranges) and ranges.shape == (num_queries, 2) and num_queries * k <= MAX_RESULTS):
+        return None
+    bounds = ranges.numpy()
+    return bounds if bool((bounds[:, 0] >= 0).all() and (bounds[:, 0] <= bounds[:, 1]).all()) else None
+
+
 def _cosine_topk_cpp_fused(queries, keys, k, ranges):
     mod = COSINE_TOPK.cpp_module("cpp")
     ids = torch.empty((queries.shape[0], k), dtype=torch.int64)
